@@ -1,0 +1,5 @@
+import sys
+
+from otel_llm.cli import main
+
+sys.exit(main())

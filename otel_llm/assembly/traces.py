@@ -1,0 +1,191 @@
+"""Grouping spans by trace until each request can be assembled with its gateway ancestors.
+
+Engines and gateways export independently (vLLM's batch exporter can lag its gateway by
+seconds), so a trace is held until every engine span's ancestor chain reaches a root span, plus
+a short grace for stragglers, or until ``decision_wait`` at the latest. Memory is bounded by
+``max_traces``: past it the oldest trace is completed early, never dropped unseen.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from otel_llm.adapters.attributes import AttrMap
+from otel_llm.adapters.observation import EngineObservation
+from otel_llm.assembly.segments import Timings
+
+
+@dataclass(slots=True)
+class BufferedSpan:
+    span: Span
+    resource: Resource
+    scope: InstrumentationScope
+    service_name: str
+    attrs: AttrMap
+    observation: EngineObservation | None = None
+    timings: Timings | None = None
+
+    @property
+    def is_engine(self) -> bool:
+        """An engine's own request span (not a GenAI span that may turn out to be a gateway)."""
+        return self.observation is not None and not self.observation.may_be_gateway
+
+
+@dataclass(slots=True)
+class PendingTrace:
+    trace_id: bytes
+    first_seen: float
+    spans: dict[bytes, BufferedSpan] = field(default_factory=dict)
+    unrooted_engine_spans: int = 0
+    has_engine_span: bool = False
+    ready_at: float | None = None
+
+    def ancestors(self, span: Span) -> list[BufferedSpan]:
+        """Buffered ancestors of ``span``, nearest first; stops at the first one not (yet) here."""
+        chain: list[BufferedSpan] = []
+        parent = span.parent_span_id
+        seen = 0
+        while parent and seen < 64:  # a cycle in hostile input must not hang the pipeline
+            buffered = self.spans.get(parent)
+            if buffered is None:
+                break
+            chain.append(buffered)
+            parent = buffered.span.parent_span_id
+            seen += 1
+        return chain
+
+    def is_rooted(self, span: Span) -> bool:
+        chain = self.ancestors(span)
+        top = chain[-1].span if chain else span
+        return not top.parent_span_id
+
+
+CompletedTrace = PendingTrace
+CompletionReason = str  # "ready" | "decision_wait" | "memory_limit" | "shutdown"
+
+
+@dataclass(slots=True, frozen=True)
+class AssemblySettings:
+    decision_wait_s: float = 10.0
+    grace_s: float = 1.0
+    max_traces: int = 50_000
+    max_spans_per_trace: int = 10_000
+    decided_cache_size: int = 100_000
+
+
+class TraceAssembler:
+    """Thread-safe: receivers add spans from their threads; a ticker completes traces."""
+
+    def __init__(
+        self,
+        settings: AssemblySettings,
+        on_complete: Callable[[PendingTrace, CompletionReason], None],
+        on_late_span: Callable[[BufferedSpan], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._settings = settings
+        self._on_complete = on_complete
+        self._on_late_span = on_late_span
+        self._clock = clock
+        self._pending: OrderedDict[bytes, PendingTrace] = OrderedDict()
+        self._ready: dict[bytes, float] = {}
+        self._decided: OrderedDict[bytes, None] = OrderedDict()
+        self._lock = threading.Lock()
+        self.spans_dropped_over_trace_limit = 0
+        self.completions: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def add_batch(self, spans: list[BufferedSpan]) -> None:
+        completed: list[tuple[PendingTrace, str]] = []
+        late: list[BufferedSpan] = []
+        with self._lock:
+            now = self._clock()
+            touched: dict[bytes, PendingTrace] = {}
+            for buffered in spans:
+                trace_id = buffered.span.trace_id
+                trace = self._pending.get(trace_id)
+                if trace is None:
+                    if trace_id in self._decided:
+                        late.append(buffered)
+                        continue
+                    trace = PendingTrace(trace_id, now)
+                    self._pending[trace_id] = trace
+                if len(trace.spans) >= self._settings.max_spans_per_trace:
+                    self.spans_dropped_over_trace_limit += 1
+                    continue
+                trace.spans[buffered.span.span_id] = buffered
+                if buffered.is_engine:
+                    trace.has_engine_span = True
+                touched[trace_id] = trace
+            for trace in touched.values():
+                self._update_readiness(trace, now)
+            while len(self._pending) > self._settings.max_traces:
+                completed.append((self._pop_oldest(), "memory_limit"))
+        for buffered in late:
+            self._on_late_span(buffered)
+        for trace, reason in completed:
+            self._complete(trace, reason)
+
+    def _update_readiness(self, trace: PendingTrace, now: float) -> None:
+        if not trace.has_engine_span:
+            return
+        for buffered in trace.spans.values():
+            if buffered.is_engine and not trace.is_rooted(buffered.span):
+                return
+        if trace.ready_at is None:
+            trace.ready_at = now + self._settings.grace_s
+            self._ready[trace.trace_id] = trace.ready_at
+
+    def _pop_oldest(self) -> PendingTrace:
+        trace_id, trace = self._pending.popitem(last=False)
+        self._ready.pop(trace_id, None)
+        self._remember(trace_id)
+        return trace
+
+    def _remember(self, trace_id: bytes) -> None:
+        self._decided[trace_id] = None
+        if len(self._decided) > self._settings.decided_cache_size:
+            self._decided.popitem(last=False)
+
+    def tick(self) -> int:
+        """Complete every trace whose time has come; returns how many."""
+        due: list[tuple[PendingTrace, str]] = []
+        with self._lock:
+            now = self._clock()
+            for trace_id, ready_at in list(self._ready.items()):
+                if ready_at <= now:
+                    trace = self._pending.pop(trace_id)
+                    del self._ready[trace_id]
+                    self._remember(trace_id)
+                    due.append((trace, "ready"))
+            deadline = now - self._settings.decision_wait_s
+            while self._pending:
+                trace = next(iter(self._pending.values()))
+                if trace.first_seen > deadline:
+                    break
+                due.append((self._pop_oldest(), "decision_wait"))
+        for trace, reason in due:
+            self._complete(trace, reason)
+        return len(due)
+
+    def drain(self) -> int:
+        """Complete every pending trace now (shutdown)."""
+        with self._lock:
+            due = [self._pop_oldest() for _ in range(len(self._pending))]
+        for trace in due:
+            self._complete(trace, "shutdown")
+        return len(due)
+
+    def _complete(self, trace: PendingTrace, reason: str) -> None:
+        self.completions[reason] = self.completions.get(reason, 0) + 1
+        self._on_complete(trace, reason)

@@ -1,0 +1,78 @@
+"""Records each request once, in every enabled naming, from the same ``RequestRecord``."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from otel_llm.assembly.records import RequestRecord
+from otel_llm.metrics.definitions import SEGMENT_METRIC, CounterSpec, HistogramSpec, Naming
+from otel_llm.metrics.families import CounterFamily, HistogramFamily, Key
+
+
+@dataclass(slots=True)
+class _BoundHistogram:
+    spec: HistogramSpec
+    family: HistogramFamily
+
+
+@dataclass(slots=True)
+class _BoundCounter:
+    spec: CounterSpec
+    family: CounterFamily
+
+
+@dataclass(slots=True)
+class BoundNaming:
+    naming: Naming
+    label_names: tuple[str, ...]  # naming labels + configured dimensions
+    histograms: list[_BoundHistogram]
+    counters: list[_BoundCounter]
+
+
+class MetricsRecorder:
+    def __init__(self, namings: list[Naming], dimension_names: tuple[str, ...], series_limit: int) -> None:
+        self.dimension_names = dimension_names
+        self.namings = [
+            BoundNaming(
+                naming,
+                naming.label_names + dimension_names,
+                [_BoundHistogram(h, HistogramFamily(h.name, h.buckets, series_limit)) for h in naming.histograms],
+                [_BoundCounter(c, CounterFamily(c.name, series_limit)) for c in naming.counters],
+            )
+            for naming in namings
+        ]
+        self.segments = HistogramFamily(SEGMENT_METRIC.name, SEGMENT_METRIC.buckets, series_limit)
+        self.segment_label_names = ("model_name", "engine_kind", "service_name", "segment") + dimension_names
+        self.lock = threading.Lock()
+        self.requests_recorded = 0
+
+    def record(self, record: RequestRecord) -> None:
+        weight = record.weight
+        succeeded = record.outcome.succeeded
+        with self.lock:
+            self.requests_recorded += 1
+            for bound in self.namings:
+                key: Key = bound.naming.labels(record) + record.dimensions
+                for hist in bound.histograms:
+                    if hist.spec.success_only and not succeeded:
+                        continue
+                    value = hist.spec.value(record)
+                    if value is not None:
+                        hist.family.observe(key, value, weight)
+                for counter in bound.counters:
+                    amount = counter.spec.value(record)
+                    if amount is None:
+                        continue
+                    counter.family.add(key + (record.outcome.value,) if counter.spec.by_outcome else key, amount * weight)
+            if record.segments:
+                base = (record.model, record.engine_kind.value, record.service_name)
+                for segment in record.segments:
+                    self.segments.observe(base + (segment.name,) + record.dimensions, segment.duration_s, weight)
+
+    def families(self) -> list[HistogramFamily | CounterFamily]:
+        out: list[HistogramFamily | CounterFamily] = [self.segments]
+        for bound in self.namings:
+            out.extend(h.family for h in bound.histograms)
+            out.extend(c.family for c in bound.counters)
+        return out

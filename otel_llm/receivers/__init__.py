@@ -1,0 +1,1 @@
+"""OTLP receivers: gRPC ``TraceService/Export`` and HTTP ``POST /v1/traces``."""

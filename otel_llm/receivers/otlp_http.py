@@ -1,0 +1,146 @@
+"""OTLP/HTTP receiver: ``POST /v1/traces``, protobuf or JSON, optionally gzip, answered per the
+OTLP spec (``google.rpc.Status`` bodies on errors, partial success on rejected spans)."""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from typing import ClassVar
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError, Message
+from google.rpc import code_pb2, status_pb2
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTracePartialSuccess,
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from otel_llm.config import HttpProtocol
+from otel_llm.httpserver import BackgroundHTTPServer, QuietHandler
+from otel_llm.pipeline import Pipeline
+from otel_llm.receivers.otlp_json import OtlpJsonError, parse_otlp_json
+
+log = logging.getLogger(__name__)
+
+PROTOCOL = "http"
+TRACES_PATH = "/v1/traces"
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+def gunzip_bounded(data: bytes, limit: int) -> bytes:
+    """Decompress, refusing to inflate past ``limit`` bytes (a gzip bomb costs us nothing)."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    out = inflater.decompress(data, limit + 1)
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise BodyTooLarge(f"decompressed body exceeds {limit} bytes")
+    if not inflater.eof:
+        raise ValueError("truncated gzip stream")
+    return out
+
+
+class _Handler(QuietHandler):
+    pipeline: ClassVar[Pipeline]
+    max_body: ClassVar[int]
+
+    def _reply(self, status: int, message: Message, content_type: str, headers: dict[str, str] | None = None) -> None:
+        if content_type == JSON:
+            body = json_format.MessageToJson(message, indent=None).encode()
+        else:
+            body = message.SerializeToString()
+        self.send_body(status, body, content_type, headers)
+
+    def _error(self, status: int, code: int, text: str, content_type: str, reason: str,
+               headers: dict[str, str] | None = None) -> None:
+        self.pipeline.telemetry.requests_refused.labels(PROTOCOL, reason).inc()
+        self._reply(status, status_pb2.Status(code=code, message=text), content_type, headers)
+
+    def do_GET(self) -> None:
+        self.send_body(405, b"use POST /v1/traces\n", "text/plain", {"Allow": "POST"})
+
+    def do_POST(self) -> None:
+        content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        reply_type = JSON if content_type == JSON else PROTOBUF
+        if self.path.split("?")[0] != TRACES_PATH:
+            self._discard_body()
+            self._error(404, code_pb2.NOT_FOUND, f"unknown path {self.path[:100]}; OTLP traces go to {TRACES_PATH}",
+                        reply_type, "not_found")
+            return
+        if content_type not in (PROTOBUF, JSON):
+            self._discard_body()
+            self._error(415, code_pb2.INVALID_ARGUMENT,
+                        f"unsupported Content-Type {content_type!r}; use {PROTOBUF} or {JSON}", reply_type,
+                        "unsupported_media_type")
+            return
+        length_header = self.headers.get("Content-Length")
+        if length_header is None or not length_header.isdigit():
+            self.close_connection = True
+            self._error(411, code_pb2.INVALID_ARGUMENT, "Content-Length is required", reply_type, "no_content_length")
+            return
+        length = int(length_header)
+        if length > self.max_body:
+            # Reading a body we will refuse is wasted work; closing makes the client stop sending.
+            self.close_connection = True
+            self._error(413, code_pb2.RESOURCE_EXHAUSTED, f"body of {length} bytes exceeds {self.max_body}",
+                        reply_type, "too_large")
+            return
+        body = self.rfile.read(length)
+        encoding = (self.headers.get("Content-Encoding") or "identity").strip().lower()
+        try:
+            if encoding == "gzip":
+                body = gunzip_bounded(body, self.max_body)
+            elif encoding not in ("identity", ""):
+                self._error(415, code_pb2.INVALID_ARGUMENT, f"unsupported Content-Encoding {encoding!r}; use gzip",
+                            reply_type, "unsupported_encoding")
+                return
+        except BodyTooLarge as exc:
+            self._error(413, code_pb2.RESOURCE_EXHAUSTED, str(exc), reply_type, "too_large")
+            return
+        except (zlib.error, ValueError) as exc:
+            self._error(400, code_pb2.INVALID_ARGUMENT, f"bad gzip body: {exc}", reply_type, "malformed")
+            return
+        try:
+            if content_type == JSON:
+                request = parse_otlp_json(body)
+            else:
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(body)
+        except (DecodeError, OtlpJsonError) as exc:
+            self._error(400, code_pb2.INVALID_ARGUMENT, f"malformed ExportTraceServiceRequest: {exc}", reply_type,
+                        "malformed")
+            return
+        result = self.pipeline.consume(request, PROTOCOL)
+        response = ExportTraceServiceResponse()
+        if result.rejected:
+            response.partial_success.CopyFrom(
+                ExportTracePartialSuccess(rejected_spans=result.rejected, error_message=result.error_message))
+        self._reply(200, response, reply_type)
+
+    def _discard_body(self) -> None:
+        length = self.headers.get("Content-Length")
+        if length and length.isdigit() and int(length) <= self.max_body:
+            self.rfile.read(int(length))
+        else:
+            self.close_connection = True
+
+
+class OtlpHttpReceiver:
+    def __init__(self, settings: HttpProtocol, pipeline: Pipeline) -> None:
+        handler = type("OtlpHttpHandler", (_Handler,), {"pipeline": pipeline, "max_body": settings.max_request_body_size})
+        self._server = BackgroundHTTPServer(settings.endpoint, handler, "otlp-http")
+
+    @property
+    def port(self) -> int:
+        return self._server.port
+
+    def start(self) -> None:
+        self._server.start()
+        log.info("OTLP/HTTP receiver listening on port %d", self.port)
+
+    def stop(self) -> None:
+        self._server.stop()

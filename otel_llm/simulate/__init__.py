@@ -1,0 +1,1 @@
+"""Synthetic traffic: engine span emitters (``engines``) built on the real OpenTelemetry SDK."""
