@@ -22,15 +22,16 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"otel-llm: invalid config: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    # Handlers go in before anything listens, so a SIGTERM right after /readyz turns 200 is a clean stop.
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
     service = Service(config)
     try:
         service.start()
     except OSError as exc:
         print(f"otel-llm: {exc}", file=sys.stderr)
         return 1
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     parts = []
     if service.grpc is not None:
         parts.append(f"OTLP/gRPC :{service.grpc.port}")
@@ -39,7 +40,8 @@ def _serve(args: argparse.Namespace) -> int:
     if service.prometheus is not None:
         parts.append(f"metrics :{service.prometheus.port}/metrics")
     print(f"otel-llm {__version__} ready: {', '.join(parts)}", flush=True)
-    stop.wait()
+    while not stop.wait(0.5):  # a timed wait lets the main thread run signal handlers promptly
+        pass
     print("otel-llm: stopping (completing pending traces)", flush=True)
     service.stop()
     return 0

@@ -172,7 +172,9 @@ def classify(span: Span) -> tuple[EngineObservation | None, AttrMap]:
     """
     name = span.name
     attrs = attribute_map(span.attributes)
-    if name == VLLM_SPAN_NAME and (_LAT + "e2e") in attrs:
+    if name == VLLM_SPAN_NAME and span.kind == _SPAN_KIND_SERVER:
+        if (_LAT + "e2e") not in attrs:
+            raise MalformedSpan("missing_latency", "llm_request span without gen_ai.latency.e2e")
         return _vllm(span, attrs), attrs
     if name in TGI_HANDLER_SPANS and "gen_ai.latency.e2e" not in attrs:
         return _tgi(span, attrs), attrs

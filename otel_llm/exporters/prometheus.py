@@ -8,9 +8,24 @@ from typing import ClassVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.openmetrics import exposition as openmetrics
 
 from otel_llm.config import PrometheusExporter
 from otel_llm.httpserver import BackgroundHTTPServer, QuietHandler
+
+
+def encode_metrics(registry: CollectorRegistry, accept: str) -> tuple[bytes, str]:
+    """The exposition the scraper asked for in ``Accept``.
+
+    prometheus_client 0.26 removes ``:`` from OpenMetrics *sample* names under ``underscores``
+    escaping but keeps it in the family name, so Prometheus rejects every ``vllm:`` family. Every
+    name we expose is already legacy-valid (dotted OTel names are translated when declared), and
+    for legacy-valid names ``underscores`` escaping is the identity: render them unescaped.
+    """
+    encoder, content_type = choose_encoder(accept)
+    if content_type.startswith("application/openmetrics-text"):
+        return openmetrics.generate_latest(registry, escaping=openmetrics.ALLOWUTF8), content_type
+    return encoder(registry), content_type
 
 
 class _Handler(QuietHandler):
@@ -20,8 +35,8 @@ class _Handler(QuietHandler):
     def do_GET(self) -> None:
         path = self.path.split("?")[0]
         if path == "/metrics":
-            encoder, content_type = choose_encoder(self.headers.get("Accept") or "")
-            self.send_body(200, encoder(self.registry), content_type)
+            body, content_type = encode_metrics(self.registry, self.headers.get("Accept") or "")
+            self.send_body(200, body, content_type)
         elif path == "/healthz":
             self.send_body(200, b"ok\n", "text/plain")
         elif path == "/readyz":

@@ -49,7 +49,8 @@ class RecorderCollector(Collector):
                               "Observations sent to a metric's overflow series because its series cap was reached.",
                               "counter")
             for family in recorder.families():
-                overflow.add_sample("otel_llm_series_overflow_total", {"metric": family.name}, family.overflowed)
+                overflow.add_sample("otel_llm_series_overflow_total", {"metric": exposed_name(family.name)},
+                                    family.overflowed)
             snapshot.append(overflow)
         yield from snapshot
 
@@ -60,9 +61,14 @@ def _labels(label_names: tuple[str, ...], key: tuple[str, ...]) -> dict[str, str
     return dict(zip(label_names, key))
 
 
+def exposed_name(name: str, unit: str = "s") -> str:
+    """The Prometheus name of a declared metric: OTel dotted names are translated, vLLM names kept."""
+    return prometheus_metric_name(name, unit) if "." in name else name
+
+
 def _histogram(name: str, unit: str, doc: str, bounds: tuple[float, ...], label_names: tuple[str, ...],
                family: Family) -> Metric:
-    metric_name = prometheus_metric_name(name, unit) if "." in name else name
+    metric_name = exposed_name(name, unit)
     word = _unit_word(unit)
     base = metric_name[: -len(word) - 1] if word and metric_name.endswith("_" + word) else metric_name
     metric = Metric(base, doc, "histogram", word)

@@ -1,0 +1,138 @@
+"""Test support: an otel-llm Service on free loopback ports, real OTLP exporters pointed at it,
+and a scrape of its /metrics parsed with prometheus_client's own parser."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
+from opentelemetry.sdk.trace.export import SpanExporter
+from prometheus_client.parser import text_string_to_metric_families
+
+from otel_llm.config import config_from_dict
+from otel_llm.service import Service
+
+LOOPBACK_ANY_PORT = "127.0.0.1:0"
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def server_config(store_path: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    base = {
+        "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": LOOPBACK_ANY_PORT},
+                                             "http": {"endpoint": LOOPBACK_ANY_PORT}}}},
+        "processors": {"tail_sampling": {"decision_wait": "3s", "grace": "100ms"}},
+        "exporters": {"prometheus": {"endpoint": LOOPBACK_ANY_PORT}, "store": {"path": store_path}},
+    }
+    return deep_merge(base, overrides or {})
+
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+@dataclass
+class Scrape:
+    samples: Samples
+    text: str
+
+    def value(self, name: str, **labels: str) -> float:
+        """Sum of every sample named ``name`` whose labels include ``labels``."""
+        want = set(labels.items())
+        return sum(v for (n, ls), v in self.samples.items() if n == name and want <= ls)
+
+    def buckets(self, name: str, **labels: str) -> dict[str, float]:
+        """``{le: cumulative count}`` of histogram ``name`` summed over series matching ``labels``."""
+        want = set(labels.items())
+        out: dict[str, float] = {}
+        for (n, ls), v in self.samples.items():
+            if n == name + "_bucket" and want <= ls:
+                le = dict(ls)["le"]
+                out[le] = out.get(le, 0.0) + v
+        return out
+
+    def label_sets(self, name: str) -> list[dict[str, str]]:
+        return [dict(ls) for (n, ls) in self.samples if n == name]
+
+
+def parse_exposition(text: str) -> Samples:
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return samples
+
+
+@dataclass
+class RunningServer:
+    service: Service
+    exporters: list[SpanExporter] = field(default_factory=list)
+
+    @property
+    def grpc_port(self) -> int:
+        assert self.service.grpc is not None
+        return self.service.grpc.port
+
+    @property
+    def http_port(self) -> int:
+        assert self.service.http is not None
+        return self.service.http.port
+
+    @property
+    def metrics_url(self) -> str:
+        assert self.service.prometheus is not None
+        return f"http://127.0.0.1:{self.service.prometheus.port}"
+
+    def exporter(self, protocol: str) -> SpanExporter:
+        exporter: SpanExporter
+        if protocol == "grpc":
+            exporter = GrpcSpanExporter(endpoint=f"127.0.0.1:{self.grpc_port}", insecure=True, timeout=10)
+        elif protocol == "http":
+            exporter = HttpSpanExporter(endpoint=f"http://127.0.0.1:{self.http_port}/v1/traces", timeout=10)
+        else:
+            raise ValueError(protocol)
+        self.exporters.append(exporter)
+        return exporter
+
+    def scrape(self, accept: str | None = None) -> Scrape:
+        request = urllib.request.Request(self.metrics_url + "/metrics", headers={"Accept": accept} if accept else {})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            text = response.read().decode()
+        return Scrape(parse_exposition(text), text)
+
+    def wait_until(self, predicate: Callable[[Scrape], bool], timeout_s: float = 20.0, what: str = "") -> Scrape:
+        deadline = time.monotonic() + timeout_s
+        scrape = self.scrape()
+        while not predicate(scrape):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what or predicate}; last scrape:\n{scrape.text[-3000:]}")
+            time.sleep(0.05)
+            scrape = self.scrape()
+        return scrape
+
+    def wait_for_requests(self, count: int, timeout_s: float = 20.0) -> Scrape:
+        return self.wait_until(lambda s: s.value("otel_llm_requests_assembled_total") >= count, timeout_s,
+                               f"{count} assembled requests")
+
+    def stop(self) -> None:
+        for exporter in self.exporters:
+            exporter.shutdown()
+        self.service.stop(grace_s=1.0)
+
+
+def start_server(store_path: str, overrides: dict[str, Any] | None = None) -> RunningServer:
+    service = Service(config_from_dict(server_config(store_path, overrides)))
+    service.start()
+    return RunningServer(service)

@@ -1,0 +1,66 @@
+"""Series caps with an overflow series, configured extra dimensions with allow-lists, and
+upstream probability sampling weighting observations by their adjusted count."""
+
+from __future__ import annotations
+
+import time
+
+from opentelemetry.trace import SpanKind
+
+from otel_llm.simulate.engines import RequestTiming, emit_vllm_v1, engine_tracer_provider
+
+
+def _timing() -> RequestTiming:
+    return RequestTiming(time.time_ns(), 0.01, 0.1, 0.2, 1.0, completion_tokens=11)
+
+
+def test_series_cap_sends_new_label_sets_to_one_overflow_series(make_server):
+    server = make_server({"processors": {"llm_metrics": {"series_limit": 5}}})
+    exporter = server.exporter("grpc")
+    for i in range(12):  # 12 models, one request each: 5 get their own series, 7 overflow
+        provider = engine_tracer_provider("vllm-v1", exporter, service_name=f"svc-{i}")
+        emit_vllm_v1(provider, _timing(), request_id=str(i))
+    scrape = server.wait_for_requests(12)
+    names = {ls.get("service_name") for ls in scrape.label_sets("vllm:e2e_request_latency_seconds_count")}
+    assert len(names - {None}) == 5
+    assert scrape.value("vllm:e2e_request_latency_seconds_count", otel_llm_overflow="true") == 7
+    assert scrape.value("vllm:e2e_request_latency_seconds_count") == 12  # nothing lost
+    assert scrape.value("otel_llm_series_overflow_total", metric="vllm:e2e_request_latency_seconds") == 7
+
+
+def test_dimension_allow_list_maps_everything_else_to_other(make_server):
+    server = make_server({"processors": {"llm_metrics": {"dimensions": [
+        {"name": "priority", "attribute": "llm.priority", "values": ["interactive", "batch"]}]}}})
+    provider = engine_tracer_provider("vllm-v1", server.exporter("http"), service_name="dims")
+    tracer = provider.get_tracer("gateway")
+    for value in ["interactive", "interactive", "batch", "urgent!", None]:
+        t = _timing()
+        attributes = {"llm.priority": value} if value else {}
+        with tracer.start_as_current_span("POST /v1/chat/completions", kind=SpanKind.SERVER,
+                                          attributes=attributes, start_time=t.arrival_unix_ns) as gw:
+            headers: dict[str, str] = {}
+            from opentelemetry.propagate import inject
+
+            inject(headers)
+            emit_vllm_v1(provider, t, request_id="d", traceparent_headers=headers)
+            gw.end(end_time=t.end_unix_ns + 1000)
+    scrape = server.wait_for_requests(5)
+    count = "vllm:e2e_request_latency_seconds_count"
+    assert scrape.value(count, priority="interactive") == 2
+    assert scrape.value(count, priority="batch") == 1
+    assert scrape.value(count, priority="other") == 2  # a value off the list, and a missing one
+    assert scrape.value("gen_ai_server_request_duration_seconds_count", priority="batch") == 1
+
+
+def test_upstream_sampling_threshold_weights_observations(server):
+    """A span sampled at 25 % upstream (ot=th:c) stands for 4 requests."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from tests.test_bad_input import grpc_raw, vllm_request_proto
+
+    request: ExportTraceServiceRequest = vllm_request_proto()
+    request.resource_spans[0].scope_spans[0].spans[0].trace_state = "ot=th:c"
+    grpc_raw(server, request.SerializeToString())
+    scrape = server.wait_for_requests(1)
+    assert scrape.value("vllm:e2e_request_latency_seconds_count") == 4.0
+    assert scrape.value("vllm:request_success_total") == 4.0

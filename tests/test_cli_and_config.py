@@ -1,0 +1,143 @@
+"""The CLI as users run it: a real `otel-llm` process, its exit codes and its error messages."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from otel_llm.config import ConfigError, config_from_dict, load_config
+
+TESTDATA = Path(__file__).parent / "testdata"
+OTEL_LLM = [sys.executable, "-m", "otel_llm"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*OTEL_LLM, *args], capture_output=True, text=True, timeout=60, cwd=cwd)
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if proc.poll() is not None:
+            raise AssertionError(f"otel-llm exited {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                if response.status == 200:
+                    return time.monotonic() - start
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"{url} not ready within {timeout_s}s")
+
+
+def test_minimal_config_validates_exactly_as_written():
+    result = run_cli("validate", str(TESTDATA / "minimal.yaml"))
+    assert result.returncode == 0, result.stderr
+    config = load_config(TESTDATA / "minimal.yaml")
+    assert config.receivers.otlp.protocols.grpc.endpoint == "127.0.0.1:14317"
+    assert config.exporters.store.path == "/some/dir"
+
+
+@pytest.mark.parametrize(
+    "text,path",
+    [
+        ("receivers:\n  otlp:\n    protocols:\n      grpc: {endpoint: 'localhost'}\n", "receivers.otlp.protocols.grpc.endpoint"),
+        ("receivers:\n  otlp:\n    protocols:\n      grpc: {endpoint: '127.0.0.1:99999'}\n",
+         "receivers.otlp.protocols.grpc.endpoint"),
+        ("receivers:\n  otlp:\n    protocol: {}\n", "receivers.otlp.protocol"),
+        ("processors:\n  tail_sampling: {decision_wait: soon}\n", "processors.tail_sampling.decision_wait"),
+        ("processors:\n  llm_metrics: {series_limit: -1}\n", "processors.llm_metrics.series_limit"),
+        ("processors:\n  llm_metrics: {namings: {vllm: 'yes'}}\n", "processors.llm_metrics.namings.vllm"),
+        ("exporters:\n  prometheus: {endpoint: '127.0.0.1:9464'}\nservice:\n  pipelines:\n    traces: {exporters: [tempo]}\n",
+         "service.pipelines.traces.exporters[0]"),
+        ("exporter: {}\n", "exporter"),
+        ("[1, 2\n", "not valid YAML"),
+    ],
+)
+def test_bad_config_exits_2_naming_the_path(tmp_path, text, path):
+    config = tmp_path / "bad.yaml"
+    config.write_text(text)
+    for command in (["validate", str(config)], ["serve", "--config", str(config)]):
+        result = run_cli(*command)
+        assert result.returncode == 2, (command, result.stdout, result.stderr)
+        assert path in result.stderr
+
+
+def test_absent_components_in_a_listed_section_are_off():
+    config = config_from_dict({"exporters": {"prometheus": {"endpoint": "127.0.0.1:1"}},
+                               "receivers": {"otlp": {"protocols": {"http": None}}}})
+    assert config.exporters.store is None
+    assert config.receivers.otlp.protocols.grpc is None
+    assert config.receivers.otlp.protocols.http.endpoint == "0.0.0.0:4318"
+    with pytest.raises(ConfigError, match="already used"):
+        config_from_dict({"receivers": {"otlp": {"protocols": {"grpc": {"endpoint": "127.0.0.1:5000"},
+                                                               "http": {"endpoint": "127.0.0.1:5000"}}}}})
+
+
+def test_serve_minimal_config_shape_then_sigterm_exits_0(tmp_path):
+    grpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
+    text = (TESTDATA / "minimal.yaml").read_text()
+    text = (text.replace("14317", str(grpc_port)).replace("14318", str(http_port))
+            .replace("19464", str(metrics_port)).replace("/some/dir", str(tmp_path / "store")))
+    config = tmp_path / "config.yaml"
+    config.write_text(text)
+    proc = subprocess.Popen([*OTEL_LLM, "serve", "--config", str(config)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_ready(f"http://127.0.0.1:{metrics_port}/readyz", proc, 10)
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/healthz", timeout=2) as response:
+            assert response.status == 200
+        for port in (grpc_port, http_port):
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        assert (tmp_path / "store").is_dir()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_serve_with_embedded_defaults_is_ready_within_10s(tmp_path):
+    """What `make run` starts: no config file, the default ports of DESIGN.md §2."""
+    for port in (4317, 4318, 9464):
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                pytest.fail(f"port {port} is taken on this machine; the embedded defaults need it")
+    proc = subprocess.Popen([*OTEL_LLM, "serve"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+    try:
+        elapsed = wait_ready("http://127.0.0.1:9464/readyz", proc, 10)
+        assert elapsed < 10
+        assert (tmp_path / "otel-llm-data").is_dir()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_port_in_use_is_a_clear_error(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        config = tmp_path / "c.yaml"
+        config.write_text(f"exporters:\n  prometheus: {{endpoint: '127.0.0.1:{port}'}}\n"
+                          "receivers:\n  otlp:\n    protocols:\n      http: {endpoint: '127.0.0.1:0'}\n")
+        result = run_cli("serve", "--config", str(config))
+    assert result.returncode == 1
+    assert f"127.0.0.1:{port}" in result.stderr
