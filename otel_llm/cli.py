@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="check a config file and exit (2 if invalid)")
     validate.add_argument("config", help="YAML config file")
     validate.set_defaults(func=_validate)
+    from otel_llm.simulate.cli import add_simulate_parser
+
+    add_simulate_parser(sub)
     return parser
 
 
