@@ -184,9 +184,49 @@ class StoreExporter:
 
 
 @dataclass(frozen=True)
+class RetryOnFailure:
+    enabled: bool = True
+    initial_interval: Duration = 1.0
+    max_interval: Duration = 30.0
+    max_elapsed_time: Duration = 300.0  # 0 = retry forever
+    multiplier: float = 1.5
+
+
+@dataclass(frozen=True)
+class SendingQueue:
+    enabled: bool = True
+    num_consumers: PositiveInt = 2
+    queue_size: PositiveInt = 1000  # export requests (batches of kept spans) held in memory
+    storage: str = ""  # a directory: the queue is also written there and replayed after a restart
+
+
+@dataclass(frozen=True)
+class ClientTls:
+    insecure: bool = True
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+
+
+@dataclass(frozen=True)
+class OtlpTraceExporter:
+    """Kept traces out over OTLP/gRPC (``exporters.otlp``) or OTLP/HTTP (``exporters.otlphttp``)."""
+
+    endpoint: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+    timeout: Duration = 10.0
+    compression: str = "gzip"
+    tls: ClientTls = field(default_factory=ClientTls)
+    retry_on_failure: RetryOnFailure = field(default_factory=RetryOnFailure)
+    sending_queue: SendingQueue = field(default_factory=SendingQueue)
+
+
+@dataclass(frozen=True)
 class Exporters:
     prometheus: PrometheusExporter | None = field(default_factory=PrometheusExporter)
     store: StoreExporter | None = field(default_factory=StoreExporter)
+    otlp: OtlpTraceExporter | None = None
+    otlphttp: OtlpTraceExporter | None = None
 
 
 # --- service ---------------------------------------------------------------------------------
@@ -305,6 +345,24 @@ def _validate(config: Config) -> None:
             raise ConfigError(f"{path}.attribute", "required")
         if not dim.values:
             raise ConfigError(f"{path}.values", "required: the allow-list of label values (anything else becomes 'other')")
+    for name in ("otlp", "otlphttp"):
+        exporter = getattr(config.exporters, name)
+        if exporter is None:
+            continue
+        path = f"exporters.{name}"
+        if not exporter.endpoint:
+            raise ConfigError(f"{path}.endpoint", "required (e.g. tempo:4317 for otlp, http://tempo:4318 for otlphttp)")
+        if name == "otlphttp" and not exporter.endpoint.startswith(("http://", "https://")):
+            raise ConfigError(f"{path}.endpoint", f"expected an http:// or https:// URL, got {exporter.endpoint!r}")
+        if name == "otlp":
+            parse_endpoint(exporter.endpoint.split("://", 1)[-1], f"{path}.endpoint")
+        if exporter.compression not in ("gzip", "none", ""):
+            raise ConfigError(f"{path}.compression", f"expected gzip or none, got {exporter.compression!r}")
+        retry = exporter.retry_on_failure
+        if retry.multiplier < 1:
+            raise ConfigError(f"{path}.retry_on_failure.multiplier", "must be >= 1")
+        if retry.initial_interval > retry.max_interval:
+            raise ConfigError(f"{path}.retry_on_failure.initial_interval", "must not exceed max_interval")
     sampling = config.processors.tail_sampling
     if sampling.grace > sampling.decision_wait:
         raise ConfigError("processors.tail_sampling.grace", "must not exceed decision_wait")
