@@ -7,9 +7,10 @@ import logging
 import signal
 import sys
 import threading
+import time
 
 from otel_llm import __version__
-from otel_llm.config import ConfigError, load_config
+from otel_llm.config import ConfigError, load_config, parse_duration
 
 EXIT_CONFIG = 2
 
@@ -57,6 +58,79 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reader(args: argparse.Namespace):  # noqa: ANN202 - StoreReader or ApiReader, same methods
+    if args.api:
+        return ApiReader(args.api)
+    from pathlib import Path
+
+    from otel_llm.store.sqlite import StoreReader
+
+    return StoreReader(Path(args.store))
+
+
+class ApiReader:
+    """The same reads as StoreReader, through a running otel-llm's JSON API."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url.rstrip("/")
+
+    def _get(self, path: str) -> dict:  # type: ignore[type-arg]
+        import json
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(self.base_url + path, timeout=10) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as err:
+            if err.code == 404:
+                return {}
+            raise ValueError(json.loads(err.read() or b"{}").get("error", str(err))) from None
+
+    def list_requests(self, **query: object) -> list[dict]:  # type: ignore[type-arg]
+        import urllib.parse
+
+        params = {k.replace("_unix_ns", ""): v for k, v in query.items() if v is not None}
+        return self._get("/api/traces?" + urllib.parse.urlencode(params)).get("traces", [])
+
+    def get_trace(self, trace_id: str) -> dict | None:  # type: ignore[type-arg]
+        return self._get(f"/api/traces/{trace_id}") or None
+
+
+def _traces(args: argparse.Namespace) -> int:
+    from otel_llm.traceview import render_table
+
+    since = int((time.time() - args.since) * 1e9) if args.since else None
+    try:
+        rows = _reader(args).list_requests(model=args.model, outcome=args.outcome, service=args.service,
+                                           sort=args.sort, limit=args.limit, since_unix_ns=since)
+    except (FileNotFoundError, ValueError, OSError) as exc:
+        print(f"otel-llm: {exc}", file=sys.stderr)
+        return 1
+    sys.stdout.write(render_table(rows))
+    return 0
+
+
+def _trace(args: argparse.Namespace) -> int:
+    from otel_llm.traceview import render_waterfall
+
+    try:
+        trace = _reader(args).get_trace(args.trace_id)
+    except (FileNotFoundError, ValueError, OSError) as exc:
+        print(f"otel-llm: {exc}", file=sys.stderr)
+        return 1
+    if trace is None:
+        print(f"otel-llm: trace {args.trace_id} is not in the store (only kept traces are stored)", file=sys.stderr)
+        return 1
+    sys.stdout.write(render_waterfall(trace, width=args.width))
+    return 0
+
+
+def _add_source(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", default="./otel-llm-data", help="trace store directory (default ./otel-llm-data)")
+    parser.add_argument("--api", help="read through a running otel-llm instead, e.g. http://127.0.0.1:9464")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="otel-llm", description="OTLP endpoint for LLM inference fleets.")
     parser.add_argument("--version", action="version", version=f"otel-llm {__version__}")
@@ -68,6 +142,21 @@ def build_parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="check a config file and exit (2 if invalid)")
     validate.add_argument("config", help="YAML config file")
     validate.set_defaults(func=_validate)
+    traces = sub.add_parser("traces", help="list kept requests from the trace store")
+    _add_source(traces)
+    traces.add_argument("--model")
+    traces.add_argument("--outcome", choices=["stop", "length", "abort", "error", "unknown"])
+    traces.add_argument("--service")
+    traces.add_argument("--sort", default="start", choices=["start", "ttft", "tpot", "e2e", "queue", "gateway_overhead"],
+                        help="largest first (default: newest first)")
+    traces.add_argument("--since", type=lambda v: parse_duration(v, "--since"), help="only the last DURATION, e.g. 15m")
+    traces.add_argument("--limit", type=int, default=20)
+    traces.set_defaults(func=_traces)
+    trace = sub.add_parser("trace", help="one kept trace as a terminal waterfall")
+    _add_source(trace)
+    trace.add_argument("trace_id", help="32 hex digits")
+    trace.add_argument("--width", type=int, default=60, help="bar width in characters")
+    trace.set_defaults(func=_trace)
     from otel_llm.simulate.cli import add_simulate_parser
 
     add_simulate_parser(sub)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -17,13 +18,27 @@ from otel_llm.adapters import MalformedSpan, classify
 from otel_llm.assembly.records import RequestRecord
 from otel_llm.assembly.requests import Dimension, RecordSettings, ResourceModelRule, records_of_trace
 from otel_llm.assembly.segments import derive_timings
+from otel_llm.assembly.synthesis import kept_trace_request
 from otel_llm.assembly.traces import AssemblySettings, BufferedSpan, PendingTrace, TraceAssembler
 from otel_llm.config import Config
 from otel_llm.metrics.definitions import genai_naming, own_naming, vllm_naming
 from otel_llm.metrics.recorder import MetricsRecorder
 from otel_llm.metrics.selftelemetry import SelfTelemetry
+from otel_llm.sampling.sampler import Decision, TailSampler
+
+# A destination for kept traces (the store, an OTLP exporter); returns False when it had to drop it.
+KeptTraceSink = Callable[[ExportTraceServiceRequest, list[RequestRecord], str], bool]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Remembered:
+    """What the decision cache keeps of a completed trace: its decision, and which engine spans
+    were measured, so a replayed span is not measured twice while a genuinely late one is."""
+
+    decision: Decision
+    measured: set[bytes]
 
 
 @dataclass(slots=True, frozen=True)
@@ -78,6 +93,8 @@ class Pipeline:
             on_late_span=self._on_late_span,
         )
         telemetry.traces_in_memory.set_function(lambda: len(self.assembler))
+        self.sampler = TailSampler(sampling)
+        self.sinks: dict[str, KeptTraceSink] = {}
         self._malformed = telemetry.spans_malformed
         self._matched = telemetry.spans_engine
         self._stop = threading.Event()
@@ -134,24 +151,54 @@ class Pipeline:
         self.telemetry.traces_completed.labels(reason).inc()
         try:
             records = records_of_trace(trace, self.settings)
+            decision = self.sampler.decide(trace, records)
         except Exception:  # counted, and the next trace is still assembled
             log.exception("assembling trace %s failed", trace.trace_id.hex())
             self.telemetry.spans_dropped.labels("assembly_error").inc(len(trace.spans))
             return
+        self.assembler.remember_decision(trace.trace_id, Remembered(decision, {r.span_id for r in records}))
+        self._count_decision(decision)
+        # Metrics count every request whatever the decision; only exemplars follow it.
         for record in records:
-            self._record(record)
+            self._record(record, decision.keep)
+        if decision.keep:
+            request, _ = kept_trace_request(list(trace.spans.values()), records, decision.policy, decision.threshold)
+            self._deliver(request, records, decision.policy)
 
-    def _on_late_span(self, buffered: BufferedSpan) -> None:
-        """A span of an already completed trace: measured on its own, never twice."""
+    def _count_decision(self, decision: Decision) -> None:
+        outcome = "kept" if decision.keep else ("rate_limited" if decision.rate_limited else "dropped")
+        self.telemetry.sampling_decisions.labels(decision.policy or "none", outcome).inc()
+
+    def _deliver(self, request: ExportTraceServiceRequest, records: list[RequestRecord], policy: str) -> None:
+        for name, sink in self.sinks.items():
+            if not sink(request, records, policy):
+                self.telemetry.kept_traces_dropped.labels(name).inc()
+
+    def _on_late_span(self, buffered: BufferedSpan, remembered: object) -> None:
+        """A span of an already decided trace: it follows the decision, and is measured once at most."""
         self.telemetry.late_spans.inc()
+        if not isinstance(remembered, Remembered):  # the trace is being completed right now
+            remembered = None
+        kept = remembered is not None and remembered.decision.keep
+        records: list[RequestRecord] = []
         if buffered.is_engine:
             single = PendingTrace(buffered.span.trace_id, 0.0, {buffered.span.span_id: buffered})
-            for record in records_of_trace(single, self.settings):
-                self._record(record)
+            records = records_of_trace(single, self.settings)
+            replayed = remembered is not None and buffered.span.span_id in remembered.measured
+            if not replayed:
+                for record in records:
+                    self._record(record, kept)
+                if remembered is not None:
+                    remembered.measured.add(buffered.span.span_id)
+        if kept:
+            assert remembered is not None
+            decision = remembered.decision
+            request, _ = kept_trace_request([buffered], records, decision.policy, decision.threshold)
+            self._deliver(request, records, decision.policy)
 
-    def _record(self, record: RequestRecord) -> None:
+    def _record(self, record: RequestRecord, with_exemplars: bool = False) -> None:
         self.telemetry.requests_assembled.labels(record.engine_kind.value, record.outcome.value).inc()
-        self.recorder.record(record)
+        self.recorder.record(record, with_exemplars)
 
     # --- lifecycle -------------------------------------------------------------------------
 

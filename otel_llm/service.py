@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from otel_llm.metrics.selftelemetry import SelfTelemetry
 from otel_llm.pipeline import Pipeline
 from otel_llm.receivers.otlp_grpc import OtlpGrpcReceiver
 from otel_llm.receivers.otlp_http import OtlpHttpReceiver
+from otel_llm.store.sqlite import StoreReader, TraceStore
 
 log = logging.getLogger(__name__)
 
@@ -41,19 +43,35 @@ class Service:
                 self.grpc = OtlpGrpcReceiver(otlp.protocols.grpc, self.pipeline)
             if otlp.protocols.http is not None:
                 self.http = OtlpHttpReceiver(otlp.protocols.http, self.pipeline)
+        self.store: TraceStore | None = None
+        store_config = config.exporters.store
+        if store_config is not None and _enabled(config, "exporters", "store"):
+            self.store = TraceStore(Path(store_config.path), store_config.retention,
+                                    store_config.max_size_mib * 1024 * 1024, store_config.queue_size, self.registry)
+            self.pipeline.sinks["store"] = self.store.submit
+        self.trace_exporters: list = []
+        for name, protocol in (("otlp", "grpc"), ("otlphttp", "http")):
+            settings = getattr(config.exporters, name)
+            if settings is None or not _enabled(config, "exporters", name):
+                continue
+            from otel_llm.exporters.otlp_traces import TraceExporter
+
+            exporter = TraceExporter(name, protocol, settings, self.registry)
+            self.trace_exporters.append(exporter)
+            self.pipeline.sinks[name] = lambda request, _records, _policy, exporter=exporter: exporter.submit(request)
         if config.exporters.prometheus is not None and _enabled(config, "exporters", "prometheus"):
-            self.prometheus = PrometheusEndpoint(config.exporters.prometheus, self.registry, self.ready)
-        self.store_path: Path | None = None
-        if config.exporters.store is not None and _enabled(config, "exporters", "store"):
-            self.store_path = Path(config.exporters.store.path)
+            reader = StoreReader(self.store.path) if self.store is not None else None
+            self.prometheus = PrometheusEndpoint(config.exporters.prometheus, self.registry, self.ready, reader)
 
     def start(self) -> None:
         """Start everything; ``/readyz`` turns 200 only once every receiver listens."""
-        if self.store_path is not None:
+        if self.store is not None:
             try:
-                self.store_path.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise OSError(f"exporters.store.path: cannot create {self.store_path}: {exc.strerror or exc}") from None
+                self.store.start()
+            except (OSError, sqlite3.Error) as exc:
+                raise OSError(f"exporters.store.path: cannot open {self.store.path}: {exc}") from None
+        for exporter in self.trace_exporters:
+            exporter.start()
         started: list[object] = []
         try:
             if self.prometheus is not None:
@@ -79,6 +97,10 @@ class Service:
             self.grpc.stop(grace)
         if self.http is not None:
             self.http.stop()
-        self.pipeline.shutdown()
+        self.pipeline.shutdown()  # every pending trace decided and handed to the store and exporters
+        if self.store is not None:
+            self.store.shutdown(grace)
+        for exporter in self.trace_exporters:
+            exporter.shutdown(grace)
         if self.prometheus is not None:
             self.prometheus.stop()

@@ -93,3 +93,17 @@ def get_str_list(attrs: AttrMap, key: str) -> list[str]:
             return [str(item) for item in parsed if isinstance(item, (str, int, float))]
         return [text] if text else []
     return []
+
+
+def any_value_to_python(value: AnyValue) -> Any:
+    """A JSON-ready Python value (bytes as hex), for storing kept spans."""
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "array_value":
+        return [any_value_to_python(v) for v in value.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: any_value_to_python(kv.value) for kv in value.kvlist_value.values}
+    if kind == "bytes_value":
+        return value.bytes_value.hex()
+    return getattr(value, kind)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from otel_llm.adapters.attributes import get_float, get_str
 from otel_llm.adapters.observation import EngineKind, EngineObservation
@@ -216,6 +216,11 @@ def build_record(buffered: BufferedSpan, gateways: list[BufferedSpan], settings:
         record.e2e_s = (span.end_time_unix_nano - span.start_time_unix_nano) / 1e9
     if record.ttft_s is None and obs.ttft_s is not None:
         record.ttft_s = obs.ttft_s
+    failed_gateway = next((g for g in gateways if g.span.status.code == Status.STATUS_CODE_ERROR), None)
+    if failed_gateway is not None and record.outcome is not Outcome.ERROR:
+        # The client got an error from the edge: that is the request's outcome, whatever the engine saw.
+        record.outcome = Outcome.ERROR
+        record.error_type = get_str(failed_gateway.attrs, "error.type") or "_OTHER"
     servers = [g for g in gateways if g.span.kind == _SERVER]
     if servers:
         edge = servers[-1]

@@ -88,7 +88,7 @@ class TraceAssembler:
         self,
         settings: AssemblySettings,
         on_complete: Callable[[PendingTrace, CompletionReason], None],
-        on_late_span: Callable[[BufferedSpan], None],
+        on_late_span: Callable[[BufferedSpan, object], None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._settings = settings
@@ -97,7 +97,8 @@ class TraceAssembler:
         self._clock = clock
         self._pending: OrderedDict[bytes, PendingTrace] = OrderedDict()
         self._ready: dict[bytes, float] = {}
-        self._decided: OrderedDict[bytes, None] = OrderedDict()
+        # trace id -> the sampler's decision (None until decided), so late spans follow it
+        self._decided: OrderedDict[bytes, object] = OrderedDict()
         self._lock = threading.Lock()
         self.spans_dropped_over_trace_limit = 0
         self.completions: dict[str, int] = {}
@@ -107,7 +108,7 @@ class TraceAssembler:
 
     def add_batch(self, spans: list[BufferedSpan]) -> None:
         completed: list[tuple[PendingTrace, str]] = []
-        late: list[BufferedSpan] = []
+        late: list[tuple[BufferedSpan, object]] = []
         with self._lock:
             now = self._clock()
             touched: dict[bytes, PendingTrace] = {}
@@ -116,7 +117,7 @@ class TraceAssembler:
                 trace = self._pending.get(trace_id)
                 if trace is None:
                     if trace_id in self._decided:
-                        late.append(buffered)
+                        late.append((buffered, self._decided[trace_id]))
                         continue
                     trace = PendingTrace(trace_id, now)
                     self._pending[trace_id] = trace
@@ -131,8 +132,8 @@ class TraceAssembler:
                 self._update_readiness(trace, now)
             while len(self._pending) > self._settings.max_traces:
                 completed.append((self._pop_oldest(), "memory_limit"))
-        for buffered in late:
-            self._on_late_span(buffered)
+        for buffered, decision in late:
+            self._on_late_span(buffered, decision)
         for trace, reason in completed:
             self._complete(trace, reason)
 
@@ -156,6 +157,11 @@ class TraceAssembler:
         self._decided[trace_id] = None
         if len(self._decided) > self._settings.decided_cache_size:
             self._decided.popitem(last=False)
+
+    def remember_decision(self, trace_id: bytes, decision: object) -> None:
+        with self._lock:
+            if trace_id in self._decided:
+                self._decided[trace_id] = decision
 
     def tick(self) -> int:
         """Complete every trace whose time has come; returns how many."""

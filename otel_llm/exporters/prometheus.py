@@ -3,8 +3,11 @@ in ``Accept``), ``/healthz`` and ``/readyz``."""
 
 from __future__ import annotations
 
+import json
+import re
 import threading
-from typing import ClassVar
+import urllib.parse
+from typing import Any, ClassVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
@@ -12,6 +15,9 @@ from prometheus_client.openmetrics import exposition as openmetrics
 
 from otel_llm.config import PrometheusExporter
 from otel_llm.httpserver import BackgroundHTTPServer, QuietHandler
+from otel_llm.store.sqlite import SORT_COLUMNS, StoreReader
+
+_TRACE_PATH = re.compile(r"^/api/traces/([0-9a-fA-F]{1,32})$")
 
 
 def encode_metrics(registry: CollectorRegistry, accept: str) -> tuple[bytes, str]:
@@ -31,10 +37,47 @@ def encode_metrics(registry: CollectorRegistry, accept: str) -> tuple[bytes, str
 class _Handler(QuietHandler):
     registry: ClassVar[CollectorRegistry]
     ready: ClassVar[threading.Event]
+    store: ClassVar[StoreReader | None]
+
+    def _json(self, status: int, payload: Any) -> None:
+        self.send_body(status, json.dumps(payload).encode(), "application/json")
+
+    def _api(self, path: str, query: dict[str, list[str]]) -> None:
+        if self.store is None:
+            self._json(404, {"error": "the trace store is disabled (exporters.store)"})
+            return
+        def arg(name: str) -> str | None:
+            values = query.get(name)
+            return values[-1] if values else None
+        try:
+            if path == "/api/traces":
+                limit = int(arg("limit") or 50)
+                since, until = arg("since"), arg("until")
+                rows = self.store.list_requests(
+                    model=arg("model"), outcome=arg("outcome"), service=arg("service"), sort=arg("sort") or "start",
+                    limit=limit, since_unix_ns=int(since) if since else None, until_unix_ns=int(until) if until else None)
+                self._json(200, {"traces": rows})
+                return
+            match = _TRACE_PATH.match(path)
+            if match is None:
+                self._json(404, {"error": "try /api/traces or /api/traces/{trace_id}"})
+                return
+            trace = self.store.get_trace(match.group(1).rjust(32, "0"))
+            if trace is None:
+                self._json(404, {"error": f"trace {match.group(1)} is not in the store"})
+            else:
+                self._json(200, trace)
+        except ValueError as exc:
+            self._json(400, {"error": str(exc), "sort": sorted(SORT_COLUMNS)})
+        except FileNotFoundError as exc:
+            self._json(503, {"error": str(exc)})
 
     def do_GET(self) -> None:
-        path = self.path.split("?")[0]
-        if path == "/metrics":
+        parsed = urllib.parse.urlsplit(self.path)
+        path = parsed.path
+        if path.startswith("/api/"):
+            self._api(path, urllib.parse.parse_qs(parsed.query))
+        elif path == "/metrics":
             body, content_type = encode_metrics(self.registry, self.headers.get("Accept") or "")
             self.send_body(200, body, content_type)
         elif path == "/healthz":
@@ -45,14 +88,15 @@ class _Handler(QuietHandler):
             else:
                 self.send_body(503, b"starting\n", "text/plain", {"Retry-After": "1"})
         else:
-            self.send_body(404, b"not found; try /metrics, /healthz, /readyz\n", "text/plain")
+            self.send_body(404, b"not found; try /metrics, /healthz, /readyz, /api/traces\n", "text/plain")
 
     do_HEAD = do_GET
 
 
 class PrometheusEndpoint:
-    def __init__(self, settings: PrometheusExporter, registry: CollectorRegistry, ready: threading.Event) -> None:
-        handler = type("PrometheusHandler", (_Handler,), {"registry": registry, "ready": ready})
+    def __init__(self, settings: PrometheusExporter, registry: CollectorRegistry, ready: threading.Event,
+                 store: StoreReader | None = None) -> None:
+        handler = type("PrometheusHandler", (_Handler,), {"registry": registry, "ready": ready, "store": store})
         self._server = BackgroundHTTPServer(settings.endpoint, handler, "prometheus")
 
     @property

@@ -55,8 +55,7 @@ class HistogramFamily(Family):
         super().__init__(name, limit)
         self.bounds = bounds
 
-    def observe(self, key: Key, value: float, weight: float = 1.0) -> int:
-        """Returns the bucket index, so the caller can attach an exemplar to it."""
+    def observe(self, key: Key, value: float, weight: float = 1.0, exemplar: Exemplar | None = None) -> None:
         series = self.series.get(key)
         if series is None:
             key = self._admit(key)
@@ -67,7 +66,8 @@ class HistogramFamily(Family):
         series.counts[index] += weight  # type: ignore[attr-defined]
         series.total += value * weight  # type: ignore[attr-defined]
         series.count += weight  # type: ignore[attr-defined]
-        return index
+        if exemplar is not None:
+            series.exemplars[index] = exemplar  # type: ignore[attr-defined]
 
 
 class CounterFamily(Family):

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 from otel_llm.assembly.records import RequestRecord
 from otel_llm.metrics.definitions import SEGMENT_METRIC, CounterSpec, HistogramSpec, Naming
-from otel_llm.metrics.families import CounterFamily, HistogramFamily, Key
+from otel_llm.metrics.families import CounterFamily, Exemplar, HistogramFamily, Key
 
 
 @dataclass(slots=True)
@@ -47,9 +48,13 @@ class MetricsRecorder:
         self.lock = threading.Lock()
         self.requests_recorded = 0
 
-    def record(self, record: RequestRecord) -> None:
+    def record(self, record: RequestRecord, with_exemplars: bool = False) -> None:
+        """Observe ``record`` in every naming; ``with_exemplars`` only for traces the sampler kept."""
         weight = record.weight
         succeeded = record.outcome.succeeded
+        trace_id = record.trace_id.hex() if with_exemplars else ""
+        span_id = record.span_id.hex() if with_exemplars else ""
+        now = time.time()
         with self.lock:
             self.requests_recorded += 1
             for bound in self.namings:
@@ -59,7 +64,8 @@ class MetricsRecorder:
                         continue
                     value = hist.spec.value(record)
                     if value is not None:
-                        hist.family.observe(key, value, weight)
+                        exemplar = Exemplar(trace_id, span_id, value, now) if with_exemplars else None
+                        hist.family.observe(key, value, weight, exemplar)
                 for counter in bound.counters:
                     amount = counter.spec.value(record)
                     if amount is None:
@@ -68,7 +74,9 @@ class MetricsRecorder:
             if record.segments:
                 base = (record.model, record.engine_kind.value, record.service_name)
                 for segment in record.segments:
-                    self.segments.observe(base + (segment.name,) + record.dimensions, segment.duration_s, weight)
+                    duration = segment.duration_s
+                    exemplar = Exemplar(trace_id, span_id, duration, now) if with_exemplars else None
+                    self.segments.observe(base + (segment.name,) + record.dimensions, duration, weight, exemplar)
 
     def families(self) -> list[HistogramFamily | CounterFamily]:
         out: list[HistogramFamily | CounterFamily] = [self.segments]

@@ -35,3 +35,9 @@ class SelfTelemetry:
             "otel_llm_traces_completed", "Traces completed, by what completed them.", ["reason"], registry=registry)
         self.traces_in_memory = Gauge(
             "otel_llm_traces_in_memory", "Traces buffered awaiting assembly and decision.", registry=registry)
+        self.sampling_decisions = Counter(
+            "otel_llm_sampling_decisions", "Tail-sampling decisions, by the first matching policy and outcome.",
+            ["policy", "decision"], registry=registry)
+        self.kept_traces_dropped = Counter(
+            "otel_llm_kept_traces_dropped", "Kept traces a destination could not take (see its own counters).",
+            ["sink"], registry=registry)

@@ -1,0 +1,1 @@
+"""Tail sampling: which assembled traces are kept for Tempo and the embedded store."""

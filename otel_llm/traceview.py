@@ -1,0 +1,102 @@
+"""Terminal views of the trace store: a request table and a single trace's waterfall. Pure functions
+from the JSON API's shapes to text, so the CLI reads the SQLite file or the API alike."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+TABLE_COLUMNS = [
+    ("trace_id", "TRACE ID", 32), ("model", "MODEL", 24), ("engine_kind", "ENGINE", 6), ("outcome", "OUTCOME", 7),
+    ("policy", "KEPT BY", 13), ("ttft_s", "TTFT ms", 9), ("queue_s", "QUEUE ms", 9), ("e2e_s", "E2E ms", 9),
+    ("completion_tokens", "OUT TOK", 7),
+]
+
+
+def _cell(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if key.endswith("_s"):
+        return f"{value * 1000:.1f}"
+    return str(value)
+
+
+def render_table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "no kept requests match\n"
+    lines = ["  ".join(title.ljust(width) for _, title, width in TABLE_COLUMNS).rstrip()]
+    for row in rows:
+        cells = []
+        for key, _, width in TABLE_COLUMNS:
+            text = _cell(key, row.get(key))
+            cells.append(text[:width].ljust(width) if key != "trace_id" else text.ljust(width))
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def _depths(spans: list[dict[str, Any]]) -> dict[str, int]:
+    parents = {s["span_id"]: s.get("parent_span_id") or "" for s in spans}
+    depths: dict[str, int] = {}
+    for span_id in parents:
+        depth, cursor, seen = 0, parents[span_id], 0
+        while cursor in parents and seen < 64:
+            depth += 1
+            cursor = parents[cursor]
+            seen += 1
+        depths[span_id] = depth
+    return depths
+
+
+def _ordered(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Depth-first, children after their parent, siblings by start time."""
+    ids = {s["span_id"] for s in spans}
+    children: dict[str, list[dict[str, Any]]] = {}
+    roots = []
+    for span in sorted(spans, key=lambda s: (s["start_time_unix_nano"], -s["end_time_unix_nano"])):
+        parent = span.get("parent_span_id") or ""
+        if parent in ids:
+            children.setdefault(parent, []).append(span)
+        else:
+            roots.append(span)
+    out: list[dict[str, Any]] = []
+    stack = list(reversed(roots))
+    while stack:
+        span = stack.pop()
+        out.append(span)
+        stack.extend(reversed(children.get(span["span_id"], [])))
+    return out
+
+
+def render_waterfall(trace: dict[str, Any], width: int = 60) -> str:
+    """One bar per span on a shared time axis; segment spans labelled with their segment; ms durations."""
+    spans = trace["spans"]
+    if not spans:
+        return "empty trace\n"
+    start = min(s["start_time_unix_nano"] for s in spans)
+    end = max(s["end_time_unix_nano"] for s in spans)
+    total = max(end - start, 1)
+    depths = _depths(spans)
+    summary = trace.get("summary") or {}
+    header = [f"trace {trace['trace_id']}  {total / 1e6:.1f} ms"]
+    if summary:
+        header.append(
+            f"model {summary.get('model')}  engine {summary.get('engine_kind')}  outcome {summary.get('outcome')}  "
+            f"kept by {summary.get('policy')}  TTFT {_cell('ttft_s', summary.get('ttft_s'))} ms  "
+            f"TPOT {_cell('tpot_s', summary.get('tpot_s'))} ms")
+        started = datetime.datetime.fromtimestamp(start / 1e9, tz=datetime.timezone.utc)
+        header.append(f"started {started.isoformat(timespec='milliseconds')}")
+    label_width = 34
+    lines = header + [""]
+    for span in _ordered(spans):
+        segment = (span.get("attributes") or {}).get("otel_llm.segment")
+        name = f"[{segment}]" if segment else span["name"]
+        label = ("  " * depths[span["span_id"]] + name)[:label_width].ljust(label_width)
+        offset = int((span["start_time_unix_nano"] - start) / total * width)
+        length = max(1, round((span["end_time_unix_nano"] - span["start_time_unix_nano"]) / total * width))
+        offset = min(offset, width - 1)
+        length = min(length, width - offset)
+        bar = " " * offset + ("▒" if segment else "█") * length
+        duration = (span["end_time_unix_nano"] - span["start_time_unix_nano"]) / 1e6
+        status = "  ERROR" if span.get("status_code") == 2 else ""
+        lines.append(f"{label} |{bar.ljust(width)}| {duration:10.1f} ms{status}")
+    return "\n".join(lines) + "\n"
