@@ -79,17 +79,44 @@ def split_endpoint(endpoint: str) -> tuple[str, int]:
 
 
 @dataclass(frozen=True)
+class ServerTls:
+    """TLS for a listener; both files or neither."""
+
+    cert_file: str = ""
+    key_file: str = ""
+    client_ca_file: str = ""  # when set, clients must present a certificate signed by it (mTLS)
+
+
+@dataclass(frozen=True)
+class BearerAuth:
+    """``Authorization: Bearer <token>``; the token inline or, better, from a file."""
+
+    bearer_token: str = ""
+    bearer_token_file: str = ""
+
+    def token(self) -> str:
+        if self.bearer_token_file:
+            return Path(self.bearer_token_file).read_text(encoding="utf-8").strip()
+        return self.bearer_token
+
+
+@dataclass(frozen=True)
 class GrpcProtocol:
     endpoint: Endpoint = "0.0.0.0:4317"
     max_recv_msg_size_mib: PositiveInt = 4
     max_concurrent_streams: PositiveInt = 64
     workers: PositiveInt = 4
+    tls: ServerTls | None = None
+    auth: BearerAuth | None = None
 
 
 @dataclass(frozen=True)
 class HttpProtocol:
     endpoint: Endpoint = "0.0.0.0:4318"
     max_request_body_size: PositiveInt = 20 * 1024 * 1024  # bytes after decompression, as the Collector
+    max_concurrent_requests: PositiveInt = 64
+    tls: ServerTls | None = None
+    auth: BearerAuth | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +128,8 @@ class OtlpProtocols:
 @dataclass(frozen=True)
 class OtlpReceiver:
     protocols: OtlpProtocols = field(default_factory=OtlpProtocols)
+    # Spans accepted but not yet processed; past it, exports are refused with a retry hint.
+    max_queued_spans: PositiveInt = 200_000
 
 
 @dataclass(frozen=True)
@@ -210,9 +239,42 @@ class TailSamplingProcessor:
 
 
 @dataclass(frozen=True)
+class MemoryLimiterProcessor:
+    """As the Collector's memory_limiter: refuse data (retryably) above ``limit - spike`` RSS."""
+
+    check_interval: Duration = 1.0
+    limit_mib: int = 0  # 0: limit_percentage of the cgroup limit or of physical memory
+    spike_limit_mib: int = 0  # 0: 20 % of the limit
+    limit_percentage: float = 80.0
+
+
+DEFAULT_CONTENT_PREFIXES = [
+    "gen_ai.prompt", "gen_ai.completion", "gen_ai.input.messages", "gen_ai.output.messages",
+    "gen_ai.system_instructions", "gen_ai.tool.call.arguments", "gen_ai.tool.call.result", "llm.prompts",
+    "llm.completions", "llm.input_messages", "llm.output_messages", "input.value", "output.value",
+]
+
+
+@dataclass(frozen=True)
+class RedactionProcessor:
+    """Prompt and completion content never leaves otel-llm unless allowed."""
+
+    allow_content: bool = False
+    blocked_key_prefixes: list[str] = field(default_factory=lambda: list(DEFAULT_CONTENT_PREFIXES))
+    blocked_event_names: list[str] = field(default_factory=lambda: [
+        "gen_ai.content.prompt", "gen_ai.content.completion", "gen_ai.client.inference.operation.details",
+        "gen_ai.user.message", "gen_ai.assistant.message", "gen_ai.system.message", "gen_ai.tool.message",
+        "gen_ai.choice"])
+    max_attribute_value_bytes: PositiveInt = 16 * 1024  # longer string values are truncated
+    max_attributes_per_span: PositiveInt = 256  # further attributes are dropped
+
+
+@dataclass(frozen=True)
 class Processors:
     llm_metrics: LlmMetricsProcessor = field(default_factory=LlmMetricsProcessor)
     tail_sampling: TailSamplingProcessor = field(default_factory=TailSamplingProcessor)
+    memory_limiter: MemoryLimiterProcessor = field(default_factory=MemoryLimiterProcessor)
+    redaction: RedactionProcessor = field(default_factory=RedactionProcessor)
 
 
 # --- exporters -------------------------------------------------------------------------------
@@ -220,7 +282,8 @@ class Processors:
 
 @dataclass(frozen=True)
 class PrometheusExporter:
-    endpoint: Endpoint = "0.0.0.0:9464"
+    endpoint: Endpoint = "0.0.0.0:9464"  # bind 127.0.0.1:9464 to keep /metrics and /api on loopback
+    auth: BearerAuth | None = None  # required on /metrics and /api/*; /healthz and /readyz stay open
 
 
 @dataclass(frozen=True)
@@ -393,6 +456,14 @@ def _validate(config: Config) -> None:
             raise ConfigError(f"{path}.attribute", "required")
         if not dim.values:
             raise ConfigError(f"{path}.values", "required: the allow-list of label values (anything else becomes 'other')")
+    _validate_security(config)
+    limiter = config.processors.memory_limiter
+    if limiter.limit_mib < 0 or limiter.spike_limit_mib < 0:
+        raise ConfigError("processors.memory_limiter", "limits must not be negative")
+    if limiter.limit_mib and limiter.spike_limit_mib >= limiter.limit_mib:
+        raise ConfigError("processors.memory_limiter.spike_limit_mib", "must be below limit_mib")
+    if not 0 < limiter.limit_percentage <= 100:
+        raise ConfigError("processors.memory_limiter.limit_percentage", "must be in (0, 100]")
     for name in ("otlp", "otlphttp"):
         exporter = getattr(config.exporters, name)
         if exporter is None:
@@ -432,6 +503,35 @@ def _validate(config: Config) -> None:
         if endpoint in endpoints and not endpoint.endswith(":0"):
             raise ConfigError(path, f"{endpoint} is already used by {endpoints[endpoint]}")
         endpoints[endpoint] = path
+
+
+def _validate_security(config: Config) -> None:
+    places: list[tuple[str, ServerTls | None, BearerAuth | None]] = []
+    otlp = config.receivers.otlp
+    if otlp is not None:
+        for name in ("grpc", "http"):
+            protocol = getattr(otlp.protocols, name)
+            if protocol is not None:
+                places.append((f"receivers.otlp.protocols.{name}", protocol.tls, protocol.auth))
+    if config.exporters.prometheus is not None:
+        places.append(("exporters.prometheus", None, config.exporters.prometheus.auth))
+    for path, tls, auth in places:
+        if tls is not None:
+            if not tls.cert_file or not tls.key_file:
+                raise ConfigError(f"{path}.tls", "cert_file and key_file are both required")
+            for key in ("cert_file", "key_file", "client_ca_file"):
+                file = getattr(tls, key)
+                if file and not Path(file).is_file():
+                    raise ConfigError(f"{path}.tls.{key}", f"no such file: {file}")
+        if auth is not None:
+            if bool(auth.bearer_token) == bool(auth.bearer_token_file):
+                raise ConfigError(f"{path}.auth", "set exactly one of bearer_token or bearer_token_file")
+            try:
+                token = auth.token()
+            except OSError as exc:
+                raise ConfigError(f"{path}.auth.bearer_token_file", f"cannot read: {exc.strerror or exc}") from None
+            if not token:
+                raise ConfigError(f"{path}.auth", "the token is empty")
 
 
 _POLICY_METRICS = ("ttft", "tpot", "e2e", "queue", "gateway_overhead")

@@ -4,6 +4,7 @@ and the Prometheus/API endpoint so each only writes its request handling."""
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -22,7 +23,9 @@ class _Server(ThreadingHTTPServer):
 
 
 class BackgroundHTTPServer:
-    def __init__(self, endpoint: str, handler: type[BaseHTTPRequestHandler], name: str) -> None:
+    def __init__(self, endpoint: str, handler: type[BaseHTTPRequestHandler], name: str,
+                 tls: ssl.SSLContext | None = None) -> None:
+        self._tls = tls
         self._endpoint = endpoint
         self._handler = handler
         self._name = name
@@ -36,6 +39,10 @@ class BackgroundHTTPServer:
             server = _Server((host, port), self._handler)
         except OSError as exc:
             raise OSError(f"cannot listen on {self._endpoint} for {self._name}: {exc.strerror or exc}") from None
+        if self._tls is not None:
+            # The handshake happens in the handler's thread (first read), not in the accept loop,
+            # so a slow or hostile client cannot stall everyone else's connections.
+            server.socket = self._tls.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
         self.port = server.server_address[1]
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
@@ -52,6 +59,13 @@ class BackgroundHTTPServer:
 
 class QuietHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: OTLP exporters reuse their connection
+    timeout = 60  # seconds a connection may sit idle or trickle bytes before it is closed
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except (ssl.SSLError, ConnectionError, TimeoutError):
+            self.close_connection = True  # a failed handshake or a vanished client ends only its connection
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
         pass

@@ -8,19 +8,22 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from otel_llm.adapters import MalformedSpan, classify
 from otel_llm.assembly.records import RequestRecord
 from otel_llm.assembly.requests import Dimension, RecordSettings, ResourceModelRule, records_of_trace
 from otel_llm.assembly.segments import derive_timings
-from otel_llm.assembly.synthesis import kept_trace_request
+from otel_llm.assembly.synthesis import NO_REDACTION, Redaction, kept_trace_request
 from otel_llm.assembly.traces import AssemblySettings, BufferedSpan, PendingTrace, TraceAssembler
 from otel_llm.config import Config
+from otel_llm.memorylimiter import MemoryLimiter
 from otel_llm.metrics.definitions import genai_naming, own_naming, vllm_naming
 from otel_llm.metrics.recorder import MetricsRecorder
 from otel_llm.metrics.selftelemetry import SelfTelemetry
@@ -42,10 +45,110 @@ class Remembered:
 
 
 @dataclass(slots=True, frozen=True)
-class ConsumeResult:
+class Admission:
+    """A receiver's answer: how many spans were taken, rejected (partial success), or why all were refused."""
+
     accepted: int
-    rejected: int
+    rejected: int = 0
     error_message: str = ""
+    refused: str = ""  # "" | "queue_full" | "memory_limit" | "shutting_down": retryable, nothing taken
+    retry_after_s: int = 0
+
+
+def _valid_ids(span: Span) -> bool:
+    trace_id, span_id, parent = span.trace_id, span.span_id, span.parent_span_id
+    return (len(trace_id) == 16 and len(span_id) == 8 and any(trace_id) and any(span_id)
+            and (not parent or len(parent) == 8))
+
+
+def _drop_invalid(request: ExportTraceServiceRequest) -> int:
+    """Remove spans with unusable ids in place (rare path); returns how many."""
+    rejected = 0
+    for resource_spans in request.resource_spans:
+        for scope_spans in resource_spans.scope_spans:
+            spans = scope_spans.spans
+            if all(_valid_ids(span) for span in spans):
+                continue
+            keep = [span for span in spans if _valid_ids(span)]
+            rejected += len(spans) - len(keep)
+            kept_copies = [Span() for _ in keep]
+            for copy, span in zip(kept_copies, keep):
+                copy.CopyFrom(span)
+            del spans[:]
+            spans.extend(kept_copies)
+    return rejected
+
+
+@dataclass(slots=True, frozen=True)
+class AttributeLimits:
+    """Bounds on one span's attributes, so a hostile span cannot hold megabytes in the trace buffer."""
+
+    max_attributes: int
+    max_value_bytes: int
+
+    def exceeded_by(self, span: Span) -> bool:
+        # Two C calls; only spans that can break a limit are inspected attribute by attribute.
+        return len(span.attributes) > self.max_attributes or span.ByteSize() > self.max_value_bytes
+
+    def enforce(self, span: Span) -> bool:
+        changed = False
+        if len(span.attributes) > self.max_attributes:
+            del span.attributes[self.max_attributes:]
+            changed = True
+        for kv in span.attributes:
+            value = kv.value
+            if value.WhichOneof("value") == "string_value" and len(value.string_value) > self.max_value_bytes:
+                value.string_value = value.string_value[: self.max_value_bytes]
+                changed = True
+            elif value.WhichOneof("value") in ("bytes_value", "array_value", "kvlist_value") and \
+                    value.ByteSize() > self.max_value_bytes:
+                value.string_value = f"<{value.ByteSize()} bytes removed by otel-llm>"
+                changed = True
+        for event in span.events:
+            if len(event.attributes) > self.max_attributes:
+                del event.attributes[self.max_attributes:]
+                changed = True
+        return changed
+
+
+class Intake:
+    """Bounded hand-off from receiver threads to the pipeline worker: receivers answer as soon as
+    data is queued, and a full queue is a retryable refusal, never unbounded memory or a silent drop."""
+
+    def __init__(self, max_spans: int) -> None:
+        self.max_spans = max_spans
+        self.queued_spans = 0
+        self._items: deque[tuple[ExportTraceServiceRequest, int]] = deque()
+        self._cond = threading.Condition()
+        self.closed = False
+
+    def offer(self, request: ExportTraceServiceRequest, spans: int) -> bool:
+        with self._cond:
+            if self.closed or (self.queued_spans + spans > self.max_spans and self.queued_spans > 0):
+                return False
+            self._items.append((request, spans))
+            self.queued_spans += spans
+            self._cond.notify()
+            return True
+
+    def take(self, timeout_s: float) -> tuple[ExportTraceServiceRequest, int] | None:
+        with self._cond:
+            if not self._items:
+                self._cond.wait(timeout_s)
+            if not self._items:
+                return None
+            return self._items.popleft()
+
+    def done(self, spans: int) -> None:
+        with self._cond:
+            self.queued_spans -= spans
+            self._cond.notify_all()
+
+    def close_and_wait(self, timeout_s: float) -> bool:
+        """Stop taking data; wait until everything queued has been processed."""
+        with self._cond:
+            self.closed = True
+            return self._cond.wait_for(lambda: self.queued_spans == 0, timeout=timeout_s)
 
 
 def _service_name(resource: Resource) -> str:
@@ -94,34 +197,84 @@ class Pipeline:
         )
         telemetry.traces_in_memory.set_function(lambda: len(self.assembler))
         self.sampler = TailSampler(sampling)
+        redaction = config.processors.redaction
+        self.redaction = NO_REDACTION if redaction.allow_content else Redaction(
+            tuple(redaction.blocked_key_prefixes), frozenset(redaction.blocked_event_names))
+        self.attribute_limits = AttributeLimits(redaction.max_attributes_per_span, redaction.max_attribute_value_bytes)
         self.sinks: dict[str, KeptTraceSink] = {}
         self._malformed = telemetry.spans_malformed
         self._matched = telemetry.spans_engine
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
+        self._worker: threading.Thread | None = None
+        otlp = config.receivers.otlp
+        self.intake = Intake(otlp.max_queued_spans if otlp is not None else 200_000)
+        telemetry.intake_queued_spans.set_function(lambda: self.intake.queued_spans)
+        self.memory_limiter = MemoryLimiter(config.processors.memory_limiter, shed=self.assembler.shed)
 
     # --- intake ----------------------------------------------------------------------------
 
-    def consume(self, request: ExportTraceServiceRequest, protocol: str) -> ConsumeResult:
-        buffered: list[BufferedSpan] = []
+    def admit(self, request: ExportTraceServiceRequest, protocol: str) -> Admission:
+        """Called by receivers: validate ids (answered as partial success), then queue or refuse."""
+        telemetry = self.telemetry
+        spans = sum(len(scope_spans.spans) for resource_spans in request.resource_spans
+                    for scope_spans in resource_spans.scope_spans)
+        refused = ""
+        if self.intake.closed:
+            refused = "shutting_down"
+        elif self.memory_limiter.refusing:
+            refused = "memory_limit"
+        if refused:
+            telemetry.spans_refused.labels(protocol, refused).inc(spans)
+            return Admission(0, refused=refused, retry_after_s=1 if refused == "memory_limit" else 5)
         rejected = 0
+        for resource_spans in request.resource_spans:
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    if not _valid_ids(span):
+                        rejected += 1
+        message = ""
+        if rejected:
+            _drop_invalid(request)
+            telemetry.spans_refused.labels(protocol, "invalid_id").inc(rejected)
+            message = f"{rejected} spans rejected: invalid trace_id, span_id or parent_span_id (need 16/8/8 non-zero bytes)"
+        accepted = spans - rejected
+        if accepted and not self.intake.offer(request, accepted):
+            telemetry.spans_refused.labels(protocol, "queue_full").inc(accepted)
+            return Admission(0, rejected, message, refused="queue_full", retry_after_s=1)
+        telemetry.spans_received.labels(protocol).inc(accepted)
+        return Admission(accepted, rejected, message)
+
+    def _work(self) -> None:
+        while True:
+            item = self.intake.take(timeout_s=0.5)
+            if item is None:
+                if self.intake.closed and self.intake.queued_spans == 0:
+                    return
+                continue
+            request, spans = item
+            try:
+                self.consume(request)
+            except Exception:  # one bad batch must not stop the pipeline; it is counted
+                log.exception("processing an export request failed")
+                self.telemetry.spans_dropped.labels("processing_error").inc(spans)
+            finally:
+                self.intake.done(spans)
+
+    def consume(self, request: ExportTraceServiceRequest) -> None:
+        """Adapters, validation, buffering: the pipeline worker's per-request work (ids already checked)."""
+        buffered: list[BufferedSpan] = []
         passed_through = 0
-        first_error = ""
         max_latency = self.max_latency_s
+        limits = self.attribute_limits
         for resource_spans in request.resource_spans:
             resource = resource_spans.resource
             service_name = _service_name(resource)
             for scope_spans in resource_spans.scope_spans:
                 scope = scope_spans.scope
                 for span in scope_spans.spans:
-                    if len(span.trace_id) != 16 or len(span.span_id) != 8 or not any(span.trace_id) or not any(span.span_id):
-                        rejected += 1
-                        first_error = first_error or "invalid trace_id or span_id (need 16 and 8 non-zero bytes)"
-                        continue
-                    if span.parent_span_id and len(span.parent_span_id) != 8:
-                        rejected += 1
-                        first_error = first_error or "invalid parent_span_id (need 8 bytes)"
-                        continue
+                    if limits.exceeded_by(span) and limits.enforce(span):
+                        self.telemetry.spans_truncated.inc()
                     try:
                         observation, attrs = classify(span)
                         timings = derive_timings(observation, max_latency) if observation is not None else None
@@ -135,15 +288,10 @@ class Pipeline:
                         else:
                             self._matched.labels(observation.adapter).inc()
                     buffered.append(BufferedSpan(span, resource, scope, service_name, attrs, observation, timings))
-        accepted = len(buffered)
-        self.telemetry.spans_received.labels(protocol).inc(accepted)
-        if rejected:
-            self.telemetry.spans_refused.labels(protocol, "invalid_id").inc(rejected)
         if passed_through:
             self.telemetry.spans_passed_through.inc(passed_through)
         if buffered:
             self.assembler.add_batch(buffered)
-        return ConsumeResult(accepted, rejected, f"{rejected} spans rejected: {first_error}" if rejected else "")
 
     # --- completion ------------------------------------------------------------------------
 
@@ -162,7 +310,8 @@ class Pipeline:
         for record in records:
             self._record(record, decision.keep)
         if decision.keep:
-            request, _ = kept_trace_request(list(trace.spans.values()), records, decision.policy, decision.threshold)
+            request, _ = kept_trace_request(list(trace.spans.values()), records, decision.policy, decision.threshold,
+                                            self.redaction)
             self._deliver(request, records, decision.policy)
 
     def _count_decision(self, decision: Decision) -> None:
@@ -193,7 +342,7 @@ class Pipeline:
         if kept:
             assert remembered is not None
             decision = remembered.decision
-            request, _ = kept_trace_request([buffered], records, decision.policy, decision.threshold)
+            request, _ = kept_trace_request([buffered], records, decision.policy, decision.threshold, self.redaction)
             self._deliver(request, records, decision.policy)
 
     def _record(self, record: RequestRecord, with_exemplars: bool = False) -> None:
@@ -212,9 +361,20 @@ class Pipeline:
 
         self._ticker = threading.Thread(target=run, name="otel-llm-assembler", daemon=True)
         self._ticker.start()
+        self._worker = threading.Thread(target=self._work, name="otel-llm-pipeline", daemon=True)
+        self._worker.start()
+        self.memory_limiter.start()
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Process everything accepted, then decide every pending trace."""
+        if not self.intake.close_and_wait(timeout_s):
+            log.error("pipeline did not finish its queue within %.0fs; %d spans unprocessed",
+                      timeout_s, self.intake.queued_spans)
+            self.telemetry.spans_dropped.labels("shutdown_timeout").inc(self.intake.queued_spans)
+        self.memory_limiter.stop()
         self._stop.set()
         if self._ticker is not None:
             self._ticker.join(timeout=5)
+        if self._worker is not None:
+            self._worker.join(timeout=5)
         self.assembler.drain()

@@ -8,6 +8,8 @@ input yields the same spans, never duplicates.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
+from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
@@ -83,8 +85,41 @@ def with_trace_state(span: Span, threshold: str) -> None:
     span.trace_state = ",".join([f"ot=th:{threshold}", *members])
 
 
+def _strip_keys(attributes: Any, prefixes: tuple[str, ...]) -> int:
+    """Remove attributes whose key starts with one of ``prefixes``; returns how many."""
+    if not prefixes or not any(kv.key.startswith(prefixes) for kv in attributes):
+        return 0
+    keep = [KeyValue(key=kv.key, value=kv.value) for kv in attributes if not kv.key.startswith(prefixes)]
+    removed = len(attributes) - len(keep)
+    del attributes[:]
+    attributes.extend(keep)
+    return removed
+
+
+@dataclass(frozen=True, slots=True)
+class Redaction:
+    """Content attributes and events removed from every span that leaves otel-llm."""
+
+    key_prefixes: tuple[str, ...] = ()
+    event_names: frozenset[str] = frozenset()
+
+    def apply(self, span: Span) -> int:
+        removed = _strip_keys(span.attributes, self.key_prefixes)
+        for event in span.events:
+            if event.name in self.event_names:
+                removed += len(event.attributes)
+                del event.attributes[:]
+            else:
+                removed += _strip_keys(event.attributes, self.key_prefixes)
+        return removed
+
+
+NO_REDACTION = Redaction()
+
+
 def kept_trace_request(
-    spans: list[BufferedSpan], records: list[RequestRecord], policy: str, threshold: str
+    spans: list[BufferedSpan], records: list[RequestRecord], policy: str, threshold: str,
+    redaction: Redaction = NO_REDACTION,
 ) -> tuple[ExportTraceServiceRequest, int]:
     """The request to export/store, and how many spans it holds."""
     by_span = {r.span_id: r for r in records}
@@ -106,6 +141,7 @@ def kept_trace_request(
             scope_spans.scope.CopyFrom(buffered.scope)
         span = scope_spans.spans.add()
         span.CopyFrom(buffered.span)
+        redaction.apply(span)
         with_trace_state(span, threshold)
         count += 1
         record = by_span.get(span.span_id)

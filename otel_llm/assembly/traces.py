@@ -184,6 +184,14 @@ class TraceAssembler:
             self._complete(trace, reason)
         return len(due)
 
+    def shed(self, fraction: float = 0.5) -> int:
+        """Complete the oldest ``fraction`` of pending traces now (memory pressure)."""
+        with self._lock:
+            due = [self._pop_oldest() for _ in range(int(len(self._pending) * fraction))]
+        for trace in due:
+            self._complete(trace, "memory_pressure")
+        return len(due)
+
     def drain(self) -> int:
         """Complete every pending trace now (shutdown)."""
         with self._lock:

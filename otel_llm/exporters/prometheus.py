@@ -15,6 +15,7 @@ from prometheus_client.openmetrics import exposition as openmetrics
 
 from otel_llm.config import PrometheusExporter
 from otel_llm.httpserver import BackgroundHTTPServer, QuietHandler
+from otel_llm.receivers.security import TokenCheck
 from otel_llm.store.sqlite import SORT_COLUMNS, StoreReader
 
 _TRACE_PATH = re.compile(r"^/api/traces/([0-9a-fA-F]{1,32})$")
@@ -38,6 +39,7 @@ class _Handler(QuietHandler):
     registry: ClassVar[CollectorRegistry]
     ready: ClassVar[threading.Event]
     store: ClassVar[StoreReader | None]
+    token: ClassVar[TokenCheck]
 
     def _json(self, status: int, payload: Any) -> None:
         self.send_body(status, json.dumps(payload).encode(), "application/json")
@@ -75,7 +77,9 @@ class _Handler(QuietHandler):
     def do_GET(self) -> None:
         parsed = urllib.parse.urlsplit(self.path)
         path = parsed.path
-        if path.startswith("/api/"):
+        if path not in ("/healthz", "/readyz") and not self.token.allows(self.headers.get("Authorization")):
+            self.send_body(401, b"missing or wrong bearer token\n", "text/plain", {"WWW-Authenticate": "Bearer"})
+        elif path.startswith("/api/"):
             self._api(path, urllib.parse.parse_qs(parsed.query))
         elif path == "/metrics":
             body, content_type = encode_metrics(self.registry, self.headers.get("Accept") or "")
@@ -96,7 +100,8 @@ class _Handler(QuietHandler):
 class PrometheusEndpoint:
     def __init__(self, settings: PrometheusExporter, registry: CollectorRegistry, ready: threading.Event,
                  store: StoreReader | None = None) -> None:
-        handler = type("PrometheusHandler", (_Handler,), {"registry": registry, "ready": ready, "store": store})
+        handler = type("PrometheusHandler", (_Handler,), {"registry": registry, "ready": ready, "store": store,
+                                                          "token": TokenCheck(settings.auth)})
         self._server = BackgroundHTTPServer(settings.endpoint, handler, "prometheus")
 
     @property

@@ -41,3 +41,7 @@ class SelfTelemetry:
         self.kept_traces_dropped = Counter(
             "otel_llm_kept_traces_dropped", "Kept traces a destination could not take (see its own counters).",
             ["sink"], registry=registry)
+        self.intake_queued_spans = Gauge(
+            "otel_llm_intake_queued_spans", "Spans accepted by a receiver and not yet processed.", registry=registry)
+        self.spans_truncated = Counter(
+            "otel_llm_spans_truncated", "Spans whose attributes were cut to the configured limits.", registry=registry)

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import logging
 from concurrent import futures
+from dataclasses import dataclass
 
 import grpc
+from google.protobuf import any_pb2, duration_pb2
 from google.protobuf.message import DecodeError
+from google.rpc import code_pb2, error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTracePartialSuccess,
     ExportTraceServiceRequest,
@@ -20,6 +23,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from otel_llm.config import GrpcProtocol, split_endpoint
 from otel_llm.pipeline import Pipeline
+from otel_llm.receivers.security import TokenCheck, read_bytes
 
 log = logging.getLogger(__name__)
 
@@ -27,22 +31,47 @@ SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 PROTOCOL = "grpc"
 
 
+@dataclass(frozen=True)
+class _RpcStatus(grpc.Status):  # type: ignore[misc]
+    code: grpc.StatusCode
+    details: str
+    trailing_metadata: tuple[tuple[str, bytes], ...]
+
+
+def retryable_status(message: str, retry_after_s: int) -> _RpcStatus:
+    """UNAVAILABLE with a RetryInfo detail: the OTLP spec's retryable refusal, with a delay hint."""
+    retry = error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=retry_after_s))
+    detail = any_pb2.Any()
+    detail.Pack(retry)
+    status = status_pb2.Status(code=code_pb2.UNAVAILABLE, message=message, details=[detail])
+    return _RpcStatus(grpc.StatusCode.UNAVAILABLE, message, (("grpc-status-details-bin", status.SerializeToString()),))
+
+
 class OtlpGrpcReceiver:
     def __init__(self, settings: GrpcProtocol, pipeline: Pipeline) -> None:
         self._settings = settings
         self._pipeline = pipeline
         self._server: grpc.Server | None = None
+        self._token = TokenCheck(settings.auth)
         self.port = 0
 
     def _export(self, payload: bytes, context: grpc.ServicerContext) -> ExportTraceServiceResponse:
         telemetry = self._pipeline.telemetry
+        if self._token.enabled:
+            header = next((value for key, value in context.invocation_metadata() if key == "authorization"), None)
+            if not self._token.allows(header if isinstance(header, str) else None):
+                telemetry.requests_refused.labels(PROTOCOL, "unauthenticated").inc()
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
         request = ExportTraceServiceRequest()
         try:
             request.ParseFromString(payload)
         except DecodeError as exc:
             telemetry.requests_refused.labels(PROTOCOL, "malformed").inc()
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed ExportTraceServiceRequest: {exc}")
-        result = self._pipeline.consume(request, PROTOCOL)
+        result = self._pipeline.admit(request, PROTOCOL)
+        if result.refused:
+            telemetry.requests_refused.labels(PROTOCOL, result.refused).inc()
+            context.abort_with_status(retryable_status(f"refused: {result.refused}; retry later", result.retry_after_s))
         if result.rejected:
             return ExportTraceServiceResponse(
                 partial_success=ExportTracePartialSuccess(rejected_spans=result.rejected, error_message=result.error_message)
@@ -75,7 +104,15 @@ class OtlpGrpcReceiver:
         host, port = split_endpoint(settings.endpoint)
         bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
-            self.port = server.add_insecure_port(bind)
+            if settings.tls is not None:
+                credentials = grpc.ssl_server_credentials(
+                    [(read_bytes(settings.tls.key_file), read_bytes(settings.tls.cert_file))],
+                    root_certificates=read_bytes(settings.tls.client_ca_file) if settings.tls.client_ca_file else None,
+                    require_client_auth=bool(settings.tls.client_ca_file),
+                )
+                self.port = server.add_secure_port(bind, credentials)
+            else:
+                self.port = server.add_insecure_port(bind)
         except RuntimeError as exc:
             raise OSError(f"cannot listen on {settings.endpoint} for OTLP/gRPC: {exc}") from None
         if self.port == 0:

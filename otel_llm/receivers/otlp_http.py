@@ -4,6 +4,7 @@ OTLP spec (``google.rpc.Status`` bodies on errors, partial success on rejected s
 from __future__ import annotations
 
 import logging
+import threading
 import zlib
 from typing import ClassVar
 
@@ -20,6 +21,7 @@ from otel_llm.config import HttpProtocol
 from otel_llm.httpserver import BackgroundHTTPServer, QuietHandler
 from otel_llm.pipeline import Pipeline
 from otel_llm.receivers.otlp_json import OtlpJsonError, parse_otlp_json
+from otel_llm.receivers.security import TokenCheck, server_ssl_context
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,8 @@ def gunzip_bounded(data: bytes, limit: int) -> bytes:
 class _Handler(QuietHandler):
     pipeline: ClassVar[Pipeline]
     max_body: ClassVar[int]
+    token: ClassVar[TokenCheck]
+    slots: ClassVar[threading.BoundedSemaphore]
 
     def _reply(self, status: int, message: Message, content_type: str, headers: dict[str, str] | None = None) -> None:
         if content_type == JSON:
@@ -66,6 +70,22 @@ class _Handler(QuietHandler):
     def do_POST(self) -> None:
         content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         reply_type = JSON if content_type == JSON else PROTOBUF
+        if not self.token.allows(self.headers.get("Authorization")):
+            self.close_connection = True  # the unread body must not be taken for the next request
+            self._error(401, code_pb2.UNAUTHENTICATED, "missing or wrong bearer token", reply_type, "unauthenticated",
+                        {"WWW-Authenticate": "Bearer"})
+            return
+        if not self.slots.acquire(blocking=False):
+            self.close_connection = True
+            self._error(503, code_pb2.UNAVAILABLE, "too many concurrent requests; retry later", reply_type,
+                        "too_many_requests", {"Retry-After": "1"})
+            return
+        try:
+            self._post(content_type, reply_type)
+        finally:
+            self.slots.release()
+
+    def _post(self, content_type: str, reply_type: str) -> None:
         if self.path.split("?")[0] != TRACES_PATH:
             self._discard_body()
             self._error(404, code_pb2.NOT_FOUND, f"unknown path {self.path[:100]}; OTLP traces go to {TRACES_PATH}",
@@ -114,7 +134,12 @@ class _Handler(QuietHandler):
             self._error(400, code_pb2.INVALID_ARGUMENT, f"malformed ExportTraceServiceRequest: {exc}", reply_type,
                         "malformed")
             return
-        result = self.pipeline.consume(request, PROTOCOL)
+        result = self.pipeline.admit(request, PROTOCOL)
+        if result.refused:
+            status = 503 if result.refused in ("memory_limit", "shutting_down") else 429
+            self._error(status, code_pb2.UNAVAILABLE, f"refused: {result.refused}; retry later", reply_type,
+                        result.refused, {"Retry-After": str(result.retry_after_s)})
+            return
         response = ExportTraceServiceResponse()
         if result.rejected:
             response.partial_success.CopyFrom(
@@ -131,8 +156,11 @@ class _Handler(QuietHandler):
 
 class OtlpHttpReceiver:
     def __init__(self, settings: HttpProtocol, pipeline: Pipeline) -> None:
-        handler = type("OtlpHttpHandler", (_Handler,), {"pipeline": pipeline, "max_body": settings.max_request_body_size})
-        self._server = BackgroundHTTPServer(settings.endpoint, handler, "otlp-http")
+        handler = type("OtlpHttpHandler", (_Handler,), {
+            "pipeline": pipeline, "max_body": settings.max_request_body_size, "token": TokenCheck(settings.auth),
+            "slots": threading.BoundedSemaphore(settings.max_concurrent_requests)})
+        tls = server_ssl_context(settings.tls) if settings.tls is not None else None
+        self._server = BackgroundHTTPServer(settings.endpoint, handler, "otlp-http", tls)
 
     @property
     def port(self) -> int:

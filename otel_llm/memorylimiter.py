@@ -1,0 +1,81 @@
+"""Keeps the process under a memory limit, as the Collector's memory_limiter does: above the soft
+limit (limit - spike) new data is refused with a retry hint and the oldest buffered traces are
+completed early, so memory is released instead of growing until the kernel kills us."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from otel_llm.config import MemoryLimiterProcessor
+
+log = logging.getLogger(__name__)
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm", "rb") as statm:
+        return int(statm.read().split()[1]) * _PAGE
+
+
+def available_memory_bytes() -> int:
+    """The cgroup v2/v1 limit when there is one, else physical memory."""
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 60:
+            return int(text)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+class MemoryLimiter:
+    def __init__(self, settings: MemoryLimiterProcessor, shed: Callable[[], int],
+                 rss: Callable[[], int] = rss_bytes) -> None:
+        limit = settings.limit_mib * 1024 * 1024 or int(available_memory_bytes() * settings.limit_percentage / 100)
+        spike = settings.spike_limit_mib * 1024 * 1024 or limit // 5
+        self.limit_bytes = limit
+        self.soft_limit_bytes = limit - spike
+        self._interval = settings.check_interval
+        self._shed = shed
+        self._rss = rss
+        self.refusing = False
+        self.refusals_started = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def check(self) -> None:
+        rss = self._rss()
+        if rss <= self.soft_limit_bytes:
+            if self.refusing:
+                log.info("memory back under the soft limit (%d MiB): accepting data again", rss >> 20)
+            self.refusing = False
+            return
+        if not self.refusing:
+            self.refusals_started += 1
+            log.warning("memory %d MiB above the soft limit %d MiB: refusing data, completing traces early",
+                        rss >> 20, self.soft_limit_bytes >> 20)
+        self.refusing = True
+        self._shed()
+        gc.collect()
+
+    def start(self) -> None:
+        def run() -> None:
+            while not self._stop.wait(self._interval):
+                try:
+                    self.check()
+                except Exception:  # the limiter must never be what stops the process
+                    log.exception("memory check failed")
+
+        self._thread = threading.Thread(target=run, name="otel-llm-memory-limiter", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
