@@ -27,7 +27,7 @@ services:
 	@command -v prometheus >/dev/null 2>&1 || { \
 	  echo "installing Debian's prometheus package"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus >/dev/null; }
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus openssl docker-compose >/dev/null; }
 	@# Debian's package starts a system Prometheus on :9090; the tests start their own on free ports.
 	@-(systemctl stop prometheus prometheus-node-exporter >/dev/null 2>&1; service prometheus stop >/dev/null 2>&1) || true
 
@@ -36,6 +36,37 @@ test: $(TSTAMP) services
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+# `make demo`: `otel-llm serve` on its default ports in the background, ~60 s of simulated fleet
+# traffic sent to it in real time, a look at the results, then the server is stopped (also on ^C).
+DEMO_ARGS ?= --scenario burst --rate 8 --duration 60s
+DEMO_API  := http://127.0.0.1:9464
+demo: $(STAMP)
+	@$(BIN)/otel-llm --log-level WARNING serve $(ARGS) & pid=$$!; \
+	trap 'kill -TERM $$pid 2>/dev/null; wait $$pid 2>/dev/null; echo "demo: otel-llm stopped"' EXIT; \
+	trap 'exit 130' INT TERM; \
+	ready=; for i in $$(seq 1 100); do \
+	  if $(BIN)/python -c 'import urllib.request as r; r.urlopen("$(DEMO_API)/readyz", timeout=1)' 2>/dev/null; \
+	  then ready=1; break; fi; \
+	  kill -0 $$pid 2>/dev/null || break; sleep 0.2; \
+	done; \
+	if [ -z "$$ready" ]; then echo "demo: otel-llm did not become ready (are ports 4317, 4318, 9464 free?)"; exit 1; fi; \
+	echo; \
+	echo "demo: while the simulator runs, look at $(DEMO_API)/metrics, e.g."; \
+	echo "  curl -s $(DEMO_API)/metrics | grep -E '^vllm:(request_queue_time_seconds_count|request_success_total)'"; \
+	echo "  PromQL (scraping it): histogram_quantile(0.99, sum by (le, model_name) (rate(vllm:time_to_first_token_seconds_bucket[1m])))"; \
+	echo "                        sum by (model_name, finished_reason) (rate(vllm:request_success_total[1m]))"; \
+	echo "  $(BIN)/otel-llm traces --api $(DEMO_API) --sort ttft --limit 10"; \
+	echo; \
+	$(BIN)/otel-llm simulate --endpoint 127.0.0.1:4317 $(DEMO_ARGS); status=$$?; \
+	for i in $$(seq 1 60); do \
+	  curl -s $(DEMO_API)/metrics 2>/dev/null | grep -Eq '^otel_llm_traces_in_memory 0(\.0)?$$' && break; sleep 0.25; \
+	done; \
+	echo; echo "demo: slowest kept requests by TTFT:"; \
+	$(BIN)/otel-llm traces --api $(DEMO_API) --sort ttft --limit 5 || true; \
+	echo; echo "demo: requests by outcome on $(DEMO_API)/metrics:"; \
+	curl -s $(DEMO_API)/metrics 2>/dev/null | grep -E '^vllm:request_success_total' || true; \
+	exit $$status
 
 clean:
 	rm -rf $(VENV) otel-llm-data .pytest_cache

@@ -612,7 +612,8 @@ def config_from_dict(data: Any) -> Config:
         protocols = config.receivers.otlp.protocols
         protocols = dataclasses.replace(protocols, grpc=protocols.grpc if "grpc" in listed else None,
                                         http=protocols.http if "http" in listed else None)
-        config = dataclasses.replace(config, receivers=Receivers(otlp=OtlpReceiver(protocols=protocols)))
+        otlp = dataclasses.replace(config.receivers.otlp, protocols=protocols)
+        config = dataclasses.replace(config, receivers=dataclasses.replace(config.receivers, otlp=otlp))
     _validate(config)
     return config
 

@@ -83,6 +83,8 @@ def test_absent_components_in_a_listed_section_are_off():
     assert config.exporters.store is None
     assert config.receivers.otlp.protocols.grpc is None
     assert config.receivers.otlp.protocols.http.endpoint == "0.0.0.0:4318"
+    config = config_from_dict({"receivers": {"otlp": {"max_queued_spans": 7, "protocols": {"grpc": None}}}})
+    assert config.receivers.otlp.max_queued_spans == 7  # options beside the protocols survive their filtering
     with pytest.raises(ConfigError, match="already used"):
         config_from_dict({"receivers": {"otlp": {"protocols": {"grpc": {"endpoint": "127.0.0.1:5000"},
                                                                "http": {"endpoint": "127.0.0.1:5000"}}}}})

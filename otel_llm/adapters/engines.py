@@ -165,12 +165,28 @@ def _first_count(attrs: AttrMap, *keys: str) -> int | None:
     return None
 
 
+# GenAI semconv span names are "{gen_ai.operation.name} {model}".
+GENAI_OPERATIONS = frozenset({"chat", "text_completion", "embeddings", "generate_content", "execute_tool",
+                              "invoke_agent", "create_agent", "invoke_workflow", "retrieval"})
+_NO_ATTRS: AttrMap = {}
+
+
+def _may_be_llm(span: Span, name: str) -> bool:
+    """Cheap test on name and kind, so the attributes of plain application spans are never read."""
+    if span.kind in (_SPAN_KIND_SERVER, Span.SPAN_KIND_CLIENT):
+        return True  # engines' request spans, gateways, GenAI client calls
+    return (name == VLLM_SPAN_NAME or name in TGI_HANDLER_SPANS or " Req " in name
+            or name.split(" ", 1)[0] in GENAI_OPERATIONS)
+
+
 def classify(span: Span) -> tuple[EngineObservation | None, AttrMap]:
     """The adapter's reading of ``span``, or ``None`` when no adapter claims it.
 
     Raises ``MalformedSpan`` when an adapter claims the span but its values are unusable.
     """
     name = span.name
+    if not _may_be_llm(span, name):
+        return None, _NO_ATTRS
     attrs = attribute_map(span.attributes)
     if name == VLLM_SPAN_NAME and span.kind == _SPAN_KIND_SERVER:
         if (_LAT + "e2e") not in attrs:

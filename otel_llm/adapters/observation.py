@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
 
-class EngineKind(str, Enum):
+class EngineKind:
+    """Label values of ``engine_kind``. Plain strings, not an Enum: they are read for every metric
+    observation, and Enum attribute access costs microseconds on that path."""
+
     VLLM = "vllm"
     SGLANG = "sglang"
     TGI = "tgi"
@@ -17,7 +19,7 @@ class EngineKind(str, Enum):
 class EngineObservation:
     """Latencies in seconds as the engine reported them; ``None`` where the engine has no such field."""
 
-    engine_kind: EngineKind
+    engine_kind: str  # an EngineKind value
     adapter: str  # which adapter matched, e.g. "vllm_v1", visible on the trace for debugging
     ttft_s: float | None = None
     e2e_s: float | None = None

@@ -3,25 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
-
-from otel_llm.adapters.observation import EngineKind
 
 SEGMENT_NAMES = ("preprocess", "queue", "prefill", "decode", "postprocess")
 
 
-class Outcome(str, Enum):
-    """vLLM's ``finished_reason`` values plus ``unknown`` for engines that don't report one."""
+class Outcome:
+    """vLLM's ``finished_reason`` values plus ``unknown`` for engines that don't report one.
+    Plain strings, as EngineKind, because they are label values on the hot path."""
 
     STOP = "stop"
     LENGTH = "length"
     ABORT = "abort"
     ERROR = "error"
     UNKNOWN = "unknown"
-
-    @property
-    def succeeded(self) -> bool:
-        return self not in (Outcome.ABORT, Outcome.ERROR)
+    FAILED = frozenset({ABORT, ERROR})
 
 
 @dataclass(slots=True, frozen=True)
@@ -39,7 +34,7 @@ class Segment:
 class RequestRecord:
     trace_id: bytes
     span_id: bytes  # the engine span, or the edge span of a request that never reached an engine
-    engine_kind: EngineKind
+    engine_kind: str  # an EngineKind value
     adapter: str
     service_name: str
     model: str
@@ -48,7 +43,7 @@ class RequestRecord:
     response_model: str
     operation_name: str
     provider_name: str
-    outcome: Outcome
+    outcome: str  # an Outcome value
     error_type: str = ""
     server_address: str = ""
     server_port: str = ""
@@ -69,3 +64,7 @@ class RequestRecord:
     dimensions: tuple[str, ...] = ()  # values of the configured extra dimensions, in config order
     weight: float = 1.0  # adjusted count under upstream probability sampling
     extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.outcome not in Outcome.FAILED

@@ -99,7 +99,7 @@ def resolve_model(
     return settings.default_model, "default"
 
 
-def _outcome(obs: EngineObservation) -> Outcome:
+def _outcome(obs: EngineObservation) -> str:
     if obs.is_error:
         return Outcome.ERROR
     if obs.finish_reason:
@@ -197,7 +197,7 @@ def build_record(buffered: BufferedSpan, gateways: list[BufferedSpan], settings:
         request_model=request_model,
         response_model=response_model,
         operation_name=_operation(obs, gateways, settings),
-        provider_name=obs.provider_name or obs.engine_kind.value,
+        provider_name=obs.provider_name or obs.engine_kind,
         outcome=_outcome(obs),
         error_type=obs.error_type or "",
         server_address=obs.server_address or "",
@@ -212,12 +212,12 @@ def build_record(buffered: BufferedSpan, gateways: list[BufferedSpan], settings:
         record.ttft_s, record.e2e_s, record.queue_s = t.ttft_s, t.e2e_s, t.queue_s
         record.prefill_s, record.decode_s, record.inference_s, record.tpot_s = t.prefill_s, t.decode_s, t.inference_s, t.tpot_s
         record.segments = build_segments(span.start_time_unix_nano, t)
-    if record.e2e_s is None and obs.engine_kind is EngineKind.GENAI and span.end_time_unix_nano > span.start_time_unix_nano:
+    if record.e2e_s is None and obs.engine_kind == EngineKind.GENAI and span.end_time_unix_nano > span.start_time_unix_nano:
         record.e2e_s = (span.end_time_unix_nano - span.start_time_unix_nano) / 1e9
     if record.ttft_s is None and obs.ttft_s is not None:
         record.ttft_s = obs.ttft_s
     failed_gateway = next((g for g in gateways if g.span.status.code == Status.STATUS_CODE_ERROR), None)
-    if failed_gateway is not None and record.outcome is not Outcome.ERROR:
+    if failed_gateway is not None and record.outcome != Outcome.ERROR:
         # The client got an error from the edge: that is the request's outcome, whatever the engine saw.
         record.outcome = Outcome.ERROR
         record.error_type = get_str(failed_gateway.attrs, "error.type") or "_OTHER"
@@ -226,7 +226,7 @@ def build_record(buffered: BufferedSpan, gateways: list[BufferedSpan], settings:
         edge = servers[-1]
         record.edge_span_id = edge.span.span_id
         edge_duration = (edge.span.end_time_unix_nano - edge.span.start_time_unix_nano) / 1e9
-        if record.e2e_s is not None and obs.engine_kind is not EngineKind.GENAI and edge_duration >= 0:
+        if record.e2e_s is not None and obs.engine_kind != EngineKind.GENAI and edge_duration >= 0:
             record.gateway_overhead_s = max(edge_duration - record.e2e_s, 0.0)
         record.edge_ttft_s = _edge_ttft(edge, settings)
     return record
@@ -236,7 +236,7 @@ def _abort_record(buffered: BufferedSpan, gateways: list[BufferedSpan], settings
     """A GenAI/gateway span that never led to an engine span nor reported a response: a client abort."""
     record = build_record(buffered, gateways, settings)
     record.outcome = Outcome.ERROR if buffered.observation and buffered.observation.is_error else Outcome.ABORT
-    if record.outcome is Outcome.ABORT:
+    if record.outcome == Outcome.ABORT:
         record.error_type = "aborted"
     record.engine_kind = EngineKind.GENAI
     record.edge_span_id = (gateways[-1] if gateways else buffered).span.span_id

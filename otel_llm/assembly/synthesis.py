@@ -53,7 +53,7 @@ def enrich(span: Span, record: RequestRecord, policy: str) -> None:
     _set(span, "gen_ai.operation.name", record.operation_name)
     _set(span, "gen_ai.request.model", record.request_model)
     _set(span, "otel_llm.model_source", record.model_source)
-    _set(span, "otel_llm.outcome", record.outcome.value)
+    _set(span, "otel_llm.outcome", record.outcome)
     if record.tpot_s is not None:
         _set(span, "otel_llm.time_per_output_token", record.tpot_s)
     if record.gateway_overhead_s is not None:

@@ -104,7 +104,8 @@ class TraceAssembler:
         self.completions: dict[str, int] = {}
 
     def __len__(self) -> int:
-        return len(self._pending)
+        with self._lock:
+            return len(self._pending)
 
     def add_batch(self, spans: list[BufferedSpan]) -> None:
         completed: list[tuple[PendingTrace, str]] = []
@@ -121,6 +122,10 @@ class TraceAssembler:
                         continue
                     trace = PendingTrace(trace_id, now)
                     self._pending[trace_id] = trace
+                    if len(self._pending) > self._settings.max_traces:
+                        oldest = self._pop_oldest()
+                        touched.pop(oldest.trace_id, None)
+                        completed.append((oldest, "memory_limit"))
                 if len(trace.spans) >= self._settings.max_spans_per_trace:
                     self.spans_dropped_over_trace_limit += 1
                     continue
@@ -130,8 +135,6 @@ class TraceAssembler:
                 touched[trace_id] = trace
             for trace in touched.values():
                 self._update_readiness(trace, now)
-            while len(self._pending) > self._settings.max_traces:
-                completed.append((self._pop_oldest(), "memory_limit"))
         for buffered, decision in late:
             self._on_late_span(buffered, decision)
         for trace, reason in completed:

@@ -97,6 +97,7 @@ import threading
 import time
 import weakref
 import zlib
+import dataclasses
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -356,7 +357,7 @@ class _HttpTransport:
                 except (OSError, ssl.SSLError) as exc:
                     raise OSError(f"tls.cert_file/key_file: cannot load {tls.cert_file}: {exc}") from None
         self._gzip = settings.compression == "gzip"
-        self._headers = {"Content-Type": PROTOBUF, "User-Agent": USER_AGENT, **settings.headers}
+        self._headers = {"Content-Type": PROTOBUF, "User-Agent": USER_AGENT}
         if self._gzip:
             self._headers["Content-Encoding"] = "gzip"
         self._sessions: set[_HttpSession] = set()
@@ -444,7 +445,7 @@ class _HttpTransport:
                 pass
         elif payload:
             detail += f": {payload[:300].decode('utf-8', 'replace').strip()}"
-        retryable = True
+        retryable = status in _HTTP_RETRYABLE
         throttle = _retry_after(response.getheader("Retry-After")) if retryable else None
         return _Result(False, retryable, f"http_{status}", detail, throttle)
 
@@ -613,11 +614,12 @@ class TraceExporter:
                  registry: CollectorRegistry) -> None:
         if protocol not in ("grpc", "http"):
             raise ValueError(f"protocol must be grpc or http, got {protocol!r}")
+        if bool(settings.tls.cert_file) != bool(settings.tls.key_file):
+            # grpc blocks forever creating a channel with a key and no certificate chain.
+            raise ValueError("tls.cert_file and tls.key_file: set both (a client certificate) or neither")
         self.name = name
         self.protocol = protocol
         self._settings = settings
-        self._transport: _GrpcTransport | _HttpTransport = (
-            _GrpcTransport(settings) if protocol == "grpc" else _HttpTransport(settings))
         queue = settings.sending_queue
         self._num_consumers = queue.num_consumers
         self.capacity = queue.queue_size if queue.enabled else queue.num_consumers
@@ -627,6 +629,13 @@ class TraceExporter:
                 self._disk = _DiskQueue(Path(queue.storage))
             else:
                 log.warning("exporter %s: sending_queue.storage is ignored because sending_queue.enabled is false", name)
+        try:
+            self._transport: _GrpcTransport | _HttpTransport = (
+                _GrpcTransport(settings) if protocol == "grpc" else _HttpTransport(settings))
+        except BaseException:
+            if self._disk is not None:
+                self._disk.close()
+            raise
         self._first_seq = self._disk.next_seq if self._disk is not None else 1
         self._next_seq = self._first_seq
 

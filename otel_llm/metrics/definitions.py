@@ -98,7 +98,7 @@ def vllm_naming(max_model_len: int) -> Naming:
     return Naming(
         key="vllm",
         label_names=("model_name", "engine_kind", "service_name"),
-        labels=lambda r: (r.model, r.engine_kind.value, r.service_name),
+        labels=lambda r: (r.model, r.engine_kind, r.service_name),
         histograms=(
             HistogramSpec("vllm:time_to_first_token_seconds", "s", "Histogram of time to first token in seconds.",
                           TTFT_BUCKETS, lambda r: r.ttft_s, success_only=True),
@@ -158,7 +158,7 @@ def own_naming() -> Naming:
     return Naming(
         key="otel_llm",
         label_names=("model_name", "engine_kind", "service_name"),
-        labels=lambda r: (r.model, r.engine_kind.value, r.service_name),
+        labels=lambda r: (r.model, r.engine_kind, r.service_name),
         histograms=(
             HistogramSpec("otel_llm_gateway_overhead_seconds", "s",
                           "Edge gateway span duration minus the engine's e2e latency.",

@@ -51,7 +51,7 @@ class MetricsRecorder:
     def record(self, record: RequestRecord, with_exemplars: bool = False) -> None:
         """Observe ``record`` in every naming; ``with_exemplars`` only for traces the sampler kept."""
         weight = record.weight
-        succeeded = record.outcome.succeeded
+        succeeded = record.succeeded
         trace_id = record.trace_id.hex() if with_exemplars else ""
         span_id = record.span_id.hex() if with_exemplars else ""
         now = time.time()
@@ -70,9 +70,9 @@ class MetricsRecorder:
                     amount = counter.spec.value(record)
                     if amount is None:
                         continue
-                    counter.family.add(key + (record.outcome.value,) if counter.spec.by_outcome else key, amount * weight)
+                    counter.family.add(key + (record.outcome,) if counter.spec.by_outcome else key, amount * weight)
             if record.segments:
-                base = (record.model, record.engine_kind.value, record.service_name)
+                base = (record.model, record.engine_kind, record.service_name)
                 for segment in record.segments:
                     duration = segment.duration_s
                     exemplar = Exemplar(trace_id, span_id, duration, now) if with_exemplars else None

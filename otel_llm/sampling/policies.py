@@ -92,7 +92,7 @@ class SlowestPolicy(Policy):
         slow = False
         with self._lock:
             for record in records:
-                if not record.outcome.succeeded:
+                if not record.succeeded:
                     continue
                 for metric in self.metrics:
                     value = METRICS[metric](record)

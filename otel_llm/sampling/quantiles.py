@@ -1,7 +1,9 @@
 """Rolling per-key quantiles over a time window, in bounded memory.
 
-Values go into log-spaced bins (10 % wide) in one of ``slices`` time slices; a quantile sums the
-live slices. Memory is O(keys x slices x bins), independent of traffic, and no threshold needs tuning.
+Values go into log-spaced bins (10 % wide) in one of ``slices`` time slices, and a merged array
+is kept up to date as slices expire, so a quantile is one scan of ``_BINS`` counters; the result
+is cached and refreshed when enough new values or time have passed. Memory is
+O(keys x slices x bins), independent of traffic, and no threshold needs tuning.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from collections.abc import Callable
 
 _BINS = 200
 _MIN = 1e-4  # 0.1 ms
-_GROWTH = 1.1  # bin width: values within ~10 % share a bin; quantiles are reported at the bin's top edge
+_GROWTH = 1.1  # values within ~10 % share a bin; quantiles are reported at the bin's top edge
 _LOG_GROWTH = math.log(_GROWTH)
+_EXACT_BELOW = 200  # small windows are recomputed on every query: warm-up must see each new extreme
+_REFRESH_S = 0.5
 
 
 def _bin(value: float) -> int:
@@ -33,39 +37,67 @@ class RollingQuantile:
         self._clock = clock
         self._counts = [[0] * _BINS for _ in range(slices)]
         self._slice_ids = [-1] * slices
+        self._merged = [0] * _BINS
         self.total = 0
+        self._cached: dict[float, float | None] = {}
+        self._cached_at = -math.inf
+        self._added_since = 0
 
     def _current(self) -> list[int]:
         slice_id = int(self._clock() / self._slice_s)
         position = slice_id % self._slices
         if self._slice_ids[position] != slice_id:
-            self.total -= sum(self._counts[position]) if self._slice_ids[position] >= 0 else 0
+            expired = self._counts[position]
+            if self._slice_ids[position] >= 0:
+                for index, count in enumerate(expired):
+                    if count:
+                        self._merged[index] -= count
+                        self.total -= count
             self._counts[position] = [0] * _BINS
             self._slice_ids[position] = slice_id
+            # Slices older than the window that were never overwritten (idle periods) expire too.
+            oldest_live = slice_id - self._slices + 1
+            for other in range(self._slices):
+                if 0 <= self._slice_ids[other] < oldest_live:
+                    for index, count in enumerate(self._counts[other]):
+                        if count:
+                            self._merged[index] -= count
+                            self.total -= count
+                    self._counts[other] = [0] * _BINS
+                    self._slice_ids[other] = -1
+            self._cached.clear()
         return self._counts[position]
 
     def add(self, value: float) -> None:
-        self._current()[_bin(value)] += 1
+        index = _bin(value)
+        self._current()[index] += 1
+        self._merged[index] += 1
         self.total += 1
+        self._added_since += 1
 
     def quantile(self, q: float) -> float | None:
         """Upper edge of the bin holding the q-quantile of the window, or None when empty."""
         self._current()
-        live = int(self._clock() / self._slice_s) - self._slices
-        merged = [0] * _BINS
-        count = 0
-        for position in range(self._slices):
-            if self._slice_ids[position] > live:
-                for index, n in enumerate(self._counts[position]):
-                    if n:
-                        merged[index] += n
-                        count += n
-        if count == 0:
+        now = self._clock()
+        fresh = (self.total >= _EXACT_BELOW and now - self._cached_at < _REFRESH_S
+                 and self._added_since < self.total // 100)
+        if fresh and q in self._cached:
+            return self._cached[q]
+        result = self._compute(q)
+        if not fresh:
+            self._cached.clear()
+            self._cached_at = now
+            self._added_since = 0
+        self._cached[q] = result
+        return result
+
+    def _compute(self, q: float) -> float | None:
+        if self.total <= 0:
             return None
-        rank = q * count
+        rank = q * self.total
         running = 0
-        for index, n in enumerate(merged):
-            running += n
+        for index, count in enumerate(self._merged):
+            running += count
             if running >= rank:
                 return _upper_edge(index)
         return _upper_edge(_BINS - 1)

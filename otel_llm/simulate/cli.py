@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from otel_llm.config import ConfigError, parse_duration
 from otel_llm.simulate.runner import format_summary, otlp_exporter_factory, run_plan
@@ -57,9 +57,11 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
                         help="length of the window, e.g. 30s, 2m or seconds (default 60s)")
     parser.add_argument("--seed", type=int,
                         help="random seed: same seed, same traces (default: a new one per run, printed)")
-    parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="steady", help="traffic shape (default steady)")
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="steady",
+                        help="traffic shape (default steady)")
     parser.add_argument("--models", nargs="+", metavar="MODEL",
-                        help=f"only these models (space or comma separated) of: {', '.join(m.name for m in DEFAULT_MODELS)}")
+                        help="only these models (space or comma separated) of: "
+                        + ", ".join(m.name for m in DEFAULT_MODELS))
     parser.add_argument("--provisioned-rate", type=_positive_float,
                         help="requests/s the engines are sized for, at ~60%% busy (default: --rate); "
                         "below --rate overloads every model")
@@ -112,7 +114,7 @@ def _simulate(args: argparse.Namespace) -> int:
         args.scenario, seed=seed, rate=args.rate, duration_s=args.duration, start_ns=start_ns,
         models=models, provisioned_rate=args.provisioned_rate, max_requests=args.max_requests,
     )
-    started = datetime.fromtimestamp(start_ns / 1e9, tz=timezone.utc).isoformat(timespec="seconds")
+    started = datetime.fromtimestamp(start_ns / 1e9, tz=UTC).isoformat(timespec="seconds")
     slots = ", ".join(f"{name} {n}" for name, n in the_plan.slots.items())
     print(
         f"otel-llm simulate: scenario {the_plan.scenario}, seed {seed}, {args.rate:g} req/s for "

@@ -257,7 +257,7 @@ def _quantile(values: list[float], q: float) -> float:
 def format_summary(plan: Plan, result: RunResult) -> str:
     """Requests by engine/model/outcome (with the TTFT the plan gave them), spans, failures."""
     outcome_cols = "".join(f"{o:>8}" for o in OUTCOMES)
-    lines = [f"{'engine':<9} {'model':<24}{outcome_cols}{'total':>8}   TTFT p50 / p99 (ok)"]
+    lines = [f"{'engine':<9} {'model':<24}{outcome_cols}{'total':>8}   planned TTFT p50 / p99"]
     for member in plan.members:
         if member.name == GATEWAY_MEMBER:
             continue

@@ -47,7 +47,7 @@ __all__ = [
 # Share of an engine's sequence slots busy at the provisioned rate: operators leave headroom.
 TARGET_UTILIZATION: Final = 0.6
 # A client that waited this long in the queue gives up (a gateway/client timeout): an abort.
-# It also bounds every request's length, and with it how long a run drains after its window.
+# It also bounds every request's length, and with it how far back the warm-up has to start.
 QUEUE_TIMEOUT_S: Final = 60.0
 # Continuous batching: per-token decode (and chunked prefill) slows as the batch fills up.
 DECODE_SLOWDOWN_AT_FULL_BATCH: Final = 0.5
@@ -175,7 +175,9 @@ SCENARIOS: Final[dict[str, Scenario]] = {
 }
 
 
-def select_models(names: Iterable[str] | None, available: Sequence[ModelProfile] = DEFAULT_MODELS) -> tuple[ModelProfile, ...]:
+def select_models(
+    names: Iterable[str] | None, available: Sequence[ModelProfile] = DEFAULT_MODELS
+) -> tuple[ModelProfile, ...]:
     """The profiles named (in the fleet's order), or all of them; unknown names are an error."""
     if not names:
         return tuple(available)
@@ -289,7 +291,7 @@ def _arrivals(
     instead of thinning."""
     edges = sorted({-warmup_s, 0.0, duration_s, *(f * duration_s for f in scenario.boundaries())})
     out: list[float] = []
-    for lo, hi in zip(edges, edges[1:]):
+    for lo, hi in zip(edges, edges[1:], strict=False):
         segment_rate = rate * (scenario.rate_multiplier(lo / duration_s) if lo >= 0 else 1.0)
         t = lo
         while True:
@@ -382,10 +384,12 @@ def plan(
     # (bursts, longer prompts) then pushes against it.
     engines = {
         m.name: _Engine(m, max(1, math.ceil(provisioned * share * m.mean_service_s() / TARGET_UTILIZATION)))
-        for m, share in zip(models, shares)
+        for m, share in zip(models, shares, strict=True)
     }
     members = [FleetMember(GATEWAY_MEMBER, "gateway", "llm-gateway", 100, _member_seed(seed, sc.name, GATEWAY_MEMBER))]
-    members += [FleetMember(m.name, m.engine, m.service_name, m.process_id, _member_seed(seed, sc.name, m.name)) for m in models]
+    members += [
+        FleetMember(m.name, m.engine, m.service_name, m.process_id, _member_seed(seed, sc.name, m.name)) for m in models
+    ]
 
     warmup_s = max(max_e2e_s(m, sc) for m in models)
     window_end_ns = start_ns + _ns(duration_s)

@@ -74,8 +74,8 @@ def _span_rows(request: ExportTraceServiceRequest) -> Iterator[tuple[Any, ...]]:
 def _request_row(record: RequestRecord, policy: str) -> tuple[Any, ...]:
     segments = [{"name": s.name, "start_time_unix_nano": s.start_unix_ns, "end_time_unix_nano": s.end_unix_ns}
                 for s in record.segments]
-    return (record.trace_id.hex(), record.span_id.hex(), record.model, record.engine_kind.value, record.service_name,
-            record.operation_name, record.outcome.value, policy, record.model_source, record.start_unix_ns,
+    return (record.trace_id.hex(), record.span_id.hex(), record.model, record.engine_kind, record.service_name,
+            record.operation_name, record.outcome, policy, record.model_source, record.start_unix_ns,
             record.ttft_s, record.tpot_s, record.e2e_s, record.queue_s, record.prefill_s, record.decode_s,
             record.gateway_overhead_s, record.prompt_tokens, record.completion_tokens, json.dumps(segments))
 
