@@ -61,7 +61,7 @@ Transports
     ``timeout`` per attempt (0 = none), gzip via ``grpc.Compression.Gzip``; the endpoint is
     ``host:port`` (TLS unless ``tls.insecure``), ``http://host:port`` (plaintext) or
     ``https://host:port`` (TLS); TLS uses ``tls.ca_file`` (else system roots) and the client
-    ``cert_file``/``key_file``. The channel's reconnect backoff follows ``retry_on_failure`` so a
+    ``cert_file``/``key_file`` (both or neither: a ValueError otherwise). The channel's reconnect backoff follows ``retry_on_failure`` so a
     backend that comes back is reached on the next retry. HTTP: ``POST <endpoint>/v1/traces``
     (used as is when the endpoint already ends with ``/v1/traces``), protobuf, gzip when
     configured (compressed once per request, not per attempt), one keep-alive ``http.client``
@@ -97,7 +97,6 @@ import threading
 import time
 import weakref
 import zlib
-import dataclasses
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -357,7 +356,7 @@ class _HttpTransport:
                 except (OSError, ssl.SSLError) as exc:
                     raise OSError(f"tls.cert_file/key_file: cannot load {tls.cert_file}: {exc}") from None
         self._gzip = settings.compression == "gzip"
-        self._headers = {"Content-Type": PROTOBUF, "User-Agent": USER_AGENT}
+        self._headers = {"Content-Type": PROTOBUF, "User-Agent": USER_AGENT, **settings.headers}
         if self._gzip:
             self._headers["Content-Encoding"] = "gzip"
         self._sessions: set[_HttpSession] = set()
