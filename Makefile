@@ -22,10 +22,13 @@ $(TSTAMP): $(STAMP)
 run: $(STAMP)
 	$(BIN)/otel-llm serve $(ARGS)
 
-# The real services the tests use (Debian's prometheus, promtool, docker-compose for config checks).
+# The real services and tools the tests use: Debian's prometheus (and promtool), docker-compose
+# (config checks only, no engine) and openssl (test certificates). Installed only when missing.
+SERVICE_COMMANDS := prometheus promtool docker-compose openssl
 services:
-	@command -v prometheus >/dev/null 2>&1 || { \
-	  echo "installing Debian's prometheus package"; \
+	@missing=; for c in $(SERVICE_COMMANDS); do command -v $$c >/dev/null 2>&1 || missing="$$missing $$c"; done; \
+	[ -z "$$missing" ] || { \
+	  echo "installing Debian packages for:$$missing"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus openssl docker-compose >/dev/null; }
 	@# Debian's package starts a system Prometheus on :9090; the tests start their own on free ports.
