@@ -309,6 +309,8 @@ class SendingQueue:
     num_consumers: PositiveInt = 2
     queue_size: PositiveInt = 1000  # export requests (batches of kept spans) held in memory
     storage: str = ""  # a directory: the queue is also written there and replayed after a restart
+    batch_max_spans: PositiveInt = 2048  # kept traces are batched into requests of about this many spans
+    batch_timeout: Duration = 0.2  # ... or sent after this long, whichever comes first
 
 
 @dataclass(frozen=True)

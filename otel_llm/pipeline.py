@@ -29,8 +29,9 @@ from otel_llm.metrics.recorder import MetricsRecorder
 from otel_llm.metrics.selftelemetry import SelfTelemetry
 from otel_llm.sampling.sampler import Decision, TailSampler
 
-# A destination for kept traces (the store, an OTLP exporter); returns False when it had to drop it.
-KeptTraceSink = Callable[[ExportTraceServiceRequest, list[RequestRecord], str], bool]
+# A destination for kept traces (the store, an OTLP exporter): the request, its span count, its
+# request records and the policy that kept it; returns False when it had to drop it.
+KeptTraceSink = Callable[[ExportTraceServiceRequest, int, list[RequestRecord], str], bool]
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +203,7 @@ class Pipeline:
             tuple(redaction.blocked_key_prefixes), frozenset(redaction.blocked_event_names))
         self.attribute_limits = AttributeLimits(redaction.max_attributes_per_span, redaction.max_attribute_value_bytes)
         self.sinks: dict[str, KeptTraceSink] = {}
+        self.flushers: list[Callable[[bool], None]] = []  # batching sinks: flush(only_if_due)
         self._malformed = telemetry.spans_malformed
         self._matched = telemetry.spans_engine
         # Labelled children looked up once: per-record telemetry must cost well under a microsecond.
@@ -319,9 +321,9 @@ class Pipeline:
         for record in records:
             self._record(record, decision.keep)
         if decision.keep:
-            request, _ = kept_trace_request(list(trace.spans.values()), records, decision.policy, decision.threshold,
-                                            self.redaction)
-            self._deliver(request, records, decision.policy)
+            request, spans = kept_trace_request(list(trace.spans.values()), records, decision.policy,
+                                                decision.threshold, self.redaction)
+            self._deliver(request, spans, records, decision.policy)
 
     def _count_decision(self, decision: Decision) -> None:
         key = (decision.policy, decision.keep, decision.rate_limited)
@@ -332,9 +334,10 @@ class Pipeline:
                 decision.policy or "none", outcome)
         child.inc()
 
-    def _deliver(self, request: ExportTraceServiceRequest, records: list[RequestRecord], policy: str) -> None:
+    def _deliver(self, request: ExportTraceServiceRequest, spans: int, records: list[RequestRecord],
+                 policy: str) -> None:
         for name, sink in self.sinks.items():
-            if not sink(request, records, policy):
+            if not sink(request, spans, records, policy):
                 self.telemetry.kept_traces_dropped.labels(name).inc()
 
     def _on_late_span(self, buffered: BufferedSpan, remembered: object) -> None:
@@ -356,8 +359,9 @@ class Pipeline:
         if kept:
             assert remembered is not None
             decision = remembered.decision
-            request, _ = kept_trace_request([buffered], records, decision.policy, decision.threshold, self.redaction)
-            self._deliver(request, records, decision.policy)
+            request, spans = kept_trace_request([buffered], records, decision.policy, decision.threshold,
+                                                self.redaction)
+            self._deliver(request, spans, records, decision.policy)
 
     def _record(self, record: RequestRecord, with_exemplars: bool = False) -> None:
         key = (record.engine_kind, record.outcome)
@@ -375,6 +379,8 @@ class Pipeline:
             while not self._stop.wait(tick_interval_s):
                 try:
                     self.assembler.tick()
+                    for flush in self.flushers:
+                        flush(True)
                 except Exception:  # a bug in one trace must not stop every later decision
                     log.exception("trace completion failed")
 
@@ -397,3 +403,5 @@ class Pipeline:
         if self._worker is not None:
             self._worker.join(timeout=5)
         self.assembler.drain()
+        for flush in self.flushers:
+            flush(False)

@@ -10,6 +10,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from otel_llm.config import Config
+from otel_llm.exporters.batching import ExportBatcher
+from otel_llm.exporters.otlp_traces import TraceExporter
 from otel_llm.exporters.prometheus import PrometheusEndpoint
 from otel_llm.metrics.exposition import RecorderCollector
 from otel_llm.metrics.selftelemetry import SelfTelemetry
@@ -48,17 +50,20 @@ class Service:
         if store_config is not None and _enabled(config, "exporters", "store"):
             self.store = TraceStore(Path(store_config.path), store_config.retention,
                                     store_config.max_size_mib * 1024 * 1024, store_config.queue_size, self.registry)
-            self.pipeline.sinks["store"] = self.store.submit
-        self.trace_exporters: list = []
+            store = self.store
+            self.pipeline.sinks["store"] = lambda request, _spans, records, policy: store.submit(request, records, policy)
+        self.trace_exporters: list[TraceExporter] = []
         for name, protocol in (("otlp", "grpc"), ("otlphttp", "http")):
             settings = getattr(config.exporters, name)
             if settings is None or not _enabled(config, "exporters", name):
                 continue
-            from otel_llm.exporters.otlp_traces import TraceExporter
-
             exporter = TraceExporter(name, protocol, settings, self.registry)
             self.trace_exporters.append(exporter)
-            self.pipeline.sinks[name] = lambda request, _records, _policy, exporter=exporter: exporter.submit(request)
+            batcher = ExportBatcher(exporter.submit, max_spans=settings.sending_queue.batch_max_spans,
+                                    max_delay_s=settings.sending_queue.batch_timeout)
+            self.pipeline.sinks[name] = lambda request, spans, _records, _policy, batcher=batcher: batcher.add(
+                request, spans)
+            self.pipeline.flushers.append(batcher.flush)
         if config.exporters.prometheus is not None and _enabled(config, "exporters", "prometheus"):
             reader = StoreReader(self.store.path) if self.store is not None else None
             self.prometheus = PrometheusEndpoint(config.exporters.prometheus, self.registry, self.ready, reader)

@@ -144,6 +144,7 @@ class _Metrics:
         def counter(name: str, doc: str, labels: list[str]) -> Counter:
             return Counter(f"otel_llm_exporter_{name}", doc, labels, registry=registry)
 
+        self.enqueued_spans = counter("enqueued_spans", "Spans accepted into the sending queue.", ["exporter"])
         self.sent_spans = counter("sent_spans", "Spans the backend accepted.", ["exporter"])
         self.sent_requests = counter("sent_requests", "Export requests the backend acknowledged.", ["exporter"])
         self.failed_requests = counter(
@@ -655,6 +656,7 @@ class TraceExporter:
         self._partial_logged = False
 
         m = _metrics_for(registry)
+        self._enqueued_spans = m.enqueued_spans.labels(name)
         self._sent_spans = m.sent_spans.labels(name)
         self._sent_requests = m.sent_requests.labels(name)
         self._failed = m.failed_requests
@@ -746,6 +748,7 @@ class TraceExporter:
         if stopped:  # shutdown finished while we were writing
             self._finish(item, "shutdown")
             return item.path is not None
+        self._enqueued_spans.inc(spans)
         self._note_accepted()
         return True
 

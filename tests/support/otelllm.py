@@ -3,11 +3,17 @@ and a scrape of its /metrics parsed with prometheus_client's own parser."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
@@ -136,3 +142,73 @@ def start_server(store_path: str, overrides: dict[str, Any] | None = None) -> Ru
     service = Service(config_from_dict(server_config(store_path, overrides)))
     service.start()
     return RunningServer(service)
+
+
+class ServerProcess:
+    """`otel-llm serve` as a separate process, as users run it: for signals and restarts."""
+
+    def __init__(self, tmp_dir: Path, config: dict[str, Any]) -> None:
+        import socket
+
+        def free_port() -> int:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                return int(s.getsockname()[1])
+
+        self.grpc_port, self.http_port, self.metrics_port = free_port(), free_port(), free_port()
+        base = {
+            "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": f"127.0.0.1:{self.grpc_port}"},
+                                                 "http": {"endpoint": f"127.0.0.1:{self.http_port}"}}}},
+            "exporters": {"prometheus": {"endpoint": f"127.0.0.1:{self.metrics_port}"},
+                          "store": {"path": str(tmp_dir / "store")}},
+        }
+        self.config_path = tmp_dir / "otel-llm.yaml"
+        self.config_path.write_text(yaml.safe_dump(deep_merge(base, config)))
+        self.log_path = tmp_dir / "otel-llm.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}"
+
+    def start(self, timeout_s: float = 15.0) -> None:
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen([sys.executable, "-m", "otel_llm", "serve", "--config", str(self.config_path)],
+                                        stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"otel-llm exited {self.process.returncode}:\n{self.log_path.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(self.metrics_url + "/readyz", timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"otel-llm not ready in {timeout_s}s:\n{self.log_path.read_text()[-3000:]}")
+
+    def scrape(self) -> Scrape:
+        with urllib.request.urlopen(self.metrics_url + "/metrics", timeout=10) as response:
+            text = response.read().decode()
+        return Scrape(parse_exposition(text), text)
+
+    def wait_until(self, predicate: Callable[[Scrape], bool], timeout_s: float = 30.0, what: str = "") -> Scrape:
+        deadline = time.monotonic() + timeout_s
+        scrape = self.scrape()
+        while not predicate(scrape):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}; last scrape:\n{scrape.text[-3000:]}")
+            time.sleep(0.05)
+            scrape = self.scrape()
+        return scrape
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
+        assert self.process is not None
+        self.process.send_signal(sig)
+        return self.process.wait(timeout=timeout_s)
+
+    def ensure_stopped(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
