@@ -107,7 +107,6 @@ def test_sigterm_under_load_decides_and_exports_everything_accepted(make_server,
         "exporters": {"otlp": {"endpoint": f"127.0.0.1:{backend.grpc_port}", "retry_on_failure": FAST_RETRY}},
         "service": {"shutdown_grace": "20s"},
     })
-    process.start()
     accepted: set[str] = set()
     stop = threading.Event()
 
@@ -129,6 +128,7 @@ def test_sigterm_under_load_decides_and_exports_everything_accepted(make_server,
                 continue  # refused or closed during shutdown: not accepted, the client would retry
 
     threads = [threading.Thread(target=load) for _ in range(3)]
+    process.start()
     for thread in threads:
         thread.start()
     try:
@@ -158,19 +158,19 @@ def test_sigkill_and_restart_deliver_the_on_disk_queue(make_server, tmp_path):
                                "sending_queue": {"storage": str(queue_dir)}}},
     })
     process.start()
-    sent: set[str] = set()
-    for _ in range(5):
-        batch = vllm_batch(30)
-        code, _, _ = http_post(type("S", (), {"http_port": process.http_port})(), batch.SerializeToString())
-        assert code == 200
-        sent.update(s.trace_id.hex() for s in batch.resource_spans[0].scope_spans[0].spans)
-    # 150 kept traces, each its engine span and 5 segment spans, batched into export requests on disk.
-    process.wait_until(lambda s: s.value("otel_llm_exporter_enqueued_spans_total") == 150 * 6, what="all queued")
-    assert list(queue_dir.glob("*.otlpq"))
-    process.stop(signal.SIGKILL)
-    backend = make_server(backend_overrides(port))
-    process.start()  # the same config: the queue directory is replayed
     try:
+        sent: set[str] = set()
+        for _ in range(5):
+            batch = vllm_batch(30)
+            code, _, _ = http_post(type("S", (), {"http_port": process.http_port})(), batch.SerializeToString())
+            assert code == 200
+            sent.update(s.trace_id.hex() for s in batch.resource_spans[0].scope_spans[0].spans)
+        # 150 kept traces, each its engine span and 5 segment spans, batched into export requests on disk.
+        process.wait_until(lambda s: s.value("otel_llm_exporter_enqueued_spans_total") == 150 * 6, what="all queued")
+        assert list(queue_dir.glob("*.otlpq"))
+        process.stop(signal.SIGKILL)
+        backend = make_server(backend_overrides(port))
+        process.start()  # the same config: the queue directory is replayed
         backend.wait_until(lambda s: s.value("otel_llm_traces_completed_total") >= 150, timeout_s=60)
         backend.service.store.flush()
         assert stored_trace_ids(backend.service.store.path) == sent
