@@ -81,6 +81,25 @@ def parse_exposition(text: str) -> Samples:
     return samples
 
 
+def scrape_metrics(base_url: str, accept: str | None = None) -> Scrape:
+    request = urllib.request.Request(base_url + "/metrics", headers={"Accept": accept} if accept else {})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        text = response.read().decode()
+    return Scrape(parse_exposition(text), text)
+
+
+def poll_metrics(base_url: str, predicate: Callable[[Scrape], bool], timeout_s: float, what: str = "") -> Scrape:
+    """Scrape until ``predicate`` holds: the condition, not a sleep, is the synchronisation."""
+    deadline = time.monotonic() + timeout_s
+    scrape = scrape_metrics(base_url)
+    while not predicate(scrape):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or predicate}; last scrape:\n{scrape.text[-3000:]}")
+        time.sleep(0.05)
+        scrape = scrape_metrics(base_url)
+    return scrape
+
+
 @dataclass
 class RunningServer:
     service: Service
@@ -113,20 +132,10 @@ class RunningServer:
         return exporter
 
     def scrape(self, accept: str | None = None) -> Scrape:
-        request = urllib.request.Request(self.metrics_url + "/metrics", headers={"Accept": accept} if accept else {})
-        with urllib.request.urlopen(request, timeout=10) as response:
-            text = response.read().decode()
-        return Scrape(parse_exposition(text), text)
+        return scrape_metrics(self.metrics_url, accept)
 
     def wait_until(self, predicate: Callable[[Scrape], bool], timeout_s: float = 20.0, what: str = "") -> Scrape:
-        deadline = time.monotonic() + timeout_s
-        scrape = self.scrape()
-        while not predicate(scrape):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what or predicate}; last scrape:\n{scrape.text[-3000:]}")
-            time.sleep(0.05)
-            scrape = self.scrape()
-        return scrape
+        return poll_metrics(self.metrics_url, predicate, timeout_s, what)
 
     def wait_for_requests(self, count: int, timeout_s: float = 20.0) -> Scrape:
         return self.wait_until(lambda s: s.value("otel_llm_requests_assembled_total") >= count, timeout_s,
@@ -189,19 +198,10 @@ class ServerProcess:
         raise AssertionError(f"otel-llm not ready in {timeout_s}s:\n{self.log_path.read_text()[-3000:]}")
 
     def scrape(self) -> Scrape:
-        with urllib.request.urlopen(self.metrics_url + "/metrics", timeout=10) as response:
-            text = response.read().decode()
-        return Scrape(parse_exposition(text), text)
+        return scrape_metrics(self.metrics_url)
 
     def wait_until(self, predicate: Callable[[Scrape], bool], timeout_s: float = 30.0, what: str = "") -> Scrape:
-        deadline = time.monotonic() + timeout_s
-        scrape = self.scrape()
-        while not predicate(scrape):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}; last scrape:\n{scrape.text[-3000:]}")
-            time.sleep(0.05)
-            scrape = self.scrape()
-        return scrape
+        return poll_metrics(self.metrics_url, predicate, timeout_s, what)
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
         assert self.process is not None
