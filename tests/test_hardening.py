@@ -28,6 +28,12 @@ KEEP_ALL = {"tail_sampling": {"decision_wait": "2s", "grace": "100ms", "policies
     {"name": "all", "type": "probabilistic", "probabilistic": {"sampling_percentage": 100}}]}}
 
 
+def store_bytes(path: Path) -> bytes:
+    """The database and its write-ahead log: committed rows may still be only in the WAL."""
+    wal = path.with_name(path.name + "-wal")
+    return path.read_bytes() + (wal.read_bytes() if wal.exists() else b"")
+
+
 def captured_spans(count: int = 1):
     memory = InMemorySpanExporter()
     provider = engine_tracer_provider("vllm-v1", memory, service_name="secure")
@@ -163,8 +169,9 @@ def test_prompts_never_reach_the_store(make_server):
     assert secret not in str(trace)
     gateway_span = next(s for s in trace["spans"] if s["name"].startswith("POST"))
     assert gateway_span["attributes"]["gen_ai.request.model"] == "pii-model"  # only content is removed
-    db = server.service.store.path.read_bytes()
-    assert secret.encode() not in db
+    db = store_bytes(server.service.store.path)
+    assert b"pii-model" in db  # the raw bytes do hold the trace ...
+    assert secret.encode() not in db  # ... and nothing of the prompt
 
 
 # --- backpressure ----------------------------------------------------------------------------
@@ -289,3 +296,68 @@ def test_timestamps_far_off_are_measured(server, start_ns):
     assert http_post(server, vllm_batch(5, model="clock", start_ns=start_ns).SerializeToString())[0] == 200
     scrape = server.wait_for_requests(5)
     assert scrape.value("vllm:time_to_first_token_seconds_count", model_name="clock") == 5
+
+
+def _memory_of(pid: int) -> dict[str, int]:
+    fields = {}
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                fields[key] = int(value.split()[0]) * 1024
+    return fields
+
+
+def test_flood_keeps_rss_under_the_memory_limit(tmp_path):
+    """A separate `otel-llm serve` with a 220 MiB limit, flooded with traces it must hold: it refuses
+    retryably instead of growing, and every span is either accepted or refused."""
+    from tests.support.otelllm import ServerProcess
+
+    limit_mib = 220
+    process = ServerProcess(tmp_path, {"processors": {
+        "tail_sampling": {"decision_wait": "120s", "num_traces": 1_000_000},
+        "memory_limiter": {"limit_mib": limit_mib, "spike_limit_mib": 60, "check_interval": "200ms"}}})
+    process.start()
+    sent = accepted = refused = 0
+    retry_after = set()
+    try:
+        deadline = time.monotonic() + 12
+        while time.monotonic() < deadline:
+            code, _, headers = http_post(type("S", (), {"http_port": process.http_port})(),
+                                         vllm_batch(1000, parent=True).SerializeToString())
+            sent += 1000
+            if code == 200:
+                accepted += 1000
+            else:
+                assert code == 503, code
+                refused += 1000
+                retry_after.add(headers["Retry-After"])
+        memory = _memory_of(process.process.pid)
+        scrape = process.scrape()
+    finally:
+        process.ensure_stopped()
+    assert refused > 0, "the flood must reach the soft limit"
+    assert retry_after == {"1"}
+    assert accepted + refused == sent
+    assert scrape.value("otel_llm_receiver_accepted_spans_total") == accepted
+    assert scrape.value("otel_llm_receiver_refused_spans_total", reason="memory_limit") == refused
+    assert memory["VmHWM"] < limit_mib * 1024 * 1024, f"peak RSS {memory['VmHWM'] >> 20} MiB over {limit_mib} MiB"
+
+
+def test_prompts_never_reach_the_export(make_server):
+    # The backend allows content, so prompts would be visible there if otel-llm exported any.
+    backend = make_server({"processors": {**KEEP_ALL, "redaction": {"allow_content": True}}})
+    server = make_server({"processors": KEEP_ALL,
+                          "exporters": {"otlp": {"endpoint": f"127.0.0.1:{backend.grpc_port}"}}})
+    secret = "patient record 4411: diagnosis"
+    request = vllm_batch(1, model="phi", extra={"gen_ai.prompt.0.content": secret, "gen_ai.output.messages": secret,
+                                                "input.value": secret})
+    assert http_post(server, request.SerializeToString())[0] == 200
+    backend.wait_until(lambda s: s.value("otel_llm_traces_completed_total") >= 1, timeout_s=30)
+    backend.service.store.flush()
+    rows = StoreReader(backend.service.store.path).list_requests(model="phi")
+    assert len(rows) == 1  # the trace did arrive
+    db = store_bytes(backend.service.store.path)
+    assert b"phi" in db
+    assert secret.encode() not in db
+    assert server.scrape().value("otel_llm_exporter_sent_spans_total") > 0
