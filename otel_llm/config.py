@@ -476,7 +476,17 @@ def _validate(config: Config) -> None:
         if name == "otlphttp" and not exporter.endpoint.startswith(("http://", "https://")):
             raise ConfigError(f"{path}.endpoint", f"expected an http:// or https:// URL, got {exporter.endpoint!r}")
         if name == "otlp":
-            parse_endpoint(exporter.endpoint.split("://", 1)[-1], f"{path}.endpoint")
+            scheme, sep, rest = exporter.endpoint.partition("://")
+            if sep and scheme not in ("http", "https"):
+                raise ConfigError(f"{path}.endpoint", f"expected host:port or http(s)://host:port, got {exporter.endpoint!r}")
+            parse_endpoint(rest if sep else exporter.endpoint, f"{path}.endpoint")
+        tls = exporter.tls
+        if bool(tls.cert_file) != bool(tls.key_file):
+            raise ConfigError(f"{path}.tls", "cert_file and key_file go together (client certificate)")
+        for key in ("ca_file", "cert_file", "key_file"):
+            file = getattr(tls, key)
+            if file and not Path(file).is_file():
+                raise ConfigError(f"{path}.tls.{key}", f"no such file: {file}")
         if exporter.compression not in ("gzip", "none", ""):
             raise ConfigError(f"{path}.compression", f"expected gzip or none, got {exporter.compression!r}")
         retry = exporter.retry_on_failure

@@ -52,6 +52,14 @@ CREATE INDEX IF NOT EXISTS requests_model ON requests(model, start_time_unix_nan
 """
 
 
+_INT64_MAX = (1 << 63) - 1
+
+
+def _int64(value: int) -> int:
+    """OTLP timestamps are uint64; SQLite integers are signed 64-bit. Past 2262 is not a real time."""
+    return value if value <= _INT64_MAX else _INT64_MAX
+
+
 @dataclass(slots=True)
 class _Kept:
     request: ExportTraceServiceRequest
@@ -67,7 +75,7 @@ def _span_rows(request: ExportTraceServiceRequest) -> Iterator[tuple[Any, ...]]:
             for span in scope_spans.spans:
                 attributes = {kv.key: any_value_to_python(kv.value) for kv in span.attributes}
                 yield (span.trace_id.hex(), span.span_id.hex(), span.parent_span_id.hex(), span.name, span.kind,
-                       service, span.start_time_unix_nano, span.end_time_unix_nano, span.status.code,
+                       service, _int64(span.start_time_unix_nano), _int64(span.end_time_unix_nano), span.status.code,
                        span.status.message, json.dumps(attributes, default=str))
 
 
@@ -75,7 +83,7 @@ def _request_row(record: RequestRecord, policy: str) -> tuple[Any, ...]:
     segments = [{"name": s.name, "start_time_unix_nano": s.start_unix_ns, "end_time_unix_nano": s.end_unix_ns}
                 for s in record.segments]
     return (record.trace_id.hex(), record.span_id.hex(), record.model, record.engine_kind, record.service_name,
-            record.operation_name, record.outcome, policy, record.model_source, record.start_unix_ns,
+            record.operation_name, record.outcome, policy, record.model_source, _int64(record.start_unix_ns),
             record.ttft_s, record.tpot_s, record.e2e_s, record.queue_s, record.prefill_s, record.decode_s,
             record.gateway_overhead_s, record.prompt_tokens, record.completion_tokens, json.dumps(segments))
 
@@ -158,12 +166,12 @@ class TraceStore:
             kept = [b for b in batch if b is not None]
             try:
                 if kept:
-                    self._write(connection, kept)
-                    self._stored_traces.inc(len(kept))
+                    written = self._write(connection, kept)
+                    self._stored_traces.inc(written)
                 if time.monotonic() - last_prune > 5 or None in batch:
                     self._prune(connection)
                     last_prune = time.monotonic()
-            except sqlite3.Error as exc:
+            except Exception as exc:  # the writer thread must outlive any one batch
                 log.error("trace store write failed: %s", exc)
                 self._dropped.labels("write_error").inc(len(kept))
             finally:
@@ -172,22 +180,38 @@ class TraceStore:
                 connection.close()
                 return
 
-    def _write(self, connection: sqlite3.Connection, kept: list[_Kept]) -> None:
+    def _write(self, connection: sqlite3.Connection, kept: list[_Kept]) -> int:
+        """One transaction for the batch, a savepoint per trace: a trace that cannot be stored is
+        counted and skipped, the others are written."""
         now = time.time()
+        written = 0
         with connection:
             for item in kept:
-                spans = list(_span_rows(item.request))
-                if not spans:
-                    continue
-                connection.executemany("INSERT OR REPLACE INTO spans VALUES (?,?,?,?,?,?,?,?,?,?,?)", spans)
-                connection.executemany(
-                    f"INSERT OR REPLACE INTO requests VALUES ({','.join('?' * len(SUMMARY_COLUMNS))})",
-                    [_request_row(r, item.policy) for r in item.records])
-                trace_id = spans[0][0]
-                connection.execute(
-                    "INSERT INTO traces VALUES (?,?,?,?) ON CONFLICT(trace_id) DO UPDATE SET "
-                    "span_count = (SELECT COUNT(*) FROM spans WHERE trace_id = excluded.trace_id)",
-                    (trace_id, now, item.policy, len(spans)))
+                connection.execute("SAVEPOINT trace")
+                try:
+                    self._write_trace(connection, item, now)
+                except (sqlite3.Error, OverflowError, ValueError, TypeError) as exc:
+                    connection.execute("ROLLBACK TO trace")
+                    self._dropped.labels("unstorable").inc()
+                    log.warning("kept trace not stored: %s", exc)
+                else:
+                    written += 1
+                connection.execute("RELEASE trace")
+        return written
+
+    @staticmethod
+    def _write_trace(connection: sqlite3.Connection, item: _Kept, now: float) -> None:
+        spans = list(_span_rows(item.request))
+        if not spans:
+            return
+        connection.executemany("INSERT OR REPLACE INTO spans VALUES (?,?,?,?,?,?,?,?,?,?,?)", spans)
+        connection.executemany(
+            f"INSERT OR REPLACE INTO requests VALUES ({','.join('?' * len(SUMMARY_COLUMNS))})",
+            [_request_row(r, item.policy) for r in item.records])
+        connection.execute(
+            "INSERT INTO traces VALUES (?,?,?,?) ON CONFLICT(trace_id) DO UPDATE SET "
+            "span_count = (SELECT COUNT(*) FROM spans WHERE trace_id = excluded.trace_id)",
+            (spans[0][0], now, item.policy, len(spans)))
 
     def _prune(self, connection: sqlite3.Connection) -> None:
         cutoff = time.time() - self._retention_s
