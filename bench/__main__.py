@@ -1,0 +1,538 @@
+"""``python -m bench`` (``make bench``): otel-llm's full pipeline against a parse-only OTLP sink.
+
+Runs, in one go and in about three minutes on two cores:
+
+1. pre-generates realistic OTLP batches (``bench/workload.py``);
+2. a baseline sink (``bench/baseline.py``) and then ``otel-llm serve`` (the real CLI, the real
+   config loader, everything its config enables), each in its own process on free loopback
+   ports, driven by a load generator in a third process (``bench/load.py``) over gRPC and HTTP:
+   saturation throughput, server CPU per million spans, peak RSS, and Export latency at a fixed
+   offered rate;
+3. a second ``otel-llm serve`` holding every trace pending (long ``decision_wait``), to measure
+   RSS per buffered span;
+
+and ends with one ``RESULT ...`` line. See ``bench/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pickle
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import urllib.error
+import urllib.request
+from collections import defaultdict
+from dataclasses import astuple
+from pathlib import Path
+from typing import Any
+
+from bench.load import proc_status_kib
+from bench.workload import RESOURCE_MODELS, generate
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+LOOPBACK = "127.0.0.1"
+TARGETS = {"ratio": 0.5, "rss_per_buffered_span_bytes": 1536, "export_p99_ms": 10.0}
+
+
+def log(message: str = "") -> None:
+    print(message, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+def otel_llm_command() -> list[str]:
+    script = Path(PYTHON).parent / "otel-llm"
+    return [str(script)] if script.exists() else [PYTHON, "-m", "otel_llm"]
+
+
+# --- servers -----------------------------------------------------------------------------------
+
+class Server:
+    """A server process on loopback ports; ``stop()`` is safe to call twice."""
+
+    def __init__(self, name: str, argv: list[str], workdir: Path, grpc_port: int, http_port: int,
+                 metrics_port: int | None = None, cwd: Path | None = None) -> None:
+        self.name = name
+        self.grpc_port, self.http_port, self.metrics_port = grpc_port, http_port, metrics_port
+        self.log_path = workdir / f"{name}.log"
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=cwd or workdir,
+                                     start_new_session=True)
+        self.pid = self.proc.pid
+
+    @property
+    def grpc_target(self) -> str:
+        return f"{LOOPBACK}:{self.grpc_port}"
+
+    @property
+    def http_target(self) -> str:
+        return f"{LOOPBACK}:{self.http_port}"
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if self._ready():
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name} not ready after {timeout_s}s:\n{self.log_tail()}")
+
+    def _ready(self) -> bool:
+        if self.metrics_port is not None:
+            try:
+                with urllib.request.urlopen(f"http://{LOOPBACK}:{self.metrics_port}/readyz", timeout=1) as r:
+                    return r.status == 200
+            except (urllib.error.URLError, OSError):
+                return False
+        return b"ready" in self.log_path.read_bytes()
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        self._log.close()
+
+    def rss_kib(self) -> int:
+        return proc_status_kib(self.pid, "VmRSS")
+
+    def hwm_kib(self) -> int:
+        return proc_status_kib(self.pid, "VmHWM")
+
+    def scrape(self) -> dict[str, float]:
+        """``{name{labels}: value}`` of the otel_llm_ self-telemetry, summed per metric name too."""
+        if self.metrics_port is None:
+            return {}
+        with urllib.request.urlopen(f"http://{LOOPBACK}:{self.metrics_port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        out: dict[str, float] = defaultdict(float)
+        for line in text.splitlines():
+            if not line.startswith("otel_llm_"):
+                continue
+            series, _, value = line.rpartition(" ")
+            try:
+                number = float(value)
+            except ValueError:
+                continue
+            out[series] = number
+            if "{" in series:  # labelled: also summed under the bare name
+                out[series.split("{", 1)[0]] += number
+        return dict(out)
+
+
+def start_baseline(workdir: Path) -> Server:
+    grpc_port, http_port = free_port(), free_port()
+    argv = [PYTHON, "-m", "bench.baseline", "--grpc", f"{LOOPBACK}:{grpc_port}",
+            "--http", f"{LOOPBACK}:{http_port}", "--workers", "4"]
+    server = Server("baseline", argv, workdir, grpc_port, http_port, cwd=ROOT)
+    server.wait_ready()
+    return server
+
+
+def pipeline_config(workdir: Path, name: str, grpc_port: int, http_port: int, metrics_port: int,
+                    tail_sampling: dict[str, Any]) -> Path:
+    config = {
+        "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": f"{LOOPBACK}:{grpc_port}"},
+                                             "http": {"endpoint": f"{LOOPBACK}:{http_port}"}}}},
+        "processors": {
+            "llm_metrics": {"model_name": {"from_resource": [
+                {"attribute": "service.name", "values": dict(RESOURCE_MODELS)}]}},
+            "tail_sampling": tail_sampling,
+        },
+        "exporters": {"prometheus": {"endpoint": f"{LOOPBACK}:{metrics_port}"},
+                      "store": {"path": str(workdir / f"{name}-store")}},
+        "service": {"shutdown_grace": "2s"},
+    }
+    path = workdir / f"{name}.yaml"
+    path.write_text(json.dumps(config, indent=2))  # JSON is YAML
+    return path
+
+
+def start_pipeline(workdir: Path, name: str, tail_sampling: dict[str, Any]) -> Server:
+    grpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
+    config = pipeline_config(workdir, name, grpc_port, http_port, metrics_port, tail_sampling)
+    argv = otel_llm_command() + ["--log-level", "WARNING", "serve", "--config", str(config)]
+    server = Server(name, argv, workdir, grpc_port, http_port, metrics_port)
+    server.wait_ready()
+    return server
+
+
+# --- load ---------------------------------------------------------------------------------------
+
+class Load:
+    """Runs ``bench/load.py`` in its own process; every phase gets its own trace-id epoch range."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.phase = 0
+
+    def run(self, batches_file: Path, server: Server, protocol: str, mode: str, **options: Any) -> dict[str, Any]:
+        self.phase += 1
+        target = server.grpc_target if protocol == "grpc" else server.http_target
+        argv = [PYTHON, "-m", "bench.load", "--batches", str(batches_file), "--protocol", protocol,
+                "--target", target, "--mode", mode, "--epoch-base", str(self.phase << 24),
+                "--server-pid", str(server.pid)]
+        if server.metrics_port is not None:
+            argv += ["--metrics-url", f"http://{LOOPBACK}:{server.metrics_port}/metrics"]
+        for key, value in options.items():
+            argv += [f"--{key.replace('_', '-')}", str(value)]
+        budget = float(options.get("warmup", 0)) + float(options.get("duration", 60)) + 60
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=budget, cwd=ROOT)
+        if done.returncode != 0:
+            raise RuntimeError(f"load generator failed ({done.returncode}):\n{done.stderr[-3000:]}")
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def wait_drained(server: Server, timeout_s: float = 25.0, traces: float = 1000) -> float:
+    """Wait until the pipeline's queue is empty and it holds at most ``traces`` traces; returns seconds waited.
+
+    Between phases a few hundred traces may stay: those with no engine span (a gateway alone) wait
+    for ``decision_wait`` by design, and cost nothing until then."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        now = server.scrape()
+        if now.get("otel_llm_intake_queued_spans", 0.0) == 0 and now.get("otel_llm_traces_in_memory", 0.0) <= traces:
+            return time.monotonic() - start
+        time.sleep(0.25)
+    log(f"  (still busy after {timeout_s:.0f} s: {now.get('otel_llm_intake_queued_spans', 0):.0f} spans queued, "
+        f"{now.get('otel_llm_traces_in_memory', 0):.0f} traces in memory; going on)")
+    return time.monotonic() - start
+
+
+# --- phases ------------------------------------------------------------------------------------
+
+def paced_phase(load: Load, server: Server, batches: Path, protocol: str, rate: float, warmup: float,
+                duration: float) -> dict[str, Any]:
+    res = load.run(batches, server, protocol, "paced", warmup=warmup, duration=duration, rate=rate, concurrency=8)
+    res["keeps_up"] = keeps_up(res)
+    sched, issue, every = res["latency_from_schedule"], res["latency_from_issue"], res["latency_all_calls"]
+    log(f"  {protocol:4} paced {fmt(rate, 0)} spans/s offered: processed {fmt(res['spans_per_s'], 0)}/s"
+        + (f" (queue grew by {fmt(res['server_queue_growth_spans'], 0)} spans)"
+           if res.get("server_queue_growth_spans") is not None else "")
+        + f", keeps up: {'yes' if res['keeps_up'] else 'NO'}; Export latency p50 {fmt(sched['p50_ms'], 2)} ms, "
+        f"p99 {fmt(sched['p99_ms'], 2)} ms, max {fmt(sched['max_ms'], 1)} ms over {sched['n']} accepted calls "
+        f"(from issue: p99 {fmt(issue['p99_ms'], 2)} ms; all calls, a refusal as infinite: p99 "
+        f"{fmt(every['p99_ms'], 2)} ms); server CPU {fmt(util(res), 0)} % of one core, "
+        f"{fmt(cpu_per_million(res), 1)} CPU-s per M spans; refused {res['refused']}, errors {res['errors']}, "
+        f"skipped {res['skipped_batches']}" + (f", first error {res['first_error']}" if res.get("first_error") else ""))
+    return res
+
+
+def saturate_phase(load: Load, server: Server, batches: Path, protocol: str, warmup: float,
+                   duration: float) -> dict[str, Any]:
+    res = load.run(batches, server, protocol, "saturate", warmup=warmup, duration=duration, concurrency=4)
+    queue = ""
+    if res.get("server_processed_spans") is not None:
+        queue = (f" (acknowledged {fmt(res['acked_spans_per_s'], 0)}/s; queue grew by "
+                 f"{fmt(res['server_queue_growth_spans'], 0)} spans; {fmt(res['server_traces_in_memory_end'], 0)} "
+                 f"traces in memory at the end)")
+    log(f"  {protocol:4} saturated: {fmt(res['spans_per_s'], 0)} spans/s processed{queue}, "
+        f"{fmt(cpu_per_million(res), 1)} CPU-s per M spans (server, {fmt(util(res), 0)} % of one core), "
+        f"client CPU {fmt(res['client_cpu_s'], 1)} s in {fmt(res['window_s'], 1)} s, "
+        f"call p50/p99 {fmt(res['latency']['p50_ms'], 1)}/{fmt(res['latency']['p99_ms'], 1)} ms, "
+        f"refused {res['refused']}, errors {res['errors']}"
+        + (f", first error {res['first_error']}" if res.get("first_error") else ""))
+    return res
+
+
+def throughput_phases(load: Load, server: Server, batches: Path, durations: dict[str, float],
+                      rate: float, drain: bool) -> dict[str, Any]:
+    """Paced phases first (on a server that is not behind), then saturation; the pipeline drains in between."""
+    out: dict[str, Any] = {}
+    for protocol in ("grpc", "http"):
+        if drain:
+            out[f"{protocol}_paced_drain_wait_s"] = wait_drained(server)
+        out[f"{protocol}_paced"] = paced_phase(load, server, batches, protocol, rate, durations["paced_warmup"],
+                                               durations[f"paced_{protocol}"])
+    for protocol in ("grpc", "http"):
+        if drain:
+            out[f"{protocol}_saturate_drain_wait_s"] = wait_drained(server)
+        out[f"{protocol}_saturate"] = saturate_phase(load, server, batches, protocol, durations["warmup"],
+                                                     durations["saturate"])
+    out["hwm_kib"] = server.hwm_kib()
+    out["rss_kib"] = server.rss_kib()
+    return out
+
+
+def rss_phase(load: Load, workdir: Path, batches: Path, spans: int, warmup_spans: int) -> dict[str, Any]:
+    """Hold every trace pending; RSS growth per buffered span between two points."""
+    server = start_pipeline(workdir, "pipeline-rss", {
+        "decision_wait": "600s", "grace": "1s", "num_traces": 5_000_000, "decision_cache_size": 100_000})
+    try:
+        idle_kib = server.rss_kib()
+        load.run(batches, server, "grpc", "count", spans=warmup_spans, concurrency=4, duration=60)
+        wait_drained(server, traces=math.inf)
+        first = server.scrape()
+        first_kib = server.rss_kib()
+        t0 = time.monotonic()
+        sent = load.run(batches, server, "grpc", "count", spans=spans, concurrency=4, duration=120)
+        wait_drained(server, traces=math.inf)
+        elapsed = time.monotonic() - t0
+        second = server.scrape()
+        second_kib = server.rss_kib()
+        hwm_kib = server.hwm_kib()
+        accepted = second.get("otel_llm_receiver_accepted_spans_total", 0.0)
+        delta_spans = accepted - first.get("otel_llm_receiver_accepted_spans_total", 0.0)
+        completed = second.get("otel_llm_traces_completed_total", 0.0)
+        delta_traces = second.get("otel_llm_traces_in_memory", 0.0) - first.get("otel_llm_traces_in_memory", 0.0)
+        result = {
+            "idle_rss_kib": idle_kib,
+            "rss_after_warmup_kib": first_kib,
+            "rss_after_kib": second_kib,
+            "hwm_kib": hwm_kib,
+            "spans_buffered": accepted,
+            "spans_measured": delta_spans,
+            "traces_in_memory": second.get("otel_llm_traces_in_memory"),
+            "traces_completed": completed,
+            "refused_calls": sent.get("refused", 0),
+            "send_spans_per_s": sent["spans"] / elapsed if elapsed else None,
+            "rss_per_buffered_span_bytes": (second_kib - first_kib) * 1024 / delta_spans if delta_spans else None,
+            "rss_per_buffered_trace_bytes": ((second_kib - first_kib) * 1024 / delta_traces) if delta_traces else None,
+            "rss_per_buffered_span_incl_fixed_bytes": (second_kib - idle_kib) * 1024 / accepted if accepted else None,
+        }
+        if completed:
+            result["warning"] = f"{completed:.0f} traces completed during the hold; figure is an underestimate"
+        return result
+    finally:
+        server.stop()
+
+
+# --- profiling (optional) -------------------------------------------------------------------------
+
+def profile_phase(load: Load, server: Server, batches: Path, out_prefix: Path, seconds: float) -> None:
+    pyspy = Path(PYTHON).parent / "py-spy"
+    raw = out_prefix.with_suffix(".collapsed.txt")
+    wait_drained(server)
+    spy = subprocess.Popen([str(pyspy), "record", "--pid", str(server.pid), "--duration", str(int(seconds) + 1),
+                            "--rate", "250", "--format", "raw", "--gil", "--threads", "--nonblocking", "-o", str(raw)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        time.sleep(0.5)
+        res = load.run(batches, server, "grpc", "saturate", warmup=0.5, duration=seconds, concurrency=4)
+        spy.wait(timeout=seconds + 30)
+    finally:
+        if spy.poll() is None:
+            spy.terminate()
+            spy.wait(timeout=10)
+    log(f"  profiled run: {fmt(res['spans_per_s'], 0)} spans/s under py-spy; collapsed stacks in {raw}")
+    for line in summarize_collapsed(raw):
+        log("  " + line)
+
+
+def summarize_collapsed(path: Path, top: int = 25) -> list[str]:
+    """Self and inclusive sample shares per function from py-spy's collapsed stacks."""
+    own: dict[str, int] = defaultdict(int)
+    inclusive: dict[str, int] = defaultdict(int)
+    threads: dict[str, int] = defaultdict(int)
+    total = 0
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return ["(no profile written; py-spy needs ptrace permission)"]
+    for line in lines:
+        stack, _, count_text = line.rpartition(" ")
+        if not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = stack.split(";")
+        total += count
+        thread = frames[0].split(": ", 1)[-1] if frames[0].startswith("thread (") else "?"
+        threads[thread] += count
+        frames = frames[1:] if frames[0].startswith("thread (") else frames
+        names = [f.split(" (")[0] + " (" + f.split(" (")[-1].split(":")[0].rsplit("/", 1)[-1] + ")"
+                 for f in frames] or ["?"]
+        own[names[-1]] += count
+        for name in set(names):
+            inclusive[name] += count
+    if not total:
+        return ["(empty profile)"]
+    out = [f"{total} samples of the thread holding the GIL; by thread: " + ", ".join(f"{k} {v * 100 / total:.0f}%" for k, v in
+                                                     sorted(threads.items(), key=lambda kv: -kv[1])[:6])]
+    out.append("self %  incl %  function")
+    for name, count in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
+        out.append(f"{count * 100 / total:6.1f}  {inclusive[name] * 100 / total:6.1f}  {name}")
+    return out
+
+
+# --- report --------------------------------------------------------------------------------------
+
+def fmt(value: float | None, digits: int) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "nan"
+    return f"{value:.{digits}f}"
+
+
+def keeps_up(res: dict[str, Any]) -> bool:
+    """The server processed (not just queued) what was offered, and refused nothing."""
+    offered = res.get("offered_spans_per_s") or 0
+    failed = res.get("refused", 0) + res.get("errors", 0) + res.get("skipped_batches", 0)
+    return failed == 0 and res.get("spans_per_s", 0) >= 0.97 * offered
+
+
+def cpu_per_million(res: dict[str, Any]) -> float | None:
+    cpu, spans = res.get("server_cpu_s"), res.get("spans")
+    return cpu / spans * 1e6 if cpu is not None and spans else None
+
+
+def util(res: dict[str, Any]) -> float | None:
+    cpu, wall = res.get("server_cpu_s"), res.get("window_s")
+    return cpu / wall * 100 if cpu is not None and wall else None
+
+
+def write_batches(path: Path, batches: list) -> None:
+    with open(path, "wb") as f:
+        pickle.dump([astuple(b) for b in batches], f, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--saturate", type=float, default=8.0, help="seconds measured per saturation phase")
+    parser.add_argument("--paced", type=float, default=12.0, help="seconds measured per paced phase (gRPC)")
+    parser.add_argument("--rate", type=float, default=20000.0, help="offered spans/s for the latency phases")
+    parser.add_argument("--rss-spans", type=int, default=150_000, help="spans held pending for the RSS figure")
+    parser.add_argument("--batches", type=int, default=32, help="distinct pre-generated batches")
+    parser.add_argument("--profile", metavar="PREFIX", help="also profile otel-llm with py-spy during a "
+                        "saturated gRPC run; writes PREFIX.collapsed.txt and prints a per-function table")
+    parser.add_argument("--json", metavar="FILE", help="write every figure to FILE")
+    parser.add_argument("--quick", action="store_true", help="short phases (smoke test, figures are noisy)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.saturate, args.paced, args.rss_spans, args.batches = 3.0, 4.0, 30_000, 12
+    durations = {"warmup": 2.0, "saturate": args.saturate, "paced_warmup": 1.0,
+                 "paced_grpc": args.paced, "paced_http": max(args.paced * 2 / 3, 3.0)}
+
+    started = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix="otel-llm-bench-"))
+    servers: list[Server] = []
+    results: dict[str, Any] = {}
+    failed = False
+    try:
+        log(f"otel-llm bench: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, workdir {workdir}")
+        t = time.monotonic()
+        complete = generate(args.batches, seed=1)
+        pending = generate(max(args.batches // 2, 8), seed=2, upstream_parent=True)
+        throughput_file, pending_file = workdir / "batches.pkl", workdir / "pending.pkl"
+        write_batches(throughput_file, complete)
+        write_batches(pending_file, pending)
+        spans = sum(b.spans for b in complete)
+        log(f"generated {len(complete)} + {len(pending)} batches in {time.monotonic() - t:.1f} s: "
+            f"{spans} spans, {sum(b.traces for b in complete)} traces, "
+            f"{sum(len(b.payload) for b in complete) / spans:.0f} bytes/span on the wire, "
+            f"{min(b.spans for b in complete)}-{max(b.spans for b in complete)} spans per batch")
+        load = Load(workdir)
+
+        log("baseline sink (parse and discard, grpcio + stdlib HTTP, 4 workers):")
+        baseline = start_baseline(workdir)
+        servers.append(baseline)
+        results["baseline"] = throughput_phases(load, baseline, throughput_file, durations, args.rate, drain=False)
+        baseline.stop()
+
+        log("otel-llm serve (full pipeline as configured, decision_wait 10s, grace 1s, store in workdir):")
+        pipeline = start_pipeline(workdir, "pipeline", {"decision_wait": "10s", "grace": "1s"})
+        servers.append(pipeline)
+        results["pipeline"] = throughput_phases(load, pipeline, throughput_file, durations, args.rate, drain=True)
+        wait_drained(pipeline, timeout_s=25, traces=0)  # everything decided: decision_wait is 10 s
+        final = pipeline.scrape()
+        results["pipeline"]["telemetry"] = {k: v for k, v in final.items() if "{" not in k}
+        log(f"  requests assembled {fmt(final.get('otel_llm_requests_assembled_total', 0.0), 0)}, traces completed "
+            f"{fmt(final.get('otel_llm_traces_completed_total', 0.0), 0)}, late spans "
+            f"{fmt(final.get('otel_llm_late_spans_total', 0.0), 0)}, malformed "
+            f"{fmt(final.get('otel_llm_spans_malformed_total', 0.0), 0)}, dropped "
+            f"{fmt(final.get('otel_llm_spans_dropped_total', 0.0), 0)}; peak RSS {results['pipeline']['hwm_kib'] / 1024:.0f} MiB")
+        if args.profile:
+            profile_phase(load, pipeline, throughput_file, Path(args.profile), max(args.saturate, 8.0))
+        pipeline.stop()
+
+        log(f"otel-llm serve holding every trace (decision_wait 600s), {args.rss_spans} spans of unrooted traces:")
+        results["rss"] = rss_phase(load, workdir, pending_file, args.rss_spans, warmup_spans=min(20_000, args.rss_spans))
+        r = results["rss"]
+        log(f"  RSS idle {r['idle_rss_kib'] / 1024:.0f} MiB, after warm-up {r['rss_after_warmup_kib'] / 1024:.0f} MiB, "
+            f"after {fmt(r['spans_buffered'], 0)} spans buffered {r['rss_after_kib'] / 1024:.0f} MiB "
+            f"(traces in memory {fmt(r['traces_in_memory'], 0)}, completed {fmt(r['traces_completed'], 0)}); "
+            f"{fmt(r['rss_per_buffered_span_bytes'], 0)} bytes per buffered span, "
+            f"{fmt(r['rss_per_buffered_trace_bytes'], 0)} per buffered trace "
+            f"({fmt(r['rss_per_buffered_span_incl_fixed_bytes'], 0)} including the warm-up and fixed costs); "
+            f"intake while holding {fmt(r['send_spans_per_s'], 0)} spans/s" + (f"; {r['warning']}" if "warning" in r else ""))
+    except Exception as exc:  # still print what was measured, and a RESULT line with nan for the rest
+        failed = True
+        log(f"bench failed: {exc!r}")
+        traceback.print_exc(file=sys.stdout)
+    finally:
+        for server in servers:
+            try:
+                server.stop()
+            except Exception as exc:  # keep stopping the others
+                log(f"stopping {server.name}: {exc}")
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    base = results.get("baseline", {})
+    pipe = results.get("pipeline", {})
+    rss = results.get("rss", {})
+    b_sps = base.get("grpc_saturate", {}).get("spans_per_s")
+    p_sps = pipe.get("grpc_saturate", {}).get("spans_per_s")
+    hb = base.get("http_saturate", {}).get("spans_per_s")
+    hp = pipe.get("http_saturate", {}).get("spans_per_s")
+    ratio = p_sps / b_sps if b_sps and p_sps else None
+    paced = pipe.get("grpc_paced", {})
+    p99 = paced.get("latency_all_calls", {}).get("p99_ms")
+    per_span = rss.get("rss_per_buffered_span_bytes")
+    results["summary"] = {"ratio": ratio, "pipeline_spans_per_s": p_sps, "baseline_spans_per_s": b_sps,
+                          "http_ratio": hp / hb if hb and hp else None,
+                          "rss_per_buffered_span_bytes": per_span, "export_p99_ms": p99,
+                          "elapsed_s": time.monotonic() - started}
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+
+    log()
+    log("summary (gRPC is the headline; engines export over gRPC by default):")
+    rows = [
+        ("throughput ratio pipeline/baseline, gRPC", ratio, f">= {TARGETS['ratio']}", ratio is not None and ratio >= TARGETS["ratio"], 2),
+        ("throughput ratio pipeline/baseline, HTTP", results["summary"]["http_ratio"], "(info)", None, 2),
+        ("CPU-s per M spans, gRPC: baseline", cpu_per_million(base.get("grpc_saturate", {})), "(info)", None, 1),
+        ("CPU-s per M spans, gRPC: pipeline", cpu_per_million(pipe.get("grpc_saturate", {})), "(info)", None, 1),
+        ("RSS per buffered span, bytes", per_span, f"<= {TARGETS['rss_per_buffered_span_bytes']}",
+         per_span is not None and per_span <= TARGETS["rss_per_buffered_span_bytes"], 0),
+        ("peak RSS (VmHWM), MiB: baseline", base.get("hwm_kib", 0) / 1024 if base.get("hwm_kib") else None, "(info)", None, 0),
+        ("peak RSS (VmHWM), MiB: pipeline", pipe.get("hwm_kib", 0) / 1024 if pipe.get("hwm_kib") else None, "(info)", None, 0),
+        (f"Export p99 at {args.rate:.0f} spans/s, gRPC, ms: baseline",
+         base.get("grpc_paced", {}).get("latency_all_calls", {}).get("p99_ms"), "(info)", None, 2),
+        (f"Export p99 at {args.rate:.0f} spans/s, gRPC, ms", p99, f"<= {TARGETS['export_p99_ms']}"
+         + ("" if not paced or paced.get("keeps_up") else " (and keep up: it did NOT)"),
+         p99 is not None and p99 <= TARGETS["export_p99_ms"] and bool(paced.get("keeps_up")), 2),
+    ]
+    for label, value, target, ok, digits in rows:
+        verdict = "" if ok is None else ("  met" if ok else "  NOT met")
+        log(f"  {label:48} {fmt(value, digits):>10}  target {target}{verdict}")
+    log(f"  elapsed {results['summary']['elapsed_s']:.0f} s")
+    log(f"RESULT ratio={fmt(ratio, 3)} pipeline_spans_per_s={fmt(p_sps, 0)} baseline_spans_per_s={fmt(b_sps, 0)} "
+        f"rss_per_buffered_span_bytes={fmt(per_span, 0)} export_p99_ms={fmt(p99, 2)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
