@@ -11,12 +11,15 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from otel_llm.adapters import MalformedSpan, classify
+from otel_llm.adapters.attributes import any_value_to_python
 from otel_llm.assembly.records import RequestRecord
 from otel_llm.assembly.requests import Dimension, RecordSettings, ResourceModelRule, records_of_trace
 from otel_llm.assembly.segments import derive_timings
@@ -34,6 +37,9 @@ from otel_llm.sampling.sampler import Decision, TailSampler
 KeptTraceSink = Callable[[ExportTraceServiceRequest, int, list[RequestRecord], str], bool]
 
 log = logging.getLogger(__name__)
+
+_SERVER = Span.SPAN_KIND_SERVER
+_NO_ATTRS: dict[str, Any] = {}  # shared by every span with nothing assembly needs: no dict per span
 
 
 @dataclass(slots=True)
@@ -87,9 +93,9 @@ class AttributeLimits:
     max_attributes: int
     max_value_bytes: int
 
-    def exceeded_by(self, span: Span) -> bool:
-        # Two C calls; only spans that can break a limit are inspected attribute by attribute.
-        return len(span.attributes) > self.max_attributes or span.ByteSize() > self.max_value_bytes
+    def exceeded_by(self, span: Span, may_exceed_size: bool) -> bool:
+        # Only spans that can break a limit are inspected attribute by attribute.
+        return len(span.attributes) > self.max_attributes or (may_exceed_size and span.ByteSize() > self.max_value_bytes)
 
     def enforce(self, span: Span) -> bool:
         changed = False
@@ -202,6 +208,11 @@ class Pipeline:
         self.redaction = NO_REDACTION if redaction.allow_content else Redaction(
             tuple(redaction.blocked_key_prefixes), frozenset(redaction.blocked_event_names))
         self.attribute_limits = AttributeLimits(redaction.max_attributes_per_span, redaction.max_attribute_value_bytes)
+        # The attributes assembly reads at completion; buffered spans keep these and nothing else.
+        self.kept_attribute_keys = tuple(dict.fromkeys((
+            "gen_ai.request.model", "gen_ai.response.model", "http.route", "error.type",
+            *self.settings.edge_ttft_attributes, *(d.attribute for d in self.settings.dimensions))))
+        self.first_token_events = frozenset(self.settings.edge_ttft_events)
         self.sinks: dict[str, KeptTraceSink] = {}
         self.flushers: list[Callable[[bool], None]] = []  # batching sinks: flush(only_if_due)
         self._malformed = telemetry.spans_malformed
@@ -210,6 +221,7 @@ class Pipeline:
         self._decision_counters: dict[tuple[str, bool, bool], object] = {}
         self._assembled_counters: dict[tuple[object, object], object] = {}
         self._stop = threading.Event()
+        self._tick_lock = threading.Lock()
         self._ticker: threading.Thread | None = None
         self._worker: threading.Thread | None = None
         otlp = config.receivers.otlp
@@ -274,13 +286,20 @@ class Pipeline:
         malformed: dict[str, int] = {}
         max_latency = self.max_latency_s
         limits = self.attribute_limits
+        # Only a request bigger than one value's limit can hold a value over it: one C call per request.
+        may_exceed = request.ByteSize() > limits.max_value_bytes
+        kept_keys = self.kept_attribute_keys
+        first_token_events = self.first_token_events
         for resource_spans in request.resource_spans:
-            resource = resource_spans.resource
+            # Standalone copies, shared by this resource's spans, so buffered spans never pin the request.
+            resource = Resource()
+            resource.CopyFrom(resource_spans.resource)
             service_name = _service_name(resource)
             for scope_spans in resource_spans.scope_spans:
-                scope = scope_spans.scope
+                scope = InstrumentationScope()
+                scope.CopyFrom(scope_spans.scope)
                 for span in scope_spans.spans:
-                    if limits.exceeded_by(span) and limits.enforce(span):
+                    if limits.exceeded_by(span, may_exceed) and limits.enforce(span):
                         self.telemetry.spans_truncated.inc()
                     try:
                         observation, attrs = classify(span)
@@ -294,7 +313,17 @@ class Pipeline:
                             passed_through += 1
                         else:
                             matched[observation.adapter] = matched.get(observation.adapter, 0) + 1
-                    buffered.append(BufferedSpan(span, resource, scope, service_name, attrs, observation, timings))
+                    kind = span.kind
+                    slim: dict[str, Any] = _NO_ATTRS
+                    if attrs:
+                        slim = {key: any_value_to_python(attrs[key]) for key in kept_keys if key in attrs} or _NO_ATTRS
+                    first_token_ns = 0
+                    if kind == _SERVER and span.events:
+                        first_token_ns = next((e.time_unix_nano for e in span.events if e.name in first_token_events), 0)
+                    buffered.append(BufferedSpan(
+                        span.trace_id, span.span_id, span.parent_span_id, kind, span.status.code,
+                        span.start_time_unix_nano, span.end_time_unix_nano, span.trace_state, span.SerializeToString(),
+                        resource, scope, service_name, slim, observation, timings, first_token_ns))
         if passed_through:
             self.telemetry.spans_passed_through.inc(passed_through)
         for adapter, count in matched.items():
@@ -348,14 +377,14 @@ class Pipeline:
         kept = remembered is not None and remembered.decision.keep
         records: list[RequestRecord] = []
         if buffered.is_engine:
-            single = PendingTrace(buffered.span.trace_id, 0.0, {buffered.span.span_id: buffered})
+            single = PendingTrace(buffered.trace_id, 0.0, {buffered.span_id: buffered})
             records = records_of_trace(single, self.settings)
-            replayed = remembered is not None and buffered.span.span_id in remembered.measured
+            replayed = remembered is not None and buffered.span_id in remembered.measured
             if not replayed:
                 for record in records:
                     self._record(record, kept)
                 if remembered is not None:
-                    remembered.measured.add(buffered.span.span_id)
+                    remembered.measured.add(buffered.span_id)
         if kept:
             assert remembered is not None
             decision = remembered.decision
@@ -377,12 +406,15 @@ class Pipeline:
     def start(self, tick_interval_s: float = 0.1) -> None:
         def run() -> None:
             while not self._stop.wait(tick_interval_s):
-                try:
-                    self.assembler.tick()
-                    for flush in self.flushers:
-                        flush(True)
-                except Exception:  # a bug in one trace must not stop every later decision
-                    log.exception("trace completion failed")
+                with self._tick_lock:
+                    if self._stop.is_set():
+                        return
+                    try:
+                        self.assembler.tick()
+                        for flush in self.flushers:
+                            flush(True)
+                    except Exception:  # a bug in one trace must not stop every later decision
+                        log.exception("trace completion failed")
 
         self._ticker = threading.Thread(target=run, name="otel-llm-assembler", daemon=True)
         self._ticker.start()
@@ -391,17 +423,20 @@ class Pipeline:
         self.memory_limiter.start()
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
-        """Process everything accepted, then decide every pending trace."""
+        """Process everything accepted, then decide every pending trace and flush the batches."""
         if not self.intake.close_and_wait(timeout_s):
             log.error("pipeline did not finish its queue within %.0fs; %d spans unprocessed",
                       timeout_s, self.intake.queued_spans)
             self.telemetry.spans_dropped.labels("shutdown_timeout").inc(self.intake.queued_spans)
         self.memory_limiter.stop()
-        self._stop.set()
+        # Under the tick lock no completion can run concurrently, so nothing reaches a batcher
+        # after its final flush, however long a tick takes on a loaded machine.
+        with self._tick_lock:
+            self._stop.set()
+            self.assembler.drain()
+            for flush in self.flushers:
+                flush(False)
         if self._ticker is not None:
             self._ticker.join(timeout=5)
         if self._worker is not None:
             self._worker.join(timeout=5)
-        self.assembler.drain()
-        for flush in self.flushers:
-            flush(False)

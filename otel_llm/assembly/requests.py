@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from otel_llm.adapters.attributes import get_float, get_str
 from otel_llm.adapters.observation import EngineKind, EngineObservation
 from otel_llm.assembly.records import Outcome, RequestRecord
 from otel_llm.assembly.segments import build_segments
@@ -67,10 +67,20 @@ class RecordSettings:
     dimensions: tuple[Dimension, ...] = ()
 
 
+def _text(attrs: dict[str, Any], key: str) -> str | None:
+    value = attrs.get(key)
+    return None if value is None else str(value)
+
+
+def _number(attrs: dict[str, Any], key: str) -> float | None:
+    value = attrs.get(key)
+    return None if value is None or isinstance(value, bool) else float(value)
+
+
 def _first_model(spans: list[BufferedSpan], key: str) -> str | None:
     for buffered in spans:
         obs = buffered.observation
-        value = getattr(obs, key) if obs is not None else get_str(buffered.attrs, "gen_ai." + key.replace("_model", ".model"))
+        value = getattr(obs, key) if obs is not None else _text(buffered.attrs, "gen_ai." + key.replace("_model", ".model"))
         if value:
             return value
     return None
@@ -116,14 +126,13 @@ def _resource_attrs(buffered: BufferedSpan) -> dict[str, str]:
 def _edge_ttft(edge: BufferedSpan, settings: RecordSettings) -> float | None:
     for key in settings.edge_ttft_attributes:
         try:
-            value = get_float(edge.attrs, key)
-        except ValueError:
+            value = _number(edge.attrs, key)
+        except (TypeError, ValueError):
             continue
         if value is not None and value >= 0:
             return value
-    for event in edge.span.events:
-        if event.name in settings.edge_ttft_events and event.time_unix_nano >= edge.span.start_time_unix_nano:
-            return (event.time_unix_nano - edge.span.start_time_unix_nano) / 1e9
+    if edge.first_token_event_unix_ns >= edge.start_unix_ns > 0:
+        return (edge.first_token_event_unix_ns - edge.start_unix_ns) / 1e9
     return None
 
 
@@ -133,7 +142,7 @@ def _operation(obs: EngineObservation, gateways: list[BufferedSpan], settings: R
     for buffered in gateways:
         if buffered.observation is not None and buffered.observation.operation_name:
             return buffered.observation.operation_name
-        route = get_str(buffered.attrs, "http.route")
+        route = _text(buffered.attrs, "http.route")
         if route and route in _ROUTE_OPERATIONS:
             return _ROUTE_OPERATIONS[route]
     return settings.default_operation
@@ -147,7 +156,7 @@ def _dimensions(own: BufferedSpan, gateways: list[BufferedSpan], settings: Recor
     for dim in settings.dimensions:
         found = None
         for buffered in (own, *gateways):
-            found = get_str(buffered.attrs, dim.attribute)
+            found = _text(buffered.attrs, dim.attribute)
             if found is not None:
                 break
         if found is None:
@@ -181,14 +190,13 @@ def adjusted_count(trace_state: str) -> float:
 def build_record(buffered: BufferedSpan, gateways: list[BufferedSpan], settings: RecordSettings) -> RequestRecord:
     obs = buffered.observation
     assert obs is not None
-    span = buffered.span
     model, source = resolve_model(obs, gateways, _resource_attrs(buffered) if settings.resource_model_rules else {}, settings)
     request_model = obs.request_model or _first_model(gateways, "request_model") or model
     response_model = obs.response_model or _first_model(gateways, "response_model") or model
     t = buffered.timings
     record = RequestRecord(
-        trace_id=span.trace_id,
-        span_id=span.span_id,
+        trace_id=buffered.trace_id,
+        span_id=buffered.span_id,
         engine_kind=obs.engine_kind,
         adapter=obs.adapter,
         service_name=buffered.service_name,
@@ -202,30 +210,30 @@ def build_record(buffered: BufferedSpan, gateways: list[BufferedSpan], settings:
         error_type=obs.error_type or "",
         server_address=obs.server_address or "",
         server_port=obs.server_port or "",
-        start_unix_ns=span.start_time_unix_nano,
+        start_unix_ns=buffered.start_unix_ns,
         prompt_tokens=obs.prompt_tokens,
         completion_tokens=obs.completion_tokens,
         dimensions=_dimensions(buffered, gateways, settings),
-        weight=adjusted_count(span.trace_state) if span.trace_state else 1.0,
+        weight=adjusted_count(buffered.trace_state) if buffered.trace_state else 1.0,
     )
     if t is not None:
         record.ttft_s, record.e2e_s, record.queue_s = t.ttft_s, t.e2e_s, t.queue_s
         record.prefill_s, record.decode_s, record.inference_s, record.tpot_s = t.prefill_s, t.decode_s, t.inference_s, t.tpot_s
-        record.segments = build_segments(span.start_time_unix_nano, t)
-    if record.e2e_s is None and obs.engine_kind == EngineKind.GENAI and span.end_time_unix_nano > span.start_time_unix_nano:
-        record.e2e_s = (span.end_time_unix_nano - span.start_time_unix_nano) / 1e9
+        record.segments = build_segments(buffered.start_unix_ns, t)
+    if record.e2e_s is None and obs.engine_kind == EngineKind.GENAI and buffered.end_unix_ns > buffered.start_unix_ns:
+        record.e2e_s = (buffered.end_unix_ns - buffered.start_unix_ns) / 1e9
     if record.ttft_s is None and obs.ttft_s is not None:
         record.ttft_s = obs.ttft_s
-    failed_gateway = next((g for g in gateways if g.span.status.code == Status.STATUS_CODE_ERROR), None)
+    failed_gateway = next((g for g in gateways if g.status_code == Status.STATUS_CODE_ERROR), None)
     if failed_gateway is not None and record.outcome != Outcome.ERROR:
         # The client got an error from the edge: that is the request's outcome, whatever the engine saw.
         record.outcome = Outcome.ERROR
-        record.error_type = get_str(failed_gateway.attrs, "error.type") or "_OTHER"
-    servers = [g for g in gateways if g.span.kind == _SERVER]
+        record.error_type = _text(failed_gateway.attrs, "error.type") or "_OTHER"
+    servers = [g for g in gateways if g.kind == _SERVER]
     if servers:
         edge = servers[-1]
-        record.edge_span_id = edge.span.span_id
-        edge_duration = (edge.span.end_time_unix_nano - edge.span.start_time_unix_nano) / 1e9
+        record.edge_span_id = edge.span_id
+        edge_duration = (edge.end_unix_ns - edge.start_unix_ns) / 1e9
         if record.e2e_s is not None and obs.engine_kind != EngineKind.GENAI and edge_duration >= 0:
             record.gateway_overhead_s = max(edge_duration - record.e2e_s, 0.0)
         record.edge_ttft_s = _edge_ttft(edge, settings)
@@ -239,7 +247,7 @@ def _abort_record(buffered: BufferedSpan, gateways: list[BufferedSpan], settings
     if record.outcome == Outcome.ABORT:
         record.error_type = "aborted"
     record.engine_kind = EngineKind.GENAI
-    record.edge_span_id = (gateways[-1] if gateways else buffered).span.span_id
+    record.edge_span_id = (gateways[-1] if gateways else buffered).span_id
     return record
 
 
@@ -256,8 +264,8 @@ def records_of_trace(trace: PendingTrace, settings: RecordSettings) -> list[Requ
         if buffered.observation is None:
             continue
         if buffered.is_engine:
-            gateways = trace.ancestors(buffered.span)
-            gateway_ids.update(g.span.span_id for g in gateways)
+            gateways = trace.ancestors(buffered)
+            gateway_ids.update(g.span_id for g in gateways)
             if buffered.timings is not None or buffered.observation.is_error:
                 records.append(build_record(buffered, gateways, settings))
         else:
@@ -266,14 +274,14 @@ def records_of_trace(trace: PendingTrace, settings: RecordSettings) -> list[Requ
         return records
     # A GenAI span with another GenAI span below it is that one's gateway, not a request of its own.
     for buffered in genai:
-        if buffered.span.span_id in gateway_ids:
+        if buffered.span_id in gateway_ids:
             continue
-        for ancestor in trace.ancestors(buffered.span):
-            gateway_ids.add(ancestor.span.span_id)
+        for ancestor in trace.ancestors(buffered):
+            gateway_ids.add(ancestor.span_id)
     for buffered in genai:
-        if buffered.span.span_id in gateway_ids:
+        if buffered.span_id in gateway_ids:
             continue
-        gateways = trace.ancestors(buffered.span)
+        gateways = trace.ancestors(buffered)
         obs = buffered.observation
         assert obs is not None
         if _has_response(obs) or obs.is_error:

@@ -140,7 +140,7 @@ def kept_trace_request(
             scope_spans = groups[group_key] = resource_spans.scope_spans.add()
             scope_spans.scope.CopyFrom(buffered.scope)
         span = scope_spans.spans.add()
-        span.CopyFrom(buffered.span)
+        span.MergeFromString(buffered.payload)
         redaction.apply(span)
         with_trace_state(span, threshold)
         count += 1

@@ -13,30 +13,46 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from otel_llm.adapters.attributes import AttrMap
 from otel_llm.adapters.observation import EngineObservation
 from otel_llm.assembly.segments import Timings
 
 
 @dataclass(slots=True)
 class BufferedSpan:
-    span: Span
-    resource: Resource
+    """What a trace holds of one span until its decision: the few fields assembly reads, and the
+    span itself as bytes, parsed again only if the trace is kept. Holding protobuf messages instead
+    would pin each whole export request in memory and give the garbage collector ~3x the objects."""
+
+    trace_id: bytes
+    span_id: bytes
+    parent_span_id: bytes
+    kind: int
+    status_code: int
+    start_unix_ns: int
+    end_unix_ns: int
+    trace_state: str
+    payload: bytes  # the span as received (attributes possibly truncated to the configured limits)
+    resource: Resource  # one standalone copy per resource of a request, shared by its spans
     scope: InstrumentationScope
     service_name: str
-    attrs: AttrMap
+    attrs: dict[str, Any]  # plain values of only the keys assembly reads; shared empty dict otherwise
     observation: EngineObservation | None = None
     timings: Timings | None = None
+    first_token_event_unix_ns: int = 0  # a configured first-token event on a SERVER span
 
     @property
     def is_engine(self) -> bool:
         """An engine's own request span (not a GenAI span that may turn out to be a gateway)."""
         return self.observation is not None and not self.observation.may_be_gateway
+
+    def to_span(self) -> Span:
+        return Span.FromString(self.payload)
 
 
 @dataclass(slots=True)
@@ -48,7 +64,7 @@ class PendingTrace:
     has_engine_span: bool = False
     ready_at: float | None = None
 
-    def ancestors(self, span: Span) -> list[BufferedSpan]:
+    def ancestors(self, span: BufferedSpan) -> list[BufferedSpan]:
         """Buffered ancestors of ``span``, nearest first; stops at the first one not (yet) here."""
         chain: list[BufferedSpan] = []
         parent = span.parent_span_id
@@ -58,13 +74,13 @@ class PendingTrace:
             if buffered is None:
                 break
             chain.append(buffered)
-            parent = buffered.span.parent_span_id
+            parent = buffered.parent_span_id
             seen += 1
         return chain
 
-    def is_rooted(self, span: Span) -> bool:
+    def is_rooted(self, span: BufferedSpan) -> bool:
         chain = self.ancestors(span)
-        top = chain[-1].span if chain else span
+        top = chain[-1] if chain else span
         return not top.parent_span_id
 
 
@@ -114,7 +130,7 @@ class TraceAssembler:
             now = self._clock()
             touched: dict[bytes, PendingTrace] = {}
             for buffered in spans:
-                trace_id = buffered.span.trace_id
+                trace_id = buffered.trace_id
                 trace = self._pending.get(trace_id)
                 if trace is None:
                     if trace_id in self._decided:
@@ -129,7 +145,7 @@ class TraceAssembler:
                 if len(trace.spans) >= self._settings.max_spans_per_trace:
                     self.spans_dropped_over_trace_limit += 1
                     continue
-                trace.spans[buffered.span.span_id] = buffered
+                trace.spans[buffered.span_id] = buffered
                 if buffered.is_engine:
                     trace.has_engine_span = True
                 touched[trace_id] = trace
@@ -144,7 +160,7 @@ class TraceAssembler:
         if not trace.has_engine_span:
             return
         for buffered in trace.spans.values():
-            if buffered.is_engine and not trace.is_rooted(buffered.span):
+            if buffered.is_engine and not trace.is_rooted(buffered):
                 return
         if trace.ready_at is None:
             trace.ready_at = now + self._settings.grace_s

@@ -38,7 +38,7 @@ class ErrorsPolicy(Policy):
     def matches(self, trace: PendingTrace, records: list[RequestRecord]) -> bool:
         if any(r.outcome in (Outcome.ERROR, Outcome.ABORT) for r in records):
             return True
-        return any(b.span.status.code == Status.STATUS_CODE_ERROR for b in trace.spans.values())
+        return any(b.status_code == Status.STATUS_CODE_ERROR for b in trace.spans.values())
 
 
 @dataclass
