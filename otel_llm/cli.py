@@ -15,6 +15,18 @@ from otel_llm.config import ConfigError, load_config, parse_duration
 EXIT_CONFIG = 2
 
 
+def tune_garbage_collector() -> None:
+    """The hot path allocates millions of short-lived, acyclic objects; with CPython's default
+    threshold (700) the cyclic collector ran for ~40 % of the pipeline's time (bench profile).
+    Everything alive after start-up is frozen out of collections, and young collections run
+    ~70x less often; reference counting still frees almost everything immediately."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 50, 100)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from otel_llm.service import Service
 
@@ -33,6 +45,7 @@ def _serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"otel-llm: {exc}", file=sys.stderr)
         return 1
+    tune_garbage_collector()
     parts = []
     if service.grpc is not None:
         parts.append(f"OTLP/gRPC :{service.grpc.port}")
