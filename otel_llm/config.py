@@ -292,6 +292,7 @@ class StoreExporter:
     retention: Duration = 86400.0  # kept traces older than this are deleted
     max_size_mib: PositiveInt = 1024  # past this the oldest traces are deleted
     queue_size: PositiveInt = 10_000  # kept traces waiting for the writer
+    max_block: Duration = 5.0  # when the queue is full, how long a decision waits before the trace is dropped
 
 
 @dataclass(frozen=True)

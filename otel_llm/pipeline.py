@@ -39,7 +39,6 @@ KeptTraceSink = Callable[[ExportTraceServiceRequest, int, list[RequestRecord], s
 log = logging.getLogger(__name__)
 
 _SERVER = Span.SPAN_KIND_SERVER
-_NO_ATTRS: dict[str, Any] = {}  # shared by every span with nothing assembly needs: no dict per span
 
 
 @dataclass(slots=True)
@@ -303,10 +302,11 @@ class Pipeline:
                         self.telemetry.spans_truncated.inc()
                     try:
                         observation, attrs = classify(span)
-                        timings = derive_timings(observation, max_latency) if observation is not None else None
+                        if observation is not None:
+                            derive_timings(observation, max_latency)
                     except MalformedSpan as exc:
                         malformed[exc.reason] = malformed.get(exc.reason, 0) + 1
-                        observation, timings, attrs = None, None, {}
+                        observation, attrs = None, {}
                         passed_through += 1
                     else:
                         if observation is None:
@@ -314,16 +314,17 @@ class Pipeline:
                         else:
                             matched[observation.adapter] = matched.get(observation.adapter, 0) + 1
                     kind = span.kind
-                    slim: dict[str, Any] = _NO_ATTRS
+                    slim: tuple[Any, ...] = ()
                     if attrs:
-                        slim = {key: any_value_to_python(attrs[key]) for key in kept_keys if key in attrs} or _NO_ATTRS
+                        slim = tuple(item for key in kept_keys if key in attrs
+                                     for item in (key, any_value_to_python(attrs[key])))
                     first_token_ns = 0
                     if kind == _SERVER and span.events:
                         first_token_ns = next((e.time_unix_nano for e in span.events if e.name in first_token_events), 0)
                     buffered.append(BufferedSpan(
                         span.trace_id, span.span_id, span.parent_span_id, kind, span.status.code,
                         span.start_time_unix_nano, span.end_time_unix_nano, span.trace_state, span.SerializeToString(),
-                        resource, scope, service_name, slim, observation, timings, first_token_ns))
+                        resource, scope, service_name, slim, observation, first_token_ns))
         if passed_through:
             self.telemetry.spans_passed_through.inc(passed_through)
         for adapter, count in matched.items():

@@ -49,7 +49,8 @@ class Service:
         store_config = config.exporters.store
         if store_config is not None and _enabled(config, "exporters", "store"):
             self.store = TraceStore(Path(store_config.path), store_config.retention,
-                                    store_config.max_size_mib * 1024 * 1024, store_config.queue_size, self.registry)
+                                    store_config.max_size_mib * 1024 * 1024, store_config.queue_size, self.registry,
+                                    block_s=store_config.max_block)
             store = self.store
             self.pipeline.sinks["store"] = lambda request, _spans, records, policy: store.submit(request, records, policy)
         self.trace_exporters: list[TraceExporter] = []

@@ -145,7 +145,10 @@ def test_sigterm_under_load_decides_and_exports_everything_accepted(make_server,
     # They wait for a parent in the backend too, until its decision_wait: then they are stored.
     backend.wait_until(lambda s: s.value("otel_llm_traces_completed_total") >= len(accepted), timeout_s=30)
     backend.service.store.flush()
-    assert accepted <= stored_trace_ids(backend.service.store.path)
+    missing = accepted - stored_trace_ids(backend.service.store.path)
+    assert not missing, (f"{len(missing)} of {len(accepted)} accepted traces never reached the backend; "
+                         f"backend store drops: {backend.scrape().value('otel_llm_store_dropped_traces_total')}; "
+                         f"server log:\n{process.log_path.read_text()[-3000:]}")
     assert accepted <= stored_trace_ids(tmp_path / "store")
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
@@ -67,20 +66,20 @@ class RecordSettings:
     dimensions: tuple[Dimension, ...] = ()
 
 
-def _text(attrs: dict[str, Any], key: str) -> str | None:
-    value = attrs.get(key)
+def _text(span: BufferedSpan, key: str) -> str | None:
+    value = span.attr(key)
     return None if value is None else str(value)
 
 
-def _number(attrs: dict[str, Any], key: str) -> float | None:
-    value = attrs.get(key)
+def _number(span: BufferedSpan, key: str) -> float | None:
+    value = span.attr(key)
     return None if value is None or isinstance(value, bool) else float(value)
 
 
 def _first_model(spans: list[BufferedSpan], key: str) -> str | None:
     for buffered in spans:
         obs = buffered.observation
-        value = getattr(obs, key) if obs is not None else _text(buffered.attrs, "gen_ai." + key.replace("_model", ".model"))
+        value = getattr(obs, key) if obs is not None else _text(buffered, "gen_ai." + key.replace("_model", ".model"))
         if value:
             return value
     return None
@@ -126,7 +125,7 @@ def _resource_attrs(buffered: BufferedSpan) -> dict[str, str]:
 def _edge_ttft(edge: BufferedSpan, settings: RecordSettings) -> float | None:
     for key in settings.edge_ttft_attributes:
         try:
-            value = _number(edge.attrs, key)
+            value = _number(edge, key)
         except (TypeError, ValueError):
             continue
         if value is not None and value >= 0:
@@ -142,7 +141,7 @@ def _operation(obs: EngineObservation, gateways: list[BufferedSpan], settings: R
     for buffered in gateways:
         if buffered.observation is not None and buffered.observation.operation_name:
             return buffered.observation.operation_name
-        route = _text(buffered.attrs, "http.route")
+        route = _text(buffered, "http.route")
         if route and route in _ROUTE_OPERATIONS:
             return _ROUTE_OPERATIONS[route]
     return settings.default_operation
@@ -156,7 +155,7 @@ def _dimensions(own: BufferedSpan, gateways: list[BufferedSpan], settings: Recor
     for dim in settings.dimensions:
         found = None
         for buffered in (own, *gateways):
-            found = _text(buffered.attrs, dim.attribute)
+            found = _text(buffered, dim.attribute)
             if found is not None:
                 break
         if found is None:
@@ -193,7 +192,6 @@ def build_record(buffered: BufferedSpan, gateways: list[BufferedSpan], settings:
     model, source = resolve_model(obs, gateways, _resource_attrs(buffered) if settings.resource_model_rules else {}, settings)
     request_model = obs.request_model or _first_model(gateways, "request_model") or model
     response_model = obs.response_model or _first_model(gateways, "response_model") or model
-    t = buffered.timings
     record = RequestRecord(
         trace_id=buffered.trace_id,
         span_id=buffered.span_id,
@@ -216,10 +214,10 @@ def build_record(buffered: BufferedSpan, gateways: list[BufferedSpan], settings:
         dimensions=_dimensions(buffered, gateways, settings),
         weight=adjusted_count(buffered.trace_state) if buffered.trace_state else 1.0,
     )
-    if t is not None:
-        record.ttft_s, record.e2e_s, record.queue_s = t.ttft_s, t.e2e_s, t.queue_s
-        record.prefill_s, record.decode_s, record.inference_s, record.tpot_s = t.prefill_s, t.decode_s, t.inference_s, t.tpot_s
-        record.segments = build_segments(buffered.start_unix_ns, t)
+    record.ttft_s, record.e2e_s, record.queue_s = obs.ttft_s, obs.e2e_s, obs.queue_s
+    record.prefill_s, record.decode_s, record.inference_s, record.tpot_s = (
+        obs.prefill_s, obs.decode_s, obs.inference_s, obs.tpot_s)
+    record.segments = build_segments(buffered.start_unix_ns, obs)
     if record.e2e_s is None and obs.engine_kind == EngineKind.GENAI and buffered.end_unix_ns > buffered.start_unix_ns:
         record.e2e_s = (buffered.end_unix_ns - buffered.start_unix_ns) / 1e9
     if record.ttft_s is None and obs.ttft_s is not None:
@@ -228,7 +226,7 @@ def build_record(buffered: BufferedSpan, gateways: list[BufferedSpan], settings:
     if failed_gateway is not None and record.outcome != Outcome.ERROR:
         # The client got an error from the edge: that is the request's outcome, whatever the engine saw.
         record.outcome = Outcome.ERROR
-        record.error_type = _text(failed_gateway.attrs, "error.type") or "_OTHER"
+        record.error_type = _text(failed_gateway, "error.type") or "_OTHER"
     servers = [g for g in gateways if g.kind == _SERVER]
     if servers:
         edge = servers[-1]
@@ -266,8 +264,7 @@ def records_of_trace(trace: PendingTrace, settings: RecordSettings) -> list[Requ
         if buffered.is_engine:
             gateways = trace.ancestors(buffered)
             gateway_ids.update(g.span_id for g in gateways)
-            if buffered.timings is not None or buffered.observation.is_error:
-                records.append(build_record(buffered, gateways, settings))
+            records.append(build_record(buffered, gateways, settings))
         else:
             genai.append(buffered)
     if not genai:

@@ -90,7 +90,8 @@ def _request_row(record: RequestRecord, policy: str) -> tuple[Any, ...]:
 
 class TraceStore:
     def __init__(self, directory: Path, retention_s: float, max_size_bytes: int, queue_size: int,
-                 registry: CollectorRegistry) -> None:
+                 registry: CollectorRegistry, block_s: float = 5.0) -> None:
+        self._block_s = block_s
         self.path = directory / DB_NAME
         self._directory = directory
         self._retention_s = retention_s
@@ -128,7 +129,9 @@ class TraceStore:
         with self._idle:
             self._pending += 1
         try:
-            self._queue.put_nowait(_Kept(request, records, policy))
+            # A burst of decisions (a shutdown, a backlog) waits for the writer rather than being lost;
+            # the wait backs up into the intake, which refuses retryably. Only a stuck disk drops.
+            self._queue.put(_Kept(request, records, policy), timeout=self._block_s)
             return True
         except queue.Full:
             self._done(1)
