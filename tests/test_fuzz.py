@@ -148,6 +148,7 @@ def test_fuzz_http_and_grpc(server):
             except grpc.RpcError as error:
                 assert error.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED), error
                 outcomes["grpc refused"] = outcomes.get("grpc refused", 0) + 1
+    print(f"\nfuzz: {HTTP_INPUTS + GRPC_INPUTS} inputs -> {dict(sorted(outcomes.items()))}")
     assert sum(outcomes.values()) == HTTP_INPUTS + GRPC_INPUTS
     # Both paths were exercised: some mutations still parse, most don't.
     assert outcomes.get("ok", 0) > 100 and outcomes.get("refused 400", 0) > 1000, outcomes

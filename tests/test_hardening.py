@@ -219,6 +219,7 @@ def test_flood_is_refused_retryably_and_accounted(make_server):
         refused += no
         if hint is not None:
             retry_hints.add(hint)
+    print(f"\nintake flood: sent {sent} spans, accepted {accepted}, refused {refused} (retry hints {sorted(retry_hints)})")
     assert accepted >= 1500 and refused >= sent - 2500, "the intake holds ~1500 spans while the pipeline is stalled"
     assert retry_hints and all(h >= 1 for h in retry_hints), "every refusal carries a retry delay"
     assert accepted + refused == sent
@@ -336,6 +337,8 @@ def test_flood_keeps_rss_under_the_memory_limit(tmp_path):
         scrape = process.scrape()
     finally:
         process.ensure_stopped()
+    print(f"\nmemory flood: sent {sent} spans, accepted {accepted}, refused {refused}, "
+          f"peak RSS {memory['VmHWM'] >> 20} MiB (limit {limit_mib} MiB)")
     assert refused > 0, "the flood must reach the soft limit"
     assert retry_after == {"1"}
     assert accepted + refused == sent

@@ -59,6 +59,8 @@ def test_every_outlier_error_and_abort_is_kept(sampled):
         trace = reader.get_trace(trace_id)
         assert trace is not None, f"error/abort {trace_id} not kept"
         assert trace["summary"]["policy"] == "errors"
+    print(f"\nkept: {len(sent.outliers)} outliers, {len(sent.errors)} errors, {len(sent.aborts)} aborts of "
+          f"{sent.total} requests")
     aborts = reader.list_requests(outcome="abort", limit=10_000)
     assert {r["trace_id"] for r in aborts} == set(sent.aborts)
     assert scrape.value("vllm:request_success_total", finished_reason="abort") == len(sent.aborts)
@@ -70,6 +72,7 @@ def test_baseline_keeps_its_rate(sampled):
         "otel_llm_sampling_decisions_total", policy="none", decision="dropped")
     kept = scrape.value("otel_llm_sampling_decisions_total", policy="baseline", decision="kept")
     assert reached > 0.9 * len(sent.normal)  # "slowest" takes ~1 %, the rest reach the baseline
+    print(f"\nbaseline: kept {kept:.0f} of {reached:.0f} ({kept / reached:.3f}, target {BASELINE_RATE})")
     assert BASELINE_RATE * 0.7 <= kept / reached <= BASELINE_RATE * 1.3
 
 
