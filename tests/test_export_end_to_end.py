@@ -10,7 +10,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 
 from otel_llm.store.sqlite import StoreReader
 from tests.support.otelllm import ServerProcess

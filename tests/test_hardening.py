@@ -11,14 +11,13 @@ from pathlib import Path
 
 import grpc
 import pytest
-from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_llm.simulate.engines import RequestTiming, emit_gateway, emit_vllm_v1, engine_tracer_provider
+from otel_llm.simulate.engines import RequestTiming, emit_vllm_v1, engine_tracer_provider
 from otel_llm.store.sqlite import StoreReader
 from tests.support.payloads import vllm_batch
 from tests.test_bad_input import EXPORT, grpc_raw, http_post

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-SEGMENT_NAMES = ("preprocess", "queue", "prefill", "decode", "postprocess")
+from dataclasses import dataclass
 
 
 class Outcome:
@@ -63,7 +61,6 @@ class RequestRecord:
     segments: tuple[Segment, ...] = ()
     dimensions: tuple[str, ...] = ()  # values of the configured extra dimensions, in config order
     weight: float = 1.0  # adjusted count under upstream probability sampling
-    extra: dict[str, str] = field(default_factory=dict)
 
     @property
     def succeeded(self) -> bool:

@@ -89,8 +89,8 @@ class PendingTrace:
         return not top.parent_span_id
 
 
-CompletedTrace = PendingTrace
-CompletionReason = str  # "ready" | "decision_wait" | "memory_limit" | "shutdown"
+# Why a trace was completed: "ready", "decision_wait", "memory_limit", "memory_pressure", "shutdown".
+CompletionReason = str
 
 
 @dataclass(slots=True, frozen=True)
