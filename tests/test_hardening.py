@@ -45,9 +45,12 @@ def captured_spans(count: int = 1):
 
 
 @pytest.fixture
-def authed(make_server):
+def authed(make_server, tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")  # as a mounted secret would hold it
     auth = {"auth": {"bearer_token": TOKEN}}
-    return make_server({"receivers": {"otlp": {"protocols": {"grpc": auth, "http": auth}}},
+    return make_server({"receivers": {"otlp": {"protocols": {"grpc": auth,
+                                                             "http": {"auth": {"bearer_token_file": str(token_file)}}}}},
                         "exporters": {"prometheus": auth}})
 
 
