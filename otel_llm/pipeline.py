@@ -24,7 +24,8 @@ from otel_llm.assembly.records import RequestRecord
 from otel_llm.assembly.requests import Dimension, RecordSettings, ResourceModelRule, records_of_trace
 from otel_llm.assembly.segments import derive_timings
 from otel_llm.assembly.synthesis import NO_REDACTION, Redaction, kept_trace_request
-from otel_llm.assembly.traces import AssemblySettings, BufferedSpan, PendingTrace, TraceAssembler
+from otel_llm.assembly.traces import FIRST_TOKEN_EVENT, AssemblySettings, BufferedSpan, Origin, PendingTrace, \
+    TraceAssembler
 from otel_llm.config import Config
 from otel_llm.memorylimiter import MemoryLimiter
 from otel_llm.metrics.definitions import genai_naming, own_naming, vllm_naming
@@ -297,6 +298,7 @@ class Pipeline:
             for scope_spans in resource_spans.scope_spans:
                 scope = InstrumentationScope()
                 scope.CopyFrom(scope_spans.scope)
+                origin = Origin(resource, scope, service_name)
                 for span in scope_spans.spans:
                     if limits.exceeded_by(span, may_exceed) and limits.enforce(span):
                         self.telemetry.spans_truncated.inc()
@@ -318,13 +320,14 @@ class Pipeline:
                     if attrs:
                         slim = tuple(item for key in kept_keys if key in attrs
                                      for item in (key, any_value_to_python(attrs[key])))
-                    first_token_ns = 0
                     if kind == _SERVER and span.events:
-                        first_token_ns = next((e.time_unix_nano for e in span.events if e.name in first_token_events), 0)
+                        event_ns = next((e.time_unix_nano for e in span.events if e.name in first_token_events), 0)
+                        if event_ns:
+                            slim += (FIRST_TOKEN_EVENT, event_ns)
                     buffered.append(BufferedSpan(
                         span.trace_id, span.span_id, span.parent_span_id, kind, span.status.code,
                         span.start_time_unix_nano, span.end_time_unix_nano, span.trace_state, span.SerializeToString(),
-                        resource, scope, service_name, slim, observation, first_token_ns))
+                        origin, slim, observation))
         if passed_through:
             self.telemetry.spans_passed_through.inc(passed_through)
         for adapter, count in matched.items():

@@ -27,9 +27,7 @@ class EngineObservation:
     prefill_s: float | None = None
     decode_s: float | None = None
     inference_s: float | None = None
-    preprocess_s: float | None = None  # TGI reports it (validation_time); derived for vLLM
-    postprocess_s: float | None = None  # derived: e2e after the last token
-    tpot_s: float | None = None  # derived: decode / (completion_tokens - 1)
+    preprocess_s: float | None = None  # only engines that report it directly (TGI validation_time)
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     max_tokens: int | None = None

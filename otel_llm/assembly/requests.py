@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from otel_llm.adapters.observation import EngineKind, EngineObservation
 from otel_llm.assembly.records import Outcome, RequestRecord
-from otel_llm.assembly.segments import build_segments
-from otel_llm.assembly.traces import BufferedSpan, PendingTrace
+from otel_llm.assembly.segments import build_segments, derive_timings
+from otel_llm.assembly.traces import FIRST_TOKEN_EVENT, BufferedSpan, PendingTrace
 
 _SERVER = Span.SPAN_KIND_SERVER
 
@@ -130,8 +131,9 @@ def _edge_ttft(edge: BufferedSpan, settings: RecordSettings) -> float | None:
             continue
         if value is not None and value >= 0:
             return value
-    if edge.first_token_event_unix_ns >= edge.start_unix_ns > 0:
-        return (edge.first_token_event_unix_ns - edge.start_unix_ns) / 1e9
+    event_ns = edge.attr(FIRST_TOKEN_EVENT)
+    if event_ns is not None and event_ns >= edge.start_unix_ns > 0:
+        return (event_ns - edge.start_unix_ns) / 1e9
     return None
 
 
@@ -214,10 +216,11 @@ def build_record(buffered: BufferedSpan, gateways: list[BufferedSpan], settings:
         dimensions=_dimensions(buffered, gateways, settings),
         weight=adjusted_count(buffered.trace_state) if buffered.trace_state else 1.0,
     )
-    record.ttft_s, record.e2e_s, record.queue_s = obs.ttft_s, obs.e2e_s, obs.queue_s
+    t = derive_timings(obs, math.inf)  # validated at intake; derived again here, not stored per span
+    record.ttft_s, record.e2e_s, record.queue_s = t.ttft_s, t.e2e_s, t.queue_s
     record.prefill_s, record.decode_s, record.inference_s, record.tpot_s = (
-        obs.prefill_s, obs.decode_s, obs.inference_s, obs.tpot_s)
-    record.segments = build_segments(buffered.start_unix_ns, obs)
+        t.prefill_s, t.decode_s, t.inference_s, t.tpot_s)
+    record.segments = build_segments(buffered.start_unix_ns, t)
     if record.e2e_s is None and obs.engine_kind == EngineKind.GENAI and buffered.end_unix_ns > buffered.start_unix_ns:
         record.e2e_s = (buffered.end_unix_ns - buffered.start_unix_ns) / 1e9
     if record.ttft_s is None and obs.ttft_s is not None:

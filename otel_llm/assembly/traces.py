@@ -22,6 +22,19 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from otel_llm.adapters.observation import EngineObservation
 
 
+@dataclass(slots=True, frozen=True)
+class Origin:
+    """Where a span came from: one standalone copy per resource and scope of a request."""
+
+    resource: Resource
+    scope: InstrumentationScope
+    service_name: str
+
+
+# The time of a configured first-token event on a SERVER span, kept among its attributes.
+FIRST_TOKEN_EVENT = "\x00first_token_event_unix_ns"
+
+
 @dataclass(slots=True)
 class BufferedSpan:
     """What a trace holds of one span until its decision: the few fields assembly reads, and the
@@ -37,12 +50,21 @@ class BufferedSpan:
     end_unix_ns: int
     trace_state: str
     payload: bytes  # the span as received (attributes possibly truncated to the configured limits)
-    resource: Resource  # one standalone copy per resource of a request, shared by its spans
-    scope: InstrumentationScope
-    service_name: str
+    origin: Origin  # shared by every span of one resource and scope in a request
     attrs: tuple[Any, ...]  # (key, value, key, value, ...) of only the keys assembly reads; () otherwise
-    observation: EngineObservation | None = None  # validated, with its derived timings
-    first_token_event_unix_ns: int = 0  # a configured first-token event on a SERVER span
+    observation: EngineObservation | None = None  # validated by its adapter and derive_timings
+
+    @property
+    def resource(self) -> Resource:
+        return self.origin.resource
+
+    @property
+    def scope(self) -> InstrumentationScope:
+        return self.origin.scope
+
+    @property
+    def service_name(self) -> str:
+        return self.origin.service_name
 
     @property
     def is_engine(self) -> bool:
@@ -65,7 +87,6 @@ class PendingTrace:
     trace_id: bytes
     first_seen: float
     spans: dict[bytes, BufferedSpan] = field(default_factory=dict)
-    unrooted_engine_spans: int = 0
     has_engine_span: bool = False
     ready_at: float | None = None
 
