@@ -116,7 +116,7 @@ class ApiReader:
 def _traces(args: argparse.Namespace) -> int:
     from otel_llm.traceview import render_table
 
-    since = int((time.time() - args.since) * 1e9) if args.since else None
+    since = int((time.time() - args.since) * 1e9) if args.since is not None else None
     try:
         rows = _reader(args).list_requests(model=args.model, outcome=args.outcome, service=args.service,
                                            sort=args.sort, limit=args.limit, since_unix_ns=since)

@@ -1,7 +1,9 @@
-"""The trace pipeline: decoded OTLP requests in, request records out to metrics.
+"""The trace pipeline: decoded OTLP requests in; request records, metrics and kept traces out.
 
-Receivers call ``consume`` from their threads. Per span it does the least Python work that the
-metrics need: one attribute map, one adapter, validation; everything else stays protobuf.
+Receivers call ``admit`` from their threads (id checks, then the bounded intake); one worker thread
+runs ``consume``, which does the least Python work the metrics need per span (an adapter reading
+only the keys it uses, validation) and buffers each span as bytes plus a few fields; a ticker
+completes traces: records, metrics, the sampling decision, and delivery of kept traces.
 """
 
 from __future__ import annotations
@@ -68,22 +70,19 @@ def _valid_ids(span: Span) -> bool:
             and (not parent or len(parent) == 8))
 
 
-def _drop_invalid(request: ExportTraceServiceRequest) -> int:
-    """Remove spans with unusable ids in place (rare path); returns how many."""
-    rejected = 0
+def _drop_invalid(request: ExportTraceServiceRequest) -> None:
+    """Remove spans with unusable ids in place (the rare path, once ``admit`` has counted them)."""
     for resource_spans in request.resource_spans:
         for scope_spans in resource_spans.scope_spans:
             spans = scope_spans.spans
             if all(_valid_ids(span) for span in spans):
                 continue
             keep = [span for span in spans if _valid_ids(span)]
-            rejected += len(spans) - len(keep)
             kept_copies = [Span() for _ in keep]
             for copy, span in zip(kept_copies, keep):
                 copy.CopyFrom(span)
             del spans[:]
             spans.extend(kept_copies)
-    return rejected
 
 
 @dataclass(slots=True, frozen=True)
@@ -156,13 +155,6 @@ class Intake:
         with self._cond:
             self.closed = True
             return self._cond.wait_for(lambda: self.queued_spans == 0, timeout=timeout_s)
-
-
-def _service_name(resource: Resource) -> str:
-    for kv in resource.attributes:
-        if kv.key == "service.name":
-            return kv.value.string_value or "unknown_service"
-    return "unknown_service"
 
 
 def record_settings(config: Config) -> RecordSettings:
@@ -294,11 +286,13 @@ class Pipeline:
             # Standalone copies, shared by this resource's spans, so buffered spans never pin the request.
             resource = Resource()
             resource.CopyFrom(resource_spans.resource)
-            service_name = _service_name(resource)
+            resource_strings = {kv.key: kv.value.string_value for kv in resource.attributes
+                                if kv.value.HasField("string_value")}
+            service_name = resource_strings.get("service.name") or "unknown_service"
             for scope_spans in resource_spans.scope_spans:
                 scope = InstrumentationScope()
                 scope.CopyFrom(scope_spans.scope)
-                origin = Origin(resource, scope, service_name)
+                origin = Origin(resource, scope, service_name, resource_strings)
                 for span in scope_spans.spans:
                     if limits.exceeded_by(span, may_exceed) and limits.enforce(span):
                         self.telemetry.spans_truncated.inc()

@@ -125,6 +125,19 @@ def test_api_lists_and_sorts(sampled):
     assert len(errors) == len(sent.aborts)
     model_rows = api(server, "/api/traces?model=qwen2.5-7b&limit=1000")["traces"]
     assert model_rows and all(r["model"] == "qwen2.5-7b" for r in model_rows)
+    service_rows = api(server, "/api/traces?service=vllm-qwen2.5-7b&limit=1000")["traces"]
+    # Aborts of that model have the gateway's service: the filters select different rows.
+    assert service_rows and all(r["service_name"] == "vllm-qwen2.5-7b" for r in service_rows)
+    assert {r["trace_id"] for r in service_rows} == {
+        r["trace_id"] for r in model_rows if r["service_name"] == "vllm-qwen2.5-7b"}
+    everything = api(server, "/api/traces?limit=10000")["traces"]
+    starts = sorted(r["start_time_unix_nano"] for r in everything)
+    middle = starts[len(starts) // 2]
+    later = api(server, f"/api/traces?since={middle}&limit=10000")["traces"]
+    earlier = api(server, f"/api/traces?until={middle}&limit=10000")["traces"]
+    assert later and earlier and len(later) + len(earlier) == len(everything)
+    assert all(r["start_time_unix_nano"] >= middle for r in later)
+    assert all(r["start_time_unix_nano"] < middle for r in earlier)
     with pytest.raises(urllib.error.HTTPError) as info:
         api(server, "/api/traces/" + "0" * 32)
     assert info.value.code == 404
@@ -152,6 +165,13 @@ def test_cli_table_and_waterfall(sampled):
     queue = next(s for s in trace["spans"] if s["name"] == "queue")
     queue_ms = (queue["end_time_unix_nano"] - queue["start_time_unix_nano"]) / 1e6
     assert f"{queue_ms:.1f} ms" in text
+    # The workload's requests started 1-60 s before it was sent: --since 0s keeps none of them.
+    recent = subprocess.run([sys.executable, "-m", "otel_llm", "traces", "--store", store, "--since", "0s"],
+                            capture_output=True, text=True, timeout=30)
+    assert recent.returncode == 0 and recent.stdout == "no kept requests match\n"
+    hour = subprocess.run([sys.executable, "-m", "otel_llm", "traces", "--store", store, "--since", "1h",
+                           "--limit", "5"], capture_output=True, text=True, timeout=30)
+    assert len(hour.stdout.splitlines()) == 6
     missing = subprocess.run([sys.executable, "-m", "otel_llm", "trace", "f" * 32, "--store", store],
                              capture_output=True, text=True, timeout=30)
     assert missing.returncode == 1 and "not in the store" in missing.stderr

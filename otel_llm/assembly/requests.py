@@ -77,10 +77,15 @@ def _number(span: BufferedSpan, key: str) -> float | None:
     return None if value is None or isinstance(value, bool) else float(value)
 
 
-def _first_model(spans: list[BufferedSpan], key: str) -> str | None:
+_REQUEST_MODEL = ("request_model", "gen_ai.request.model")  # (observation field, span attribute)
+_RESPONSE_MODEL = ("response_model", "gen_ai.response.model")
+
+
+def _first_model(spans: list[BufferedSpan], which: tuple[str, str]) -> str | None:
+    field_name, attribute = which
     for buffered in spans:
         obs = buffered.observation
-        value = getattr(obs, key) if obs is not None else _text(buffered, "gen_ai." + key.replace("_model", ".model"))
+        value = getattr(obs, field_name) if obs is not None else _text(buffered, attribute)
         if value:
             return value
     return None
@@ -94,10 +99,10 @@ def resolve_model(
         return own.response_model, "span:gen_ai.response.model"
     if own.request_model:
         return own.request_model, "span:gen_ai.request.model"
-    for key, label in (("response_model", "gen_ai.response.model"), ("request_model", "gen_ai.request.model")):
-        value = _first_model(gateways, key)
+    for which in (_RESPONSE_MODEL, _REQUEST_MODEL):
+        value = _first_model(gateways, which)
         if value:
-            return value, f"gateway:{label}"
+            return value, f"gateway:{which[1]}"
     for rule in settings.resource_model_rules:
         raw = resource_attr.get(rule.attribute)
         if raw is None:
@@ -117,10 +122,6 @@ def _outcome(obs: EngineObservation) -> str:
     if obs.max_tokens and obs.completion_tokens is not None and obs.completion_tokens >= obs.max_tokens:
         return Outcome.LENGTH
     return Outcome.UNKNOWN
-
-
-def _resource_attrs(buffered: BufferedSpan) -> dict[str, str]:
-    return {kv.key: kv.value.string_value for kv in buffered.resource.attributes if kv.value.HasField("string_value")}
 
 
 def _edge_ttft(edge: BufferedSpan, settings: RecordSettings) -> float | None:
@@ -153,7 +154,6 @@ def _dimensions(own: BufferedSpan, gateways: list[BufferedSpan], settings: Recor
     if not settings.dimensions:
         return ()
     values: list[str] = []
-    resource = None
     for dim in settings.dimensions:
         found = None
         for buffered in (own, *gateways):
@@ -161,8 +161,7 @@ def _dimensions(own: BufferedSpan, gateways: list[BufferedSpan], settings: Recor
             if found is not None:
                 break
         if found is None:
-            resource = resource if resource is not None else _resource_attrs(own)
-            found = resource.get(dim.attribute)
+            found = own.origin.resource_strings.get(dim.attribute)
         values.append(found if found in dim.allowed else dim.other)
     return tuple(values)
 
@@ -191,9 +190,9 @@ def adjusted_count(trace_state: str) -> float:
 def build_record(buffered: BufferedSpan, gateways: list[BufferedSpan], settings: RecordSettings) -> RequestRecord:
     obs = buffered.observation
     assert obs is not None
-    model, source = resolve_model(obs, gateways, _resource_attrs(buffered) if settings.resource_model_rules else {}, settings)
-    request_model = obs.request_model or _first_model(gateways, "request_model") or model
-    response_model = obs.response_model or _first_model(gateways, "response_model") or model
+    model, source = resolve_model(obs, gateways, buffered.origin.resource_strings, settings)
+    request_model = obs.request_model or _first_model(gateways, _REQUEST_MODEL) or model
+    response_model = obs.response_model or _first_model(gateways, _RESPONSE_MODEL) or model
     record = RequestRecord(
         trace_id=buffered.trace_id,
         span_id=buffered.span_id,
@@ -223,8 +222,6 @@ def build_record(buffered: BufferedSpan, gateways: list[BufferedSpan], settings:
     record.segments = build_segments(buffered.start_unix_ns, t)
     if record.e2e_s is None and obs.engine_kind == EngineKind.GENAI and buffered.end_unix_ns > buffered.start_unix_ns:
         record.e2e_s = (buffered.end_unix_ns - buffered.start_unix_ns) / 1e9
-    if record.ttft_s is None and obs.ttft_s is not None:
-        record.ttft_s = obs.ttft_s
     failed_gateway = next((g for g in gateways if g.status_code == Status.STATUS_CODE_ERROR), None)
     if failed_gateway is not None and record.outcome != Outcome.ERROR:
         # The client got an error from the edge: that is the request's outcome, whatever the engine saw.
@@ -241,8 +238,9 @@ def build_record(buffered: BufferedSpan, gateways: list[BufferedSpan], settings:
     return record
 
 
-def _abort_record(buffered: BufferedSpan, gateways: list[BufferedSpan], settings: RecordSettings) -> RequestRecord:
-    """A GenAI/gateway span that never led to an engine span nor reported a response: a client abort."""
+def _unanswered_record(buffered: BufferedSpan, gateways: list[BufferedSpan], settings: RecordSettings) -> RequestRecord:
+    """A GenAI/gateway span with no engine span below it that failed (error) or never reported a
+    response (a client abort: vLLM emits no span for those)."""
     record = build_record(buffered, gateways, settings)
     record.outcome = Outcome.ERROR if buffered.observation and buffered.observation.is_error else Outcome.ABORT
     if record.outcome == Outcome.ABORT:
@@ -284,11 +282,6 @@ def records_of_trace(trace: PendingTrace, settings: RecordSettings) -> list[Requ
         gateways = trace.ancestors(buffered)
         obs = buffered.observation
         assert obs is not None
-        if _has_response(obs) or obs.is_error:
-            if obs.is_error:
-                records.append(_abort_record(buffered, gateways, settings))
-            else:
-                records.append(build_record(buffered, gateways, settings))
-        else:
-            records.append(_abort_record(buffered, gateways, settings))
+        answered = _has_response(obs) and not obs.is_error
+        records.append((build_record if answered else _unanswered_record)(buffered, gateways, settings))
     return records

@@ -17,7 +17,6 @@ from typing import Any
 
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
-from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from otel_llm.adapters.observation import EngineObservation
 
@@ -29,6 +28,9 @@ class Origin:
     resource: Resource
     scope: InstrumentationScope
     service_name: str
+    # The resource's string attributes, read once per request rather than once per request record
+    # (model mapping and dimensions fall back to them).
+    resource_strings: dict[str, str]
 
 
 # The time of a configured first-token event on a SERVER span, kept among its attributes.
@@ -77,9 +79,6 @@ class BufferedSpan:
             if attrs[index] == key:
                 return attrs[index + 1]
         return None
-
-    def to_span(self) -> Span:
-        return Span.FromString(self.payload)
 
 
 @dataclass(slots=True)
