@@ -43,21 +43,57 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # --- /proc readers (also used by the orchestrator) ------------------------------------------
 
-def proc_cpu_seconds(pid: int) -> float:
-    """utime + stime of every thread of ``pid``, in seconds."""
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants (otel-llm runs its receivers in a child process)."""
+    pids, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        pids.append(current)
+        try:
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children", encoding="ascii") as f:
+                    todo.extend(int(child) for child in f.read().split())
+        except OSError:
+            continue
+    return pids
+
+
+def _one_cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat", encoding="ascii") as f:
         data = f.read()
     rest = data[data.rindex(")") + 2:].split()
     return (int(rest[11]) + int(rest[12])) / CLK_TCK
 
 
-def proc_status_kib(pid: int, key: str) -> int:
-    """A ``kB`` line of /proc/PID/status, e.g. ``VmRSS`` or ``VmHWM``."""
+def proc_cpu_seconds(pid: int) -> float:
+    """utime + stime of every thread of ``pid`` and of its live child processes, in seconds."""
+    total = 0.0
+    for member in process_tree(pid):
+        try:
+            total += _one_cpu_seconds(member)
+        except OSError:
+            pass  # exited meanwhile
+    return total
+
+
+def _one_status_kib(pid: int, key: str) -> int:
     with open(f"/proc/{pid}/status", encoding="ascii") as f:
         for line in f:
             if line.startswith(key + ":"):
                 return int(line.split()[1])
     raise KeyError(key)
+
+
+def proc_status_kib(pid: int, key: str) -> int:
+    """A ``kB`` line of /proc/PID/status (``VmRSS``, ``VmHWM``), summed over ``pid`` and its live
+    child processes (for ``VmHWM`` an upper bound: the peaks need not coincide)."""
+    total = 0
+    for member in process_tree(pid):
+        try:
+            total += _one_status_kib(member, key)
+        except OSError:
+            pass
+    return total
 
 
 def self_cpu_seconds() -> float:

@@ -50,15 +50,19 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     tune_runtime()
     parts = []
-    if service.grpc is not None:
-        parts.append(f"OTLP/gRPC :{service.grpc.port}")
-    if service.http is not None:
-        parts.append(f"OTLP/HTTP :{service.http.port}")
+    if service.grpc_port:
+        parts.append(f"OTLP/gRPC :{service.grpc_port}")
+    if service.http_port:
+        parts.append(f"OTLP/HTTP :{service.http_port}")
     if service.prometheus is not None:
         parts.append(f"metrics :{service.prometheus.port}/metrics")
     print(f"otel-llm {__version__} ready: {', '.join(parts)}", flush=True)
     while not stop.wait(0.5):  # a timed wait lets the main thread run signal handlers promptly
-        pass
+        if service.failed:
+            print("otel-llm: the receiver process died; stopping (completing pending traces)", file=sys.stderr,
+                  flush=True)
+            service.stop()
+            return 1
     print("otel-llm: stopping (completing pending traces)", flush=True)
     service.stop()
     return 0

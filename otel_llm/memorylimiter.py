@@ -34,20 +34,46 @@ def available_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def memory_limits(settings: MemoryLimiterProcessor) -> tuple[int, int]:
+    """(hard limit, spike allowance) in bytes; refusing starts at ``limit - spike``."""
+    limit = settings.limit_mib * 1024 * 1024 or int(available_memory_bytes() * settings.limit_percentage / 100)
+    return limit, settings.spike_limit_mib * 1024 * 1024 or limit // 5
+
+
 class MemoryLimiter:
     def __init__(self, settings: MemoryLimiterProcessor, shed: Callable[[], int],
-                 rss: Callable[[], int] = rss_bytes) -> None:
-        limit = settings.limit_mib * 1024 * 1024 or int(available_memory_bytes() * settings.limit_percentage / 100)
-        spike = settings.spike_limit_mib * 1024 * 1024 or limit // 5
+                 rss: Callable[[], int] = rss_bytes, on_change: Callable[[bool], None] = lambda refusing: None) -> None:
+        limit, spike = memory_limits(settings)
         self.limit_bytes = limit
         self.soft_limit_bytes = limit - spike
         self._interval = settings.check_interval
         self._shed = shed
         self._rss = rss
-        self.refusing = False
+        self._refusing = False
+        self._on_change = on_change  # tells the receivers, which live in another process
         self.refusals_started = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @property
+    def refusing(self) -> bool:
+        return self._refusing
+
+    @refusing.setter
+    def refusing(self, value: bool) -> None:
+        if value != self._refusing:
+            self._refusing = value
+            self._on_change(value)
+
+    def refuse_if_over(self, pending_bytes: int) -> None:
+        """The data path's check, as requests arrive: receivers admit far faster than one
+        ``check_interval`` allows for, and RSS shows a request only once it is processed, so what is
+        admitted and still pending counts at its buffered size (~2.5x its wire size). Refusing starts
+        at once; shedding and recovery stay periodic."""
+        if not self._refusing and self._rss() + pending_bytes * 5 // 2 > self.soft_limit_bytes:
+            self.refusals_started += 1
+            log.warning("memory above the soft limit %d MiB: refusing data", self.soft_limit_bytes >> 20)
+            self.refusing = True
 
     def check(self) -> None:
         rss = self._rss()
@@ -56,7 +82,7 @@ class MemoryLimiter:
                 log.info("memory back under the soft limit (%d MiB): accepting data again", rss >> 20)
             self.refusing = False
             return
-        if not self.refusing:
+        if not self._refusing:
             self.refusals_started += 1
             log.warning("memory %d MiB above the soft limit %d MiB: refusing data, completing traces early",
                         rss >> 20, self.soft_limit_bytes >> 20)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from otel_llm.memorylimiter import MemoryLimiter
 from otel_llm.metrics.definitions import genai_naming, own_naming, vllm_naming
 from otel_llm.metrics.recorder import MetricsRecorder
 from otel_llm.metrics.selftelemetry import SelfTelemetry
+from otel_llm.receivers.process import IntakeState
 from otel_llm.sampling.sampler import Decision, TailSampler
 
 # A destination for kept traces (the store, an OTLP exporter): the request, its span count, its
@@ -51,38 +53,6 @@ class Remembered:
 
     decision: Decision
     measured: set[bytes]
-
-
-@dataclass(slots=True, frozen=True)
-class Admission:
-    """A receiver's answer: how many spans were taken, rejected (partial success), or why all were refused."""
-
-    accepted: int
-    rejected: int = 0
-    error_message: str = ""
-    refused: str = ""  # "" | "queue_full" | "memory_limit" | "shutting_down": retryable, nothing taken
-    retry_after_s: int = 0
-
-
-def _valid_ids(span: Span) -> bool:
-    trace_id, span_id, parent = span.trace_id, span.span_id, span.parent_span_id
-    return (len(trace_id) == 16 and len(span_id) == 8 and any(trace_id) and any(span_id)
-            and (not parent or len(parent) == 8))
-
-
-def _drop_invalid(request: ExportTraceServiceRequest) -> None:
-    """Remove spans with unusable ids in place (the rare path, once ``admit`` has counted them)."""
-    for resource_spans in request.resource_spans:
-        for scope_spans in resource_spans.scope_spans:
-            spans = scope_spans.spans
-            if all(_valid_ids(span) for span in spans):
-                continue
-            keep = [span for span in spans if _valid_ids(span)]
-            kept_copies = [Span() for _ in keep]
-            for copy, span in zip(kept_copies, keep):
-                copy.CopyFrom(span)
-            del spans[:]
-            spans.extend(kept_copies)
 
 
 @dataclass(slots=True, frozen=True)
@@ -118,26 +88,34 @@ class AttributeLimits:
 
 
 class Intake:
-    """Bounded hand-off from receiver threads to the pipeline worker: receivers answer as soon as
-    data is queued, and a full queue is a retryable refusal, never unbounded memory or a silent drop."""
+    """The pipeline's end of the intake: requests the receiver process admitted, as bytes, until the
+    worker has processed them. Its bound is enforced where requests are admitted (``IntakeState``):
+    a full intake is a retryable refusal there, never unbounded memory or a silent drop here."""
 
-    def __init__(self, max_spans: int) -> None:
-        self.max_spans = max_spans
-        self.queued_spans = 0
-        self._items: deque[tuple[ExportTraceServiceRequest, int]] = deque()
+    def __init__(self, state: IntakeState) -> None:
+        self.state = state
+        self._items: deque[tuple[bytes, int]] = deque()
         self._cond = threading.Condition()
-        self.closed = False
+        self.held_spans = 0  # arrived here and not yet processed
+        self.held_bytes = 0
 
-    def offer(self, request: ExportTraceServiceRequest, spans: int) -> bool:
+    @property
+    def queued_spans(self) -> int:
+        """Admitted and not yet processed, including what is still on its way from the receivers."""
+        return self.state.queued_spans
+
+    @property
+    def closed(self) -> bool:
+        return self.state.closed
+
+    def put(self, payload: bytes, spans: int) -> None:
         with self._cond:
-            if self.closed or (self.queued_spans + spans > self.max_spans and self.queued_spans > 0):
-                return False
-            self._items.append((request, spans))
-            self.queued_spans += spans
+            self._items.append((payload, spans))
+            self.held_spans += spans
+            self.held_bytes += len(payload)
             self._cond.notify()
-            return True
 
-    def take(self, timeout_s: float) -> tuple[ExportTraceServiceRequest, int] | None:
+    def take(self, timeout_s: float) -> tuple[bytes, int] | None:
         with self._cond:
             if not self._items:
                 self._cond.wait(timeout_s)
@@ -145,16 +123,30 @@ class Intake:
                 return None
             return self._items.popleft()
 
-    def done(self, spans: int) -> None:
+    def done(self, payload: bytes, spans: int) -> None:
+        self.state.release(spans, len(payload))
         with self._cond:
-            self.queued_spans -= spans
+            self.held_spans -= spans
+            self.held_bytes -= len(payload)
             self._cond.notify_all()
 
-    def close_and_wait(self, timeout_s: float) -> bool:
-        """Stop taking data; wait until everything queued has been processed."""
+    def forget_in_flight(self) -> int:
+        """The receivers are gone: what they admitted and never sent will not come. Returns that count."""
         with self._cond:
-            self.closed = True
-            return self._cond.wait_for(lambda: self.queued_spans == 0, timeout=timeout_s)
+            return self.state.reset_queued(self.held_spans, self.held_bytes)
+
+    def close_and_wait(self, timeout_s: float) -> bool:
+        """Refuse new data; wait until everything admitted has been processed."""
+        self.state.close()
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            # Spans still on their way from the receivers do not notify: poll for them.
+            while self.state.queued_spans > 0:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(min(remaining, 0.05))
+            return True
 
 
 def record_settings(config: Config) -> RecordSettings:
@@ -170,7 +162,7 @@ def record_settings(config: Config) -> RecordSettings:
 
 
 class Pipeline:
-    def __init__(self, config: Config, telemetry: SelfTelemetry) -> None:
+    def __init__(self, config: Config, telemetry: SelfTelemetry, intake: IntakeState) -> None:
         metrics_config = config.processors.llm_metrics
         sampling = config.processors.tail_sampling
         namings = []
@@ -216,59 +208,35 @@ class Pipeline:
         self._tick_lock = threading.Lock()
         self._ticker: threading.Thread | None = None
         self._worker: threading.Thread | None = None
-        otlp = config.receivers.otlp
-        self.intake = Intake(otlp.max_queued_spans if otlp is not None else 200_000)
+        self.intake = Intake(intake)
         telemetry.intake_queued_spans.set_function(lambda: self.intake.queued_spans)
-        self.memory_limiter = MemoryLimiter(config.processors.memory_limiter, shed=self.assembler.shed)
+        self.memory_limiter = MemoryLimiter(config.processors.memory_limiter, shed=self.assembler.shed,
+                                            on_change=intake.set_refusing)
 
     # --- intake ----------------------------------------------------------------------------
 
-    def admit(self, request: ExportTraceServiceRequest, protocol: str) -> Admission:
-        """Called by receivers: validate ids (answered as partial success), then queue or refuse."""
-        telemetry = self.telemetry
-        spans = sum(len(scope_spans.spans) for resource_spans in request.resource_spans
-                    for scope_spans in resource_spans.scope_spans)
-        refused = ""
-        if self.intake.closed:
-            refused = "shutting_down"
-        elif self.memory_limiter.refusing:
-            refused = "memory_limit"
-        if refused:
-            telemetry.spans_refused.labels(protocol, refused).inc(spans)
-            return Admission(0, refused=refused, retry_after_s=1 if refused == "memory_limit" else 5)
-        rejected = 0
-        for resource_spans in request.resource_spans:
-            for scope_spans in resource_spans.scope_spans:
-                for span in scope_spans.spans:
-                    if not _valid_ids(span):
-                        rejected += 1
-        message = ""
-        if rejected:
-            _drop_invalid(request)
-            telemetry.spans_refused.labels(protocol, "invalid_id").inc(rejected)
-            message = f"{rejected} spans rejected: invalid trace_id, span_id or parent_span_id (need 16/8/8 non-zero bytes)"
-        accepted = spans - rejected
-        if accepted and not self.intake.offer(request, accepted):
-            telemetry.spans_refused.labels(protocol, "queue_full").inc(accepted)
-            return Admission(0, rejected, message, refused="queue_full", retry_after_s=1)
-        telemetry.spans_received.labels(protocol).inc(accepted)
-        return Admission(accepted, rejected, message)
+    def receive(self, payload: bytes, spans: int, protocol: str) -> None:
+        """A request the receiver process admitted (ids checked, room reserved): queue it for the worker."""
+        self.intake.put(payload, spans)
+        self.memory_limiter.refuse_if_over(self.intake.state.queued_bytes)
 
     def _work(self) -> None:
         while True:
             item = self.intake.take(timeout_s=0.5)
             if item is None:
-                if self.intake.closed and self.intake.queued_spans == 0:
+                if self._stop.is_set():
                     return
                 continue
-            request, spans = item
+            payload, spans = item
             try:
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(payload)  # decoded once already in the receiver process
                 self.consume(request)
             except Exception:  # one bad batch must not stop the pipeline; it is counted
                 log.exception("processing an export request failed")
                 self.telemetry.spans_dropped.labels("processing_error").inc(spans)
             finally:
-                self.intake.done(spans)
+                self.intake.done(payload, spans)
 
     def consume(self, request: ExportTraceServiceRequest) -> None:
         """Adapters, validation, buffering: the pipeline worker's per-request work (ids already checked)."""

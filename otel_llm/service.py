@@ -14,10 +14,10 @@ from otel_llm.exporters.batching import ExportBatcher
 from otel_llm.exporters.otlp_traces import TraceExporter
 from otel_llm.exporters.prometheus import PrometheusEndpoint
 from otel_llm.metrics.exposition import RecorderCollector
+from otel_llm.memorylimiter import memory_limits
 from otel_llm.metrics.selftelemetry import SelfTelemetry
 from otel_llm.pipeline import Pipeline
-from otel_llm.receivers.otlp_grpc import OtlpGrpcReceiver
-from otel_llm.receivers.otlp_http import OtlpHttpReceiver
+from otel_llm.receivers.process import IntakeState, ReceiverCounters, ReceiverProcess, spawn_context
 from otel_llm.store.sqlite import StoreReader, TraceStore
 
 log = logging.getLogger(__name__)
@@ -32,19 +32,22 @@ class Service:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.registry = CollectorRegistry(auto_describe=False)
-        self.telemetry = SelfTelemetry(self.registry)
-        self.pipeline = Pipeline(config, self.telemetry)
+        otlp = config.receivers.otlp
+        context = spawn_context()
+        counters = ReceiverCounters(context)
+        self.telemetry = SelfTelemetry(self.registry, counters)
+        # Queued request bytes grow ~2.5x once buffered (wire ~600 B, buffered ~1.5 KB per span): a
+        # quarter of the spike allowance keeps a full intake, processed, within it.
+        _, spike_bytes = memory_limits(config.processors.memory_limiter)
+        intake = IntakeState(context, otlp.max_queued_spans if otlp is not None else 200_000, spike_bytes // 4)
+        self.pipeline = Pipeline(config, self.telemetry, intake)
         self.registry.register(RecorderCollector(self.pipeline.recorder))
         self.ready = threading.Event()
-        self.grpc: OtlpGrpcReceiver | None = None
-        self.http: OtlpHttpReceiver | None = None
+        self.receivers: ReceiverProcess | None = None
         self.prometheus: PrometheusEndpoint | None = None
-        otlp = config.receivers.otlp
-        if otlp is not None and _enabled(config, "receivers", "otlp"):
-            if otlp.protocols.grpc is not None:
-                self.grpc = OtlpGrpcReceiver(otlp.protocols.grpc, self.pipeline)
-            if otlp.protocols.http is not None:
-                self.http = OtlpHttpReceiver(otlp.protocols.http, self.pipeline)
+        if otlp is not None and _enabled(config, "receivers", "otlp") and \
+                (otlp.protocols.grpc is not None or otlp.protocols.http is not None):
+            self.receivers = ReceiverProcess(otlp, intake, counters, self.pipeline.receive, context)
         self.store: TraceStore | None = None
         store_config = config.exporters.store
         if store_config is not None and _enabled(config, "exporters", "store"):
@@ -69,6 +72,19 @@ class Service:
             reader = StoreReader(self.store.path) if self.store is not None else None
             self.prometheus = PrometheusEndpoint(config.exporters.prometheus, self.registry, self.ready, reader)
 
+    @property
+    def grpc_port(self) -> int:
+        return self.receivers.grpc_port if self.receivers is not None else 0
+
+    @property
+    def http_port(self) -> int:
+        return self.receivers.http_port if self.receivers is not None else 0
+
+    @property
+    def failed(self) -> bool:
+        """A part died that the process cannot run without (the receiver process)."""
+        return self.receivers is not None and self.receivers.exited_unexpectedly.is_set()
+
     def start(self) -> None:
         """Start everything; ``/readyz`` turns 200 only once every receiver listens."""
         if self.store is not None:
@@ -78,18 +94,12 @@ class Service:
                 raise OSError(f"exporters.store.path: cannot open {self.store.path}: {exc}") from None
         for exporter in self.trace_exporters:
             exporter.start()
-        started: list[object] = []
         try:
             if self.prometheus is not None:
                 self.prometheus.start()
-                started.append(self.prometheus)
             self.pipeline.start()
-            if self.grpc is not None:
-                self.grpc.start()
-                started.append(self.grpc)
-            if self.http is not None:
-                self.http.start()
-                started.append(self.http)
+            if self.receivers is not None:
+                self.receivers.start()
         except Exception:
             self.stop()
             raise
@@ -99,10 +109,12 @@ class Service:
         """Stop accepting, complete every pending trace, then close the metrics endpoint last."""
         grace = self.config.service.shutdown_grace if grace_s is None else grace_s
         self.ready.clear()
-        if self.grpc is not None:
-            self.grpc.stop(grace)
-        if self.http is not None:
-            self.http.stop()
+        if self.receivers is not None:
+            self.receivers.stop(grace)  # returns once everything they admitted is in the intake
+            if self.receivers.exited_unexpectedly.is_set():
+                lost = self.pipeline.intake.forget_in_flight()
+                if lost > 0:
+                    self.telemetry.spans_dropped.labels("receiver_exit").inc(lost)
         self.pipeline.shutdown()  # every pending trace decided and handed to the store and exporters
         if self.store is not None:
             self.store.shutdown(grace)

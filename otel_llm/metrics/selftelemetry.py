@@ -2,20 +2,48 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from otel_llm.receivers.process import ReceiverCounters
+
+
+class ReceiverCountersCollector(Collector):
+    """The receiver process's counters (shared memory), as ordinary counter families. Refusal series
+    appear once non-zero, as labelled ``Counter`` children appear once used."""
+
+    def __init__(self, counters: ReceiverCounters) -> None:
+        self._counters = counters
+
+    def collect(self) -> Iterator[Metric]:
+        accepted, spans, requests = self._counters.snapshot()
+        family = CounterMetricFamily("otel_llm_receiver_accepted_spans", "Spans accepted by a receiver.",
+                                     labels=["protocol"])
+        for protocol, value in accepted.items():
+            family.add_metric([protocol], value)
+        yield family
+        family = CounterMetricFamily(
+            "otel_llm_receiver_refused_spans",
+            "Spans refused by a receiver, by reason (whole requests count all their spans when known).",
+            labels=["protocol", "reason"])
+        for labels, value in spans.items():
+            if value:
+                family.add_metric(list(labels), value)
+        yield family
+        family = CounterMetricFamily("otel_llm_receiver_refused_requests",
+                                     "Export requests refused as a whole, by reason.", labels=["protocol", "reason"])
+        for labels, value in requests.items():
+            if value:
+                family.add_metric(list(labels), value)
+        yield family
 
 
 class SelfTelemetry:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.spans_received = Counter(
-            "otel_llm_receiver_accepted_spans", "Spans accepted by a receiver.", ["protocol"], registry=registry)
-        self.spans_refused = Counter(
-            "otel_llm_receiver_refused_spans",
-            "Spans refused by a receiver, by reason (whole requests count all their spans when known).",
-            ["protocol", "reason"], registry=registry)
-        self.requests_refused = Counter(
-            "otel_llm_receiver_refused_requests", "Export requests refused as a whole, by reason.",
-            ["protocol", "reason"], registry=registry)
+    def __init__(self, registry: CollectorRegistry, receivers: ReceiverCounters) -> None:
+        registry.register(ReceiverCountersCollector(receivers))
         self.spans_malformed = Counter(
             "otel_llm_spans_malformed", "Engine spans whose values were unusable; passed through, not measured.",
             ["reason"], registry=registry)

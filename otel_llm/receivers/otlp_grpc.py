@@ -22,7 +22,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from otel_llm.config import GrpcProtocol, split_endpoint
-from otel_llm.pipeline import Pipeline
+from otel_llm.receivers.admission import Admitter
 from otel_llm.receivers.security import TokenCheck, read_bytes
 
 log = logging.getLogger(__name__)
@@ -48,29 +48,29 @@ def retryable_status(message: str, retry_after_s: int) -> _RpcStatus:
 
 
 class OtlpGrpcReceiver:
-    def __init__(self, settings: GrpcProtocol, pipeline: Pipeline) -> None:
+    def __init__(self, settings: GrpcProtocol, admitter: Admitter) -> None:
         self._settings = settings
-        self._pipeline = pipeline
+        self._admitter = admitter
         self._server: grpc.Server | None = None
         self._token = TokenCheck(settings.auth)
         self.port = 0
 
     def _export(self, payload: bytes, context: grpc.ServicerContext) -> ExportTraceServiceResponse:
-        telemetry = self._pipeline.telemetry
+        admitter = self._admitter
         if self._token.enabled:
             header = next((value for key, value in context.invocation_metadata() if key == "authorization"), None)
             if not self._token.allows(header if isinstance(header, str) else None):
-                telemetry.requests_refused.labels(PROTOCOL, "unauthenticated").inc()
+                admitter.refuse_request(PROTOCOL, "unauthenticated")
                 context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
         request = ExportTraceServiceRequest()
         try:
             request.ParseFromString(payload)
         except DecodeError as exc:
-            telemetry.requests_refused.labels(PROTOCOL, "malformed").inc()
+            admitter.refuse_request(PROTOCOL, "malformed")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed ExportTraceServiceRequest: {exc}")
-        result = self._pipeline.admit(request, PROTOCOL)
+        result = admitter.admit(request, payload, PROTOCOL)
         if result.refused:
-            telemetry.requests_refused.labels(PROTOCOL, result.refused).inc()
+            admitter.refuse_request(PROTOCOL, result.refused)
             context.abort_with_status(retryable_status(f"refused: {result.refused}; retry later", result.retry_after_s))
         if result.rejected:
             return ExportTraceServiceResponse(

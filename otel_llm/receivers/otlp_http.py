@@ -19,7 +19,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from otel_llm.config import HttpProtocol
 from otel_llm.httpserver import BackgroundHTTPServer, QuietHandler
-from otel_llm.pipeline import Pipeline
+from otel_llm.receivers.admission import Admitter
 from otel_llm.receivers.otlp_json import OtlpJsonError, parse_otlp_json
 from otel_llm.receivers.security import TokenCheck, server_ssl_context
 
@@ -47,7 +47,7 @@ def gunzip_bounded(data: bytes, limit: int) -> bytes:
 
 
 class _Handler(QuietHandler):
-    pipeline: ClassVar[Pipeline]
+    admitter: ClassVar[Admitter]
     max_body: ClassVar[int]
     token: ClassVar[TokenCheck]
     slots: ClassVar[threading.BoundedSemaphore]
@@ -61,7 +61,7 @@ class _Handler(QuietHandler):
 
     def _error(self, status: int, code: int, text: str, content_type: str, reason: str,
                headers: dict[str, str] | None = None) -> None:
-        self.pipeline.telemetry.requests_refused.labels(PROTOCOL, reason).inc()
+        self.admitter.refuse_request(PROTOCOL, reason)
         self._reply(status, status_pb2.Status(code=code, message=text), content_type, headers)
 
     def do_GET(self) -> None:
@@ -124,17 +124,19 @@ class _Handler(QuietHandler):
         except (zlib.error, ValueError) as exc:
             self._error(400, code_pb2.INVALID_ARGUMENT, f"bad gzip body: {exc}", reply_type, "malformed")
             return
+        payload: bytes | None = None
         try:
             if content_type == JSON:
                 request = parse_otlp_json(body)
             else:
                 request = ExportTraceServiceRequest()
                 request.ParseFromString(body)
+                payload = body
         except (DecodeError, OtlpJsonError) as exc:
             self._error(400, code_pb2.INVALID_ARGUMENT, f"malformed ExportTraceServiceRequest: {exc}", reply_type,
                         "malformed")
             return
-        result = self.pipeline.admit(request, PROTOCOL)
+        result = self.admitter.admit(request, payload, PROTOCOL)
         if result.refused:
             status = 503 if result.refused in ("memory_limit", "shutting_down") else 429
             self._error(status, code_pb2.UNAVAILABLE, f"refused: {result.refused}; retry later", reply_type,
@@ -155,9 +157,9 @@ class _Handler(QuietHandler):
 
 
 class OtlpHttpReceiver:
-    def __init__(self, settings: HttpProtocol, pipeline: Pipeline) -> None:
+    def __init__(self, settings: HttpProtocol, admitter: Admitter) -> None:
         handler = type("OtlpHttpHandler", (_Handler,), {
-            "pipeline": pipeline, "max_body": settings.max_request_body_size, "token": TokenCheck(settings.auth),
+            "admitter": admitter, "max_body": settings.max_request_body_size, "token": TokenCheck(settings.auth),
             "slots": threading.BoundedSemaphore(settings.max_concurrent_requests)})
         tls = server_ssl_context(settings.tls) if settings.tls is not None else None
         self._server = BackgroundHTTPServer(settings.endpoint, handler, "otlp-http", tls)

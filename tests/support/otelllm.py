@@ -107,13 +107,13 @@ class RunningServer:
 
     @property
     def grpc_port(self) -> int:
-        assert self.service.grpc is not None
-        return self.service.grpc.port
+        assert self.service.grpc_port
+        return self.service.grpc_port
 
     @property
     def http_port(self) -> int:
-        assert self.service.http is not None
-        return self.service.http.port
+        assert self.service.http_port
+        return self.service.http_port
 
     @property
     def metrics_url(self) -> str:

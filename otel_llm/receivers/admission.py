@@ -1,0 +1,89 @@
+"""What a receiver does with a decoded request before it answers: check span ids, then hand the
+request to whatever admits it (the receiver process's forwarder) and report the outcome."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+# Retryable refusals: nothing of the request was taken.
+QUEUE_FULL = "queue_full"
+MEMORY_LIMIT = "memory_limit"
+SHUTTING_DOWN = "shutting_down"
+RETRY_AFTER_S = {QUEUE_FULL: 1, MEMORY_LIMIT: 1, SHUTTING_DOWN: 5}
+
+# Every reason a receiver counts, as a closed vocabulary: the counters live in shared memory.
+PROTOCOLS = ("grpc", "http")
+REQUEST_REFUSALS = ("unauthenticated", "malformed", "too_large", "not_found", "unsupported_media_type",
+                    "no_content_length", "unsupported_encoding", "too_many_requests",
+                    QUEUE_FULL, MEMORY_LIMIT, SHUTTING_DOWN, "other")
+SPAN_REFUSALS = ("invalid_id", QUEUE_FULL, MEMORY_LIMIT, SHUTTING_DOWN)
+
+
+@dataclass(slots=True, frozen=True)
+class Admission:
+    """A receiver's answer: how many spans were taken, rejected (partial success), or why all were refused."""
+
+    accepted: int
+    rejected: int = 0
+    error_message: str = ""
+    refused: str = ""  # "" | QUEUE_FULL | MEMORY_LIMIT | SHUTTING_DOWN: retryable, nothing taken
+    retry_after_s: int = 0
+
+
+class Admitter(Protocol):
+    def admit(self, request: ExportTraceServiceRequest, payload: bytes | None, protocol: str) -> Admission:
+        """Take ``request`` (``payload`` is its wire form when the receiver has it) or refuse it."""
+
+    def refuse_request(self, protocol: str, reason: str) -> None:
+        """Count a request refused before it could be decoded (auth, size, media type, malformed)."""
+
+
+def valid_ids(span: Span) -> bool:
+    trace_id, span_id, parent = span.trace_id, span.span_id, span.parent_span_id
+    return (len(trace_id) == 16 and len(span_id) == 8 and any(trace_id) and any(span_id)
+            and (not parent or len(parent) == 8))
+
+
+@dataclass(slots=True, frozen=True)
+class IdCheck:
+    spans: int
+    rejected: int
+
+    @property
+    def message(self) -> str:
+        if not self.rejected:
+            return ""
+        return (f"{self.rejected} spans rejected: invalid trace_id, span_id or parent_span_id "
+                "(need 16/8/8 non-zero bytes)")
+
+
+def check_ids(request: ExportTraceServiceRequest) -> IdCheck:
+    """Count the spans and those with unusable ids; drop the latter from ``request`` in place."""
+    spans = rejected = 0
+    for resource_spans in request.resource_spans:
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                spans += 1
+                if not valid_ids(span):
+                    rejected += 1
+    if rejected:
+        _drop_invalid(request)
+    return IdCheck(spans, rejected)
+
+
+def _drop_invalid(request: ExportTraceServiceRequest) -> None:
+    for resource_spans in request.resource_spans:
+        for scope_spans in resource_spans.scope_spans:
+            spans = scope_spans.spans
+            if all(valid_ids(span) for span in spans):
+                continue
+            keep = [span for span in spans if valid_ids(span)]
+            kept_copies = [Span() for _ in keep]
+            for copy, span in zip(kept_copies, keep):
+                copy.CopyFrom(span)
+            del spans[:]
+            spans.extend(kept_copies)

@@ -1,0 +1,123 @@
+"""The receivers run in their own process: Export calls are answered while the pipeline is busy,
+neither process outlives the other, and a dead receiver process stops the service loudly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tests.support.otelllm import ServerProcess
+from tests.support.payloads import vllm_batch
+from tests.test_bad_input import http_post
+
+EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+
+def receiver_processes(pid: int) -> list[int]:
+    """Child processes of ``pid`` other than multiprocessing's resource tracker."""
+    found: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            found.extend(int(child) for child in f.read().split())
+    return [child for child in found if b"resource_tracker" not in Path(f"/proc/{child}/cmdline").read_bytes()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def poll(predicate, timeout_s: float, what: str) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_exports_are_answered_while_the_pipeline_is_stalled(make_server):
+    """With the pipeline worker blocked, Export calls still get their answer in milliseconds (the
+    spans wait in the intake), and once it resumes every admitted span is processed."""
+    server = make_server()
+    payloads = [vllm_batch(50, model="stalled").SerializeToString() for _ in range(41)]
+    latencies = []
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        export = channel.unary_unary(EXPORT)
+        export(payloads[0], timeout=10)  # connection set up outside the measurement
+        with server.service.pipeline.assembler._lock:
+            for payload in payloads[1:]:
+                start = time.perf_counter()
+                export(payload, timeout=10)
+                latencies.append(time.perf_counter() - start)
+            queued = server.service.pipeline.intake.queued_spans  # /metrics would wait for the lock too
+    assert queued >= 40 * 50 - 50, "the calls were answered, not processed"
+    print(f"\nExport while the pipeline is stalled: median {statistics.median(latencies) * 1000:.1f} ms, "
+          f"max {max(latencies) * 1000:.1f} ms")
+    assert max(latencies) < 2.0, "answered without waiting for the stalled pipeline"
+    scrape = server.wait_for_requests(41 * 50)
+    assert scrape.value("vllm:e2e_request_latency_seconds_count", model_name="stalled") == 41 * 50
+    assert scrape.value("otel_llm_intake_queued_spans") == 0
+
+
+def test_receiver_process_exits_with_a_killed_pipeline_process(tmp_path: Path):
+    """SIGKILL leaves the pipeline process no chance to stop anything: the receiver process sees its
+    control pipe close and exits, so the ports are free for the restart."""
+    process = ServerProcess(tmp_path, {})
+    process.start()
+    try:
+        assert process.process is not None
+        receivers = receiver_processes(process.process.pid)
+        assert len(receivers) == 1, receivers
+        assert http_post(process, vllm_batch(5).SerializeToString())[0] == 200
+        process.stop(signal.SIGKILL)
+        poll(lambda: not alive(receivers[0]), 10, "the receiver process to exit")
+        process.start()  # same ports
+        assert http_post(process, vllm_batch(5).SerializeToString())[0] == 200
+        assert process.stop() == 0
+    finally:
+        process.ensure_stopped()
+
+
+def test_a_dead_receiver_process_stops_the_service_with_an_error(tmp_path: Path):
+    """Without receivers the service cannot take data: it says so, completes what it holds, and
+    exits non-zero so that its supervisor restarts it."""
+    process = ServerProcess(tmp_path, {"processors": {"tail_sampling": {"decision_wait": "60s"}}})
+    process.start()
+    try:
+        assert process.process is not None
+        assert http_post(process, vllm_batch(7, model="before-crash", parent=True).SerializeToString())[0] == 200
+        process.wait_until(lambda s: s.value("otel_llm_traces_in_memory") == 7, what="7 traces held")
+        (receivers,) = receiver_processes(process.process.pid)
+        os.kill(receivers, signal.SIGKILL)
+        assert process.process.wait(timeout=30) == 1
+        log = process.log_path.read_text()
+        assert "receiver process exited unexpectedly" in log
+        assert "completing pending traces" in log
+    finally:
+        process.ensure_stopped()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_refusals_are_counted_before_the_client_sees_them(make_server, protocol):
+    """The receiver counters live in shared memory: a scrape right after a refused call counts it."""
+    server = make_server({"receivers": {"otlp": {"protocols": {"grpc": {"auth": {"bearer_token": "s3cret"}},
+                                                               "http": {"auth": {"bearer_token": "s3cret"}}}}}})
+    payload = vllm_batch(3).SerializeToString()
+    for attempt in range(1, 6):
+        if protocol == "grpc":
+            with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel, \
+                    pytest.raises(grpc.RpcError) as info:
+                channel.unary_unary(EXPORT)(payload, timeout=10)
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        else:
+            assert http_post(server, payload)[0] == 401
+        assert server.scrape().value("otel_llm_receiver_refused_requests_total", protocol=protocol,
+                                     reason="unauthenticated") == attempt
