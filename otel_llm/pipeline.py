@@ -62,9 +62,9 @@ class AttributeLimits:
     max_attributes: int
     max_value_bytes: int
 
-    def exceeded_by(self, span: Span, may_exceed_size: bool) -> bool:
+    def exceeded_by(self, span: Span, serialized_size: int) -> bool:
         # Only spans that can break a limit are inspected attribute by attribute.
-        return len(span.attributes) > self.max_attributes or (may_exceed_size and span.ByteSize() > self.max_value_bytes)
+        return serialized_size > self.max_value_bytes or len(span.attributes) > self.max_attributes
 
     def enforce(self, span: Span) -> bool:
         changed = False
@@ -246,8 +246,7 @@ class Pipeline:
         malformed: dict[str, int] = {}
         max_latency = self.max_latency_s
         limits = self.attribute_limits
-        # Only a request bigger than one value's limit can hold a value over it: one C call per request.
-        may_exceed = request.ByteSize() > limits.max_value_bytes
+        truncated = 0
         kept_keys = self.kept_attribute_keys
         first_token_events = self.first_token_events
         for resource_spans in request.resource_spans:
@@ -262,8 +261,10 @@ class Pipeline:
                 scope.CopyFrom(scope_spans.scope)
                 origin = Origin(resource, scope, service_name, resource_strings)
                 for span in scope_spans.spans:
-                    if limits.exceeded_by(span, may_exceed) and limits.enforce(span):
-                        self.telemetry.spans_truncated.inc()
+                    payload = span.SerializeToString()  # buffered as is; its size is the cheap limit check
+                    if limits.exceeded_by(span, len(payload)) and limits.enforce(span):
+                        truncated += 1
+                        payload = span.SerializeToString()
                     try:
                         observation, attrs = classify(span)
                         if observation is not None:
@@ -288,8 +289,10 @@ class Pipeline:
                             slim += (FIRST_TOKEN_EVENT, event_ns)
                     buffered.append(BufferedSpan(
                         span.trace_id, span.span_id, span.parent_span_id, kind, span.status.code,
-                        span.start_time_unix_nano, span.end_time_unix_nano, span.trace_state, span.SerializeToString(),
+                        span.start_time_unix_nano, span.end_time_unix_nano, span.trace_state, payload,
                         origin, slim, observation))
+        if truncated:
+            self.telemetry.spans_truncated.inc(truncated)
         if passed_through:
             self.telemetry.spans_passed_through.inc(passed_through)
         for adapter, count in matched.items():
