@@ -36,7 +36,7 @@ from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
-from bench.load import proc_status_kib
+from bench.load import proc_status_kib, proc_status_kib_by_process
 from bench.workload import RESOURCE_MODELS, generate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,7 +155,7 @@ def start_baseline(workdir: Path) -> Server:
 
 
 def pipeline_config(workdir: Path, name: str, grpc_port: int, http_port: int, metrics_port: int,
-                    tail_sampling: dict[str, Any]) -> Path:
+                    tail_sampling: dict[str, Any], service: dict[str, Any] | None = None) -> Path:
     config = {
         "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": f"{LOOPBACK}:{grpc_port}"},
                                              "http": {"endpoint": f"{LOOPBACK}:{http_port}"}}}},
@@ -166,16 +166,17 @@ def pipeline_config(workdir: Path, name: str, grpc_port: int, http_port: int, me
         },
         "exporters": {"prometheus": {"endpoint": f"{LOOPBACK}:{metrics_port}"},
                       "store": {"path": str(workdir / f"{name}-store")}},
-        "service": {"shutdown_grace": "2s"},
+        "service": {"shutdown_grace": "2s", **(service or {})},
     }
     path = workdir / f"{name}.yaml"
     path.write_text(json.dumps(config, indent=2))  # JSON is YAML
     return path
 
 
-def start_pipeline(workdir: Path, name: str, tail_sampling: dict[str, Any]) -> Server:
+def start_pipeline(workdir: Path, name: str, tail_sampling: dict[str, Any],
+                   service: dict[str, Any] | None = None) -> Server:
     grpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
-    config = pipeline_config(workdir, name, grpc_port, http_port, metrics_port, tail_sampling)
+    config = pipeline_config(workdir, name, grpc_port, http_port, metrics_port, tail_sampling, service)
     argv = otel_llm_command() + ["--log-level", "WARNING", "serve", "--config", str(config)]
     server = Server(name, argv, workdir, grpc_port, http_port, metrics_port)
     server.wait_ready()
@@ -279,22 +280,26 @@ def throughput_phases(load: Load, server: Server, batches: Path, durations: dict
     return out
 
 
-def rss_phase(load: Load, workdir: Path, batches: Path, spans: int, warmup_spans: int) -> dict[str, Any]:
+def rss_phase(load: Load, workdir: Path, batches: Path, spans: int, warmup_spans: int, rate: float) -> dict[str, Any]:
     """Hold every trace pending; RSS growth per buffered span between two points."""
     server = start_pipeline(workdir, "pipeline-rss", {
         "decision_wait": "600s", "grace": "1s", "num_traces": 5_000_000, "decision_cache_size": 100_000})
     try:
         idle_kib = server.rss_kib()
-        load.run(batches, server, "grpc", "count", spans=warmup_spans, concurrency=4, duration=60)
+        # Paced below saturation: the figure is the trace buffer's cost per span, not that of a
+        # backlog queued in front of it (whose memory the receiver process's allocator keeps a while).
+        load.run(batches, server, "grpc", "count", spans=warmup_spans, concurrency=4, duration=60, rate=rate)
         wait_drained(server, traces=math.inf)
         first = server.scrape()
         first_kib = server.rss_kib()
+        first_by_process = proc_status_kib_by_process(server.pid, "VmRSS")
         t0 = time.monotonic()
-        sent = load.run(batches, server, "grpc", "count", spans=spans, concurrency=4, duration=120)
+        sent = load.run(batches, server, "grpc", "count", spans=spans, concurrency=4, duration=120, rate=rate)
         wait_drained(server, traces=math.inf)
         elapsed = time.monotonic() - t0
         second = server.scrape()
         second_kib = server.rss_kib()
+        second_by_process = proc_status_kib_by_process(server.pid, "VmRSS")
         hwm_kib = server.hwm_kib()
         accepted = second.get("otel_llm_receiver_accepted_spans_total", 0.0)
         delta_spans = accepted - first.get("otel_llm_receiver_accepted_spans_total", 0.0)
@@ -304,6 +309,8 @@ def rss_phase(load: Load, workdir: Path, batches: Path, spans: int, warmup_spans
             "idle_rss_kib": idle_kib,
             "rss_after_warmup_kib": first_kib,
             "rss_after_kib": second_kib,
+            "rss_growth_kib_by_process": {name: kib - first_by_process.get(name, 0)
+                                          for name, kib in second_by_process.items()},
             "hwm_kib": hwm_kib,
             "spans_buffered": accepted,
             "spans_measured": delta_spans,
@@ -468,8 +475,22 @@ def main(argv: list[str] | None = None) -> int:
             profile_phase(load, pipeline, throughput_file, Path(args.profile), max(args.saturate, 8.0))
         pipeline.stop()
 
+        log("otel-llm serve with service.adapter_process: true (the adapters in a third process; gRPC only):")
+        split = start_pipeline(workdir, "pipeline-adapter-process", {"decision_wait": "10s", "grace": "1s"},
+                               {"adapter_process": True})
+        servers.append(split)
+        results["adapter_process"] = {
+            "grpc_paced": paced_phase(load, split, throughput_file, "grpc", args.rate, durations["paced_warmup"],
+                                      durations["paced_grpc"]),
+            "grpc_saturate_drain_wait_s": wait_drained(split),
+            "grpc_saturate": saturate_phase(load, split, throughput_file, "grpc", durations["warmup"],
+                                            durations["saturate"]),
+        }
+        split.stop()
+
         log(f"otel-llm serve holding every trace (decision_wait 600s), {args.rss_spans} spans of unrooted traces:")
-        results["rss"] = rss_phase(load, workdir, pending_file, args.rss_spans, warmup_spans=min(20_000, args.rss_spans))
+        results["rss"] = rss_phase(load, workdir, pending_file, args.rss_spans, warmup_spans=min(20_000, args.rss_spans),
+                                   rate=args.rate)
         r = results["rss"]
         log(f"  RSS idle {r['idle_rss_kib'] / 1024:.0f} MiB, after warm-up {r['rss_after_warmup_kib'] / 1024:.0f} MiB, "
             f"after {fmt(r['spans_buffered'], 0)} spans buffered {r['rss_after_kib'] / 1024:.0f} MiB "
@@ -478,6 +499,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{fmt(r['rss_per_buffered_trace_bytes'], 0)} per buffered trace "
             f"({fmt(r['rss_per_buffered_span_incl_fixed_bytes'], 0)} including the warm-up and fixed costs); "
             f"intake while holding {fmt(r['send_spans_per_s'], 0)} spans/s" + (f"; {r['warning']}" if "warning" in r else ""))
+        log("  RSS growth over the measured spans, by process: " + ", ".join(
+            f"{name} {kib / 1024:+.1f} MiB" for name, kib in r["rss_growth_kib_by_process"].items()))
     except Exception as exc:  # still print what was measured, and a RESULT line with nan for the rest
         failed = True
         log(f"bench failed: {exc!r}")
@@ -501,6 +524,9 @@ def main(argv: list[str] | None = None) -> int:
     paced = pipe.get("grpc_paced", {})
     p99 = paced.get("latency_all_calls", {}).get("p99_ms")
     per_span = rss.get("rss_per_buffered_span_bytes")
+    split = results.get("adapter_process", {})
+    split_sps = split.get("grpc_saturate", {}).get("spans_per_s")
+    split_p99 = split.get("grpc_paced", {}).get("latency_all_calls", {}).get("p99_ms")
     results["summary"] = {"ratio": ratio, "pipeline_spans_per_s": p_sps, "baseline_spans_per_s": b_sps,
                           "http_ratio": hp / hb if hb and hp else None,
                           "rss_per_buffered_span_bytes": per_span, "export_p99_ms": p99,
@@ -524,6 +550,9 @@ def main(argv: list[str] | None = None) -> int:
         (f"Export p99 at {args.rate:.0f} spans/s, gRPC, ms", p99, f"<= {TARGETS['export_p99_ms']}"
          + ("" if not paced or paced.get("keeps_up") else " (and keep up: it did NOT)"),
          p99 is not None and p99 <= TARGETS["export_p99_ms"] and bool(paced.get("keeps_up")), 2),
+        ("with adapter_process: throughput ratio, gRPC", split_sps / b_sps if split_sps and b_sps else None,
+         "(info)", None, 3),
+        (f"with adapter_process: Export p99 at {args.rate:.0f} spans/s, ms", split_p99, "(info)", None, 2),
     ]
     for label, value, target, ok, digits in rows:
         verdict = "" if ok is None else ("  met" if ok else "  NOT met")

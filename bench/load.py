@@ -84,6 +84,18 @@ def _one_status_kib(pid: int, key: str) -> int:
     raise KeyError(key)
 
 
+def proc_status_kib_by_process(pid: int, key: str) -> dict[str, int]:
+    """``{"<comm> <pid>": kB}`` over ``pid`` and its live child processes."""
+    out: dict[str, int] = {}
+    for member in process_tree(pid):
+        try:
+            with open(f"/proc/{member}/comm", encoding="utf-8") as f:
+                out[f"{f.read().strip()} {member}"] = _one_status_kib(member, key)
+        except OSError:
+            pass
+    return out
+
+
 def proc_status_kib(pid: int, key: str) -> int:
     """A ``kB`` line of /proc/PID/status (``VmRSS``, ``VmHWM``), summed over ``pid`` and its live
     child processes (for ``VmHWM`` an upper bound: the peaks need not coincide)."""
@@ -425,6 +437,8 @@ def run_count(batches: list[Batch], client: GrpcClient | HttpClient, args: argpa
     totals = {"spans": 0, "calls": 0, "errors": 0, "refused": 0, "rejected": 0}
     deadline = time.perf_counter() + args.duration
     start = time.perf_counter()
+    # With --rate, call i is not sent before its slot: the server is never behind, so nothing queues.
+    seconds_per_call = (sum(b.spans for b in batches) / len(batches) / args.rate) if args.rate > 0 else 0.0
 
     def caller() -> None:
         send = client.sender()
@@ -434,6 +448,10 @@ def run_count(batches: list[Batch], client: GrpcClient | HttpClient, args: argpa
                     return
             i = next(counter)
             batch = batches[i % len(batches)]
+            if seconds_per_call:
+                delay = start + i * seconds_per_call - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
             try:
                 rej = send(stamp(batch, args.epoch_base + i))
             except Refused:
@@ -470,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--rate", type=float, default=20000.0, help="offered spans/s (paced)")
+    parser.add_argument("--rate", type=float, default=20000.0, help="offered spans/s (paced; count: 0 = unpaced)")
     parser.add_argument("--spans", type=int, default=100000, help="spans to send (count)")
     parser.add_argument("--epoch-base", type=lambda s: int(s, 0), default=1 << 24,
                         help="first trace-id epoch; each replay adds 1 (keep distinct per run)")

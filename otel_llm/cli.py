@@ -11,23 +11,9 @@ import time
 
 from otel_llm import __version__
 from otel_llm.config import ConfigError, load_config, parse_duration
+from otel_llm.runtime import tune_gc
 
 EXIT_CONFIG = 2
-
-
-def tune_runtime() -> None:
-    """The hot path allocates millions of short-lived, acyclic objects; with CPython's default
-    threshold (700) the cyclic collector ran for ~40 % of the pipeline's time (bench profile).
-    Everything alive after start-up is frozen out of collections, and young collections run
-    ~70x less often; reference counting still frees almost everything immediately.
-    A shorter GIL switch interval lets receiver threads answer Export calls while the pipeline
-    worker is busy, instead of waiting up to 5 ms per hand-over."""
-    import gc
-
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 50, 100)
-    sys.setswitchinterval(0.001)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -48,7 +34,10 @@ def _serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"otel-llm: {exc}", file=sys.stderr)
         return 1
-    tune_runtime()
+    # A short GIL switch interval lets the thread that drains the receivers' pipe run promptly
+    # while the pipeline worker is busy: with the default 5 ms the pipe filled and Export p99 at
+    # 20 000 spans/s rose from ~8.5 to ~12 ms (bench), for ~8 % more throughput at saturation.
+    tune_gc(switch_interval_s=0.001)
     parts = []
     if service.grpc_port:
         parts.append(f"OTLP/gRPC :{service.grpc_port}")
@@ -59,7 +48,7 @@ def _serve(args: argparse.Namespace) -> int:
     print(f"otel-llm {__version__} ready: {', '.join(parts)}", flush=True)
     while not stop.wait(0.5):  # a timed wait lets the main thread run signal handlers promptly
         if service.failed:
-            print("otel-llm: the receiver process died; stopping (completing pending traces)", file=sys.stderr,
+            print("otel-llm: an ingest process died; stopping (completing pending traces)", file=sys.stderr,
                   flush=True)
             service.stop()
             return 1

@@ -1,9 +1,10 @@
-"""The trace pipeline: decoded OTLP requests in; request records, metrics and kept traces out.
+"""The trace pipeline: admitted requests in; request records, metrics and kept traces out.
 
-Receivers call ``admit`` from their threads (id checks, then the bounded intake); one worker thread
-runs ``consume``, which does the least Python work the metrics need per span (an adapter reading
-only the keys it uses, validation) and buffers each span as bytes plus a few fields; a ticker
-completes traces: records, metrics, the sampling decision, and delivery of kept traces.
+Requests arrive from the receiver process (``otel_llm/ingest.py``) as bytes, or from the adapter
+process already digested. One worker thread ``buffer``s them: the adapter stage where it was not
+done yet (per span the adapter's reading, the few attributes assembly reads, the span's bytes),
+then the trace buffer; a ticker completes traces: records, metrics, the sampling decision, and
+delivery of kept traces.
 """
 
 from __future__ import annotations
@@ -14,21 +15,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
-from opentelemetry.proto.resource.v1.resource_pb2 import Resource
-from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from otel_llm.adapters import MalformedSpan, classify
-from otel_llm.adapters.attributes import any_value_to_python
+from otel_llm.adapters.digest import decode, digest_in_process, digest_settings
 from otel_llm.assembly.records import RequestRecord
 from otel_llm.assembly.requests import Dimension, RecordSettings, ResourceModelRule, records_of_trace
-from otel_llm.assembly.segments import derive_timings
 from otel_llm.assembly.synthesis import NO_REDACTION, Redaction, kept_trace_request
-from otel_llm.assembly.traces import FIRST_TOKEN_EVENT, AssemblySettings, BufferedSpan, Origin, PendingTrace, \
-    TraceAssembler
+from otel_llm.assembly.traces import AssemblySettings, BufferedSpan, PendingTrace, TraceAssembler
 from otel_llm.config import Config
 from otel_llm.memorylimiter import MemoryLimiter
 from otel_llm.metrics.definitions import genai_naming, own_naming, vllm_naming
@@ -43,8 +37,6 @@ KeptTraceSink = Callable[[ExportTraceServiceRequest, int, list[RequestRecord], s
 
 log = logging.getLogger(__name__)
 
-_SERVER = Span.SPAN_KIND_SERVER
-
 
 @dataclass(slots=True)
 class Remembered:
@@ -55,38 +47,6 @@ class Remembered:
     measured: set[bytes]
 
 
-@dataclass(slots=True, frozen=True)
-class AttributeLimits:
-    """Bounds on one span's attributes, so a hostile span cannot hold megabytes in the trace buffer."""
-
-    max_attributes: int
-    max_value_bytes: int
-
-    def exceeded_by(self, span: Span, serialized_size: int) -> bool:
-        # Only spans that can break a limit are inspected attribute by attribute.
-        return serialized_size > self.max_value_bytes or len(span.attributes) > self.max_attributes
-
-    def enforce(self, span: Span) -> bool:
-        changed = False
-        if len(span.attributes) > self.max_attributes:
-            del span.attributes[self.max_attributes:]
-            changed = True
-        for kv in span.attributes:
-            value = kv.value
-            if value.WhichOneof("value") == "string_value" and len(value.string_value) > self.max_value_bytes:
-                value.string_value = value.string_value[: self.max_value_bytes]
-                changed = True
-            elif value.WhichOneof("value") in ("bytes_value", "array_value", "kvlist_value") and \
-                    value.ByteSize() > self.max_value_bytes:
-                value.string_value = f"<{value.ByteSize()} bytes removed by otel-llm>"
-                changed = True
-        for event in span.events:
-            if len(event.attributes) > self.max_attributes:
-                del event.attributes[self.max_attributes:]
-                changed = True
-        return changed
-
-
 class Intake:
     """The pipeline's end of the intake: requests the receiver process admitted, as bytes, until the
     worker has processed them. Its bound is enforced where requests are admitted (``IntakeState``):
@@ -94,7 +54,7 @@ class Intake:
 
     def __init__(self, state: IntakeState) -> None:
         self.state = state
-        self._items: deque[tuple[bytes, int]] = deque()
+        self._items: deque[tuple[bytes, int, int, bool]] = deque()
         self._cond = threading.Condition()
         self.held_spans = 0  # arrived here and not yet processed
         self.held_bytes = 0
@@ -108,14 +68,15 @@ class Intake:
     def closed(self) -> bool:
         return self.state.closed
 
-    def put(self, payload: bytes, spans: int) -> None:
+    def put(self, data: bytes, spans: int, size: int, digested: bool) -> None:
+        """``data``: a request of ``spans`` spans in ``size`` bytes, or the adapter process's output for it."""
         with self._cond:
-            self._items.append((payload, spans))
+            self._items.append((data, spans, size, digested))
             self.held_spans += spans
-            self.held_bytes += len(payload)
+            self.held_bytes += size
             self._cond.notify()
 
-    def take(self, timeout_s: float) -> tuple[bytes, int] | None:
+    def take(self, timeout_s: float) -> tuple[bytes, int, int, bool] | None:
         with self._cond:
             if not self._items:
                 self._cond.wait(timeout_s)
@@ -123,11 +84,13 @@ class Intake:
                 return None
             return self._items.popleft()
 
-    def done(self, payload: bytes, spans: int) -> None:
-        self.state.release(spans, len(payload))
+    def done(self, spans: int, size: int, held: bool = True) -> None:
+        """Processed (or dropped, counted): release the room the receivers reserved."""
+        self.state.release(spans, size)
         with self._cond:
-            self.held_spans -= spans
-            self.held_bytes -= len(payload)
+            if held:
+                self.held_spans -= spans
+                self.held_bytes -= size
             self._cond.notify_all()
 
     def forget_in_flight(self) -> int:
@@ -172,7 +135,7 @@ class Pipeline:
             namings.append(genai_naming())
         namings.append(own_naming())
         self.settings = record_settings(config)
-        self.max_latency_s = metrics_config.max_latency
+        self.digest_settings = digest_settings(config)
         self.telemetry = telemetry
         self.recorder = MetricsRecorder(namings, tuple(d.name for d in self.settings.dimensions), metrics_config.series_limit)
         self.assembler = TraceAssembler(
@@ -191,12 +154,6 @@ class Pipeline:
         redaction = config.processors.redaction
         self.redaction = NO_REDACTION if redaction.allow_content else Redaction(
             tuple(redaction.blocked_key_prefixes), frozenset(redaction.blocked_event_names))
-        self.attribute_limits = AttributeLimits(redaction.max_attributes_per_span, redaction.max_attribute_value_bytes)
-        # The attributes assembly reads at completion; buffered spans keep these and nothing else.
-        self.kept_attribute_keys = tuple(dict.fromkeys((
-            "gen_ai.request.model", "gen_ai.response.model", "http.route", "error.type",
-            *self.settings.edge_ttft_attributes, *(d.attribute for d in self.settings.dimensions))))
-        self.first_token_events = frozenset(self.settings.edge_ttft_events)
         self.sinks: dict[str, KeptTraceSink] = {}
         self.flushers: list[Callable[[bool], None]] = []  # batching sinks: flush(only_if_due)
         self._malformed = telemetry.spans_malformed
@@ -215,10 +172,15 @@ class Pipeline:
 
     # --- intake ----------------------------------------------------------------------------
 
-    def receive(self, payload: bytes, spans: int, protocol: str) -> None:
-        """A request the receiver process admitted (ids checked, room reserved): queue it for the worker."""
-        self.intake.put(payload, spans)
+    def receive(self, data: bytes, spans: int, size: int, digested: bool) -> None:
+        """A request the receivers admitted (and the adapter process digested): queue it for the worker."""
+        self.intake.put(data, spans, size, digested)
         self.memory_limiter.refuse_if_over(self.intake.state.queued_bytes)
+
+    def receive_failure(self, spans: int, size: int) -> None:
+        """A request the adapter stage could not process (logged there): counted, its room released."""
+        self.telemetry.spans_dropped.labels("processing_error").inc(spans)
+        self.intake.done(spans, size, held=False)
 
     def _work(self) -> None:
         while True:
@@ -227,80 +189,34 @@ class Pipeline:
                 if self._stop.is_set():
                     return
                 continue
-            payload, spans = item
+            data, spans, size, digested = item
             try:
-                request = ExportTraceServiceRequest()
-                request.ParseFromString(payload)  # decoded once already in the receiver process
-                self.consume(request)
+                self.buffer(data, digested)
             except Exception:  # one bad batch must not stop the pipeline; it is counted
                 log.exception("processing an export request failed")
                 self.telemetry.spans_dropped.labels("processing_error").inc(spans)
             finally:
-                self.intake.done(payload, spans)
+                self.intake.done(spans, size)
 
-    def consume(self, request: ExportTraceServiceRequest) -> None:
-        """Adapters, validation, buffering: the pipeline worker's per-request work (ids already checked)."""
-        buffered: list[BufferedSpan] = []
-        passed_through = 0
-        matched: dict[str, int] = {}  # counted per batch: a labelled counter per span costs ~2 µs
-        malformed: dict[str, int] = {}
-        max_latency = self.max_latency_s
-        limits = self.attribute_limits
-        truncated = 0
-        kept_keys = self.kept_attribute_keys
-        first_token_events = self.first_token_events
-        for resource_spans in request.resource_spans:
-            # Standalone copies, shared by this resource's spans, so buffered spans never pin the request.
-            resource = Resource()
-            resource.CopyFrom(resource_spans.resource)
-            resource_strings = {kv.key: kv.value.string_value for kv in resource.attributes
-                                if kv.value.HasField("string_value")}
-            service_name = resource_strings.get("service.name") or "unknown_service"
-            for scope_spans in resource_spans.scope_spans:
-                scope = InstrumentationScope()
-                scope.CopyFrom(scope_spans.scope)
-                origin = Origin(resource, scope, service_name, resource_strings)
-                for span in scope_spans.spans:
-                    payload = span.SerializeToString()  # buffered as is; its size is the cheap limit check
-                    if limits.exceeded_by(span, len(payload)) and limits.enforce(span):
-                        truncated += 1
-                        payload = span.SerializeToString()
-                    try:
-                        observation, attrs = classify(span)
-                        if observation is not None:
-                            derive_timings(observation, max_latency)
-                    except MalformedSpan as exc:
-                        malformed[exc.reason] = malformed.get(exc.reason, 0) + 1
-                        observation, attrs = None, {}
-                        passed_through += 1
-                    else:
-                        if observation is None:
-                            passed_through += 1
-                        else:
-                            matched[observation.adapter] = matched.get(observation.adapter, 0) + 1
-                    kind = span.kind
-                    slim: tuple[Any, ...] = ()
-                    if attrs:
-                        slim = tuple(item for key in kept_keys if key in attrs
-                                     for item in (key, any_value_to_python(attrs[key])))
-                    if kind == _SERVER and span.events:
-                        event_ns = next((e.time_unix_nano for e in span.events if e.name in first_token_events), 0)
-                        if event_ns:
-                            slim += (FIRST_TOKEN_EVENT, event_ns)
-                    buffered.append(BufferedSpan(
-                        span.trace_id, span.span_id, span.parent_span_id, kind, span.status.code,
-                        span.start_time_unix_nano, span.end_time_unix_nano, span.trace_state, payload,
-                        origin, slim, observation))
-        if truncated:
-            self.telemetry.spans_truncated.inc(truncated)
-        if passed_through:
-            self.telemetry.spans_passed_through.inc(passed_through)
-        for adapter, count in matched.items():
+    def buffer(self, data: bytes, digested: bool) -> None:
+        """One request into the trace buffer, its adapter counts into self-telemetry."""
+        if digested:
+            spans, counts = decode(data)
+        else:
+            request = ExportTraceServiceRequest()
+            request.ParseFromString(data)  # decoded once already in the receiver process
+            spans, counts = digest_in_process(request, self.digest_settings)
+        telemetry = self.telemetry
+        if counts.truncated:
+            telemetry.spans_truncated.inc(counts.truncated)
+        if counts.passed_through:
+            telemetry.spans_passed_through.inc(counts.passed_through)
+        for adapter, count in counts.matched.items():
             self._matched.labels(adapter).inc(count)
-        for reason, count in malformed.items():
+        for reason, count in counts.malformed.items():
             self._malformed.labels(reason).inc(count)
-        if buffered:
-            self.assembler.add_batch(buffered)
+        if spans:
+            self.assembler.add_batch(spans)
 
     # --- completion ------------------------------------------------------------------------
 

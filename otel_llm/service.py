@@ -17,7 +17,8 @@ from otel_llm.metrics.exposition import RecorderCollector
 from otel_llm.memorylimiter import memory_limits
 from otel_llm.metrics.selftelemetry import SelfTelemetry
 from otel_llm.pipeline import Pipeline
-from otel_llm.receivers.process import IntakeState, ReceiverCounters, ReceiverProcess, spawn_context
+from otel_llm.ingest import IngestProcesses
+from otel_llm.receivers.process import IntakeState, ReceiverCounters, spawn_context
 from otel_llm.store.sqlite import StoreReader, TraceStore
 
 log = logging.getLogger(__name__)
@@ -43,11 +44,13 @@ class Service:
         self.pipeline = Pipeline(config, self.telemetry, intake)
         self.registry.register(RecorderCollector(self.pipeline.recorder))
         self.ready = threading.Event()
-        self.receivers: ReceiverProcess | None = None
+        self.ingest: IngestProcesses | None = None
         self.prometheus: PrometheusEndpoint | None = None
         if otlp is not None and _enabled(config, "receivers", "otlp") and \
                 (otlp.protocols.grpc is not None or otlp.protocols.http is not None):
-            self.receivers = ReceiverProcess(otlp, intake, counters, self.pipeline.receive, context)
+            self.ingest = IngestProcesses(
+                otlp, self.pipeline.digest_settings if config.service.adapter_process else None, intake, counters,
+                self.pipeline.receive, self.pipeline.receive_failure, context)
         self.store: TraceStore | None = None
         store_config = config.exporters.store
         if store_config is not None and _enabled(config, "exporters", "store"):
@@ -74,16 +77,16 @@ class Service:
 
     @property
     def grpc_port(self) -> int:
-        return self.receivers.grpc_port if self.receivers is not None else 0
+        return self.ingest.grpc_port if self.ingest is not None else 0
 
     @property
     def http_port(self) -> int:
-        return self.receivers.http_port if self.receivers is not None else 0
+        return self.ingest.http_port if self.ingest is not None else 0
 
     @property
     def failed(self) -> bool:
-        """A part died that the process cannot run without (the receiver process)."""
-        return self.receivers is not None and self.receivers.exited_unexpectedly.is_set()
+        """A part died that the process cannot run without (the receiver or adapter process)."""
+        return self.ingest is not None and self.ingest.exited_unexpectedly.is_set()
 
     def start(self) -> None:
         """Start everything; ``/readyz`` turns 200 only once every receiver listens."""
@@ -98,8 +101,8 @@ class Service:
             if self.prometheus is not None:
                 self.prometheus.start()
             self.pipeline.start()
-            if self.receivers is not None:
-                self.receivers.start()
+            if self.ingest is not None:
+                self.ingest.start()
         except Exception:
             self.stop()
             raise
@@ -109,9 +112,9 @@ class Service:
         """Stop accepting, complete every pending trace, then close the metrics endpoint last."""
         grace = self.config.service.shutdown_grace if grace_s is None else grace_s
         self.ready.clear()
-        if self.receivers is not None:
-            self.receivers.stop(grace)  # returns once everything they admitted is in the intake
-            if self.receivers.exited_unexpectedly.is_set():
+        if self.ingest is not None:
+            self.ingest.stop(grace)  # returns once everything they admitted is in the intake
+            if self.ingest.exited_unexpectedly.is_set():
                 lost = self.pipeline.intake.forget_in_flight()
                 if lost > 0:
                     self.telemetry.spans_dropped.labels("receiver_exit").inc(lost)

@@ -252,8 +252,9 @@ def test_memory_limiter_refuses_and_recovers(make_server):
 # --- hostile shapes and volumes --------------------------------------------------------------
 
 
-def test_huge_attributes_are_truncated_not_buffered(make_server):
-    server = make_server({"processors": KEEP_ALL})
+@pytest.mark.parametrize("adapter_process", [False, True])
+def test_huge_attributes_are_truncated_not_buffered(make_server, adapter_process):
+    server = make_server({"processors": KEEP_ALL, "service": {"adapter_process": adapter_process}})
     request = vllm_batch(3, model="big", extra={"blob": "x" * 1_000_000})
     span = request.resource_spans[0].scope_spans[0].spans[0]
     for i in range(5000):

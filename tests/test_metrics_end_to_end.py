@@ -37,11 +37,14 @@ GENAI_HISTOGRAMS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
-    from tests.support.otelllm import start_server
+@pytest.fixture(scope="module", params=[False, True], ids=["adapters-in-pipeline", "adapter-process"])
+def fleet(tmp_path_factory, request):
+    """The same fleet through either topology: the adapter stage on the pipeline's worker thread
+    (the default) or in its own process, its output crossing a pipe."""
+    from tests.support.otelllm import deep_merge, start_server
 
-    server = start_server(str(tmp_path_factory.mktemp("store")), FLEET_CONFIG)
+    config = deep_merge(FLEET_CONFIG, {"service": {"adapter_process": request.param}})
+    server = start_server(str(tmp_path_factory.mktemp("store")), config)
     try:
         groups = send_mixed_fleet(server)
         total = sum(g.count for g in groups.values())

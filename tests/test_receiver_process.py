@@ -19,13 +19,22 @@ from tests.test_bad_input import http_post
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
 
-def receiver_processes(pid: int) -> list[int]:
-    """Child processes of ``pid`` other than multiprocessing's resource tracker."""
+def child_processes(pid: int) -> dict[str, int]:
+    """Child processes of ``pid`` by their name (/proc/PID/comm)."""
     found: list[int] = []
     for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            found.extend(int(child) for child in f.read().split())
-    return [child for child in found if b"resource_tracker" not in Path(f"/proc/{child}/cmdline").read_bytes()]
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found.extend(int(child) for child in f.read().split())
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+    named = {}
+    for child in found:
+        try:
+            named[Path(f"/proc/{child}/comm").read_text().strip()] = child
+        except FileNotFoundError:  # exited meanwhile
+            continue
+    return named
 
 
 def alive(pid: int) -> bool:
@@ -67,18 +76,22 @@ def test_exports_are_answered_while_the_pipeline_is_stalled(make_server):
     assert scrape.value("otel_llm_intake_queued_spans") == 0
 
 
-def test_receiver_process_exits_with_a_killed_pipeline_process(tmp_path: Path):
+@pytest.mark.parametrize("adapter_process", [False, True])
+def test_ingest_processes_exit_with_a_killed_pipeline_process(tmp_path: Path, adapter_process: bool):
     """SIGKILL leaves the pipeline process no chance to stop anything: the receiver process sees its
-    control pipe close and exits, so the ports are free for the restart."""
-    process = ServerProcess(tmp_path, {})
+    control pipe close and exits, so the ports are free for the restart, and the adapter process
+    sees its input close and exits."""
+    process = ServerProcess(tmp_path, {"service": {"adapter_process": adapter_process}})
     process.start()
+    names = {"otel-llm-recv", "otel-llm-adapt"} if adapter_process else {"otel-llm-recv"}
     try:
         assert process.process is not None
-        receivers = receiver_processes(process.process.pid)
-        assert len(receivers) == 1, receivers
+        children = child_processes(process.process.pid)
+        assert names <= children.keys() and ("otel-llm-adapt" in children) == adapter_process, children
         assert http_post(process, vllm_batch(5).SerializeToString())[0] == 200
         process.stop(signal.SIGKILL)
-        poll(lambda: not alive(receivers[0]), 10, "the receiver process to exit")
+        for name in names:
+            poll(lambda: not alive(children[name]), 10, f"{name} to exit")
         process.start()  # same ports
         assert http_post(process, vllm_batch(5).SerializeToString())[0] == 200
         assert process.stop() == 0
@@ -86,20 +99,21 @@ def test_receiver_process_exits_with_a_killed_pipeline_process(tmp_path: Path):
         process.ensure_stopped()
 
 
-def test_a_dead_receiver_process_stops_the_service_with_an_error(tmp_path: Path):
-    """Without receivers the service cannot take data: it says so, completes what it holds, and
-    exits non-zero so that its supervisor restarts it."""
-    process = ServerProcess(tmp_path, {"processors": {"tail_sampling": {"decision_wait": "60s"}}})
+@pytest.mark.parametrize("victim", ["otel-llm-recv", "otel-llm-adapt"])
+def test_a_dead_ingest_process_stops_the_service_with_an_error(tmp_path: Path, victim: str):
+    """Without its receivers or adapters the service cannot take data: it says so, completes what
+    it holds, and exits non-zero so that its supervisor restarts it."""
+    process = ServerProcess(tmp_path, {"processors": {"tail_sampling": {"decision_wait": "60s"}},
+                                       "service": {"adapter_process": True}})
     process.start()
     try:
         assert process.process is not None
         assert http_post(process, vllm_batch(7, model="before-crash", parent=True).SerializeToString())[0] == 200
         process.wait_until(lambda s: s.value("otel_llm_traces_in_memory") == 7, what="7 traces held")
-        (receivers,) = receiver_processes(process.process.pid)
-        os.kill(receivers, signal.SIGKILL)
+        os.kill(child_processes(process.process.pid)[victim], signal.SIGKILL)
         assert process.process.wait(timeout=30) == 1
         log = process.log_path.read_text()
-        assert "receiver process exited unexpectedly" in log
+        assert "ingest process exited unexpectedly" in log
         assert "completing pending traces" in log
     finally:
         process.ensure_stopped()

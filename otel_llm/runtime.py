@@ -1,0 +1,36 @@
+"""Process-level settings of the CPython runtime, applied by each of otel-llm's processes."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import sys
+
+_PR_SET_NAME = 15
+
+
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(None)
+    except OSError:
+        return None
+
+
+def name_process(name: str) -> None:
+    """Show ``name`` (15 characters at most) in ``top``, ``ps -o comm`` and /proc/PID/comm, so an
+    operator sees which of otel-llm's processes is busy."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "prctl"):
+        libc.prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+
+
+def tune_gc(switch_interval_s: float | None = None) -> None:
+    """The hot path allocates millions of short-lived, acyclic objects; with CPython's default
+    threshold (700) the cyclic collector ran for ~40 % of the pipeline's time (bench profile).
+    Everything alive after start-up is frozen out of collections, and young collections run
+    ~70x less often; reference counting still frees almost everything immediately."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 50, 100)
+    if switch_interval_s is not None:
+        sys.setswitchinterval(switch_interval_s)
