@@ -1,6 +1,6 @@
 """``python -m bench`` (``make bench``): otel-llm's full pipeline against a parse-only OTLP sink.
 
-Runs, in one go and in about three minutes on two cores:
+Runs, in one go and in about three and a half minutes on two cores:
 
 1. pre-generates realistic OTLP batches (``bench/workload.py``);
 2. a baseline sink (``bench/baseline.py``) and then ``otel-llm serve`` (the real CLI, the real
