@@ -105,10 +105,6 @@ class IngestProcesses:
             raise OSError(str(detail))
         self.grpc_port, self.http_port = int(event["grpc_port"]), int(event["http_port"])
 
-    @property
-    def pids(self) -> list[int]:
-        return [process.pid for process in self._processes]
-
     def _wait_event(self, timeout_s: float) -> dict[str, Any] | None:
         with self._event:
             self._event.wait_for(lambda: self._events or self._done, timeout_s)
@@ -136,6 +132,8 @@ class IngestProcesses:
                     event = json.loads(message[1:])
                     if event.get("event") == "done":
                         break
+                    if event.get("event") == "error":
+                        self._stopping = True  # start-up failed: ``start`` raises it; the EOF that follows is expected
                     with self._event:
                         self._events.append(event)
                         self._event.notify_all()

@@ -64,10 +64,6 @@ class Intake:
         """Admitted and not yet processed, including what is still on its way from the receivers."""
         return self.state.queued_spans
 
-    @property
-    def closed(self) -> bool:
-        return self.state.closed
-
     def put(self, data: bytes, spans: int, size: int, digested: bool) -> None:
         """``data``: a request of ``spans`` spans in ``size`` bytes, or the adapter process's output for it."""
         with self._cond:

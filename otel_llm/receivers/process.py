@@ -119,10 +119,6 @@ class IntakeState:
     def queued_bytes(self) -> int:
         return self._values[self._QUEUED_BYTES]
 
-    @property
-    def max_spans(self) -> int:
-        return self._values[self._MAX]
-
     def set_refusing(self, refusing: bool) -> None:
         self._values[self._REFUSING] = int(refusing)
 
@@ -199,6 +195,12 @@ class Forwarder:
         ids = check_ids(request)
         accepted = ids.spans - ids.rejected
         counters = self._counters
+        if self.failed.is_set() and accepted:
+            # Nothing can reach the pipeline any more and the service is stopping: a retry will
+            # find its restarted instance, while an answer of "accepted" would lose the data.
+            counters.spans_refused(protocol, SHUTTING_DOWN, accepted)
+            return Admission(0, ids.rejected, ids.message, refused=SHUTTING_DOWN,
+                             retry_after_s=RETRY_AFTER_S[SHUTTING_DOWN])
         if ids.rejected:
             counters.spans_refused(protocol, "invalid_id", ids.rejected)
             payload = None  # the request changed
@@ -259,7 +261,7 @@ class ReceiverArgs:
 
 
 def run_receiver_process(args: ReceiverArgs, state: IntakeState, counters: ReceiverCounters, data: Connection,
-                   control: Connection) -> None:
+                         control: Connection) -> None:
     """Entry point of the receiver process."""
     from otel_llm.receivers.otlp_grpc import OtlpGrpcReceiver
     from otel_llm.receivers.otlp_http import OtlpHttpReceiver
