@@ -135,3 +135,23 @@ def test_refusals_are_counted_before_the_client_sees_them(make_server, protocol)
             assert http_post(server, payload)[0] == 401
         assert server.scrape().value("otel_llm_receiver_refused_requests_total", protocol=protocol,
                                      reason="unauthenticated") == attempt
+
+
+def test_receivers_refuse_once_their_pipe_is_broken():
+    """When the process downstream is gone, an answer of "accepted" would lose the data: the
+    forwarder refuses retryably instead, and counts it."""
+    from otel_llm.receivers.process import Forwarder, IntakeState, ReceiverCounters, spawn_context
+
+    context = spawn_context()
+    counters = ReceiverCounters(context)
+    reader, writer = context.Pipe(duplex=False)
+    forwarder = Forwarder(IntakeState(context, 10_000, 1 << 30), counters, writer)
+    forwarder.start()
+    reader.close()
+    request = vllm_batch(3)
+    assert forwarder.admit(request, request.SerializeToString(), "grpc").accepted == 3  # not known yet
+    poll(forwarder.failed.is_set, 10, "the sender to find the pipe broken")
+    refused = forwarder.admit(vllm_batch(4), None, "grpc")
+    assert (refused.accepted, refused.refused, refused.retry_after_s) == (0, "shutting_down", 5)
+    _, spans, _ = counters.snapshot()
+    assert spans[("grpc", "shutting_down")] == 4
