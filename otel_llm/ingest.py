@@ -123,7 +123,7 @@ class IngestProcesses:
                     _, spans, size = HEADER.unpack_from(message)
                     put(message[header_size:], spans, size, True)
                 elif tag == BATCH:
-                    _, _, spans = BATCH_HEADER.unpack_from(message)
+                    _, spans = BATCH_HEADER.unpack_from(message)
                     put(message[batch_header_size:], spans, len(message) - batch_header_size, False)
                 elif tag == FAILED:
                     _, spans, size = HEADER.unpack_from(message)

@@ -40,6 +40,17 @@ def memory_limits(settings: MemoryLimiterProcessor) -> tuple[int, int]:
     return limit, settings.spike_limit_mib * 1024 * 1024 or limit // 5
 
 
+# A request's spans take ~2.5x its wire size once buffered (bench mix: ~600 B per span on the wire,
+# ~1.5 KB buffered): admitted requests not yet processed are counted at that size.
+BUFFERED_PER_WIRE_BYTE = 2.5
+
+
+def intake_bytes_bound(spike_bytes: int) -> int:
+    """Request bytes admitted and not yet processed: once buffered, they fill at most 5/8 of the spike
+    allowance, which leaves room for completion's own allocations (a quarter of it, in bytes)."""
+    return int(spike_bytes * 0.625 / BUFFERED_PER_WIRE_BYTE)
+
+
 class MemoryLimiter:
     def __init__(self, settings: MemoryLimiterProcessor, shed: Callable[[], int],
                  rss: Callable[[], int] = rss_bytes, on_change: Callable[[bool], None] = lambda refusing: None) -> None:
@@ -51,7 +62,6 @@ class MemoryLimiter:
         self._rss = rss
         self._refusing = False
         self._on_change = on_change  # tells the receivers, which live in another process
-        self.refusals_started = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -68,12 +78,12 @@ class MemoryLimiter:
     def refuse_if_over(self, pending_bytes: int) -> None:
         """The data path's check, as requests arrive: receivers admit far faster than one
         ``check_interval`` allows for, and RSS shows a request only once it is processed, so what is
-        admitted and still pending counts at its buffered size (~2.5x its wire size). Refusing starts
-        at once; shedding and recovery stay periodic."""
-        if not self._refusing and self._rss() + pending_bytes * 5 // 2 > self.soft_limit_bytes:
-            self.refusals_started += 1
-            log.warning("memory above the soft limit %d MiB: refusing data", self.soft_limit_bytes >> 20)
-            self.refusing = True
+        admitted and still pending counts at its buffered size. Refusing starts at once; shedding and
+        recovery stay periodic."""
+        if not self._refusing:
+            expected = self._rss() + int(pending_bytes * BUFFERED_PER_WIRE_BYTE)
+            if expected > self.soft_limit_bytes:
+                self._start_refusing(expected)
 
     def check(self) -> None:
         rss = self._rss()
@@ -83,12 +93,14 @@ class MemoryLimiter:
             self.refusing = False
             return
         if not self._refusing:
-            self.refusals_started += 1
-            log.warning("memory %d MiB above the soft limit %d MiB: refusing data, completing traces early",
-                        rss >> 20, self.soft_limit_bytes >> 20)
-        self.refusing = True
+            self._start_refusing(rss)
         self._shed()
         gc.collect()
+
+    def _start_refusing(self, rss: int) -> None:
+        log.warning("memory %d MiB above the soft limit %d MiB: refusing data, completing traces early",
+                    rss >> 20, self.soft_limit_bytes >> 20)
+        self.refusing = True
 
     def start(self) -> None:
         def run() -> None:

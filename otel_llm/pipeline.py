@@ -115,7 +115,6 @@ def record_settings(config: Config) -> RecordSettings:
         default_model=metrics.model_name.default,
         default_operation=metrics.default_operation_name,
         edge_ttft_attributes=tuple(metrics.edge_time_to_first_token.attributes),
-        edge_ttft_events=tuple(metrics.edge_time_to_first_token.events),
         dimensions=tuple(Dimension(d.name, d.attribute, frozenset(d.values), d.other) for d in metrics.dimensions),
     )
 

@@ -28,7 +28,9 @@ def tune_gc(switch_interval_s: float | None = None) -> None:
     """The hot path allocates millions of short-lived, acyclic objects; with CPython's default
     threshold (700) the cyclic collector ran for ~40 % of the pipeline's time (bench profile).
     Everything alive after start-up is frozen out of collections, and young collections run
-    ~70x less often; reference counting still frees almost everything immediately."""
+    ~70x less often; reference counting still frees almost everything immediately.
+    ``switch_interval_s`` also sets the GIL switch interval, for processes whose pipe reader
+    thread must get the GIL back promptly from a busy worker."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 50, 100)

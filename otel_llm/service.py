@@ -14,7 +14,7 @@ from otel_llm.exporters.batching import ExportBatcher
 from otel_llm.exporters.otlp_traces import TraceExporter
 from otel_llm.exporters.prometheus import PrometheusEndpoint
 from otel_llm.metrics.exposition import RecorderCollector
-from otel_llm.memorylimiter import memory_limits
+from otel_llm.memorylimiter import intake_bytes_bound, memory_limits
 from otel_llm.metrics.selftelemetry import SelfTelemetry
 from otel_llm.pipeline import Pipeline
 from otel_llm.ingest import IngestProcesses
@@ -37,10 +37,9 @@ class Service:
         context = spawn_context()
         counters = ReceiverCounters(context)
         self.telemetry = SelfTelemetry(self.registry, counters)
-        # Queued request bytes grow ~2.5x once buffered (wire ~600 B, buffered ~1.5 KB per span): a
-        # quarter of the spike allowance keeps a full intake, processed, within it.
         _, spike_bytes = memory_limits(config.processors.memory_limiter)
-        intake = IntakeState(context, otlp.max_queued_spans if otlp is not None else 200_000, spike_bytes // 4)
+        intake = IntakeState(context, otlp.max_queued_spans if otlp is not None else 200_000,
+                             intake_bytes_bound(spike_bytes))
         self.pipeline = Pipeline(config, self.telemetry, intake)
         self.registry.register(RecorderCollector(self.pipeline.recorder))
         self.ready = threading.Event()

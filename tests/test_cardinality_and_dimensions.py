@@ -28,22 +28,27 @@ def test_series_cap_sends_new_label_sets_to_one_overflow_series(make_server):
     assert scrape.value("otel_llm_series_overflow_total", metric="vllm:e2e_request_latency_seconds") == 7
 
 
-def test_dimension_allow_list_maps_everything_else_to_other(make_server):
-    server = make_server({"processors": {"llm_metrics": {"dimensions": [
-        {"name": "priority", "attribute": "llm.priority", "values": ["interactive", "batch"]}]}}})
+def _requests_behind_gateways(server, attribute: str, values: list) -> None:  # noqa: ANN001
+    """One vLLM request per value, under a gateway span carrying ``attribute`` (absent for None)."""
+    from opentelemetry.propagate import inject
+
     provider = engine_tracer_provider("vllm-v1", server.exporter("http"), service_name="dims")
     tracer = provider.get_tracer("gateway")
-    for value in ["interactive", "interactive", "batch", "urgent!", None]:
+    for value in values:
         t = _timing()
-        attributes = {"llm.priority": value} if value else {}
+        attributes = {attribute: value} if value is not None else {}
         with tracer.start_as_current_span("POST /v1/chat/completions", kind=SpanKind.SERVER,
                                           attributes=attributes, start_time=t.arrival_unix_ns) as gw:
             headers: dict[str, str] = {}
-            from opentelemetry.propagate import inject
-
             inject(headers)
             emit_vllm_v1(provider, t, request_id="d", traceparent_headers=headers)
             gw.end(end_time=t.end_unix_ns + 1000)
+
+
+def test_dimension_allow_list_maps_everything_else_to_other(make_server):
+    server = make_server({"processors": {"llm_metrics": {"dimensions": [
+        {"name": "priority", "attribute": "llm.priority", "values": ["interactive", "batch"]}]}}})
+    _requests_behind_gateways(server, "llm.priority", ["interactive", "interactive", "batch", "urgent!", None])
     scrape = server.wait_for_requests(5)
     count = "vllm:e2e_request_latency_seconds_count"
     assert scrape.value(count, priority="interactive") == 2
@@ -64,3 +69,32 @@ def test_upstream_sampling_threshold_weights_observations(server):
     scrape = server.wait_for_requests(1)
     assert scrape.value("vllm:e2e_request_latency_seconds_count") == 4.0
     assert scrape.value("vllm:request_success_total") == 4.0
+
+
+def test_boolean_dimension_values_read_as_otlp_text(make_server):
+    """A boolean attribute is the label text "true"/"false", as for every other attribute read."""
+    server = make_server({"processors": {"llm_metrics": {"dimensions": [
+        {"name": "stream", "attribute": "llm.stream", "values": ["true", "false"]}]}}})
+    _requests_behind_gateways(server, "llm.stream", [True, True, False])
+    scrape = server.wait_for_requests(3)
+    count = "vllm:e2e_request_latency_seconds_count"
+    assert (scrape.value(count, stream="true"), scrape.value(count, stream="false")) == (2, 1)
+
+
+def test_series_cap_holds_when_a_key_first_seen_failing_succeeds_later():
+    """A label key whose first request failed has no TTFT series yet; once other keys fill the cap,
+    its first success goes to the overflow series (counted) instead of failing the recorder."""
+    from otel_llm.assembly.records import Outcome
+    from otel_llm.metrics.definitions import vllm_naming
+    from otel_llm.metrics.recorder import MetricsRecorder
+    from tests.test_sampling_policies import record
+
+    recorder = MetricsRecorder([vllm_naming(1024)], (), series_limit=2)
+    recorder.record(record(model="a", outcome=Outcome.ERROR))
+    recorder.record(record(model="b"))
+    recorder.record(record(model="c"))  # the TTFT family is now full: a's key is not in it
+    recorder.record(record(model="a"))
+    ttft = next(h.family for h in recorder.namings[0].histograms if h.spec.name == "vllm:time_to_first_token_seconds")
+    assert len(ttft.series) == 2 + 1  # the cap plus the overflow series
+    assert sum(series.count for series in ttft.series.values()) == 3  # b, c, and a's success: none lost
+    assert ttft.overflowed == 1  # a's success

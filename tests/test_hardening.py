@@ -225,9 +225,7 @@ def test_flood_is_refused_retryably_and_accounted(make_server):
     assert accepted >= 1500 and refused >= sent - 2500, "the intake holds ~1500 spans while the pipeline is stalled"
     assert retry_hints and all(h >= 1 for h in retry_hints), "every refusal carries a retry delay"
     assert accepted + refused == sent
-    # The receiver process reports its refusal counts within ~0.1 s, asynchronously.
-    scrape = server.wait_until(lambda s: s.value("otel_llm_spans_matched_total") == accepted and s.value(
-        "otel_llm_receiver_refused_spans_total", reason="queue_full") >= refused)
+    scrape = server.wait_until(lambda s: s.value("otel_llm_spans_matched_total") == accepted)
     assert scrape.value("otel_llm_receiver_accepted_spans_total") == accepted
     assert scrape.value("otel_llm_receiver_refused_spans_total", reason="queue_full") == refused
 

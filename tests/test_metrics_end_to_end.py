@@ -45,6 +45,8 @@ def fleet(tmp_path_factory, request):
 
     config = deep_merge(FLEET_CONFIG, {"service": {"adapter_process": request.param}})
     server = start_server(str(tmp_path_factory.mktemp("store")), config)
+    assert server.service.ingest is not None
+    assert ("otel-llm-adapters" in [p.name for p in server.service.ingest._processes]) == request.param
     try:
         groups = send_mixed_fleet(server)
         total = sum(g.count for g in groups.values())

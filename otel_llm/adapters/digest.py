@@ -115,9 +115,10 @@ class DigestCounts:
 
 
 def _digest(request: ExportTraceServiceRequest, settings: DigestSettings, portable: bool) -> tuple[Any, ...]:
-    """(origins, rows, counts) of ``request`` (ids already checked): one row per span, the fields of
-    ``BufferedSpan`` with its origin as an index. ``portable``: only marshal-able values (the
-    observation as a tuple), for the pipe."""
+    """(origins, spans, counts) of ``request`` (ids already checked). In-process: ``Origin`` and
+    ``BufferedSpan`` objects. ``portable``, for the pipe: only marshal-able values, an origin as
+    (resource bytes, scope bytes, service name, resource strings) and a span as a row of the
+    ``BufferedSpan`` fields with its origin as an index and its observation as a tuple."""
     limits = settings.limits
     max_latency = settings.max_latency_s
     kept_keys = settings.kept_attribute_keys
@@ -125,18 +126,27 @@ def _digest(request: ExportTraceServiceRequest, settings: DigestSettings, portab
     matched: dict[str, int] = {}
     malformed: dict[str, int] = {}
     passed_through = truncated = 0
-    origins: list[tuple[bytes, bytes, str, dict[str, str]]] = []
-    rows: list[tuple[Any, ...]] = []
-    append = rows.append
+    origins: list[Any] = []
+    spans: list[Any] = []
+    append = spans.append
     for resource_spans in request.resource_spans:
         resource = resource_spans.resource
         resource_strings = {kv.key: kv.value.string_value for kv in resource.attributes
                             if kv.value.HasField("string_value")}
         service_name = resource_strings.get("service.name") or "unknown_service"
-        resource_bytes = resource.SerializeToString()
+        if portable:
+            resource_bytes = resource.SerializeToString()
+        else:  # a standalone copy: a buffered span never pins its whole export request
+            standalone = Resource()
+            standalone.CopyFrom(resource)
         for scope_spans in resource_spans.scope_spans:
-            origin = len(origins)
-            origins.append((resource_bytes, scope_spans.scope.SerializeToString(), service_name, resource_strings))
+            if portable:
+                origin: Any = len(origins)
+                origins.append((resource_bytes, scope_spans.scope.SerializeToString(), service_name, resource_strings))
+            else:
+                scope = InstrumentationScope()
+                scope.CopyFrom(scope_spans.scope)
+                origin = Origin(standalone, scope, service_name, resource_strings)
             for span in scope_spans.spans:
                 payload = span.SerializeToString()  # buffered as is; its size is the cheap limit check
                 if limits.exceeded_by(span, len(payload)) and limits.enforce(span):
@@ -164,38 +174,18 @@ def _digest(request: ExportTraceServiceRequest, settings: DigestSettings, portab
                     event_ns = next((e.time_unix_nano for e in span.events if e.name in first_token_events), 0)
                     if event_ns:
                         slim += (FIRST_TOKEN_EVENT, event_ns)
-                if portable and observation is not None:
-                    observation = _observation_tuple(observation)
-                append((span.trace_id, span.span_id, span.parent_span_id, kind, span.status.code,
-                        span.start_time_unix_nano, span.end_time_unix_nano, span.trace_state, payload, origin, slim,
-                        observation))
-    return origins, rows, (matched, malformed, passed_through, truncated)
+                fields = (span.trace_id, span.span_id, span.parent_span_id, kind, span.status.code,
+                          span.start_time_unix_nano, span.end_time_unix_nano, span.trace_state, payload, origin, slim)
+                if portable:
+                    append((*fields, _observation_tuple(observation) if observation is not None else None))
+                else:
+                    append(BufferedSpan(*fields, observation))
+    return origins, spans, (matched, malformed, passed_through, truncated)
 
 
-def _buffered(origin_rows: list[tuple[bytes, bytes, str, dict[str, str]]], rows: list[tuple[Any, ...]],
-              counts: tuple[Any, ...], portable: bool) -> tuple[list[BufferedSpan], DigestCounts]:
-    origins = []
-    for resource_bytes, scope_bytes, service_name, resource_strings in origin_rows:
-        # Standalone messages shared by the spans of one resource and scope: a buffered span never
-        # pins its whole export request.
-        resource = Resource()
-        resource.ParseFromString(resource_bytes)
-        scope = InstrumentationScope()
-        scope.ParseFromString(scope_bytes)
-        origins.append(Origin(resource, scope, service_name, resource_strings))
-    if portable:
-        observation = EngineObservation
-        spans = [BufferedSpan(trace_id, span_id, parent, kind, status, start, end, trace_state, payload,
-                              origins[origin], attrs, observation(*fields) if fields is not None else None)
-                 for trace_id, span_id, parent, kind, status, start, end, trace_state, payload, origin, attrs, fields
-                 in rows]
-    else:
-        spans = [BufferedSpan(trace_id, span_id, parent, kind, status, start, end, trace_state, payload,
-                              origins[origin], attrs, obs)
-                 for trace_id, span_id, parent, kind, status, start, end, trace_state, payload, origin, attrs, obs
-                 in rows]
+def _counts(counts: tuple[Any, ...]) -> DigestCounts:
     matched, malformed, passed_through, truncated = counts
-    return spans, DigestCounts(matched, malformed, passed_through, truncated)
+    return DigestCounts(matched, malformed, passed_through, truncated)
 
 
 def digest(request: ExportTraceServiceRequest, settings: DigestSettings) -> bytes:
@@ -205,15 +195,27 @@ def digest(request: ExportTraceServiceRequest, settings: DigestSettings) -> byte
 
 def decode(data: bytes) -> tuple[list[BufferedSpan], DigestCounts]:
     """The pipeline process's side of ``digest``."""
-    origins, rows, counts = marshal.loads(data)
-    return _buffered(origins, rows, counts, portable=True)
+    origin_rows, rows, counts = marshal.loads(data)
+    origins = []
+    for resource_bytes, scope_bytes, service_name, resource_strings in origin_rows:
+        resource = Resource()
+        resource.ParseFromString(resource_bytes)
+        scope = InstrumentationScope()
+        scope.ParseFromString(scope_bytes)
+        origins.append(Origin(resource, scope, service_name, resource_strings))
+    observation = EngineObservation
+    spans = [BufferedSpan(trace_id, span_id, parent, kind, status, start, end, trace_state, payload,
+                          origins[origin], attrs, observation(*fields) if fields is not None else None)
+             for trace_id, span_id, parent, kind, status, start, end, trace_state, payload, origin, attrs, fields
+             in rows]
+    return spans, _counts(counts)
 
 
 def digest_in_process(request: ExportTraceServiceRequest, settings: DigestSettings
                       ) -> tuple[list[BufferedSpan], DigestCounts]:
     """The same stage without the pipe (``service.adapter_process: false``)."""
-    origins, rows, counts = _digest(request, settings, portable=False)
-    return _buffered(origins, rows, counts, portable=False)
+    _, spans, counts = _digest(request, settings, portable=False)
+    return spans, _counts(counts)
 
 
 def run_adapter_process(settings: DigestSettings, source: Connection, sink: Connection, log_level: int) -> None:
@@ -255,7 +257,7 @@ def run_adapter_process(settings: DigestSettings, source: Connection, sink: Conn
                 raise EOFError("the receivers' pipe closed")
             tag = message[:1]
             if tag == BATCH:
-                _, _, spans = BATCH_HEADER.unpack_from(message)
+                _, spans = BATCH_HEADER.unpack_from(message)
                 size = len(message) - header_size
                 try:
                     request = ExportTraceServiceRequest()

@@ -63,13 +63,19 @@ class RecordSettings:
     default_model: str = "unknown"
     default_operation: str = "chat"
     edge_ttft_attributes: tuple[str, ...] = ("gen_ai.server.time_to_first_token",)
-    edge_ttft_events: tuple[str, ...] = ("gen_ai.first_token", "first_token")
     dimensions: tuple[Dimension, ...] = ()
 
 
 def _text(span: BufferedSpan, key: str) -> str | None:
+    """As ``adapters.attributes.get_str`` reads an ``AnyValue``: the same label text either way."""
     value = span.attr(key)
-    return None if value is None else str(value)
+    if isinstance(value, list):
+        value = value[0] if value else None
+    if value is None or isinstance(value, dict):
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def _number(span: BufferedSpan, key: str) -> float | None:

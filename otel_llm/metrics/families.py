@@ -55,16 +55,6 @@ class HistogramFamily(Family):
         super().__init__(name, limit)
         self.bounds = bounds
 
-    def admitted_series(self, key: Key) -> HistogramSeries | None:
-        """The series of ``key``, created if the cap allows; ``None`` when ``key`` would overflow
-        (the caller then goes through ``observe``, which counts the overflow)."""
-        series = self.series.get(key)
-        if series is None:
-            if len(self.series) >= self.limit:
-                return None
-            series = self.series[key] = HistogramSeries([0.0] * (len(self.bounds) + 1))
-        return series  # type: ignore[return-value]
-
     def observe(self, key: Key, value: float, weight: float = 1.0, exemplar: Exemplar | None = None) -> None:
         series = self.series.get(key)
         if series is None:

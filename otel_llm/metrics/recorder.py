@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import threading
 import time
-from bisect import bisect_left
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from otel_llm.assembly.records import RequestRecord
-from otel_llm.metrics.definitions import SEGMENT_METRIC, CounterSpec, HistogramSpec, Naming, Value
-from otel_llm.metrics.families import CounterFamily, Exemplar, HistogramFamily, HistogramSeries, Key
+from otel_llm.metrics.definitions import SEGMENT_METRIC, CounterSpec, HistogramSpec, Naming
+from otel_llm.metrics.families import CounterFamily, Exemplar, HistogramFamily, Key
 
 
 @dataclass(slots=True)
@@ -25,34 +24,11 @@ class _BoundCounter:
 
 
 @dataclass(slots=True)
-class _Observation:
-    """One histogram of a naming for one label key: the series resolved once, on first use."""
-
-    value: Value
-    success_only: bool
-    family: HistogramFamily
-    bounds: tuple[float, ...]
-    series: HistogramSeries | None = None
-
-
-@dataclass(slots=True)
 class BoundNaming:
     naming: Naming
     label_names: tuple[str, ...]  # naming labels + configured dimensions
     histograms: list[_BoundHistogram]
     counters: list[_BoundCounter]
-    # Per label key, what a record observes: one dict lookup per record and naming instead of one per
-    # histogram. Only keys within every family's series cap are planned, so this stays bounded.
-    plans: dict[Key, list[_Observation]] = field(default_factory=dict)
-
-    def plan(self, key: Key) -> list[_Observation] | None:
-        plan = self.plans.get(key)
-        if plan is None:
-            if any(key not in h.family.series and len(h.family.series) >= h.family.limit for h in self.histograms):
-                return None  # over a cap: ``observe`` routes to the overflow series and counts it
-            plan = self.plans[key] = [_Observation(h.spec.value, h.spec.success_only, h.family, h.family.bounds)
-                                      for h in self.histograms]
-        return plan
 
 
 class MetricsRecorder:
@@ -69,7 +45,6 @@ class MetricsRecorder:
         ]
         self.segments = HistogramFamily(SEGMENT_METRIC.name, SEGMENT_METRIC.buckets, series_limit)
         self.segment_label_names = ("model_name", "engine_kind", "service_name", "segment") + dimension_names
-        self._segment_series: dict[Key, HistogramSeries] = {}  # bounded by the family's cap
         self.lock = threading.Lock()
         self.requests_recorded = 0
 
@@ -84,27 +59,13 @@ class MetricsRecorder:
             self.requests_recorded += 1
             for bound in self.namings:
                 key: Key = bound.naming.labels(record) + record.dimensions
-                plan = bound.plan(key)
-                if plan is None:
-                    self._observe_each(bound, key, record, weight, trace_id, span_id, now, with_exemplars)
-                else:
-                    for observation in plan:
-                        if observation.success_only and not succeeded:
-                            continue
-                        value = observation.value(record)
-                        if value is None:
-                            continue
-                        series = observation.series
-                        if series is None:
-                            series = observation.series = observation.family.admitted_series(key)
-                            assert series is not None  # planned keys are within the cap
-                        # HistogramFamily.observe, inlined: this runs ~17 times per request.
-                        index = bisect_left(observation.bounds, value)
-                        series.counts[index] += weight
-                        series.total += value * weight
-                        series.count += weight
-                        if with_exemplars:
-                            series.exemplars[index] = Exemplar(trace_id, span_id, value, now)
+                for hist in bound.histograms:
+                    if hist.spec.success_only and not succeeded:
+                        continue
+                    value = hist.spec.value(record)
+                    if value is not None:
+                        exemplar = Exemplar(trace_id, span_id, value, now) if with_exemplars else None
+                        hist.family.observe(key, value, weight, exemplar)
                 for counter in bound.counters:
                     amount = counter.spec.value(record)
                     if amount is None:
@@ -112,37 +73,10 @@ class MetricsRecorder:
                     counter.family.add(key + (record.outcome,) if counter.spec.by_outcome else key, amount * weight)
             if record.segments:
                 base = (record.model, record.engine_kind, record.service_name)
-                family = self.segments
-                bounds = family.bounds
                 for segment in record.segments:
                     duration = segment.duration_s
-                    key = base + (segment.name,) + record.dimensions
-                    series = self._segment_series.get(key)
-                    if series is None:
-                        series = family.admitted_series(key)
-                        if series is None:  # over the cap: the overflow series, counted
-                            exemplar = Exemplar(trace_id, span_id, duration, now) if with_exemplars else None
-                            family.observe(key, duration, weight, exemplar)
-                            continue
-                        self._segment_series[key] = series
-                    index = bisect_left(bounds, duration)
-                    series.counts[index] += weight
-                    series.total += duration * weight
-                    series.count += weight
-                    if with_exemplars:
-                        series.exemplars[index] = Exemplar(trace_id, span_id, duration, now)
-
-    @staticmethod
-    def _observe_each(bound: BoundNaming, key: Key, record: RequestRecord, weight: float, trace_id: str,
-                      span_id: str, now: float, with_exemplars: bool) -> None:
-        """The unplanned path, for keys over a series cap."""
-        for hist in bound.histograms:
-            if hist.spec.success_only and not record.succeeded:
-                continue
-            value = hist.spec.value(record)
-            if value is not None:
-                exemplar = Exemplar(trace_id, span_id, value, now) if with_exemplars else None
-                hist.family.observe(key, value, weight, exemplar)
+                    exemplar = Exemplar(trace_id, span_id, duration, now) if with_exemplars else None
+                    self.segments.observe(base + (segment.name,) + record.dimensions, duration, weight, exemplar)
 
     def families(self) -> list[HistogramFamily | CounterFamily]:
         out: list[HistogramFamily | CounterFamily] = [self.segments]

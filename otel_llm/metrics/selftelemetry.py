@@ -25,20 +25,15 @@ class ReceiverCountersCollector(Collector):
         for protocol, value in accepted.items():
             family.add_metric([protocol], value)
         yield family
-        family = CounterMetricFamily(
-            "otel_llm_receiver_refused_spans",
-            "Spans refused by a receiver, by reason (whole requests count all their spans when known).",
-            labels=["protocol", "reason"])
-        for labels, value in spans.items():
-            if value:
-                family.add_metric(list(labels), value)
-        yield family
-        family = CounterMetricFamily("otel_llm_receiver_refused_requests",
-                                     "Export requests refused as a whole, by reason.", labels=["protocol", "reason"])
-        for labels, value in requests.items():
-            if value:
-                family.add_metric(list(labels), value)
-        yield family
+        for name, help_text, values in (
+                ("otel_llm_receiver_refused_spans",
+                 "Spans refused by a receiver, by reason (whole requests count all their spans when known).", spans),
+                ("otel_llm_receiver_refused_requests", "Export requests refused as a whole, by reason.", requests)):
+            family = CounterMetricFamily(name, help_text, labels=["protocol", "reason"])
+            for labels, value in values.items():
+                if value:
+                    family.add_metric(list(labels), value)
+            yield family
 
 
 class SelfTelemetry:

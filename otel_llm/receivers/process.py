@@ -13,8 +13,9 @@ Shared with the other processes (``otel_llm/ingest.py`` starts them all):
   releases it once the spans are buffered, so "accepted" still means "will be processed"; a
   memory-limit flag and a closed flag, set by the pipeline process, turn into retryable refusals.
 - ``ReceiverCounters``: the receivers' counters, in shared memory.
-- a pipe to the adapter process: admitted requests (their bytes) and lifecycle events (ready,
-  listen error, done). A sender thread writes it, so a handler never blocks on it.
+- a pipe to the pipeline process (to the adapter process with ``service.adapter_process: true``):
+  admitted requests (their bytes) and lifecycle events (ready, listen error, done). A sender thread
+  writes it, so a handler never blocks on it.
 - a control pipe from the pipeline process: "stop" with a grace period; its end-of-file (the
   pipeline process died, even by SIGKILL) stops the receivers at once.
 """
@@ -51,11 +52,12 @@ from otel_llm.receivers.admission import (
 
 log = logging.getLogger(__name__)
 
-# Message tags on the receivers → adapters pipe (first byte of each message).
-BATCH = b"B"  # B, protocol index (1 byte), accepted spans (uint32), request bytes
+# Message tags on the pipe out of the receiver process, to the adapter process or, by default, to
+# the pipeline process (first byte of each message).
+BATCH = b"B"  # B, accepted spans (uint32), request bytes
 EVENT = b"E"  # E, JSON {"event": "ready" | "error" | "done", ...}; passed on to the pipeline process
 _PROTOCOL_INDEX = {name: i for i, name in enumerate(PROTOCOLS)}
-BATCH_HEADER = struct.Struct("<cBI")
+BATCH_HEADER = struct.Struct("<cI")
 
 _PIPE_BYTES = 1 << 20  # one ~400 KB request fits, so a write rarely waits for the reader
 
@@ -125,10 +127,6 @@ class IntakeState:
     def close(self) -> None:
         with self._lock:
             self._values[self._CLOSED] = 1
-
-    @property
-    def closed(self) -> bool:
-        return bool(self._values[self._CLOSED])
 
 
 class ReceiverCounters:
@@ -211,7 +209,7 @@ class Forwarder:
             if refused:
                 counters.spans_refused(protocol, refused, accepted)
                 return Admission(0, ids.rejected, ids.message, refused=refused, retry_after_s=RETRY_AFTER_S[refused])
-            header = BATCH_HEADER.pack(BATCH, _PROTOCOL_INDEX[protocol], accepted)
+            header = BATCH_HEADER.pack(BATCH, accepted)
             with self._cond:
                 self._outbox.append(header + payload)
                 self._cond.notify()
