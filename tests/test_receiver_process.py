@@ -160,3 +160,35 @@ def test_receivers_refuse_once_their_pipe_is_broken():
     assert (refused.accepted, refused.refused, refused.retry_after_s) == (0, "shutting_down", 5)
     _, spans, _ = counters.snapshot()
     assert spans[("grpc", "shutting_down")] == 4
+
+
+def test_nothing_is_admitted_behind_done():
+    """The pipeline process stops reading at "done": a request admitted after it would be
+    answered "accepted" and lost. The HTTP server's handler threads outlive its stop (and a
+    keep-alive connection's thread serves its next request), so the forwarder itself refuses
+    once "done" is queued, and gives back the room it had reserved."""
+    from otel_llm.receivers.process import BATCH, Forwarder, IntakeState, ReceiverCounters, is_done_event, spawn_context
+
+    context = spawn_context()
+    counters = ReceiverCounters(context)
+    state = IntakeState(context, 10_000, 1 << 30)
+    reader, writer = context.Pipe(duplex=False)
+    forwarder = Forwarder(state, counters, writer)
+    forwarder.start()
+    before = vllm_batch(3)
+    assert forwarder.admit(before, before.SerializeToString(), "http").accepted == 3
+    forwarder.finish()
+    after = forwarder.admit(vllm_batch(4), None, "http")
+    assert (after.accepted, after.refused) == (0, "shutting_down")
+    forwarder.close(10)
+    writer.close()
+    messages = []
+    while True:
+        try:
+            messages.append(reader.recv_bytes())
+        except EOFError:
+            break
+    assert [m[:1] for m in messages] == [BATCH, b"E"] and is_done_event(messages[-1])
+    assert state.queued_spans == 3  # the admitted batch, waiting for the pipeline; the refused one released
+    accepted, spans, _ = counters.snapshot()
+    assert accepted["http"] == 3 and spans[("http", "shutting_down")] == 4

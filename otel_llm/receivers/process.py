@@ -183,6 +183,7 @@ class Forwarder:
         self._outbox: deque[bytes] = deque()
         self._cond = threading.Condition()
         self._closing = False
+        self._accepting = True  # cleared, under ``_cond``, by ``finish``
         self._thread = threading.Thread(target=self._send_loop, name="otel-llm-forwarder", daemon=True)
         self.failed = threading.Event()
 
@@ -209,10 +210,20 @@ class Forwarder:
             if refused:
                 counters.spans_refused(protocol, refused, accepted)
                 return Admission(0, ids.rejected, ids.message, refused=refused, retry_after_s=RETRY_AFTER_S[refused])
-            header = BATCH_HEADER.pack(BATCH, accepted)
+            message = BATCH_HEADER.pack(BATCH, accepted) + payload
             with self._cond:
-                self._outbox.append(header + payload)
-                self._cond.notify()
+                queued = self._accepting
+                if queued:
+                    self._outbox.append(message)
+                    self._cond.notify()
+            if not queued:
+                # "done" is already queued and the pipeline process stops reading at it. A request
+                # can get here after the servers stopped: the HTTP server does not wait for its
+                # handler threads, and a keep-alive connection's thread serves its next request.
+                self._state.release(accepted, len(payload))
+                counters.spans_refused(protocol, SHUTTING_DOWN, accepted)
+                return Admission(0, ids.rejected, ids.message, refused=SHUTTING_DOWN,
+                                 retry_after_s=RETRY_AFTER_S[SHUTTING_DOWN])
             counters.accepted(protocol, accepted)
         return Admission(accepted, ids.rejected, ids.message)
 
@@ -222,6 +233,13 @@ class Forwarder:
     def event(self, **fields: object) -> None:
         with self._cond:
             self._outbox.append(EVENT + json.dumps(fields).encode())
+            self._cond.notify()
+
+    def finish(self) -> None:
+        """Queue "done" behind everything admitted so far; every later request is refused."""
+        with self._cond:
+            self._accepting = False
+            self._outbox.append(EVENT + json.dumps({"event": "done"}).encode())
             self._cond.notify()
 
     def close(self, timeout_s: float) -> None:
@@ -297,7 +315,7 @@ def run_receiver_process(args: ReceiverArgs, state: IntakeState, counters: Recei
         grpc_receiver.stop(grace_s)
     if http_receiver is not None:
         http_receiver.stop()
-    forwarder.event(event="done")
+    forwarder.finish()
     forwarder.close(10)
     data.close()
     # grpcio's threads can keep an orderly interpreter exit waiting; everything is sent.
