@@ -14,15 +14,10 @@ from pathlib import Path
 import pytest
 
 from otel_llm.config import ConfigError, config_from_dict, load_config
+from tests.support.ports import free_port
 
 TESTDATA = Path(__file__).parent / "testdata"
 OTEL_LLM = [sys.executable, "-m", "otel_llm"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

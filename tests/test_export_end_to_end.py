@@ -5,7 +5,6 @@ SIGKILL with the on-disk queue lose nothing that was accepted."""
 from __future__ import annotations
 
 import signal
-import socket
 import threading
 import time
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 from otel_llm.store.sqlite import StoreReader
 from tests.support.otelllm import ServerProcess
 from tests.support.payloads import vllm_batch
+from tests.support.ports import free_port
 from tests.support.prometheus import PrometheusServer
 from tests.support.sampling_workload import send_sampling_workload
 from tests.test_bad_input import http_post
@@ -21,12 +21,6 @@ from tests.test_bad_input import http_post
 KEEP_ALL = {"decision_wait": "2s", "grace": "100ms",
             "policies": [{"name": "all", "type": "probabilistic", "probabilistic": {"sampling_percentage": 100}}]}
 FAST_RETRY = {"initial_interval": "50ms", "max_interval": "500ms", "max_elapsed_time": "0s"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def backend_overrides(port: int | None = None) -> dict:

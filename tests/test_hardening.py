@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import concurrent.futures
+import gzip
+import http.client
+import socket
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -11,14 +15,16 @@ from pathlib import Path
 
 import grpc
 import pytest
-from google.rpc import error_details_pb2, status_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from otel_llm.memorylimiter import rss_bytes
 from otel_llm.simulate.engines import RequestTiming, emit_vllm_v1, engine_tracer_provider
 from otel_llm.store.sqlite import StoreReader
+from tests.support.otelllm import RunningServer, Scrape
 from tests.support.payloads import vllm_batch
 from tests.test_bad_input import EXPORT, grpc_raw, http_post
 
@@ -93,6 +99,95 @@ def test_bearer_token_on_both_receivers(authed):
     assert urllib.request.urlopen(server.metrics_url + "/healthz", timeout=5).status == 200
 
 
+# A length prefix running past the end of the message: protobuf's parser raises DecodeError on it.
+MALFORMED = b"\x0a\xff\xff\xff\xff\x0f"
+PROTOBUF = "application/x-protobuf"
+REFUSED = "otel_llm_receiver_refused_requests_total"
+
+
+def refusals_by_reason(scrape: Scrape, protocol: str) -> dict[str, float]:
+    """The receiver's non-zero refusal counts for ``protocol``, by reason."""
+    counts = {labels["reason"]: scrape.value(REFUSED, **labels)
+              for labels in scrape.label_sets(REFUSED) if labels["protocol"] == protocol}
+    return {reason: count for reason, count in counts.items() if count}
+
+
+def grpc_export_raw(server: RunningServer, payload: bytes, token: str | None) -> bytes:
+    """``payload`` as the raw bytes of an Export call, with ``token`` as bearer token if given."""
+    metadata = (("authorization", f"Bearer {token}"),) if token is not None else None
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        return channel.unary_unary(EXPORT)(payload, timeout=10, metadata=metadata)
+
+
+def http_post_raw(server: RunningServer, body: bytes | None, headers: dict[str, str]) -> tuple[int, bytes]:
+    """POST /v1/traces with exactly ``headers``; with ``body=None`` only the headers are sent, so a
+    declared Content-Length is never followed by its bytes: an answer proves the body was not read."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
+    try:
+        if body is None:
+            connection.putrequest("POST", "/v1/traces", skip_accept_encoding=True)
+            for key, value in headers.items():
+                connection.putheader(key, value)
+            connection.endheaders()
+        else:
+            connection.request("POST", "/v1/traces", body=body, headers=headers)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def test_auth_is_checked_before_the_body_is_parsed(make_server):
+    """A request with a wrong or missing token is refused UNAUTHENTICATED / 401 and counted only as
+    ``unauthenticated`` whatever its body: malformed protobuf, a gzip bomb, a body over the size
+    limit. Had the body been looked at first, the answers would be INVALID_ARGUMENT / 400 / 413
+    and the counts ``malformed`` / ``too_large`` (which the same bodies get with the right token)."""
+    max_body = 1024 * 1024
+    auth = {"auth": {"bearer_token": TOKEN}}
+    server = make_server({"receivers": {"otlp": {"protocols": {
+        "grpc": auth, "http": {**auth, "max_request_body_size": max_body}}}}})
+    bomb = gzip.compress(bytes(4 * max_body))  # a few KB that inflate to 4x the limit
+
+    for token in ("wrong", None):
+        with pytest.raises(grpc.RpcError) as info:
+            grpc_export_raw(server, MALFORMED, token)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED, info.value
+
+    def http_headers(token: str | None, **extra: str) -> dict[str, str]:
+        headers = {"Content-Type": PROTOBUF, **extra}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    hostile: list[tuple[bytes | None, dict[str, str]]] = [
+        (MALFORMED, {}),
+        (bomb, {"Content-Encoding": "gzip"}),
+        (None, {"Content-Length": str(100 * max_body)}),  # declared, never sent
+    ]
+    for token in ("wrong", None):
+        for body, extra in hostile:
+            status, reply = http_post_raw(server, body, http_headers(token, **extra))
+            assert status == 401, (token, extra, status, reply)
+            assert status_pb2.Status.FromString(reply).code == code_pb2.UNAUTHENTICATED
+
+    # Counted before the answer, so no polling: every refusal so far is "unauthenticated", none
+    # a reason that only reading the body could give, and nothing was ingested.
+    scrape = server.scrape()
+    assert refusals_by_reason(scrape, "grpc") == {"unauthenticated": 2}
+    assert refusals_by_reason(scrape, "http") == {"unauthenticated": 6}
+    assert scrape.value("otel_llm_receiver_accepted_spans_total") == 0
+
+    # With the right token the same bodies are refused for what they are: the 401s above were not
+    # bodies the receivers would have taken anyway.
+    with pytest.raises(grpc.RpcError) as info:
+        grpc_export_raw(server, MALFORMED, TOKEN)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value
+    assert [http_post_raw(server, body, http_headers(TOKEN, **extra))[0] for body, extra in hostile] == [400, 413, 413]
+    scrape = server.scrape()
+    assert refusals_by_reason(scrape, "grpc") == {"unauthenticated": 2, "malformed": 1}
+    assert refusals_by_reason(scrape, "http") == {"unauthenticated": 6, "malformed": 1, "too_large": 2}
+
+
 # --- TLS -------------------------------------------------------------------------------------
 
 
@@ -112,7 +207,22 @@ def certificates(tmp_path_factory) -> dict[str, Path]:
     run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr), "-subj", "/CN=localhost")
     run("x509", "-req", "-in", str(csr), "-CA", str(ca_cert), "-CAkey", str(ca_key), "-CAcreateserial", "-out",
         str(cert), "-days", "2", "-extfile", str(ext))
-    return {"ca": ca_cert, "cert": cert, "key": key}
+
+    # mTLS: a client certificate signed by the CA, and one signed by a CA the server does not trust.
+    client_ext = directory / "client-ext.cnf"
+    client_ext.write_text("extendedKeyUsage=clientAuth\n")
+    stranger_ca_key, stranger_ca = directory / "stranger-ca.key", directory / "stranger-ca.crt"
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(stranger_ca_key), "-out", str(stranger_ca),
+        "-days", "2", "-subj", "/CN=some other CA")
+    paths = {"ca": ca_cert, "cert": cert, "key": key}
+    for name, signer_cert, signer_key in (("client", ca_cert, ca_key), ("stranger", stranger_ca, stranger_ca_key)):
+        client_key, client_csr, client_cert = (directory / f"{name}.{suffix}" for suffix in ("key", "csr", "crt"))
+        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(client_key), "-out", str(client_csr),
+            "-subj", f"/CN={name}")
+        run("x509", "-req", "-in", str(client_csr), "-CA", str(signer_cert), "-CAkey", str(signer_key),
+            "-CAcreateserial", "-out", str(client_cert), "-days", "2", "-extfile", str(client_ext))
+        paths[f"{name}_cert"], paths[f"{name}_key"] = client_cert, client_key
+    return paths
 
 
 def test_tls_on_both_receivers(make_server, certificates, monkeypatch):
@@ -136,6 +246,93 @@ def test_tls_on_both_receivers(make_server, certificates, monkeypatch):
             exporter.shutdown()
     server.wait_for_requests(2)
     assert server.scrape().value("otel_llm_receiver_accepted_spans_total") == 2
+
+
+def test_stalled_tls_handshake_does_not_hold_up_other_clients(make_server, certificates, monkeypatch):
+    """Connections to the TLS OTLP/HTTP port that never send a ClientHello do not delay anyone
+    else: another client's export is answered within seconds while they are still open and
+    unanswered. Were the handshake done in the accept loop, that loop would wait on the first
+    stalled connection (until the client gives up, or the 60 s idle timeout) and accept no one."""
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
+    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+    tls = {"tls": {"cert_file": str(certificates["cert"]), "key_file": str(certificates["key"])}}
+    server = make_server({"receivers": {"otlp": {"protocols": {"http": tls}}}})
+    # Connected first, so first in the listen backlog: the accept loop reaches them before the exporter.
+    stalled = [socket.create_connection(("127.0.0.1", server.http_port), timeout=5) for _ in range(3)]
+    exporter = HttpSpanExporter(endpoint=f"https://localhost:{server.http_port}/v1/traces",
+                                certificate_file=str(certificates["ca"]), timeout=5)
+    try:
+        started = time.monotonic()
+        result = exporter.export(captured_spans())
+        elapsed = time.monotonic() - started
+        assert result == SpanExportResult.SUCCESS, f"export failed after {elapsed:.1f}s"
+        assert elapsed < 5
+        for connection in stalled:  # still waiting for their handshake: not answered, not closed
+            connection.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                connection.recv(1)
+    finally:
+        exporter.shutdown()
+        for connection in stalled:
+            connection.close()
+    assert server.scrape().value("otel_llm_receiver_accepted_spans_total") == 1
+
+
+def test_client_ca_file_requires_a_client_certificate_it_signed(make_server, certificates, monkeypatch):
+    """With ``tls.client_ca_file`` both receivers refuse a client without a certificate and one
+    whose certificate another CA signed (the TLS handshake fails, nothing is ingested), and take
+    exports from a client whose certificate the configured CA signed."""
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
+    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+    tls = {"tls": {"cert_file": str(certificates["cert"]), "key_file": str(certificates["key"]),
+                   "client_ca_file": str(certificates["ca"])}}
+    server = make_server({"receivers": {"otlp": {"protocols": {"grpc": tls, "http": tls}}}})
+    ca = certificates["ca"].read_bytes()
+    payload = vllm_batch(1).SerializeToString()
+
+    # Refused: no client certificate, or one from an untrusted CA.
+    for identity in (None, "stranger"):
+        keys = {} if identity is None else {"private_key": certificates[f"{identity}_key"].read_bytes(),
+                                            "certificate_chain": certificates[f"{identity}_cert"].read_bytes()}
+        credentials = grpc.ssl_channel_credentials(root_certificates=ca, **keys)
+        with grpc.secure_channel(f"localhost:{server.grpc_port}", credentials) as channel:
+            with pytest.raises(grpc.RpcError) as info:
+                channel.unary_unary(EXPORT)(payload, timeout=10)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE, (identity, info.value)
+
+        context = ssl.create_default_context(cafile=str(certificates["ca"]))
+        if identity is not None:
+            context.load_cert_chain(certificates[f"{identity}_cert"], certificates[f"{identity}_key"])
+        connection = http.client.HTTPSConnection("localhost", server.http_port, context=context, timeout=10)
+        try:
+            # TLS 1.3 finishes the client's side of the handshake before the server checks its
+            # certificate: the refusal (an alert, or the connection closed) shows on write or read.
+            with pytest.raises((ssl.SSLError, ConnectionError)):
+                connection.request("POST", "/v1/traces", body=payload, headers={"Content-Type": PROTOBUF})
+                connection.getresponse().read()
+        finally:
+            connection.close()
+
+    # Accepted: the SDK exporters with the certificate the configured CA signed.
+    grpc_client = GrpcSpanExporter(
+        endpoint=f"localhost:{server.grpc_port}", insecure=False, timeout=10,
+        credentials=grpc.ssl_channel_credentials(root_certificates=ca,
+                                                 private_key=certificates["client_key"].read_bytes(),
+                                                 certificate_chain=certificates["client_cert"].read_bytes()))
+    http_client = HttpSpanExporter(endpoint=f"https://localhost:{server.http_port}/v1/traces",
+                                   certificate_file=str(certificates["ca"]),
+                                   client_certificate_file=str(certificates["client_cert"]),
+                                   client_key_file=str(certificates["client_key"]), timeout=10)
+    try:
+        assert grpc_client.export(captured_spans()) == SpanExportResult.SUCCESS
+        assert http_client.export(captured_spans()) == SpanExportResult.SUCCESS
+    finally:
+        grpc_client.shutdown()
+        http_client.shutdown()
+    # Counted before each answer: only the two certified exports were taken.
+    scrape = server.scrape()
+    assert scrape.value("otel_llm_receiver_accepted_spans_total", protocol="grpc") == 1
+    assert scrape.value("otel_llm_receiver_accepted_spans_total", protocol="http") == 1
 
 
 # --- content redaction -----------------------------------------------------------------------
@@ -245,6 +442,46 @@ def test_memory_limiter_refuses_and_recovers(make_server):
     assert http_post(server, vllm_batch(10).SerializeToString())[0] == 200
     scrape = server.wait_for_requests(10)
     assert scrape.value("otel_llm_receiver_refused_spans_total", reason="memory_limit") == 20
+
+
+def test_memory_pressure_completes_the_oldest_traces_early(make_server):
+    """Above the soft limit the memory limiter's check completes the oldest buffered traces early:
+    of two waves of traces waiting for roots that never come, the first is decided (reason
+    ``memory_pressure``, kept traces in the store) and the second is still buffered.
+
+    The process really goes over its limit: the soft limit is set 64 MiB above this process's RSS
+    (the pipeline runs in it), then a ballast of real pages pushes RSS past it. The periodic check
+    is 1 h apart so that it never runs here; the test calls ``check()``, what each period runs,
+    once, because each call completes half of what is pending and a second one would take half
+    of the newer wave too."""
+    mib = 1024 * 1024
+    server = make_server({"processors": {
+        "tail_sampling": {**KEEP_ALL["tail_sampling"], "decision_wait": "60s"},  # no trace completes by time
+        "memory_limiter": {"limit_mib": rss_bytes() // mib + 96, "spike_limit_mib": 32, "check_interval": "1h"}}})
+    limiter = server.service.pipeline.memory_limiter
+    wave = 20
+    for number in (1, 2):
+        # Engine spans whose parent never arrives: each trace waits in the buffer for its root.
+        assert http_post(server, vllm_batch(wave, model=f"wave-{number}", parent=True).SerializeToString())[0] == 200
+        # One wave buffered before the next is sent, so the first is the older in the buffer.
+        server.wait_until(lambda s: s.value("otel_llm_traces_in_memory") == number * wave,
+                          what=f"wave {number} buffered")
+    assert not limiter.refusing and rss_bytes() < limiter.soft_limit_bytes  # the waves alone stay under
+
+    ballast = b"\x01" * (limiter.soft_limit_bytes - rss_bytes() + 32 * mib)  # written, so resident
+    assert rss_bytes() > limiter.soft_limit_bytes
+    limiter.check()
+    del ballast
+
+    scrape = server.scrape()
+    assert scrape.value("otel_llm_traces_completed_total", reason="memory_pressure") == wave
+    assert scrape.value("otel_llm_traces_completed_total") == wave  # nothing else decided anything
+    assert scrape.value("otel_llm_traces_in_memory") == wave
+    assert limiter.refusing  # and new data is refused meanwhile
+    server.service.store.flush()
+    reader = StoreReader(server.service.store.path)
+    assert len(reader.list_requests(model="wave-1")) == wave  # the oldest: decided and kept
+    assert reader.list_requests(model="wave-2") == []  # the newest: still waiting for their roots
 
 
 # --- hostile shapes and volumes --------------------------------------------------------------

@@ -14,7 +14,6 @@ import json
 import os
 import selectors
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -38,6 +37,7 @@ from prometheus_client import CollectorRegistry
 from otel_llm.config import OtlpTraceExporter, config_from_dict
 from otel_llm.exporters.otlp_traces import GRPC_METHOD, TraceExporter
 from otel_llm.simulate.engines import RequestTiming, emit_vllm_v1, engine_tracer_provider
+from tests.support.ports import free_port
 
 PROTOCOLS = ["grpc", "http"]
 REPO = Path(__file__).resolve().parent.parent
@@ -88,12 +88,6 @@ def endpoint_of(protocol: str, port: int) -> str:
 
 def backend_port(server: Any, protocol: str) -> int:
     return server.grpc_port if protocol == "grpc" else server.http_port
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def on_port(protocol: str, port: int) -> dict[str, Any]:

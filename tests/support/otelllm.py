@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from otel_llm.config import config_from_dict
 from otel_llm.service import Service
+from tests.support.ports import free_port
 
 LOOPBACK_ANY_PORT = "127.0.0.1:0"
 
@@ -94,7 +95,11 @@ def poll_metrics(base_url: str, predicate: Callable[[Scrape], bool], timeout_s: 
     scrape = scrape_metrics(base_url)
     while not predicate(scrape):
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or predicate}; last scrape:\n{scrape.text[-3000:]}")
+            # The product's own counters and gauges say why; histogram buckets would bury them.
+            telemetry = "\n".join(line for line in scrape.text.splitlines()
+                                  if line.startswith("otel_llm_") and "_bucket{" not in line)
+            raise AssertionError(f"timed out waiting for {what or predicate}; last scrape, otel_llm_* "
+                                 f"without buckets:\n{telemetry[-6000:]}")
         time.sleep(0.05)
         scrape = scrape_metrics(base_url)
     return scrape
@@ -157,13 +162,6 @@ class ServerProcess:
     """`otel-llm serve` as a separate process, as users run it: for signals and restarts."""
 
     def __init__(self, tmp_dir: Path, config: dict[str, Any]) -> None:
-        import socket
-
-        def free_port() -> int:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                return int(s.getsockname()[1])
-
         self.grpc_port, self.http_port, self.metrics_port = free_port(), free_port(), free_port()
         base = {
             "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": f"127.0.0.1:{self.grpc_port}"},

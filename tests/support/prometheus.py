@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import pathlib
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -26,7 +25,9 @@ from typing import Any, Callable, Iterable
 
 import yaml
 
-__all__ = ["PrometheusServer", "PrometheusQueryError", "free_port"]
+from tests.support.ports import free_port
+
+__all__ = ["PrometheusServer", "PrometheusQueryError"]
 
 JOB_NAME = "otel-llm"
 _MISSING_BINARY = (
@@ -46,13 +47,6 @@ class PrometheusQueryError(RuntimeError):
         self.error_type = error_type
         self.error = error
         self.body = body
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """Return a currently-free TCP port on ``host`` (bind to port 0, then release)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _tail(path: pathlib.Path, n_lines: int = 40) -> str:
