@@ -59,6 +59,23 @@ def test_rolling_quantile_tracks_the_window():
     assert window.quantile(0.5) >= 5.0
 
 
+
+def test_rolling_quantile_expires_one_slice_at_a_time():
+    """A slice leaves the window when its position is reused; newer slices keep counting."""
+    now = [0.0]
+    window = RollingQuantile(window_s=10.0, slices=10, clock=lambda: now[0])
+    for _ in range(100):
+        window.add(1.0)  # slice 0
+    now[0] = 5.0
+    for _ in range(100):
+        window.add(0.01)  # slice 5
+    now[0] = 9.9
+    assert window.quantile(0.99) >= 1.0 and window.total == 200
+    now[0] = 10.5  # slice 10 reuses slice 0's position: the 1.0 values expire, the 0.01 values stay
+    assert window.quantile(0.99) < 0.02 and window.total == 100
+    now[0] = 15.5  # slice 15 reuses slice 5's position
+    assert window.quantile(0.99) is None and window.total == 0
+
 def test_slowest_keeps_new_extremes_and_few_of_steady_traffic():
     policy = SlowestPolicy(["ttft"], 0.99, window_s=600)
     rng = random.Random(5)

@@ -47,26 +47,25 @@ class RollingQuantile:
         slice_id = int(self._clock() / self._slice_s)
         position = slice_id % self._slices
         if self._slice_ids[position] != slice_id:
-            expired = self._counts[position]
-            if self._slice_ids[position] >= 0:
-                for index, count in enumerate(expired):
-                    if count:
-                        self._merged[index] -= count
-                        self.total -= count
-            self._counts[position] = [0] * _BINS
+            self._expire(position)
             self._slice_ids[position] = slice_id
             # Slices older than the window that were never overwritten (idle periods) expire too.
             oldest_live = slice_id - self._slices + 1
             for other in range(self._slices):
                 if 0 <= self._slice_ids[other] < oldest_live:
-                    for index, count in enumerate(self._counts[other]):
-                        if count:
-                            self._merged[index] -= count
-                            self.total -= count
-                    self._counts[other] = [0] * _BINS
-                    self._slice_ids[other] = -1
+                    self._expire(other)
             self._cached.clear()
         return self._counts[position]
+
+    def _expire(self, position: int) -> None:
+        """Take slice ``position``'s counts out of the merged window and empty it."""
+        if self._slice_ids[position] >= 0:
+            for index, count in enumerate(self._counts[position]):
+                if count:
+                    self._merged[index] -= count
+                    self.total -= count
+        self._counts[position] = [0] * _BINS
+        self._slice_ids[position] = -1
 
     def add(self, value: float) -> None:
         index = _bin(value)
