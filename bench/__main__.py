@@ -1,8 +1,9 @@
 """``python -m bench`` (``make bench``): otel-llm's full pipeline against a parse-only OTLP sink.
 
-Runs, in one go and in about three and a half minutes on two cores:
+Runs, in one go and in about four minutes on two cores:
 
-1. pre-generates realistic OTLP batches (``bench/workload.py``);
+1. pre-generates realistic OTLP batches (``bench/workload.py``), and times on them the least work
+   any pure-Python pipeline must do per span (``bench/floor.py``);
 2. a baseline sink (``bench/baseline.py``) and then ``otel-llm serve`` (the real CLI, the real
    config loader, everything its config enables), each in its own process on free loopback
    ports, driven by a load generator in a third process (``bench/load.py``) over gRPC and HTTP:
@@ -36,6 +37,7 @@ from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
+from bench import floor
 from bench.load import proc_status_kib, proc_status_kib_by_process
 from bench.workload import RESOURCE_MODELS, generate
 
@@ -419,7 +421,8 @@ def write_batches(path: Path, batches: list) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--saturate", type=float, default=8.0, help="seconds measured per saturation phase")
-    parser.add_argument("--paced", type=float, default=12.0, help="seconds measured per paced phase (gRPC)")
+    parser.add_argument("--paced", type=float, default=20.0,
+                        help="seconds measured per paced phase (gRPC; ~500 calls at 20 000 spans/s)")
     parser.add_argument("--rate", type=float, default=20000.0, help="offered spans/s for the latency phases")
     parser.add_argument("--rss-spans", type=int, default=150_000, help="spans held pending for the RSS figure")
     parser.add_argument("--batches", type=int, default=32, help="distinct pre-generated batches")
@@ -452,6 +455,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{sum(len(b.payload) for b in complete) / spans:.0f} bytes/span on the wire, "
             f"{min(b.spans for b in complete)}-{max(b.spans for b in complete)} spans per batch")
         load = Load(workdir)
+
+        results["floor_us_per_span"] = floor.measure(complete)
+        log("floor of any pure-Python pipeline (bench/floor.py; in this process, CPU us per span, cumulative): "
+            + ", ".join(f"{step} {us:.2f}" for step, us in results["floor_us_per_span"].items()))
 
         log("baseline sink (parse and discard, grpcio + stdlib HTTP, 4 workers):")
         baseline = start_baseline(workdir)
@@ -527,7 +534,16 @@ def main(argv: list[str] | None = None) -> int:
     split = results.get("adapter_process", {})
     split_sps = split.get("grpc_saturate", {}).get("spans_per_s")
     split_p99 = split.get("grpc_paced", {}).get("latency_all_calls", {}).get("p99_ms")
-    results["summary"] = {"ratio": ratio, "pipeline_spans_per_s": p_sps, "baseline_spans_per_s": b_sps,
+    floor_us = results.get("floor_us_per_span")
+    base_saturate = base.get("grpc_saturate", {})
+    base_cpu_us = cpu_per_million(base_saturate)  # CPU-s per million spans = CPU us per span
+    sender_us = (base_saturate["client_cpu_s"] / base_saturate["spans"] * 1e6
+                 if base_saturate.get("spans") and base_saturate.get("client_cpu_s") is not None else None)
+    ceiling = (floor.ceiling_spans_per_s(floor_us, base_cpu_us, sender_us, os.cpu_count() or 1)
+               if floor_us and base_cpu_us and sender_us is not None else None)
+    one_process = floor.one_process_ceiling_spans_per_s(floor_us) if floor_us else None
+    results["summary"] = {"ratio": ratio, "ratio_ceiling_pure_python": ceiling / b_sps if ceiling and b_sps else None,
+                          "ratio_ceiling_one_pipeline_process": one_process / b_sps if one_process and b_sps else None, "pipeline_spans_per_s": p_sps, "baseline_spans_per_s": b_sps,
                           "http_ratio": hp / hb if hb and hp else None,
                           "rss_per_buffered_span_bytes": per_span, "export_p99_ms": p99,
                           "elapsed_s": time.monotonic() - started}
@@ -538,6 +554,10 @@ def main(argv: list[str] | None = None) -> int:
     log("summary (gRPC is the headline; engines export over gRPC by default):")
     rows = [
         ("throughput ratio pipeline/baseline, gRPC", ratio, f">= {TARGETS['ratio']}", ratio is not None and ratio >= TARGETS["ratio"], 2),
+        ("ratio ceiling, floor only, every core, gRPC",
+         results["summary"]["ratio_ceiling_pure_python"], "(info)", None, 2),
+        ("ratio ceiling, floor only, one pipeline process",
+         results["summary"]["ratio_ceiling_one_pipeline_process"], "(info)", None, 2),
         ("throughput ratio pipeline/baseline, HTTP", results["summary"]["http_ratio"], "(info)", None, 2),
         ("CPU-s per M spans, gRPC: baseline", cpu_per_million(base.get("grpc_saturate", {})), "(info)", None, 1),
         ("CPU-s per M spans, gRPC: pipeline", cpu_per_million(pipe.get("grpc_saturate", {})), "(info)", None, 1),

@@ -2,7 +2,8 @@
 
 The handler takes the raw request bytes (no deserializer) so that a malformed message is
 answered ``INVALID_ARGUMENT`` as the OTLP spec says, instead of grpcio's generic ``INTERNAL``.
-Oversized messages are refused by grpcio itself with ``RESOURCE_EXHAUSTED``.
+Oversized messages are refused by grpcio itself with ``RESOURCE_EXHAUSTED``, before the handler
+runs, so they are the one refusal no counter sees (grpcio runs no otel-llm code for it).
 """
 
 from __future__ import annotations
