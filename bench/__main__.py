@@ -542,8 +542,9 @@ def main(argv: list[str] | None = None) -> int:
     ceiling = (floor.ceiling_spans_per_s(floor_us, base_cpu_us, sender_us, os.cpu_count() or 1)
                if floor_us and base_cpu_us and sender_us is not None else None)
     one_process = floor.one_process_ceiling_spans_per_s(floor_us) if floor_us else None
-    results["summary"] = {"ratio": ratio, "ratio_ceiling_pure_python": ceiling / b_sps if ceiling and b_sps else None,
-                          "ratio_ceiling_one_pipeline_process": one_process / b_sps if one_process and b_sps else None, "pipeline_spans_per_s": p_sps, "baseline_spans_per_s": b_sps,
+    results["summary"] = {"ratio": ratio, "pipeline_spans_per_s": p_sps, "baseline_spans_per_s": b_sps,
+                          "ratio_ceiling_pure_python": ceiling / b_sps if ceiling and b_sps else None,
+                          "ratio_ceiling_one_pipeline_process": one_process / b_sps if one_process and b_sps else None,
                           "http_ratio": hp / hb if hb and hp else None,
                           "rss_per_buffered_span_bytes": per_span, "export_p99_ms": p99,
                           "elapsed_s": time.monotonic() - started}

@@ -59,7 +59,6 @@ def test_rolling_quantile_tracks_the_window():
     assert window.quantile(0.5) >= 5.0
 
 
-
 def test_rolling_quantile_expires_one_slice_at_a_time():
     """A slice leaves the window when its position is reused; newer slices keep counting."""
     now = [0.0]
@@ -75,6 +74,7 @@ def test_rolling_quantile_expires_one_slice_at_a_time():
     assert window.quantile(0.99) < 0.02 and window.total == 100
     now[0] = 15.5  # slice 15 reuses slice 5's position
     assert window.quantile(0.99) is None and window.total == 0
+
 
 def test_slowest_keeps_new_extremes_and_few_of_steady_traffic():
     policy = SlowestPolicy(["ttft"], 0.99, window_s=600)

@@ -2,8 +2,8 @@
 
 The handler takes the raw request bytes (no deserializer) so that a malformed message is
 answered ``INVALID_ARGUMENT`` as the OTLP spec says, instead of grpcio's generic ``INTERNAL``.
-Oversized messages are refused by grpcio itself with ``RESOURCE_EXHAUSTED``, before the handler
-runs, so they are the one refusal no counter sees (grpcio runs no otel-llm code for it).
+Oversized messages, and calls beyond ``maximum_concurrent_rpcs``, are refused by grpcio itself with
+``RESOURCE_EXHAUSTED`` before the handler runs: the two refusals no counter sees.
 """
 
 from __future__ import annotations
