@@ -16,9 +16,13 @@ The steps, timed cumulatively so the report shows where the floor goes:
    assembly into requests needs);
 3. ``engine attributes``: look up the vLLM V1 keys (``shared/research/engine-spans.md``) in each
    span's attributes and convert the ones present;
-4. ``keep span bytes``: each span's ``SerializeToString`` appended to its trace's list (tail sampling
-   holds spans until the decision and exports the kept ones; holding the parsed messages instead
-   costs ~3x the RSS budget: 4 509 B per buffered span in the first measured run);
+4. ``hold for tail sampling``: each span filed under its trace id with a reference to its request's
+   bytes and its place in them, so a kept trace can be cut out of its requests again (tail sampling
+   holds spans until the decision and exports the kept ones). The cheapest hold known: no
+   per-span serialization (otel-llm pays ~1.1 µs per span for ``SerializeToString``); whole
+   requests stay in memory while any of their traces is pending (~407 bytes per span here, within
+   the RSS budget); re-parsing the requests of kept traces is not counted. Holding the parsed
+   messages instead costs ~3x the RSS budget (4 509 B per buffered span, the first measured run);
 5. ``per request``: per trace, a keep/drop decision and one observation in each histogram of the
    ``vllm:`` and ``gen_ai.server.*`` namings (``otel_llm.metrics.definitions``: the DESIGN's names
    and buckets; a bucket index by ``bisect`` and three float additions, the least a histogram
@@ -138,12 +142,14 @@ def _engine_values(attributes: Any) -> dict[str, Any]:
     return values
 
 
-Traces = dict[bytes, list[tuple[tuple, dict, bytes]]]
+# Per trace: (span head, engine values, the request's bytes, the span's place in that request).
+Traces = dict[bytes, list[tuple[tuple, dict, bytes, int]]]
 
 
 def _walk(payload: bytes, attributes: bool, keep: bool) -> Traces:
     """Steps 2-4 on every span; ``attributes`` and ``keep`` stop it after step 2 or 3."""
     traces: Traces = {}
+    place = 0
     for resource_spans in _parse_keyed(payload).resource_spans:
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
@@ -156,9 +162,10 @@ def _walk(payload: bytes, attributes: bool, keep: bool) -> Traces:
                     continue
                 spans = traces.get(span.trace_id)
                 if spans is None:
-                    traces[span.trace_id] = [(head, values, span.SerializeToString())]
+                    traces[span.trace_id] = [(head, values, payload, place)]
                 else:
-                    spans.append((head, values, span.SerializeToString()))
+                    spans.append((head, values, payload, place))
+                place += 1
     return traces
 
 
@@ -168,7 +175,7 @@ def _make_per_request(histograms: list[_Histogram], counters: list[float]) -> Ca
     def per_request(payload: bytes) -> None:
         for spans in _walk(payload, attributes=True, keep=True).values():
             e2e = 0.0
-            for _head, values, _raw in spans:
+            for _head, values, _payload, _place in spans:
                 e2e = values.get(_E2E, e2e)
             decisions[e2e > _SLOW_S or random.random() < _BASELINE_KEEP] += 1
             for histogram in histograms:
@@ -189,7 +196,7 @@ def measure(batches: list[Batch], rounds: int = 5) -> dict[str, float]:
         ("keyed parse", _parse_keyed),
         ("span fields", lambda payload: _walk(payload, attributes=False, keep=False)),
         ("engine attributes", lambda payload: _walk(payload, attributes=True, keep=False)),
-        ("keep span bytes", lambda payload: _walk(payload, attributes=True, keep=True)),
+        ("hold for tail sampling", lambda payload: _walk(payload, attributes=True, keep=True)),
         ("per request", _make_per_request(_histograms(), [0.0] * _COUNTERS)),
     ]
     gc.collect()
@@ -218,6 +225,13 @@ def ceiling_spans_per_s(floor_us: dict[str, float], server_us_per_span: float, s
     """
     beyond_parse = floor_us["per request"] - floor_us["parse"]
     return cores * 1e6 / (server_us_per_span + sender_us_per_span + beyond_parse)
+
+
+def budget_beyond_floor_us(floor_us: dict[str, float], server_us_per_span: float, sender_us_per_span: float,
+                           cores: int, spans_per_s: float) -> float:
+    """CPU µs per span left for everything beyond the floor at ``spans_per_s``, with every core
+    busy and no hand-off cost (negative: the floor alone does not fit)."""
+    return cores * 1e6 / spans_per_s - server_us_per_span - sender_us_per_span - (floor_us["per request"] - floor_us["parse"])
 
 
 def one_process_ceiling_spans_per_s(floor_us: dict[str, float]) -> float:

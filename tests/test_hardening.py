@@ -467,6 +467,8 @@ def test_memory_pressure_completes_the_oldest_traces_early(make_server):
         server.wait_until(lambda s: s.value("otel_llm_traces_in_memory") == number * wave,
                           what=f"wave {number} buffered")
     assert not limiter.refusing and rss_bytes() < limiter.soft_limit_bytes  # the waves alone stay under
+    limiter.check()  # under the limit a check decides nothing: what follows is the pressure's doing
+    assert server.scrape().value("otel_llm_traces_completed_total") == 0
 
     ballast = b"\x01" * (limiter.soft_limit_bytes - rss_bytes() + 32 * mib)  # written, so resident
     assert rss_bytes() > limiter.soft_limit_bytes

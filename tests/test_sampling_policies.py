@@ -76,6 +76,20 @@ def test_rolling_quantile_expires_one_slice_at_a_time():
     assert window.quantile(0.99) is None and window.total == 0
 
 
+def test_rolling_quantile_expires_slices_left_behind_by_an_idle_period():
+    """After a pause, slices older than the window expire even though their positions were not
+    reused; slices still inside the window stay."""
+    now = [0.0]
+    window = RollingQuantile(window_s=10.0, slices=10, clock=lambda: now[0])
+    for _ in range(100):
+        window.add(1.0)  # slice 0, position 0
+    now[0] = 5.0
+    for _ in range(100):
+        window.add(0.01)  # slice 5, position 5
+    now[0] = 14.5  # slice 14 takes position 4: slice 0 is out of the window without being overwritten
+    assert window.quantile(0.99) < 0.02 and window.total == 100
+
+
 def test_slowest_keeps_new_extremes_and_few_of_steady_traffic():
     policy = SlowestPolicy(["ttft"], 0.99, window_s=600)
     rng = random.Random(5)
