@@ -192,3 +192,79 @@ def test_nothing_is_admitted_behind_done():
     assert state.queued_spans == 3  # the admitted batch, waiting for the pipeline; the refused one released
     accepted, spans, _ = counters.snapshot()
     assert accepted["http"] == 3 and spans[("http", "shutting_down")] == 4
+
+
+def test_http_stop_gives_requests_in_progress_their_grace_and_refuses_new_ones():
+    """On stop, the OTLP/HTTP receiver lets a request already in progress finish (it is admitted,
+    ahead of "done") and refuses a new request on a keep-alive connection with a retryable
+    ``shutting_down``, as grpcio's stop does for gRPC calls."""
+    import http.client
+    import socket
+    import threading
+
+    from otel_llm.config import HttpProtocol
+    from otel_llm.receivers.otlp_http import OtlpHttpReceiver
+    from otel_llm.receivers.process import Forwarder, IntakeState, ReceiverCounters, spawn_context
+
+    context = spawn_context()
+    counters = ReceiverCounters(context)
+    state = IntakeState(context, 10_000, 1 << 30)
+    reader, writer = context.Pipe(duplex=False)
+    forwarder = Forwarder(state, counters, writer)
+    forwarder.start()
+    receiver = OtlpHttpReceiver(HttpProtocol(endpoint="127.0.0.1:0"), forwarder)
+    receiver.start()
+    one_span = vllm_batch(1).SerializeToString()
+    five_spans = vllm_batch(5).SerializeToString()
+
+    def post(connection: http.client.HTTPConnection, body: bytes) -> http.client.HTTPResponse:
+        connection.request("POST", "/v1/traces", body=body, headers={"Content-Type": "application/x-protobuf"})
+        response = connection.getresponse()
+        response.read()
+        return response
+
+    def refuses_connections() -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", receiver.port), timeout=1).close()
+        except ConnectionRefusedError:
+            return True
+        except OSError:  # reset: connected to a listener that was closing; ask again
+            return False
+        return False
+
+    slow = http.client.HTTPConnection("127.0.0.1", receiver.port, timeout=10)
+    idle = http.client.HTTPConnection("127.0.0.1", receiver.port, timeout=10)
+    stopper = threading.Thread(target=receiver.stop, args=(30.0,))
+    try:
+        assert post(idle, one_span).status == 200  # a kept-alive connection, with its own thread
+        slow.putrequest("POST", "/v1/traces")
+        slow.putheader("Content-Type", "application/x-protobuf")
+        slow.putheader("Content-Length", str(len(five_spans)))
+        slow.endheaders()
+        slow.send(five_spans[:10])  # in progress: its handler waits for the rest of the body
+        poll(lambda: receiver.requests_in_progress == 1, 10, "the slow request to start")
+
+        stopper.start()
+        poll(refuses_connections, 10, "the listener to close")
+        refused = post(idle, one_span)
+        assert (refused.status, refused.getheader("Retry-After")) == (503, "5")
+        assert stopper.is_alive()  # still giving the slow request its grace
+
+        slow.send(five_spans[10:])
+        answer = slow.getresponse()
+        answer.read()
+        assert answer.status == 200
+        stopper.join(10)
+        assert not stopper.is_alive()
+    finally:
+        slow.close()
+        idle.close()
+        if stopper.ident is None:  # never started
+            receiver.stop()
+        forwarder.finish()
+        forwarder.close(10)
+        writer.close()
+    accepted, _, requests = counters.snapshot()
+    assert accepted["http"] == 1 + 5  # the first idle request and the slow one
+    assert requests[("http", "shutting_down")] == 1
+    assert state.queued_spans == 6

@@ -19,7 +19,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from otel_llm.config import HttpProtocol
 from otel_llm.httpserver import BackgroundHTTPServer, QuietHandler
-from otel_llm.receivers.admission import Admitter
+from otel_llm.receivers.admission import RETRY_AFTER_S, SHUTTING_DOWN, Admitter
 from otel_llm.receivers.otlp_json import OtlpJsonError, parse_otlp_json
 from otel_llm.receivers.security import TokenCheck, server_ssl_context
 
@@ -46,11 +46,39 @@ def gunzip_bounded(data: bytes, limit: int) -> bytes:
     return out
 
 
+class RequestsInProgress:
+    """Counts requests between their first header and their answer, so a stop can wait for them."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._cond = threading.Condition()
+
+    def __enter__(self) -> None:
+        with self._cond:
+            self._count += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        with self._cond:
+            self._count -= 1
+            if not self._count:
+                self._cond.notify_all()
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def wait_none(self, timeout_s: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._count, timeout_s)
+
+
 class _Handler(QuietHandler):
     admitter: ClassVar[Admitter]
     max_body: ClassVar[int]
     token: ClassVar[TokenCheck]
     slots: ClassVar[threading.BoundedSemaphore]
+    in_progress: ClassVar[RequestsInProgress]
+    stopping: ClassVar[threading.Event]
 
     def _reply(self, status: int, message: Message, content_type: str, headers: dict[str, str] | None = None) -> None:
         if content_type == JSON:
@@ -68,12 +96,23 @@ class _Handler(QuietHandler):
         self.send_body(405, b"use POST /v1/traces\n", "text/plain", {"Allow": "POST"})
 
     def do_POST(self) -> None:
+        with self.in_progress:  # entered before ``stopping`` is read: a stop either waits for it or it refuses
+            self._authorized_post()
+
+    def _authorized_post(self) -> None:
         content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         reply_type = JSON if content_type == JSON else PROTOBUF
         if not self.token.allows(self.headers.get("Authorization")):
             self.close_connection = True  # the unread body must not be taken for the next request
             self._error(401, code_pb2.UNAUTHENTICATED, "missing or wrong bearer token", reply_type, "unauthenticated",
                         {"WWW-Authenticate": "Bearer"})
+            return
+        if self.stopping.is_set():
+            # The server has stopped accepting connections, but a keep-alive connection's thread
+            # still serves its next request: refuse it as gRPC refuses calls after its stop.
+            self.close_connection = True
+            self._error(503, code_pb2.UNAVAILABLE, "shutting down; retry later", reply_type, SHUTTING_DOWN,
+                        {"Retry-After": str(RETRY_AFTER_S[SHUTTING_DOWN])})
             return
         if not self.slots.acquire(blocking=False):
             self.close_connection = True
@@ -160,8 +199,10 @@ class OtlpHttpReceiver:
     def __init__(self, settings: HttpProtocol, admitter: Admitter) -> None:
         handler = type("OtlpHttpHandler", (_Handler,), {
             "admitter": admitter, "max_body": settings.max_request_body_size, "token": TokenCheck(settings.auth),
-            "slots": threading.BoundedSemaphore(settings.max_concurrent_requests)})
+            "slots": threading.BoundedSemaphore(settings.max_concurrent_requests),
+            "in_progress": RequestsInProgress(), "stopping": threading.Event()})
         tls = server_ssl_context(settings.tls) if settings.tls is not None else None
+        self._handler = handler
         self._server = BackgroundHTTPServer(settings.endpoint, handler, "otlp-http", tls)
 
     @property
@@ -172,5 +213,18 @@ class OtlpHttpReceiver:
         self._server.start()
         log.info("OTLP/HTTP receiver listening on port %d", self.port)
 
-    def stop(self) -> None:
+    @property
+    def requests_in_progress(self) -> int:
+        return self._handler.in_progress.count
+
+    def refuse_new(self) -> None:
+        """From now on, requests that have not started are refused (``shutting_down``, retryable)."""
+        self._handler.stopping.set()
+
+    def stop(self, grace_s: float = 0.0) -> None:
+        """Refuse new requests, close the listener, and give those in progress ``grace_s`` to finish."""
+        self.refuse_new()
         self._server.stop()
+        if not self._handler.in_progress.wait_none(grace_s):
+            log.warning("OTLP/HTTP: %d requests still in progress after the %.1fs grace; "
+                        "what they admit from now on is refused", self.requests_in_progress, grace_s)

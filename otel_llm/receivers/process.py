@@ -29,6 +29,7 @@ import os
 import signal
 import struct
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -311,10 +312,14 @@ def run_receiver_process(args: ReceiverArgs, state: IntakeState, counters: Recei
                 break
     except (EOFError, OSError):
         log.error("the pipeline process is gone; stopping the receivers")
+    # Both refuse new calls at once; calls in progress share one grace period.
+    deadline = time.monotonic() + grace_s
+    if http_receiver is not None:
+        http_receiver.refuse_new()
     if grpc_receiver is not None:
         grpc_receiver.stop(grace_s)
     if http_receiver is not None:
-        http_receiver.stop()
+        http_receiver.stop(max(0.0, deadline - time.monotonic()))
     forwarder.finish()
     forwarder.close(10)
     data.close()
