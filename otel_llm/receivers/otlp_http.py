@@ -96,10 +96,11 @@ class _Handler(QuietHandler):
         self.send_body(405, b"use POST /v1/traces\n", "text/plain", {"Allow": "POST"})
 
     def do_POST(self) -> None:
-        with self.in_progress:  # entered before ``stopping`` is read: a stop either waits for it or it refuses
-            self._authorized_post()
+        # Counted before ``stopping`` is read: a stop either waits for this request or it refuses.
+        with self.in_progress:
+            self._handle_post()
 
-    def _authorized_post(self) -> None:
+    def _handle_post(self) -> None:
         content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         reply_type = JSON if content_type == JSON else PROTOBUF
         if not self.token.allows(self.headers.get("Authorization")):
