@@ -565,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
          results["summary"]["ratio_ceiling_one_pipeline_process"], "(info)", None, 2),
         (f"at ratio {TARGETS['ratio']}: CPU us/span left beyond the floor", budget, "(info)", None, 2),
         ("throughput ratio pipeline/baseline, HTTP", results["summary"]["http_ratio"], "(info)", None, 2),
-        ("CPU-s per M spans, gRPC: baseline", cpu_per_million(base.get("grpc_saturate", {})), "(info)", None, 1),
+        ("CPU-s per M spans, gRPC: baseline", base_cpu_us, "(info)", None, 1),
         ("CPU-s per M spans, gRPC: pipeline", cpu_per_million(pipe.get("grpc_saturate", {})), "(info)", None, 1),
         ("RSS per buffered span, bytes", per_span, f"<= {TARGETS['rss_per_buffered_span_bytes']}",
          per_span is not None and per_span <= TARGETS["rss_per_buffered_span_bytes"], 0),

@@ -3,15 +3,30 @@ neither process outlives the other, and a dead receiver process stops the servic
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
+import socket
 import statistics
+import threading
 import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import grpc
 import pytest
 
+from otel_llm.config import HttpProtocol
+from otel_llm.receivers.otlp_http import OtlpHttpReceiver
+from otel_llm.receivers.process import (
+    BATCH,
+    Forwarder,
+    IntakeState,
+    ReceiverCounters,
+    is_done_event,
+    spawn_context,
+)
 from otel_llm.store.sqlite import StoreReader
 from tests.support.otelllm import ServerProcess
 from tests.support.payloads import vllm_batch
@@ -51,6 +66,27 @@ def poll(predicate, timeout_s: float, what: str) -> None:  # noqa: ANN001
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
+
+
+@dataclass
+class ForwarderRig:
+    """A receiver process's forwarder, in this process, writing to a real pipe."""
+
+    forwarder: Forwarder
+    state: IntakeState
+    counters: ReceiverCounters
+    reader: Connection
+    writer: Connection
+
+
+def forwarder_rig() -> ForwarderRig:
+    context = spawn_context()
+    counters = ReceiverCounters(context)
+    state = IntakeState(context, 10_000, 1 << 30)
+    reader, writer = context.Pipe(duplex=False)
+    forwarder = Forwarder(state, counters, writer)
+    forwarder.start()
+    return ForwarderRig(forwarder, state, counters, reader, writer)
 
 
 def test_exports_are_answered_while_the_pipeline_is_stalled(make_server):
@@ -145,14 +181,9 @@ def test_refusals_are_counted_before_the_client_sees_them(make_server, protocol)
 def test_receivers_refuse_once_their_pipe_is_broken():
     """When the process downstream is gone, an answer of "accepted" would lose the data: the
     forwarder refuses retryably instead, and counts it."""
-    from otel_llm.receivers.process import Forwarder, IntakeState, ReceiverCounters, spawn_context
-
-    context = spawn_context()
-    counters = ReceiverCounters(context)
-    reader, writer = context.Pipe(duplex=False)
-    forwarder = Forwarder(IntakeState(context, 10_000, 1 << 30), counters, writer)
-    forwarder.start()
-    reader.close()
+    rig = forwarder_rig()
+    forwarder, counters = rig.forwarder, rig.counters
+    rig.reader.close()
     request = vllm_batch(3)
     assert forwarder.admit(request, request.SerializeToString(), "grpc").accepted == 3  # not known yet
     poll(forwarder.failed.is_set, 10, "the sender to find the pipe broken")
@@ -167,14 +198,8 @@ def test_nothing_is_admitted_behind_done():
     answered "accepted" and lost. The HTTP server's handler threads outlive its stop (and a
     keep-alive connection's thread serves its next request), so the forwarder itself refuses
     once "done" is queued, and gives back the room it had reserved."""
-    from otel_llm.receivers.process import BATCH, Forwarder, IntakeState, ReceiverCounters, is_done_event, spawn_context
-
-    context = spawn_context()
-    counters = ReceiverCounters(context)
-    state = IntakeState(context, 10_000, 1 << 30)
-    reader, writer = context.Pipe(duplex=False)
-    forwarder = Forwarder(state, counters, writer)
-    forwarder.start()
+    rig = forwarder_rig()
+    forwarder, state, counters, reader, writer = rig.forwarder, rig.state, rig.counters, rig.reader, rig.writer
     before = vllm_batch(3)
     assert forwarder.admit(before, before.SerializeToString(), "http").accepted == 3
     forwarder.finish()
@@ -198,20 +223,8 @@ def test_http_stop_gives_requests_in_progress_their_grace_and_refuses_new_ones()
     """On stop, the OTLP/HTTP receiver lets a request already in progress finish (it is admitted,
     ahead of "done") and refuses a new request on a keep-alive connection with a retryable
     ``shutting_down``, as grpcio's stop does for gRPC calls."""
-    import http.client
-    import socket
-    import threading
-
-    from otel_llm.config import HttpProtocol
-    from otel_llm.receivers.otlp_http import OtlpHttpReceiver
-    from otel_llm.receivers.process import Forwarder, IntakeState, ReceiverCounters, spawn_context
-
-    context = spawn_context()
-    counters = ReceiverCounters(context)
-    state = IntakeState(context, 10_000, 1 << 30)
-    reader, writer = context.Pipe(duplex=False)
-    forwarder = Forwarder(state, counters, writer)
-    forwarder.start()
+    rig = forwarder_rig()
+    forwarder, state, counters, writer = rig.forwarder, rig.state, rig.counters, rig.writer
     receiver = OtlpHttpReceiver(HttpProtocol(endpoint="127.0.0.1:0"), forwarder)
     receiver.start()
     one_span = vllm_batch(1).SerializeToString()
