@@ -1,0 +1,757 @@
+"""The crash-safe intake (opt-in, ``receivers.otlp.intake_log``): a write-ahead log of admitted requests.
+
+Without it, everything between the answer "accepted" and a trace's decision lives in memory: a
+SIGKILL (an OOM kill, a node drain that does not wait) loses every request acknowledged in the last
+``decision_wait``. With it:
+
+- **Written before the answer.** The receiver process appends each admitted request (the bytes it
+  forwards, after the id check) to the current *segment* before the receiver answers, in the order
+  the requests go down the pipe (``Forwarder.admit`` appends under the lock that orders the pipe).
+  A segment is ``intake-<first seq>.wal``: records back to back, each ``RECORD`` (payload length,
+  CRC-32, sequence number, span count) then the payload. Segments rotate at ``segment_size_mib``.
+- **fsync policy.** ``write(2)`` puts the record in the kernel's page cache, which a process crash
+  cannot lose: under every policy a SIGKILL or OOM kill of otel-llm loses nothing acknowledged.
+  What the policy decides is what a *machine* crash (kernel panic, power loss, VM reset) loses:
+  ``always``: nothing; the admitting thread waits for ``fdatasync`` (group commit: one call covers
+  every request written before it) before the answer. ``interval`` (default): at most the last
+  ``fsync_interval`` of acknowledged requests; a background thread syncs, the Export path never
+  waits. ``never``: whatever the kernel had not written back (Linux: up to ~30 s by default).
+- **Bounded.** ``max_size_mib`` of segments on disk; past it requests are refused retryably
+  (``intake_log_full``: gRPC ``UNAVAILABLE`` with ``RetryInfo``, HTTP 429 with ``Retry-After``) and
+  counted. A write error refuses the same way (``intake_log_error``) after cutting the partial record.
+- **Truncated once handled.** The pipeline process (``IntakeLogKeeper``) tracks each record: it is
+  *handled* once processed and ``decision_wait`` has passed since (by then the assembler has decided
+  every trace it touched: a trace is decided ``decision_wait`` after it was first seen at the latest)
+  and the store has written every kept trace decided up to then (``TraceStore.flush``). The handled
+  prefix is persisted in ``checkpoint``; segments wholly below it are deleted.
+- **Exactly-once for metrics.** A request usually holds spans of traces decided long before the
+  request is handled (a trace is decided ``grace`` after it is complete; its neighbour in the same
+  request may wait for ``decision_wait``). So each decision is appended to a *decision journal*
+  (``decided-<seq>.log``: trace id, the decision, the engine spans measured) as it is made, and a
+  late engine span measured is appended too. At replay, a trace found in the journal is assembled
+  again but not measured again (only engine spans not in its measured set are) and not decided
+  again: its recorded decision is reused, and a kept trace is delivered again to the store, whose
+  rows are keyed by (trace id, span id), so it is stored once.
+- **Replayed at start**, before the receivers listen (``/readyz`` is 503 meanwhile): every record
+  after the checkpoint, through the bounded intake; a torn or corrupt record ends its segment and is
+  counted (it can only be one that was never acknowledged, or damage after a machine crash).
+
+What it does not cover: kept traces handed to an OTLP exporter are "handled" once handed over; its
+in-memory queue is lost in a crash unless that exporter has ``sending_queue.storage``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+FSYNC_POLICIES = ("always", "interval", "never")
+# Refusal reasons (receivers/admission.py holds the vocabulary and the retry hints).
+LOG_FULL = "intake_log_full"
+LOG_ERROR = "intake_log_error"
+
+RECORD = struct.Struct("<IIQI")  # payload length, crc32 of (seq, spans, payload), seq, spans
+_SEQ_SPANS = struct.Struct("<QI")
+SEGMENT_PREFIX, SEGMENT_SUFFIX = "intake-", ".wal"
+JOURNAL_PREFIX, JOURNAL_SUFFIX = "decided-", ".log"
+CHECKPOINT = "checkpoint"
+# The pipeline process holds KEEPER_LOCK, its receiver process WRITER_LOCK: a second otel-llm on
+# the same directory is refused, and a restart waits until the previous receiver process is gone
+# (it could otherwise still append a request behind the replay's back).
+KEEPER_LOCK, WRITER_LOCK = "keeper.lock", "writer.lock"
+_CHECKPOINT = struct.Struct("<8sQI")  # magic, last handled seq, crc32 of the first two
+_CHECKPOINT_MAGIC = b"otllmck1"
+_DECIDED = struct.Struct("<c16sBBBBH")  # b"D", trace id, keep, rate_limited, len(policy), len(threshold), measured
+_MEASURED = struct.Struct("<c16s8s")  # b"M", trace id, span id: a late engine span measured
+_MAX_PAYLOAD = 1 << 30
+
+
+def segment_name(first_seq: int) -> str:
+    return f"{SEGMENT_PREFIX}{first_seq:020d}{SEGMENT_SUFFIX}"
+
+
+def journal_name(first_seq: int) -> str:
+    return f"{JOURNAL_PREFIX}{first_seq:020d}{JOURNAL_SUFFIX}"
+
+
+def _numbered(directory: Path, prefix: str, suffix: str) -> list[tuple[int, Path]]:
+    out = []
+    for path in directory.iterdir():
+        name = path.name
+        if name.startswith(prefix) and name.endswith(suffix) and name[len(prefix):-len(suffix)].isdigit():
+            out.append((int(name[len(prefix):-len(suffix)]), path))
+    return sorted(out)
+
+
+def lock_file(path: Path, timeout_s: float) -> int:
+    """An exclusive ``flock`` on ``path``, waiting up to ``timeout_s``; returns its fd (closing it unlocks)."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise OSError(f"{path} is locked by another otel-llm process") from None
+            time.sleep(0.02)
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class IntakeLogShared:
+    """Shared memory between the receiver process (appends) and the pipeline process (deletes,
+    reports): the log's size on disk, the last sequence number written, and the writer's counters."""
+
+    SIZE, LAST_SEQ, APPENDED_BYTES, APPENDED_REQUESTS, FSYNCS, REFUSED_FULL, REFUSED_ERROR, FSYNC_ERRORS = range(8)
+
+    def __init__(self, context: Any) -> None:
+        self._lock = context.Lock()
+        self.values = context.RawArray("q", 8)
+
+    def try_add(self, size: int, max_bytes: int) -> bool:
+        """Room for ``size`` more bytes? (An empty log takes any record, so no request is refused forever.)"""
+        with self._lock:
+            current = self.values[self.SIZE]
+            if current and current + size > max_bytes:
+                return False
+            self.values[self.SIZE] = current + size
+            return True
+
+    def appended(self, seq: int, size: int) -> None:
+        with self._lock:
+            values = self.values
+            values[self.LAST_SEQ] = seq
+            values[self.APPENDED_BYTES] += size
+            values[self.APPENDED_REQUESTS] += 1
+
+    def add(self, index: int, delta: int) -> None:
+        with self._lock:
+            self.values[index] += delta
+
+    def set(self, index: int, value: int) -> None:
+        with self._lock:
+            self.values[index] = value
+
+    def __getitem__(self, index: int) -> int:
+        return self.values[index]
+
+
+@dataclass(frozen=True)
+class IntakeLogSettings:
+    directory: str
+    fsync: str = "interval"
+    fsync_interval_s: float = 1.0
+    segment_bytes: int = 16 << 20
+    max_bytes: int = 1 << 30
+    start_seq: int = 1  # set by the pipeline process after replay: the writer's first sequence number
+
+
+# --- the receiver process's side: the writer --------------------------------------------------------
+
+class IntakeLogWriter:
+    """Appends admitted requests; thread-safe. ``append`` then (for ``always``) ``wait_durable``."""
+
+    def __init__(self, settings: IntakeLogSettings, shared: IntakeLogShared) -> None:
+        self._settings = settings
+        self._shared = shared
+        self._directory = Path(settings.directory)
+        self._lock = threading.Lock()
+        self._synced = threading.Condition(self._lock)
+        self._sync_lock = threading.Lock()  # held during an fdatasync; rotation takes it too
+        self._next_seq = settings.start_seq
+        self._written = settings.start_seq - 1  # last sequence number written
+        self._durable = settings.start_seq - 1  # last one known to be on stable storage
+        self._syncing = False
+        self._fd = -1
+        self._generation = 0
+        self._segment_size = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        # Held for the process's life: the next start waits for this process to be gone.
+        self._writer_lock = lock_file(self._directory / WRITER_LOCK, timeout_s=10)
+        with self._lock:
+            self._open_segment()
+        if settings.fsync == "interval":
+            self._thread = threading.Thread(target=self._sync_loop, name="otel-llm-intake-log-sync", daemon=True)
+            self._thread.start()
+
+    def _open_segment(self) -> None:
+        path = self._directory / segment_name(self._next_seq)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0), 0o600)
+        self._generation += 1
+        self._segment_size = os.fstat(self._fd).st_size
+        if self._settings.fsync != "never":
+            _fsync_directory(self._directory)  # the new file's name survives a machine crash too
+
+    def append(self, spans: int, payload: bytes) -> tuple[str, int]:
+        """Write one admitted request: ("", its sequence number), or (a refusal reason, 0)."""
+        size = RECORD.size + len(payload)
+        shared = self._shared
+        with self._lock:
+            if not shared.try_add(size, self._settings.max_bytes):
+                shared.add(shared.REFUSED_FULL, 1)
+                return LOG_FULL, 0
+            seq = self._next_seq
+            crc = zlib.crc32(payload, zlib.crc32(_SEQ_SPANS.pack(seq, spans)))
+            header = RECORD.pack(len(payload), crc, seq, spans)
+            try:
+                written = os.writev(self._fd, [header, payload])
+                while written < size:  # a short write: the rest, or an error
+                    rest = (header + payload)[written:]
+                    written += os.write(self._fd, rest)
+            except OSError as exc:
+                shared.add(shared.SIZE, -size)
+                shared.add(shared.REFUSED_ERROR, 1)
+                log.error("intake log: cannot write %s: %s; refusing", segment_name(seq), exc)
+                try:  # no partial record may stay in front of the next one
+                    os.ftruncate(self._fd, self._segment_size)
+                except OSError:
+                    pass
+                return LOG_ERROR, 0
+            self._next_seq = seq + 1
+            self._written = seq
+            self._segment_size += size
+            shared.appended(seq, size)
+            if self._segment_size >= self._settings.segment_bytes:
+                self._rotate()
+        return "", seq
+
+    def _rotate(self) -> None:
+        """Under ``_lock``: sync (unless ``never``) and close the full segment, open the next."""
+        with self._sync_lock:
+            if self._settings.fsync != "never":
+                self._fdatasync(self._fd)
+                self._durable = self._written
+                self._synced.notify_all()
+            os.close(self._fd)
+            self._open_segment()
+
+    def _fdatasync(self, fd: int) -> None:
+        try:
+            os.fdatasync(fd)
+            self._shared.add(self._shared.FSYNCS, 1)
+        except OSError as exc:  # the data is still in the page cache: a process crash loses nothing
+            self._shared.add(self._shared.FSYNC_ERRORS, 1)
+            log.error("intake log: fdatasync failed: %s", exc)
+
+    def sync(self) -> None:
+        """Make everything written so far durable (one fdatasync shared by concurrent callers)."""
+        with self._lock:
+            target = self._written
+            while self._durable < target:
+                if self._syncing:
+                    self._synced.wait()
+                    continue
+                self._syncing = True
+                fd, generation, upto = self._fd, self._generation, self._written
+                self._lock.release()
+                try:
+                    with self._sync_lock:
+                        if generation == self._generation:  # else a rotation synced and closed that file
+                            self._fdatasync(fd)
+                finally:
+                    self._lock.acquire()
+                    self._syncing = False
+                self._durable = max(self._durable, upto)
+                self._synced.notify_all()
+
+    def wait_durable(self, seq: int) -> None:
+        """With ``fsync: always``, return once record ``seq`` is on stable storage."""
+        if self._settings.fsync == "always" and seq > self._durable:
+            self.sync()
+
+    def _sync_loop(self) -> None:
+        while not self._stop.wait(self._settings.fsync_interval_s):
+            if self._durable < self._written:
+                self.sync()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        if self._settings.fsync != "never":
+            self.sync()
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+        os.close(self._writer_lock)
+
+
+# --- reading ------------------------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class Record:
+    seq: int
+    spans: int
+    payload: bytes
+
+
+def read_segment(path: Path) -> tuple[list[Record], int]:
+    """The valid records of a segment, in order, and whether it ended on a torn or corrupt record (1) or not (0)."""
+    data = path.read_bytes()
+    records: list[Record] = []
+    offset, header = 0, RECORD.size
+    while offset + header <= len(data):
+        length, crc, seq, spans = RECORD.unpack_from(data, offset)
+        end = offset + header + length
+        if length > _MAX_PAYLOAD or end > len(data):
+            return records, 1
+        payload = data[offset + header:end]
+        if zlib.crc32(payload, zlib.crc32(_SEQ_SPANS.pack(seq, spans))) != crc:
+            return records, 1
+        records.append(Record(seq, spans, payload))
+        offset = end
+    return records, int(offset != len(data))
+
+
+@dataclass(slots=True)
+class PriorDecision:
+    """A trace decided before a crash, from the decision journal."""
+
+    keep: bool
+    rate_limited: bool
+    policy: str
+    threshold: str
+    measured: set[bytes]
+
+
+def read_journal(path: Path, into: dict[bytes, PriorDecision]) -> None:
+    data = path.read_bytes()
+    offset = 0
+    while offset < len(data):
+        tag = data[offset:offset + 1]
+        if tag == b"D" and offset + _DECIDED.size <= len(data):
+            _, trace_id, keep, rate_limited, policy_len, threshold_len, measured = _DECIDED.unpack_from(data, offset)
+            start = offset + _DECIDED.size
+            end = start + policy_len + threshold_len + 8 * measured
+            if end > len(data):
+                return  # torn tail
+            policy = data[start:start + policy_len].decode("utf-8", "replace")
+            threshold = data[start + policy_len:start + policy_len + threshold_len].decode("ascii", "replace")
+            spans_start = start + policy_len + threshold_len
+            ids = {data[i:i + 8] for i in range(spans_start, end, 8)}
+            prior = into.get(trace_id)
+            if prior is not None:
+                ids |= prior.measured
+            into[trace_id] = PriorDecision(bool(keep), bool(rate_limited), policy, threshold, ids)
+            offset = end
+        elif tag == b"M" and offset + _MEASURED.size <= len(data):
+            _, trace_id, span_id = _MEASURED.unpack_from(data, offset)
+            prior = into.get(trace_id)
+            if prior is not None:
+                prior.measured.add(span_id)
+            offset += _MEASURED.size
+        else:
+            return  # torn tail or damage: what follows cannot be framed
+
+
+def read_checkpoint(directory: Path) -> int:
+    try:
+        data = (directory / CHECKPOINT).read_bytes()
+    except FileNotFoundError:
+        return 0
+    if len(data) == _CHECKPOINT.size:
+        magic, handled, crc = _CHECKPOINT.unpack(data)
+        if magic == _CHECKPOINT_MAGIC and crc == zlib.crc32(data[:16]):
+            return handled
+    raise OSError(f"{directory / CHECKPOINT}: not an otel-llm intake log checkpoint")
+
+
+# --- the pipeline process's side: tracking, checkpoints, replay, telemetry --------------------------
+
+class IntakeLogKeeper:
+    """Knows which logged requests are handled, persists that, deletes what is no longer needed,
+    journals decisions, and replays the log at start.
+
+    Requests arrive (``arrived``) in log order: the pipeline process reads them from one pipe in
+    the order the receiver process logged them, so the n-th request after the replay is record
+    ``start_seq + n``. Call order: ``recover`` (then feed what it yields), ``receiver_settings``,
+    ``start``; per request ``arrived`` and, once the worker has buffered it, ``processed``; after
+    each assembler tick ``ticked``; ``close`` last."""
+
+    CHECKPOINT_EVERY_S = 0.5
+    JOURNAL_ROTATE_S = 2.0
+
+    def __init__(self, settings: IntakeLogSettings, shared: IntakeLogShared, decision_wait_s: float) -> None:
+        self.settings = settings
+        self.shared = shared
+        self.directory = Path(settings.directory)
+        self._decision_wait_s = decision_wait_s
+        self.barriers: list[Callable[[float], bool]] = []  # e.g. TraceStore.flush: all submitted written
+        # Log order: [seq, processed_at or None]; the ticker pops the handled prefix.
+        self._marks: deque[list[Any]] = deque()
+        self._to_process: deque[list[Any]] = deque()
+        self._next_seq = 1
+        self._handled = 0  # every record <= this is handled (not yet checkpointed)
+        self._checkpointed = 0
+        self._replay_end = 0
+        self.prior: dict[bytes, PriorDecision] = {}
+        self._journal_lock = threading.Lock()
+        self._journal_fd = -1
+        self._journal_opened = 0.0
+        self._journals: list[tuple[int, Path]] = []
+        self._journal_pin: int | None = None
+        self._journal_buffer: list[bytes] = []
+        self._keeper_lock = -1
+        self._last_fsync = time.monotonic()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.replayed_requests = 0
+        self.replayed_spans = 0
+        self.corrupt_segments = 0
+        self.pipeline_fsyncs = 0
+        self.checkpoints = 0
+
+    # --- start-up ---------------------------------------------------------------------------------
+
+    def recover(self) -> Iterator[Record]:
+        """Read the checkpoint and the journals, then yield every record after the checkpoint."""
+        directory = self.directory
+        directory.mkdir(parents=True, exist_ok=True)
+        if self._keeper_lock < 0:
+            self._keeper_lock = lock_file(directory / KEEPER_LOCK, timeout_s=0)
+        os.close(lock_file(directory / WRITER_LOCK, timeout_s=15))  # the previous receiver process has exited
+        handled = read_checkpoint(directory)
+        self._handled = self._checkpointed = handled
+        self._replay_end = 1 << 62  # the old decisions stay needed until the replay is read and handled
+        last = handled
+        old_journals = _numbered(directory, JOURNAL_PREFIX, JOURNAL_SUFFIX)
+        for _, path in old_journals:
+            read_journal(path, self.prior)
+        self._compact_journals(handled + 1, [path for _, path in old_journals])
+        segments = _numbered(directory, SEGMENT_PREFIX, SEGMENT_SUFFIX)
+        self.shared.set(IntakeLogShared.SIZE, sum(path.stat().st_size for _, path in segments))
+        for first, path in segments:
+            last = max(last, first - 1)
+            records, corrupt = read_segment(path)
+            if corrupt:
+                self.corrupt_segments += 1
+                log.warning("intake log: %s ends in a torn or corrupt record (%d valid before it)", path.name,
+                            len(records))
+            for record in records:
+                last = max(last, record.seq)
+                if record.seq <= handled:
+                    continue
+                self.replayed_requests += 1
+                self.replayed_spans += record.spans
+                yield record
+        self._replay_end = self._journal_pin = last
+        self._next_seq = last + 1
+        self.shared.set(IntakeLogShared.LAST_SEQ, last)
+        if self.replayed_requests:
+            log.warning("intake log: replayed %d requests (%d spans) logged after checkpoint %d",
+                        self.replayed_requests, self.replayed_spans, handled)
+
+    def receiver_settings(self) -> IntakeLogSettings:
+        """What the receiver process's writer needs; its first record follows the last one on disk."""
+        return IntakeLogSettings(self.settings.directory, self.settings.fsync, self.settings.fsync_interval_s,
+                                 self.settings.segment_bytes, self.settings.max_bytes, self._next_seq)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="otel-llm-intake-log", daemon=True)
+        self._thread.start()
+
+    # --- tracking (reader thread, worker thread, ticker thread) ------------------------------------
+
+    def arrived(self, seq: int | None = None, failed: bool = False) -> None:
+        """The next logged request reached the pipeline (``seq``: a replayed one); ``failed``: it was
+        dropped (counted) by the adapter stage, so it is processed already."""
+        if seq is None:
+            seq = self._next_seq
+        self._next_seq = seq + 1
+        entry = [seq, time.monotonic() if failed else None]
+        self._marks.append(entry)
+        if not failed:
+            self._to_process.append(entry)
+
+    def processed(self) -> None:
+        """The worker has buffered the oldest request it had (its late spans are handled by now)."""
+        self._to_process.popleft()[1] = time.monotonic()
+        if self._journal_buffer:  # late spans measured, traces completed early (num_traces)
+            self.flush_journal()
+
+    def ticked(self, started: float) -> None:
+        """A tick that started at ``started`` has completed every trace first seen ``decision_wait``
+        before it: every request processed by then is handled once its kept traces are written."""
+        self.flush_journal()
+        self._advance(started - self._decision_wait_s)
+
+    def _advance(self, cutoff: float) -> None:
+        marks = self._marks
+        handled = self._handled
+        while marks:
+            at = marks[0][1]
+            if at is None or at > cutoff:
+                break
+            handled = marks.popleft()[0]
+        self._handled = handled
+        if self.prior and handled >= self._replay_end:
+            self.prior = {}  # every replayed request is handled: the old decisions are needed no more
+
+    # --- the decision journal ------------------------------------------------------------------------
+
+    def _compact_journals(self, first_seq: int, old: list[Path]) -> None:
+        """One journal holding every decision of the previous runs (needed until every replayed
+        request is handled), opened for this run's decisions."""
+        path = self.directory / journal_name(first_seq)
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            for trace_id, prior in self.prior.items():
+                f.write(self._decided_entry(trace_id, prior.keep, prior.rate_limited, prior.policy, prior.threshold,
+                                            prior.measured))
+            if self.settings.fsync != "never":
+                f.flush()
+                os.fdatasync(f.fileno())
+                self.pipeline_fsyncs += 1
+        for old_path in old:
+            if old_path != path:
+                old_path.unlink(missing_ok=True)
+        os.replace(tmp, path)
+        self._journals = []
+        self._journal_pin = 1 << 62  # set to the last replayed record once the replay is read
+        self._open_journal(first_seq)
+
+    def _open_journal(self, first_seq: int | None = None) -> None:
+        """A new journal, named after the first request not yet processed (``first_seq`` at start):
+        every decision in the older journals is about requests before it."""
+        with self._journal_lock:
+            self._flush_locked()  # into the journal being closed, before the new one's name is chosen
+            if first_seq is None:
+                first_seq = self._first_unprocessed()
+            path = self.directory / journal_name(first_seq)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0), 0o600)
+            old, self._journal_fd = self._journal_fd, fd
+            self._journal_opened = time.monotonic()
+        if old >= 0:
+            if self.settings.fsync != "never":
+                os.fdatasync(old)
+                self.pipeline_fsyncs += 1
+            os.close(old)
+        if not self._journals or self._journals[-1][1] != path:
+            self._journals.append((first_seq, path))
+
+    def _journal(self, entry: bytes) -> None:
+        with self._journal_lock:
+            self._journal_buffer.append(entry)
+
+    def flush_journal(self) -> None:
+        """Write the decisions made since the last call (one write per tick or request, not per trace)."""
+        with self._journal_lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        if self._journal_buffer and self._journal_fd >= 0:
+            data = b"".join(self._journal_buffer)
+            self._journal_buffer.clear()
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._journal_fd, view):]
+
+    def decided(self, trace_id: bytes, keep: bool, rate_limited: bool, policy: str, threshold: str,
+                measured: set[bytes]) -> None:
+        if len(trace_id) != 16:
+            return
+        self._journal(self._decided_entry(trace_id, keep, rate_limited, policy, threshold, measured))
+
+    @staticmethod
+    def _decided_entry(trace_id: bytes, keep: bool, rate_limited: bool, policy: str, threshold: str,
+                       measured: set[bytes]) -> bytes:
+        policy_bytes = policy.encode()[:255]
+        threshold_bytes = threshold.encode("ascii", "replace")[:255]
+        ids = [span_id for span_id in measured if len(span_id) == 8][:65535]
+        return (_DECIDED.pack(b"D", trace_id, keep, rate_limited, len(policy_bytes), len(threshold_bytes), len(ids))
+                + policy_bytes + threshold_bytes + b"".join(ids))
+
+    def measured_late(self, trace_id: bytes, span_id: bytes) -> None:
+        if len(trace_id) == 16 and len(span_id) == 8:
+            self._journal(_MEASURED.pack(b"M", trace_id, span_id))
+
+    # --- checkpoints and deletion --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.CHECKPOINT_EVERY_S):
+            try:
+                self.checkpoint()
+            except Exception:  # keep checkpointing: a stuck log only fills up and refuses (counted)
+                log.exception("intake log checkpoint failed")
+
+    def checkpoint(self, final: bool = False, barrier_timeout_s: float = 1.0) -> int:
+        """Persist the handled prefix and delete what it covers; returns the checkpointed sequence number."""
+        target = self._handled
+        if target > self._checkpointed or final:
+            for barrier in self.barriers:
+                if not barrier(barrier_timeout_s):
+                    return self._checkpointed  # kept traces still waiting to be written: next time
+            self._sync_journal(final)
+            self._write_checkpoint(target)
+            self._checkpointed = target
+            self.checkpoints += 1
+        self._delete_covered(final)
+        if time.monotonic() - self._journal_opened >= self.JOURNAL_ROTATE_S and not final:
+            self._open_journal()
+        return self._checkpointed
+
+    def _first_unprocessed(self) -> int:
+        try:
+            return self._to_process[0][0]
+        except IndexError:
+            return self._next_seq
+
+    def _sync_journal(self, final: bool) -> None:
+        policy = self.settings.fsync
+        self.flush_journal()
+        if policy == "never":
+            return
+        now = time.monotonic()
+        if policy == "always" or final or now - self._last_fsync >= self.settings.fsync_interval_s:
+            with self._journal_lock:
+                fd = self._journal_fd
+                if fd >= 0:
+                    os.fdatasync(fd)
+                    self.pipeline_fsyncs += 1
+            self._last_fsync = now
+
+    def _write_checkpoint(self, handled: int) -> None:
+        head = _CHECKPOINT_MAGIC + handled.to_bytes(8, "little")
+        data = _CHECKPOINT.pack(_CHECKPOINT_MAGIC, handled, zlib.crc32(head))
+        tmp = self.directory / (CHECKPOINT + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, data)
+            if self.settings.fsync == "always":
+                os.fdatasync(fd)
+                self.pipeline_fsyncs += 1
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.directory / CHECKPOINT)
+
+    def _delete_covered(self, final: bool) -> None:
+        handled = self._checkpointed
+        segments = _numbered(self.directory, SEGMENT_PREFIX, SEGMENT_SUFFIX)
+        for index, (first, path) in enumerate(segments):
+            if index + 1 < len(segments):
+                last = segments[index + 1][0] - 1
+            elif final:  # the writer is gone: its last record is known
+                last = max(self.shared[IntakeLogShared.LAST_SEQ], first - 1)
+            else:
+                break  # the segment being written
+            if last > handled:
+                break
+            try:
+                size = path.stat().st_size
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            self.shared.add(IntakeLogShared.SIZE, -size)
+        # A journal is needed while a request processed before the next journal opened is unhandled.
+        # The first one, after a replay, holds the previous runs' decisions: kept until every
+        # replayed request is handled.
+        while len(self._journals) >= 2 and self._journals[1][0] - 1 <= handled and \
+                (self._journal_pin is None or handled >= self._journal_pin):
+            self._journal_pin = None
+            _, path = self._journals.pop(0)
+            path.unlink(missing_ok=True)
+        if final and self._journals and handled >= self._next_seq - 1:
+            with self._journal_lock:
+                if self._journal_fd >= 0:
+                    os.close(self._journal_fd)
+                    self._journal_fd = -1
+            for _, path in self._journals:
+                path.unlink(missing_ok=True)
+            self._journals = []
+
+    def close(self) -> None:
+        """After the pipeline has decided every pending trace and the store has flushed: a final
+        checkpoint covers every request processed; what was not processed stays for the next start."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        self._advance(float("inf"))
+        try:
+            self.checkpoint(final=True, barrier_timeout_s=10.0)
+        except OSError as exc:
+            log.error("intake log: final checkpoint failed: %s; the next start replays from the previous one", exc)
+        with self._journal_lock:
+            if self._journal_fd >= 0:
+                os.close(self._journal_fd)
+                self._journal_fd = -1
+        if self._keeper_lock >= 0:
+            os.close(self._keeper_lock)
+            self._keeper_lock = -1
+
+    @property
+    def pending_requests(self) -> int:
+        return max(0, self.shared[IntakeLogShared.LAST_SEQ] - self._checkpointed)
+
+
+class IntakeLogCollector:
+    """``otel_llm_intake_log_*`` on /metrics (a prometheus_client custom collector)."""
+
+    def __init__(self, keeper: IntakeLogKeeper) -> None:
+        self._keeper = keeper
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        keeper, shared = self._keeper, self._keeper.shared
+        s = IntakeLogShared
+        yield CounterMetricFamily("otel_llm_intake_log_appended_bytes",
+                                  "Bytes appended to the intake log (records and their headers).",
+                                  value=shared[s.APPENDED_BYTES])
+        yield CounterMetricFamily("otel_llm_intake_log_appended_requests",
+                                  "Admitted requests appended to the intake log before they were answered.",
+                                  value=shared[s.APPENDED_REQUESTS])
+        fsyncs = CounterMetricFamily("otel_llm_intake_log_fsyncs",
+                                     "fdatasync calls on the intake log, by file.", labels=["file"])
+        fsyncs.add_metric(["segment"], shared[s.FSYNCS])
+        fsyncs.add_metric(["journal_or_checkpoint"], keeper.pipeline_fsyncs)
+        yield fsyncs
+        yield CounterMetricFamily("otel_llm_intake_log_fsync_errors", "fdatasync calls on segments that failed.",
+                                  value=shared[s.FSYNC_ERRORS])
+        refused = CounterMetricFamily("otel_llm_intake_log_refused_requests",
+                                      "Requests refused (retryably) because the intake log could not take them.",
+                                      labels=["reason"])
+        refused.add_metric(["full"], shared[s.REFUSED_FULL])
+        refused.add_metric(["write_error"], shared[s.REFUSED_ERROR])
+        yield refused
+        yield CounterMetricFamily("otel_llm_intake_log_replayed_requests",
+                                  "Requests replayed from the intake log at start.", value=keeper.replayed_requests)
+        yield CounterMetricFamily("otel_llm_intake_log_replayed_spans",
+                                  "Spans in the requests replayed from the intake log at start.",
+                                  value=keeper.replayed_spans)
+        yield CounterMetricFamily("otel_llm_intake_log_corrupt_segments",
+                                  "Segments found at start ending in a torn or corrupt record.",
+                                  value=keeper.corrupt_segments)
+        yield CounterMetricFamily("otel_llm_intake_log_checkpoints", "Checkpoints written.",
+                                  value=keeper.checkpoints)
+        yield GaugeMetricFamily("otel_llm_intake_log_size_bytes", "Bytes of intake log segments on disk.",
+                                value=shared[s.SIZE])
+        yield GaugeMetricFamily("otel_llm_intake_log_max_size_bytes", "receivers.otlp.intake_log.max_size_mib.",
+                                value=keeper.settings.max_bytes)
+        yield GaugeMetricFamily("otel_llm_intake_log_pending_requests",
+                                "Logged requests not yet checkpointed as handled.", value=keeper.pending_requests)

@@ -1,0 +1,365 @@
+"""The crash-safe intake (``receivers.otlp.intake_log``): what was answered 200 survives a SIGKILL
+of the whole process group, is counted exactly once, and a full log refuses retryably, counted.
+
+``otel-llm serve`` runs as a process group of its own (the pipeline process and its receiver
+process); the spans are made by the OpenTelemetry SDK and sent by its OTLP/gRPC exporter, whose
+``SUCCESS`` is the server's acknowledgement. Every wait polls a condition on ``/metrics`` or the
+store; none sleeps for a machine-dependent time."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags, set_span_in_context
+
+from otel_llm.receivers.intake_log import (
+    LOG_FULL,
+    SEGMENT_PREFIX,
+    IntakeLogKeeper,
+    IntakeLogSettings,
+    IntakeLogShared,
+    IntakeLogWriter,
+)
+from otel_llm.receivers.process import spawn_context
+from otel_llm.store.sqlite import StoreReader
+from tests.support.otelllm import ServerProcess
+from tests.support.payloads import vllm_batch
+from tests.test_bad_input import http_post
+from tests.test_receiver_process import EXPORT, alive, child_processes, poll
+
+KEEP_ALL = [{"name": "all", "type": "probabilistic", "probabilistic": {"sampling_percentage": 100}}]
+LATENCIES = {"gen_ai.latency.time_to_first_token": 0.5, "gen_ai.latency.time_in_queue": 0.1,
+             "gen_ai.latency.time_in_model_prefill": 0.3, "gen_ai.latency.time_in_model_decode": 2.0,
+             "gen_ai.latency.e2e": 2.6, "gen_ai.latency.time_in_model_inference": 2.3}
+
+
+class GroupServer(ServerProcess):
+    """``otel-llm serve`` in a session (process group) of its own, so that one ``killpg`` SIGKILLs
+    the pipeline process and its receiver process at the same instant."""
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen([sys.executable, "-m", "otel_llm", "serve", "--config", str(self.config_path)],
+                                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"otel-llm exited {self.process.returncode}:\n{self.log_path.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(self.metrics_url + "/readyz", timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"otel-llm not ready in {timeout_s}s:\n{self.log_path.read_text()[-3000:]}")
+
+    def kill_group(self) -> None:
+        assert self.process is not None
+        receiver = child_processes(self.process.pid)["otel-llm-recv"]
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+        poll(lambda: not alive(receiver), 10, "the receiver process to die with its group")
+
+    def ensure_stopped(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+
+def server_config(intake_log: dict[str, Any] | None, decision_wait: str, adapter_process: bool = False) -> dict[str, Any]:
+    config: dict[str, Any] = {"processors": {"tail_sampling": {"decision_wait": decision_wait, "grace": "100ms",
+                                                               "policies": KEEP_ALL}},
+                              "service": {"adapter_process": adapter_process}}
+    if intake_log is not None:
+        config["receivers"] = {"otlp": {"intake_log": intake_log}}
+    return config
+
+
+def vllm_spans(model: str, rooted: int, unrooted: int) -> list[ReadableSpan]:
+    """vLLM V1 ``llm_request`` spans made by the SDK: ``rooted`` complete traces (decided after
+    ``grace``) and ``unrooted`` ones whose parent never comes (held until ``decision_wait``)."""
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "vllm-crash"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("vllm.tracing.otel")
+    start = time.time_ns()
+    for index in range(rooted + unrooted):
+        context = None
+        if index >= rooted:
+            parent = SpanContext(trace_id=random.getrandbits(128) | 1, span_id=random.getrandbits(64) | 1,
+                                 is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+            context = set_span_in_context(NonRecordingSpan(parent))
+        name = f"{model}-rooted" if index < rooted else f"{model}-unrooted"
+        span = tracer.start_span("llm_request", context=context, kind=SpanKind.SERVER, start_time=start,
+                                 attributes={**LATENCIES, "gen_ai.response.model": name,
+                                             "gen_ai.usage.prompt_tokens": 100, "gen_ai.usage.completion_tokens": 51})
+        span.end(end_time=start + int(2.6e9))
+    provider.shutdown()
+    return list(memory.get_finished_spans())
+
+
+def send(server: ServerProcess, requests: int, model: str, rooted: int, unrooted: int, protocol: str = "grpc") -> int:
+    """``requests`` Export calls through the SDK's OTLP exporter; returns the spans acknowledged."""
+    exporter: OTLPSpanExporter | HttpSpanExporter
+    if protocol == "grpc":
+        exporter = OTLPSpanExporter(endpoint=f"127.0.0.1:{server.grpc_port}", insecure=True, timeout=10)
+    else:
+        exporter = HttpSpanExporter(endpoint=f"http://127.0.0.1:{server.http_port}/v1/traces", timeout=10)
+    acknowledged = 0
+    try:
+        for _ in range(requests):
+            spans = vllm_spans(model, rooted, unrooted)
+            assert exporter.export(spans) == SpanExportResult.SUCCESS
+            acknowledged += len(spans)
+    finally:
+        exporter.shutdown()
+    return acknowledged
+
+
+def count(scrape, model: str) -> float:  # noqa: ANN001
+    return scrape.value("vllm:e2e_request_latency_seconds_count", model_name=model)
+
+
+def stored(store: Path, model: str) -> int:
+    return len(StoreReader(store).list_requests(model=model, limit=100_000))
+
+
+def segments(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.iterdir() if p.name.startswith(SEGMENT_PREFIX)) if directory.exists() else []
+
+
+@pytest.mark.parametrize("intake_log,adapter_process,protocol", [
+    ({}, False, "grpc"), ({"fsync": "always"}, False, "grpc"), ({"fsync": "never"}, False, "http"), ({}, True, "grpc"),
+    (None, False, "grpc")], ids=["log-interval", "log-always", "log-never-http", "log-adapter-process", "no-log"])
+def test_sigkill_of_the_process_group_loses_nothing_acknowledged(tmp_path: Path, intake_log: dict | None,
+                                                                 adapter_process: bool, protocol: str):
+    """20 requests of 5 pending traces each, every one answered SUCCESS and buffered; SIGKILL of the
+    whole process group while all 100 wait for their decision; a restart on the same directory. With
+    the log, each of the 100 traces reaches the metrics and the store exactly once. Without it, all
+    100 are lost: the default's exposure (everything between the answer and the decision)."""
+    store = tmp_path / "store"
+    first = GroupServer(tmp_path, server_config(intake_log, decision_wait="60s", adapter_process=adapter_process))
+    second = None
+    try:
+        first.start()
+        acknowledged = send(first, 20, "crash", rooted=0, unrooted=5, protocol=protocol)
+        assert acknowledged == 100
+        first.wait_until(lambda s: s.value("otel_llm_traces_in_memory") == 100, what="100 traces pending")
+        assert count(first.scrape(), "crash-unrooted") == 0  # nothing decided yet: decision_wait is 60 s
+        first.kill_group()
+
+        # Same directory; decision_wait 1s only so that the replayed traces are decided soon.
+        second = GroupServer(tmp_path, server_config(intake_log, decision_wait="1s", adapter_process=adapter_process))
+        second.start()
+        if intake_log is None:
+            scrape = second.scrape()
+            assert scrape.value("otel_llm_traces_in_memory") == 0 and count(scrape, "crash-unrooted") == 0
+            assert second.stop() == 0  # a graceful stop decides and stores whatever it held: nothing
+            assert stored(store, "crash-unrooted") == 0, "without the log, a SIGKILL loses every pending trace"
+            return
+        scrape = second.wait_until(lambda s: count(s, "crash-unrooted") >= 100 and
+                                   s.value("otel_llm_traces_in_memory") == 0, what="the replayed traces decided")
+        assert count(scrape, "crash-unrooted") == acknowledged
+        assert scrape.value("otel_llm_intake_log_replayed_requests_total") == 20
+        assert scrape.value("otel_llm_intake_log_replayed_spans_total") == acknowledged
+        poll(lambda: stored(store, "crash-unrooted") >= acknowledged, 30, "the replayed traces stored")
+        assert second.stop() == 0
+        assert stored(store, "crash-unrooted") == acknowledged
+        assert segments(store / "intake-log") == [], "a graceful stop leaves nothing to replay"
+    finally:
+        first.ensure_stopped()
+        if second is not None:
+            second.ensure_stopped()
+
+
+def test_replay_counts_each_request_once(tmp_path: Path):
+    """Each request carries 3 traces decided within ``grace`` and 3 that wait for ``decision_wait``:
+    at the SIGKILL every request is still in the log (its pending traces hold it) although half its
+    traces were measured and stored. The restart measures only the other half (the decision journal);
+    the first half is stored once; and a graceful stop then leaves nothing to replay again."""
+    store = tmp_path / "store"
+    first = GroupServer(tmp_path, server_config({}, decision_wait="60s"))
+    servers = [first]
+    try:
+        first.start()
+        assert send(first, 20, "mixed", rooted=3, unrooted=3) == 120
+        scrape = first.wait_until(lambda s: count(s, "mixed-rooted") == 60 and s.value("otel_llm_traces_in_memory") == 60,
+                                  what="the rooted traces decided, the others pending")
+        assert count(scrape, "mixed-unrooted") == 0
+        poll(lambda: stored(store, "mixed-rooted") == 60, 30, "the decided traces stored")
+        assert scrape.value("otel_llm_intake_log_pending_requests") == 20  # none handled: each holds a pending trace
+        first.kill_group()
+
+        second = GroupServer(tmp_path, server_config({}, decision_wait="1s"))
+        servers.append(second)
+        second.start()
+        scrape = second.wait_until(lambda s: count(s, "mixed-unrooted") >= 60 and s.value("otel_llm_traces_in_memory") == 0
+                                   and s.value("otel_llm_intake_queued_spans") == 0, what="the replay decided")
+        assert scrape.value("otel_llm_intake_log_replayed_requests_total") == 20
+        assert count(scrape, "mixed-unrooted") == 60
+        assert count(scrape, "mixed-rooted") == 0, "measured before the crash: not measured again"
+        assert scrape.value("otel_llm_sampling_decisions_total") == 60  # only the pending ones decided anew
+        poll(lambda: stored(store, "mixed-unrooted") == 60, 30, "the replayed traces stored")
+        assert stored(store, "mixed-rooted") == 60  # delivered again, stored once
+        assert second.stop() == 0
+
+        third = GroupServer(tmp_path, server_config({}, decision_wait="1s"))
+        servers.append(third)
+        third.start()
+        assert third.scrape().value("otel_llm_intake_log_replayed_requests_total") == 0
+        assert third.stop() == 0
+        assert (stored(store, "mixed-rooted"), stored(store, "mixed-unrooted")) == (60, 60)
+    finally:
+        for server in servers:
+            server.ensure_stopped()
+
+
+def test_a_full_log_refuses_retryably_and_counts_it(make_server):
+    """A 2 MiB log whose requests wait for a 60 s decision fills: the next Export is refused with
+    gRPC UNAVAILABLE and a RetryInfo, HTTP 429 with Retry-After, counted by reason; what was
+    acknowledged is all in the pipeline, and the log stays within its bound."""
+    server = make_server({
+        "receivers": {"otlp": {"intake_log": {"max_size_mib": 2, "segment_size_mib": 1}}},
+        "processors": {"tail_sampling": {"decision_wait": "60s"}},
+    })
+    payload = vllm_batch(400, parent=True).SerializeToString()
+    acknowledged = 0
+    refusal = None
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        export = channel.unary_unary(EXPORT)
+        for _ in range(100):
+            try:
+                export(vllm_batch(400, parent=True).SerializeToString(), timeout=10)
+            except grpc.RpcError as exc:
+                refusal = exc
+                break
+            acknowledged += 400
+    assert refusal is not None, "2 MiB hold fewer than 100 requests of ~100 KB"
+    assert refusal.code() == grpc.StatusCode.UNAVAILABLE
+    assert "intake_log_full" in refusal.details()
+    assert any(key == "grpc-status-details-bin" for key, _ in refusal.trailing_metadata())  # RetryInfo
+    status, _, headers = http_post(server, payload)
+    assert (status, headers["Retry-After"]) == (429, "1")
+    scrape = server.wait_until(lambda s: s.value("otel_llm_traces_in_memory") == acknowledged, what="acknowledged buffered")
+    assert scrape.value("otel_llm_intake_log_refused_requests_total", reason="full") == 2
+    assert scrape.value("otel_llm_receiver_refused_spans_total", reason="intake_log_full") == 800
+    assert scrape.value("otel_llm_receiver_refused_requests_total", reason="intake_log_full") == 2
+    assert scrape.value("otel_llm_receiver_accepted_spans_total") == acknowledged
+    assert 0 < scrape.value("otel_llm_intake_log_size_bytes") <= 2 << 20
+    assert scrape.value("otel_llm_intake_log_appended_requests_total") == acknowledged // 400
+
+
+def test_the_log_frees_room_once_handled_and_replays_only_the_rest(tmp_path: Path):
+    """The writer and the keeper in one process: the log fills (refused), the keeper checkpoints the
+    requests handled and deletes the segments they filled (room again); a restart replays only the
+    requests after the checkpoint; a torn last record (a write the crash cut) is skipped and counted."""
+    context = spawn_context()
+    shared = IntakeLogShared(context)
+    settings = IntakeLogSettings(str(tmp_path), fsync="never", segment_bytes=64 << 10, max_bytes=256 << 10)
+    keeper = IntakeLogKeeper(settings, shared, decision_wait_s=0.0)
+    assert list(keeper.recover()) == []
+    writer = IntakeLogWriter(keeper.receiver_settings(), shared)
+    payload = os.urandom(20_000)
+    seqs = []
+    while True:
+        refused, seq = writer.append(7, payload)
+        if refused:
+            assert refused == LOG_FULL
+            break
+        seqs.append(seq)
+        keeper.arrived()
+    assert len(seqs) >= 10 and shared[IntakeLogShared.REFUSED_FULL] == 1
+    handled = len(seqs) // 2
+    for _ in seqs[:handled]:
+        keeper.processed()
+    keeper.ticked(time.monotonic() + 1)  # those are handled now (decision_wait 0)
+    assert keeper.checkpoint() == handled
+    assert shared[IntakeLogShared.SIZE] < 256 << 10
+    refused, seq = writer.append(7, payload)
+    assert (refused, seq) == ("", len(seqs) + 1), "room again once handled segments are deleted"
+    writer.close()
+    keeper.close()  # what was not handled stays
+    last = segments(tmp_path)[-1]
+    with open(last, "ab") as f:  # a record the crash cut in the middle
+        f.write(b"\x10\x00\x00\x00" + b"torn")
+
+    again = IntakeLogKeeper(settings, IntakeLogShared(context), decision_wait_s=0.0)
+    replayed = [record.seq for record in again.recover()]
+    assert replayed == list(range(handled + 1, len(seqs) + 2))
+    assert again.corrupt_segments == 1 and again.replayed_spans == 7 * len(replayed)
+    assert again.receiver_settings().start_seq == len(seqs) + 2
+
+
+@pytest.mark.parametrize("intake_log,path", [
+    ({"fsync": "sometimes"}, "receivers.otlp.intake_log.fsync"),
+    ({"fsync_interval": "0s"}, "receivers.otlp.intake_log.fsync_interval"),
+    ({"max_size_mib": 16, "segment_size_mib": 16}, "receivers.otlp.intake_log.segment_size_mib"),
+    ({"max_size_mib": 0}, "receivers.otlp.intake_log.max_size_mib"),
+    ({"colour": "blue"}, "receivers.otlp.intake_log.colour"),
+])
+def test_intake_log_options_are_validated_with_their_path(intake_log: dict, path: str):
+    from otel_llm.config import ConfigError, config_from_dict
+
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({"receivers": {"otlp": {"intake_log": intake_log}}})
+    assert info.value.path == path
+
+
+def test_the_intake_log_is_off_by_default_and_needs_a_directory_without_a_store():
+    from otel_llm.config import ConfigError, config_from_dict, intake_log_directory
+
+    default = config_from_dict({})
+    assert default.receivers.otlp is not None and default.receivers.otlp.intake_log is None
+    on = config_from_dict({"receivers": {"otlp": {"intake_log": None}}})  # `intake_log:` alone: on, defaults
+    assert intake_log_directory(on) == "otel-llm-data/intake-log"
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({"receivers": {"otlp": {"intake_log": {}}}, "exporters": {"prometheus": {}}})
+    assert info.value.path == "receivers.otlp.intake_log.directory"
+
+
+def test_a_crash_during_the_replay_still_counts_each_request_once(tmp_path: Path):
+    """SIGKILL, restart, SIGKILL again once the replay is buffered (the replayed traces pending again,
+    the rooted ones re-completed without being measured), restart: the previous runs' decisions are
+    still in the journal, so the rooted half is still not measured again and the rest is not lost."""
+    store = tmp_path / "store"
+    servers = []
+    try:
+        for run in range(3):
+            server = GroupServer(tmp_path, server_config({}, decision_wait="1s" if run == 2 else "60s"))
+            servers.append(server)
+            server.start()
+            if run == 0:
+                assert send(server, 10, "twice", rooted=2, unrooted=2) == 40
+            else:
+                assert server.scrape().value("otel_llm_intake_log_replayed_requests_total") == 10
+            if run < 2:
+                scrape = server.wait_until(lambda s: s.value("otel_llm_traces_in_memory") == 20 and
+                                           s.value("otel_llm_intake_queued_spans") == 0 and
+                                           s.value("otel_llm_traces_completed_total") == 20, what="20 decided, 20 pending")
+                assert count(scrape, "twice-rooted") == (20 if run == 0 else 0)
+                server.kill_group()
+        scrape = server.wait_until(lambda s: count(s, "twice-unrooted") >= 20 and s.value("otel_llm_traces_in_memory") == 0,
+                                   what="the second replay decided")
+        assert (count(scrape, "twice-rooted"), count(scrape, "twice-unrooted")) == (0, 20)
+        assert server.stop() == 0
+        assert (stored(store, "twice-rooted"), stored(store, "twice-unrooted")) == (20, 20)
+    finally:
+        for server in servers:
+            server.ensure_stopped()
