@@ -81,6 +81,11 @@ class BufferedSpan:
         return None
 
 
+# How many ancestors a readiness check or an assembly walks at most: a cycle in hostile input must
+# not hang the pipeline, and a deeper chain is not a gateway path.
+MAX_ANCESTRY = 64
+
+
 @dataclass(slots=True)
 class PendingTrace:
     trace_id: bytes
@@ -88,13 +93,19 @@ class PendingTrace:
     spans: dict[bytes, BufferedSpan] = field(default_factory=dict)
     has_engine_span: bool = False
     ready_at: float | None = None
+    # Readiness, kept incrementally so a span's cost does not depend on the trace's size: engine
+    # spans whose ancestor chain stops at a span not (yet) here, by that missing span's id, with
+    # how many ancestors were found below it; and how many engine spans are not rooted (waiting
+    # or too deep/cyclic to ever be).
+    waiting: dict[bytes, list[tuple[BufferedSpan, int]]] = field(default_factory=dict)
+    unrooted: int = 0
 
     def ancestors(self, span: BufferedSpan) -> list[BufferedSpan]:
         """Buffered ancestors of ``span``, nearest first; stops at the first one not (yet) here."""
         chain: list[BufferedSpan] = []
         parent = span.parent_span_id
         seen = 0
-        while parent and seen < 64:  # a cycle in hostile input must not hang the pipeline
+        while parent and seen < MAX_ANCESTRY:  # a cycle in hostile input must not hang the pipeline
             buffered = self.spans.get(parent)
             if buffered is None:
                 break
@@ -131,11 +142,13 @@ class TraceAssembler:
         on_complete: Callable[[PendingTrace, CompletionReason], None],
         on_late_span: Callable[[BufferedSpan, object], None],
         clock: Callable[[], float] = time.monotonic,
+        on_spans_dropped: Callable[[str, int], None] | None = None,
     ) -> None:
         self._settings = settings
         self._on_complete = on_complete
         self._on_late_span = on_late_span
         self._clock = clock
+        self._on_spans_dropped = on_spans_dropped  # (reason, count), called outside the lock
         self._pending: OrderedDict[bytes, PendingTrace] = OrderedDict()
         self._ready: dict[bytes, float] = {}
         # trace id -> the sampler's decision (None until decided), so late spans follow it
@@ -151,6 +164,7 @@ class TraceAssembler:
     def add_batch(self, spans: list[BufferedSpan]) -> None:
         completed: list[tuple[PendingTrace, str]] = []
         late: list[tuple[BufferedSpan, object]] = []
+        dropped = 0
         with self._lock:
             now = self._clock()
             touched: dict[bytes, PendingTrace] = {}
@@ -168,26 +182,59 @@ class TraceAssembler:
                         touched.pop(oldest.trace_id, None)
                         completed.append((oldest, "memory_limit"))
                 if len(trace.spans) >= self._settings.max_spans_per_trace:
-                    self.spans_dropped_over_trace_limit += 1
+                    dropped += 1
                     continue
                 buffered.trace_id = trace.trace_id  # one bytes object per trace, not one per span
-                trace.spans[buffered.span_id] = buffered
-                if buffered.is_engine:
-                    trace.has_engine_span = True
+                self._insert(trace, buffered)
                 touched[trace_id] = trace
             for trace in touched.values():
                 self._update_readiness(trace, now)
+            self.spans_dropped_over_trace_limit += dropped
+        if dropped and self._on_spans_dropped is not None:
+            self._on_spans_dropped("max_spans_per_trace", dropped)
         for buffered, decision in late:
             self._on_late_span(buffered, decision)
         for trace, reason in completed:
             self._complete(trace, reason)
 
-    def _update_readiness(self, trace: PendingTrace, now: float) -> None:
-        if not trace.has_engine_span:
-            return
-        for buffered in trace.spans.values():
-            if buffered.is_engine and not trace.is_rooted(buffered):
+    def _insert(self, trace: PendingTrace, buffered: BufferedSpan) -> None:
+        """Add one span and keep readiness current, in steps bounded by ``MAX_ANCESTRY`` per
+        engine span over its life, never by the number of spans the trace holds."""
+        spans = trace.spans
+        span_id = buffered.span_id
+        previous = spans.get(span_id)
+        spans[span_id] = buffered
+        if buffered.is_engine and (previous is None or not previous.is_engine):
+            trace.has_engine_span = True
+            trace.unrooted += 1
+            self._walk(trace, buffered, buffered, 0)
+        # A duplicate keeps the readiness its first copy gave (span ids are unique in a valid
+        # trace; a conflicting copy can at worst hold its trace until ``decision_wait``).
+        if previous is None:
+            waiters = trace.waiting.pop(span_id, None)
+            if waiters is not None:
+                for engine_span, found in waiters:
+                    self._walk(trace, engine_span, buffered, found + 1)
+
+    def _walk(self, trace: PendingTrace, engine_span: BufferedSpan, top: BufferedSpan, found: int) -> None:
+        """Continue ``engine_span``'s ancestor walk from ``top``, its ``found``-th buffered ancestor
+        (0: itself), as ``PendingTrace.is_rooted`` walks: rooted, waiting for the first missing
+        ancestor, or never rooted (a chain deeper than ``MAX_ANCESTRY``, or a cycle)."""
+        spans = trace.spans
+        parent = top.parent_span_id
+        while parent and found < MAX_ANCESTRY:
+            ancestor = spans.get(parent)
+            if ancestor is None:
+                trace.waiting.setdefault(parent, []).append((engine_span, found))
                 return
+            parent = ancestor.parent_span_id
+            found += 1
+        if not parent:
+            trace.unrooted -= 1
+
+    def _update_readiness(self, trace: PendingTrace, now: float) -> None:
+        if not trace.has_engine_span or trace.unrooted:
+            return
         if trace.ready_at is None:
             trace.ready_at = now + self._settings.grace_s
             self._ready[trace.trace_id] = trace.ready_at

@@ -1,0 +1,237 @@
+"""Trace assembly at scale: a span's cost does not depend on how many spans its trace already holds
+(readiness, completion, decision), and spans beyond ``max_spans_per_trace`` are counted as dropped.
+
+Costs are counted, not timed: every lookup and every element iterated in a trace's span table,
+and every line of otel_llm's code executed."""
+
+from __future__ import annotations
+
+import random
+import sys
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from otel_llm.adapters.observation import EngineObservation
+from otel_llm.assembly import traces
+from otel_llm.assembly.requests import RecordSettings, records_of_trace
+from otel_llm.assembly.traces import AssemblySettings, BufferedSpan, Origin, PendingTrace, TraceAssembler
+from otel_llm.config import TailSamplingProcessor
+from otel_llm.sampling.sampler import TailSampler
+from tests.support.payloads import vllm_batch
+
+ORIGIN = Origin(Resource(), InstrumentationScope(), "svc", {})
+TRACE_ID = b"\x01" * 16
+
+
+class CountingSpans(dict):  # type: ignore[type-arg]
+    """A trace's span table that counts what is done to it: lookups, stores, and iterated elements."""
+
+    operations = 0
+
+    def get(self, key, default=None):  # type: ignore[no-untyped-def]
+        CountingSpans.operations += 1
+        return super().get(key, default)
+
+    def __getitem__(self, key):  # type: ignore[no-untyped-def]
+        CountingSpans.operations += 1
+        return super().__getitem__(key)
+
+    def __setitem__(self, key, value) -> None:  # type: ignore[no-untyped-def]
+        CountingSpans.operations += 1
+        super().__setitem__(key, value)
+
+    def __contains__(self, key) -> bool:  # type: ignore[no-untyped-def]
+        CountingSpans.operations += 1
+        return super().__contains__(key)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        CountingSpans.operations += len(self)
+        return super().__iter__()
+
+    def values(self):  # type: ignore[no-untyped-def]
+        CountingSpans.operations += len(self)
+        return super().values()
+
+    def items(self):  # type: ignore[no-untyped-def]
+        CountingSpans.operations += len(self)
+        return super().items()
+
+    def keys(self):  # type: ignore[no-untyped-def]
+        CountingSpans.operations += len(self)
+        return super().keys()
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Every trace the assembler creates gets a counting span table."""
+    monkeypatch.setattr(traces, "PendingTrace",
+                        lambda trace_id, first_seen: PendingTrace(trace_id, first_seen, CountingSpans()))
+    CountingSpans.operations = 0
+    return CountingSpans
+
+
+def sid(i: int) -> bytes:
+    return i.to_bytes(8, "big")
+
+
+def span(i: int, parent: int | None, engine: bool) -> BufferedSpan:
+    observation = EngineObservation("vllm", "vllm_v1", ttft_s=0.1, e2e_s=1.0) if engine else None
+    return BufferedSpan(TRACE_ID, sid(i), sid(parent) if parent is not None else b"", 2, 0, 1, 2, "", b"",
+                        ORIGIN, (), observation)
+
+
+def assembler(completed: list[PendingTrace] | None = None, max_spans: int = 1_000_000) -> TraceAssembler:
+    done = completed if completed is not None else []
+    return TraceAssembler(AssemblySettings(decision_wait_s=1e9, grace_s=0.0, max_spans_per_trace=max_spans),
+                          lambda trace, reason: done.append(trace), lambda buffered, decision: None,
+                          clock=lambda: 0.0)
+
+
+GATEWAY_DEPTH = 8  # a root and 7 gateway/middleware spans above every engine span
+
+
+def gateway_chain() -> list[BufferedSpan]:
+    return [span(1, None, False)] + [span(d, d - 1, False) for d in range(2, GATEWAY_DEPTH + 1)]
+
+
+def operations_per_engine_span(counter: type[CountingSpans], engine_spans: int, gateways_first: bool) -> float:
+    """Engine spans of one trace, one export request each (what a pending trace sees from a busy
+    fleet); the gateway chain before or after them."""
+    assembly = assembler()
+    if gateways_first:
+        assembly.add_batch(gateway_chain())
+    counter.operations = 0
+    for i in range(engine_spans):
+        assembly.add_batch([span(100 + i, GATEWAY_DEPTH, True)])
+    if not gateways_first:
+        assert assembly.tick() == 0  # nothing rooted yet: waiting for the gateway
+        assembly.add_batch(list(reversed(gateway_chain())))  # nearest gateway first, the root last
+    assert assembly.tick() == 1  # rooted: completed
+    return counter.operations / engine_spans
+
+
+@pytest.mark.parametrize("gateways_first", [True, False], ids=["gateway-first", "gateway-last"])
+def test_readiness_cost_per_span_does_not_grow_with_the_trace(counted, gateways_first):
+    small = operations_per_engine_span(counted, 100, gateways_first)
+    large = operations_per_engine_span(counted, 10_000, gateways_first)
+    print(f"\nspan-table operations per engine span: {small:.1f} at 100 spans, {large:.1f} at 10 000")
+    # Quadratic readiness (every engine span's chain walked again on every add) costs ~50x more
+    # per span at 10 000 than at 100; constant cost is the same, plus rounding.
+    assert large <= small * 1.1 + 1
+    assert large <= 3 * (GATEWAY_DEPTH + 2)
+
+
+def test_readiness_matches_a_full_walk_on_random_traces():
+    """The incremental readiness says what walking every engine span's ancestors says, after every
+    batch: parents missing, arriving late, in any order, resent, cycles and chains beyond the walk's
+    bound."""
+    rng = random.Random(7)
+    for round_ in range(300):
+        ids = list(range(1, rng.randint(2, 90)))
+        parents: dict[int, int | None] = {}
+        for i in ids:
+            choice = rng.random()
+            if choice < 0.15:
+                parents[i] = None  # a root
+            elif choice < 0.2:
+                parents[i] = 10_000 + i  # a parent that never arrives
+            elif choice < 0.25:
+                parents[i] = rng.choice(ids)  # anything, cycles included
+            else:
+                parents[i] = rng.choice([j for j in ids if j < i] or [None])  # type: ignore[list-item]
+        if round_ % 10 == 0:  # a chain deeper than the walk's bound
+            ids = list(range(1, traces.MAX_ANCESTRY + 5))
+            parents = {i: (i - 1 if i > 1 else None) for i in ids}
+        engine = {i: rng.random() < 0.4 for i in ids}
+        order = ids[:]
+        rng.shuffle(order)
+        assembly = assembler()
+        sent: list[int] = []
+        while order:
+            size = rng.randint(1, 5)
+            batch, order = order[:size], order[size:]
+            if sent and rng.random() < 0.2:
+                batch.append(rng.choice(sent))  # an exporter's retry: the same span again
+            sent += batch
+            assembly.add_batch([span(i, parents[i], engine[i]) for i in batch])
+            pending = assembly._pending.get(TRACE_ID)
+            if pending is None:
+                break
+            expected = [s for s in pending.spans.values() if s.is_engine and not pending.is_rooted(s)]
+            assert pending.unrooted == len(expected), (round_, parents, engine)
+            if pending.has_engine_span and not expected:
+                assert pending.ready_at is not None
+
+
+def executed_lines(function: Callable[[], object]) -> tuple[object, int]:
+    """``function()`` and how many lines of otel_llm's code it executed: a deterministic measure of
+    work that sees every loop, whatever data structure it walks."""
+    package = str(Path(traces.__file__).parent.parent)
+    count = 0
+
+    def local(frame, event, arg):  # type: ignore[no-untyped-def]
+        nonlocal count
+        if event == "line":
+            count += 1
+        return local
+
+    def global_(frame, event, arg):  # type: ignore[no-untyped-def]
+        return local if frame.f_code.co_filename.startswith(package) else None
+
+    sys.settrace(global_)
+    try:
+        result = function()
+    finally:
+        sys.settrace(None)
+    return result, count
+
+
+def completion_lines(engine_spans: int, parent_kind: int) -> tuple[float, float]:
+    """Lines executed per engine span to assemble, then decide, a completed trace of ``engine_spans``
+    engine spans under one gateway chain (the engines' parent of ``parent_kind``)."""
+    completed: list[PendingTrace] = []
+    assembly = assembler(completed)
+    chain = gateway_chain()
+    chain[-1].kind = parent_kind
+    assembly.add_batch(chain + [span(100 + i, GATEWAY_DEPTH, True) for i in range(engine_spans)])
+    assembly.drain()
+    (trace,) = completed
+    sampler = TailSampler(TailSamplingProcessor())
+    records, assembled = executed_lines(lambda: records_of_trace(trace, RecordSettings()))
+    assert len(records) == engine_spans  # type: ignore[arg-type]
+    _, decided = executed_lines(lambda: sampler.decide(trace, records))  # type: ignore[arg-type]
+    return assembled / engine_spans, decided / engine_spans
+
+
+@pytest.mark.parametrize("parent_kind", [Span.SPAN_KIND_SERVER, Span.SPAN_KIND_INTERNAL], ids=["server", "internal"])
+def test_completion_and_decision_cost_per_span_does_not_grow_with_the_trace(parent_kind):
+    small_records, small_decision = completion_lines(100, parent_kind)
+    large_records, large_decision = completion_lines(1000, parent_kind)
+    print(f"\nlines per engine span: records {small_records:.0f} -> {large_records:.0f}, "
+          f"decision {small_decision:.0f} -> {large_decision:.0f} (100 -> 1000 spans)")
+    # Linear work is the same per span at both sizes (plus per-trace constants spread thinner);
+    # a walk over the trace per span is 10x.
+    assert large_decision <= small_decision * 1.2 + 5
+    assert large_records <= small_records * 1.2 + 5
+
+
+def test_spans_beyond_max_spans_per_trace_are_counted_on_metrics(make_server):
+    server = make_server({"processors": {"tail_sampling": {"max_spans_per_trace": 5}}})
+    request = vllm_batch(8)
+    trace_id = request.resource_spans[0].scope_spans[0].spans[0].trace_id
+    for sent in request.resource_spans[0].scope_spans[0].spans:
+        sent.trace_id = trace_id
+    post = urllib.request.Request(f"http://127.0.0.1:{server.http_port}/v1/traces", data=request.SerializeToString(),
+                                  headers={"Content-Type": "application/x-protobuf"}, method="POST")
+    with urllib.request.urlopen(post, timeout=10) as response:
+        assert response.status == 200
+    scrape = server.wait_until(lambda s: s.value("otel_llm_requests_assembled_total") == 5,
+                               what="the 5 spans within the limit assembled")
+    assert scrape.value("otel_llm_spans_dropped_total", reason="max_spans_per_trace") == 3
+    assert "otel_llm_spans_dropped_total" in scrape.text
