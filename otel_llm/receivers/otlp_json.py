@@ -28,6 +28,18 @@ def _hex_ids_to_base64(obj: dict[str, Any]) -> None:
                 raise OtlpJsonError(f"{key} is not hex: {value[:40]!r}") from None
 
 
+def _objects(value: Any, name: str) -> list[dict[str, Any]]:
+    """``value`` as a list of JSON objects (absent or null: none), or ``OtlpJsonError``."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise OtlpJsonError(f"{name} must be a list, got {type(value).__name__}")
+    for item in value:
+        if not isinstance(item, dict):
+            raise OtlpJsonError(f"{name}[] must be objects, got {type(item).__name__}")
+    return value
+
+
 def parse_otlp_json(body: bytes) -> ExportTraceServiceRequest:
     try:
         document = json.loads(body)
@@ -36,24 +48,18 @@ def parse_otlp_json(body: bytes) -> ExportTraceServiceRequest:
     if not isinstance(document, dict):
         raise OtlpJsonError("expected a JSON object with resourceSpans")
     resource_spans = document.get("resourceSpans", document.get("resource_spans", []))
-    if not isinstance(resource_spans, list):
-        raise OtlpJsonError("resourceSpans must be a list")
-    for rs in resource_spans:
-        if not isinstance(rs, dict):
-            raise OtlpJsonError("resourceSpans[] must be objects")
-        for ss in rs.get("scopeSpans", rs.get("scope_spans", [])) or []:
-            if not isinstance(ss, dict):
-                raise OtlpJsonError("scopeSpans[] must be objects")
-            for span in ss.get("spans", []) or []:
-                if not isinstance(span, dict):
-                    raise OtlpJsonError("spans[] must be objects")
+    # Walked only to turn hex ids into base64: every level is checked for its type on the way, so
+    # a wrong shape (``"scopeSpans": 5``) is a malformed request, never an exception in the handler.
+    for rs in _objects(resource_spans, "resourceSpans"):
+        for ss in _objects(rs.get("scopeSpans", rs.get("scope_spans")), "scopeSpans"):
+            for span in _objects(ss.get("spans"), "spans"):
                 _hex_ids_to_base64(span)
-                for link in span.get("links", []) or []:
-                    if isinstance(link, dict):
-                        _hex_ids_to_base64(link)
+                for link in _objects(span.get("links"), "links"):
+                    _hex_ids_to_base64(link)
     request = ExportTraceServiceRequest()
     try:
         json_format.ParseDict(document, request, ignore_unknown_fields=True, max_recursion_depth=64)
-    except (json_format.ParseError, binascii.Error, TypeError, ValueError, RecursionError) as exc:
+    except (json_format.ParseError, binascii.Error, TypeError, ValueError, AttributeError, KeyError,
+            RecursionError) as exc:
         raise OtlpJsonError(f"not an ExportTraceServiceRequest: {exc}") from None
     return request
