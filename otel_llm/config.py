@@ -9,6 +9,7 @@ components it lists (a missing ``exporters.store`` means no store), as in the Co
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -45,18 +46,39 @@ _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ns|us|µs|ms|s|m|h)\s*$")
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
+# Every integer fits a C int (gRPC channel options, struct fields on the pipes, shared memory),
+# every duration is finite and far below what a timed wait accepts (threading.TIMEOUT_MAX, ~292
+# years): fields with a tighter sane range are listed in ``_BOUNDS``.
+MAX_INT = 2**31 - 1
+MAX_DURATION_S = 10 * 365 * 86400.0
+
+
 def parse_duration(value: Any, path: str) -> float:
     if isinstance(value, bool):
         raise ConfigError(path, f"expected a duration like 10s or 500ms, got {value!r}")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    elif isinstance(value, str) and (match := _DURATION.match(value)):
-        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-    else:
+    try:
+        if isinstance(value, (int, float)):
+            seconds = float(value)
+        elif isinstance(value, str) and (match := _DURATION.match(value)):
+            seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        else:
+            raise ConfigError(path, f"expected a duration like 10s or 500ms, got {value!r}")
+    except OverflowError:
+        seconds = math.inf
+    if math.isnan(seconds):
         raise ConfigError(path, f"expected a duration like 10s or 500ms, got {value!r}")
     if seconds < 0:
         raise ConfigError(path, f"duration must not be negative, got {value!r}")
+    if seconds > MAX_DURATION_S:
+        raise ConfigError(path, f"duration must be finite and at most {format_duration(MAX_DURATION_S)}, got {value!r}")
     return seconds
+
+
+def format_duration(seconds: float) -> str:
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0), ("s", 1.0), ("ms", 1e-3)):
+        if seconds >= size and (seconds / size).is_integer():
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:g}s"
 
 
 def parse_endpoint(value: Any, path: str) -> str:
@@ -105,7 +127,10 @@ class GrpcProtocol:
     endpoint: Endpoint = "0.0.0.0:4317"
     max_recv_msg_size_mib: PositiveInt = 4
     max_concurrent_streams: PositiveInt = 64
-    workers: PositiveInt = 4
+    workers: PositiveInt = 4  # unused since the receiver runs on grpc.aio (no thread pool); accepted for old configs
+    # A call must deliver its whole request message within this; past it, it is cut (DEADLINE_EXCEEDED)
+    # and counted (``read_timeout``): a call that sends only its headers holds nothing for long.
+    read_timeout: Duration = 30.0
     tls: ServerTls | None = None
     auth: BearerAuth | None = None
 
@@ -114,7 +139,14 @@ class GrpcProtocol:
 class HttpProtocol:
     endpoint: Endpoint = "0.0.0.0:4318"
     max_request_body_size: PositiveInt = 20 * 1024 * 1024  # bytes after decompression, as the Collector
-    max_concurrent_requests: PositiveInt = 64
+    max_concurrent_requests: PositiveInt = 64  # requests being decoded and admitted at once (bodies already read)
+    max_connections: PositiveInt = 1024  # open connections (one thread each); more are refused (counted)
+    # Bodies held at once (as read, and decompressed), over all connections: the receiver process's
+    # memory for requests in flight. Past it, a retryable 503 (bytes_in_flight), counted.
+    max_bytes_in_flight: PositiveInt = 256 * 1024 * 1024
+    read_header_timeout: Duration = 10.0  # from a request's first byte (a connection's start) to its last header
+    read_timeout: Duration = 60.0  # from a request's first byte to the end of its body
+    idle_timeout: Duration = 60.0  # a keep-alive connection with no request for this long is closed
     tls: ServerTls | None = None
     auth: BearerAuth | None = None
 
@@ -126,10 +158,26 @@ class OtlpProtocols:
 
 
 @dataclass(frozen=True)
+class IntakeLogConfig:
+    """Opt-in crash-safe intake: every admitted request is written to this log before it is
+    answered, replayed at start, and deleted once handled (``otel_llm/receivers/intake_log.py``).
+    A process crash (SIGKILL, OOM kill) then loses nothing acknowledged under any ``fsync``; the
+    policy sets what a machine crash loses: ``always`` nothing (the answer waits for fdatasync),
+    ``interval`` up to ``fsync_interval``, ``never`` what the kernel had not written back."""
+
+    directory: str = ""  # default: <exporters.store.path>/intake-log
+    fsync: str = "interval"  # always | interval | never
+    fsync_interval: Duration = 1.0
+    max_size_mib: PositiveInt = 1024  # past it, requests are refused retryably (intake_log_full), counted
+    segment_size_mib: PositiveInt = 16  # the unit of deletion
+
+
+@dataclass(frozen=True)
 class OtlpReceiver:
     protocols: OtlpProtocols = field(default_factory=OtlpProtocols)
     # Spans accepted but not yet processed; past it, exports are refused with a retry hint.
     max_queued_spans: PositiveInt = 200_000
+    intake_log: IntakeLogConfig | None = None  # off unless listed
 
 
 @dataclass(frozen=True)
@@ -155,7 +203,7 @@ class ResourceModelRuleConfig:
 @dataclass(frozen=True)
 class ModelNameConfig:
     from_resource: list[ResourceModelRuleConfig] = field(default_factory=list)
-    default: str = "unknown"
+    default: str = ""  # empty: no model label value is made up
 
 
 @dataclass(frozen=True)
@@ -248,11 +296,19 @@ class MemoryLimiterProcessor:
     limit_percentage: float = 80.0
 
 
+# Content attributes of every instrumentation the README's table lists (its "content keys" column).
 DEFAULT_CONTENT_PREFIXES = [
+    # OTel GenAI semconv, current and legacy (OpenLLMetry's indexed gen_ai.prompt.N.* included)
     "gen_ai.prompt", "gen_ai.completion", "gen_ai.input.messages", "gen_ai.output.messages",
-    "gen_ai.system_instructions", "gen_ai.tool.call.arguments", "gen_ai.tool.call.result", "llm.prompts",
-    "llm.completions", "llm.input_messages", "llm.output_messages", "input.value", "output.value",
+    "gen_ai.system_instructions", "gen_ai.tool.definitions", "gen_ai.tool.call.arguments", "gen_ai.tool.call.result",
+    # OpenInference
+    "llm.prompts", "llm.completions", "llm.input_messages", "llm.output_messages", "llm.prompt_template",
+    "input.value", "output.value", "embedding.embeddings", "retrieval.documents", "reranker.",
+    # Traceloop entity payloads
+    "traceloop.entity.input", "traceloop.entity.output",
 ]
+# Keys with a provider or other part in the middle: LiteLLM's llm.<provider>.messages / .choices.
+DEFAULT_CONTENT_PATTERNS = ["llm.*.messages*", "llm.*.choices*"]
 
 
 @dataclass(frozen=True)
@@ -261,10 +317,18 @@ class RedactionProcessor:
 
     allow_content: bool = False
     blocked_key_prefixes: list[str] = field(default_factory=lambda: list(DEFAULT_CONTENT_PREFIXES))
+    blocked_key_patterns: list[str] = field(default_factory=lambda: list(DEFAULT_CONTENT_PATTERNS))
+    # The user's own additions, so adding one never means restating (and risking) the defaults:
+    # an entry with "*" is a glob, any other a key prefix.
+    additional_blocked_keys: list[str] = field(default_factory=list)
     blocked_event_names: list[str] = field(default_factory=lambda: [
         "gen_ai.content.prompt", "gen_ai.content.completion", "gen_ai.client.inference.operation.details",
         "gen_ai.user.message", "gen_ai.assistant.message", "gen_ai.system.message", "gen_ai.tool.message",
         "gen_ai.choice"])
+    # On a GenAI span (one with a gen_ai./llm./openinference./traceloop. attribute), any text value
+    # longer than this is removed unless its key is allowed: content under a key nobody listed. 0: off.
+    max_free_text_bytes: int = 512
+    allowed_keys: list[str] = field(default_factory=lambda: ["exception.stacktrace"])
     max_attribute_value_bytes: PositiveInt = 16 * 1024  # longer string values are truncated
     max_attributes_per_span: PositiveInt = 256  # further attributes are dropped
 
@@ -293,6 +357,7 @@ class StoreExporter:
     max_size_mib: PositiveInt = 1024  # past this the oldest traces are deleted
     queue_size: PositiveInt = 10_000  # kept traces waiting for the writer
     max_block: Duration = 5.0  # when the queue is full, how long a decision waits before the trace is dropped
+    commit_interval: Duration = 0.1  # a kept trace waits at most this for more to share its transaction
 
 
 @dataclass(frozen=True)
@@ -424,7 +489,13 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(path, f"expected a number, got {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number):
+            raise ConfigError(path, f"expected a finite number, got {value!r}")
+        return number
     if tp is str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise ConfigError(path, f"expected a string, got {value!r}")
@@ -445,25 +516,94 @@ def load_dataclass(cls: Any, data: Any, path: str) -> Any:
         if key not in names:
             raise ConfigError(key_path, f"unknown key; expected one of: {', '.join(names)}")
         kwargs[key] = _convert(hints[key], value, key_path)
+        _check_bounds(cls, key, hints[key], kwargs[key], value, key_path)
     return cls(**kwargs)
 
+
+def _check_bounds(cls: Any, key: str, tp: Any, converted: Any, raw: Any, path: str) -> None:
+    bound = _BOUNDS.get((cls, key))
+    if bound is None:
+        if isinstance(converted, int) and not isinstance(converted, bool) and not -MAX_INT - 1 <= converted <= MAX_INT:
+            raise ConfigError(path, f"must be at most {MAX_INT}, got {raw!r}")
+        return
+    low, high = bound
+    if not low <= converted <= high:
+        if _Duration in typing.get_args(tp):
+            low_text, high_text = format_duration(low) if low else "0", format_duration(high)
+        else:
+            low_text, high_text = (f"{int(n)}" if float(n).is_integer() else f"{n:g}" for n in (low, high))
+        raise ConfigError(path, f"must be between {low_text} and {high_text}, got {raw!r}")
+
+
+
+# Sane ranges, inclusive, checked as each field loads (durations in seconds). A value outside
+# breaks something at run time: a C int or a shared int64 that wraps, a busy loop, a timed wait
+# that raises, a thread per unit, or memory without bound.
+_BOUNDS: dict[tuple[type, str], tuple[float, float]] = {
+    (GrpcProtocol, "max_recv_msg_size_mib"): (1, 2047),  # bytes go into a C int grpc option
+    (GrpcProtocol, "max_concurrent_streams"): (1, 100_000),
+    (GrpcProtocol, "workers"): (1, 1024),
+    (HttpProtocol, "max_request_body_size"): (1, MAX_INT),
+    (HttpProtocol, "max_concurrent_requests"): (1, 100_000),
+    (HttpProtocol, "max_bytes_in_flight"): (1024, MAX_INT),
+    (HttpProtocol, "max_connections"): (1, 100_000),  # a thread each
+    (OtlpReceiver, "max_queued_spans"): (1, 100_000_000),  # a shared int64 beside byte counts
+    (LlmMetricsProcessor, "max_model_len"): (1, 1 << 30),
+    (LlmMetricsProcessor, "series_limit"): (1, 10_000_000),
+    (LlmMetricsProcessor, "max_latency"): (0.001, 365 * 86400.0),
+    (SlowestPolicyConfig, "window"): (0.001, 30 * 86400.0),
+    (TailSamplingProcessor, "decision_wait"): (0.0, 86400.0),
+    (TailSamplingProcessor, "grace"): (0.0, 86400.0),
+    (TailSamplingProcessor, "num_traces"): (1, 10_000_000),
+    (TailSamplingProcessor, "max_spans_per_trace"): (1, 10_000_000),
+    (TailSamplingProcessor, "decision_cache_size"): (1, 100_000_000),
+    (RateLimitConfig, "traces_per_second"): (0.0, 1_000_000.0),
+    (RateLimitConfig, "per_model_traces_per_second"): (0.0, 1_000_000.0),
+    (MemoryLimiterProcessor, "check_interval"): (0.01, 600.0),  # 0 is a busy loop
+    (MemoryLimiterProcessor, "limit_mib"): (0, 1 << 22),  # 4 TiB; in bytes into a shared int64
+    (MemoryLimiterProcessor, "spike_limit_mib"): (0, 1 << 22),
+    (RedactionProcessor, "max_attribute_value_bytes"): (1, 64 * 1024 * 1024),
+    (RedactionProcessor, "max_attributes_per_span"): (1, 100_000),
+    (RedactionProcessor, "max_free_text_bytes"): (0, 64 * 1024 * 1024),
+    (StoreExporter, "retention"): (0.0, 3650 * 86400.0),
+    (StoreExporter, "max_size_mib"): (1, 1 << 24),  # 16 TiB
+    (StoreExporter, "queue_size"): (1, 10_000_000),
+    (StoreExporter, "max_block"): (0.0, 600.0),
+    (StoreExporter, "commit_interval"): (0.0, 10.0),
+    (RetryOnFailure, "initial_interval"): (0.001, 3600.0),  # 0 would retry in a busy loop
+    (RetryOnFailure, "max_interval"): (0.001, 86400.0),
+    (RetryOnFailure, "max_elapsed_time"): (0.0, 7 * 86400.0),
+    (RetryOnFailure, "multiplier"): (1.0, 100.0),
+    (SendingQueue, "num_consumers"): (1, 1024),  # one thread each
+    (SendingQueue, "queue_size"): (1, 10_000_000),
+    (SendingQueue, "batch_max_spans"): (1, 10_000_000),
+    (SendingQueue, "batch_timeout"): (0.0, 600.0),
+    (OtlpTraceExporter, "timeout"): (0.0, 3600.0),
+    (Service, "shutdown_grace"): (0.0, 3600.0),
+}
 
 
 def _validate(config: Config) -> None:
     metrics = config.processors.llm_metrics
     seen: set[str] = set()
+    reserved: set[str] = set()
     for i, dim in enumerate(metrics.dimensions):
         path = f"processors.llm_metrics.dimensions[{i}]"
         if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", dim.name):
             raise ConfigError(f"{path}.name", f"must be a Prometheus label name, got {dim.name!r}")
         if dim.name in seen:
             raise ConfigError(f"{path}.name", f"duplicate dimension {dim.name!r}")
+        if dim.name.startswith("__") or dim.name in (reserved := reserved or _reserved_label_names()):
+            raise ConfigError(f"{path}.name",
+                              f"{dim.name!r} is a label the metrics have already (or Prometheus reserves)")
         seen.add(dim.name)
         if not dim.attribute:
             raise ConfigError(f"{path}.attribute", "required")
         if not dim.values:
             raise ConfigError(f"{path}.values", "required: the allow-list of label values (anything else becomes 'other')")
     _validate_security(config)
+    _validate_intake_log(config)
+    _validate_receiver_timeouts(config)
     limiter = config.processors.memory_limiter
     if limiter.limit_mib < 0 or limiter.spike_limit_mib < 0:
         raise ConfigError("processors.memory_limiter", "limits must not be negative")
@@ -480,6 +620,9 @@ def _validate(config: Config) -> None:
             raise ConfigError(f"{path}.endpoint", "required (e.g. tempo:4317 for otlp, http://tempo:4318 for otlphttp)")
         if name == "otlphttp" and not exporter.endpoint.startswith(("http://", "https://")):
             raise ConfigError(f"{path}.endpoint", f"expected an http:// or https:// URL, got {exporter.endpoint!r}")
+        if name == "otlphttp":
+            _check_url(exporter.endpoint, f"{path}.endpoint")
+        _check_headers(exporter.headers, f"{path}.headers", grpc=name == "otlp")
         if name == "otlp":
             scheme, sep, rest = exporter.endpoint.partition("://")
             if sep and scheme not in ("http", "https"):
@@ -522,6 +665,49 @@ def _validate(config: Config) -> None:
         endpoints[endpoint] = path
 
 
+_HTTP_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_GRPC_KEY = re.compile(r"[0-9a-z_.-]+")
+
+
+def _check_url(url: str, path: str) -> None:
+    import urllib.parse
+
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number in 0-65535
+    except ValueError as exc:
+        raise ConfigError(path, f"expected http(s)://host[:port][/path], got {url!r}: {exc}") from None
+    if not parts.hostname:
+        raise ConfigError(path, f"expected http(s)://host[:port][/path], got {url!r}: no host")
+
+
+def _check_headers(headers: dict[str, str], path: str, grpc: bool) -> None:
+    """What the transport will send, checked now: a bad name or value fails every export otherwise."""
+    for key, value in headers.items():
+        if not (_GRPC_KEY.fullmatch(key.lower()) if grpc else _HTTP_TOKEN.fullmatch(key)):
+            allowed = "letters, digits, '-', '_' and '.'" if grpc else "an HTTP token (no spaces or separators)"
+            raise ConfigError(f"{path}.{key}", f"not a valid header name: {allowed}")
+        if grpc and not key.lower().endswith("-bin"):
+            bad = next((c for c in value if not 32 <= ord(c) < 127), None)
+        else:
+            bad = next((c for c in value if (ord(c) < 32 and c != "\t") or ord(c) == 127 or ord(c) > 255), None)
+        if bad is not None:
+            raise ConfigError(f"{path}.{key}", f"the value contains {bad!r}, which a header cannot carry")
+
+
+def _reserved_label_names() -> set[str]:
+    """Label names the metric namings use already, and Prometheus's own: a dimension named like one
+    would give series with a duplicate label, which Prometheus rejects with the whole scrape."""
+    from otel_llm.metrics import definitions
+
+    names = {"le", "quantile", "segment", "finished_reason"}
+    for factory in ("genai_naming", "genai_client_naming", "own_naming"):
+        if hasattr(definitions, factory):
+            names.update(definitions.prometheus_label_name(n) for n in getattr(definitions, factory)().label_names)
+    names.update(definitions.prometheus_label_name(n) for n in definitions.vllm_naming(1).label_names)
+    return names
+
+
 def _validate_security(config: Config) -> None:
     places: list[tuple[str, ServerTls | None, BearerAuth | None]] = []
     otlp = config.receivers.otlp
@@ -547,8 +733,58 @@ def _validate_security(config: Config) -> None:
                 token = auth.token()
             except OSError as exc:
                 raise ConfigError(f"{path}.auth.bearer_token_file", f"cannot read: {exc.strerror or exc}") from None
+            except UnicodeDecodeError:
+                raise ConfigError(f"{path}.auth.bearer_token_file", "not UTF-8 text") from None
             if not token:
                 raise ConfigError(f"{path}.auth", "the token is empty")
+
+
+def _validate_receiver_timeouts(config: Config) -> None:
+    otlp = config.receivers.otlp
+    if otlp is None:
+        return
+    checks: list[tuple[str, float]] = []
+    if otlp.protocols.grpc is not None:
+        checks.append(("grpc.read_timeout", otlp.protocols.grpc.read_timeout))
+    http = otlp.protocols.http
+    if http is not None:
+        checks += [("http.read_header_timeout", http.read_header_timeout), ("http.read_timeout", http.read_timeout),
+                   ("http.idle_timeout", http.idle_timeout)]
+    for key, seconds in checks:
+        # 0 would cut every request, .inf would be no deadline at all: neither is a setting.
+        if not 0.001 <= seconds <= 86_400:
+            raise ConfigError(f"receivers.otlp.protocols.{key}", f"must be between 1ms and 24h, got {seconds!r}")
+    if http is not None and http.read_header_timeout > http.read_timeout:
+        raise ConfigError("receivers.otlp.protocols.http.read_header_timeout", "must not exceed read_timeout")
+
+
+def intake_log_directory(config: Config) -> str:
+    """Where ``receivers.otlp.intake_log`` lives: its ``directory``, else beside the store."""
+    otlp = config.receivers.otlp
+    if otlp is None or otlp.intake_log is None:
+        return ""
+    if otlp.intake_log.directory:
+        return otlp.intake_log.directory
+    store = config.exporters.store
+    return str(Path(store.path) / "intake-log") if store is not None else ""
+
+
+def _validate_intake_log(config: Config) -> None:
+    otlp = config.receivers.otlp
+    settings = otlp.intake_log if otlp is not None else None
+    if settings is None:
+        return
+    path = "receivers.otlp.intake_log"
+    if settings.fsync not in ("always", "interval", "never"):
+        raise ConfigError(f"{path}.fsync", f"expected always, interval or never, got {settings.fsync!r}")
+    if not 0.001 <= settings.fsync_interval <= 3600:
+        raise ConfigError(f"{path}.fsync_interval", f"must be between 1ms and 1h, got {settings.fsync_interval!r}")
+    if settings.max_size_mib > 1 << 30:
+        raise ConfigError(f"{path}.max_size_mib", f"must be at most {1 << 30}, got {settings.max_size_mib}")
+    if settings.segment_size_mib * 2 > settings.max_size_mib:
+        raise ConfigError(f"{path}.segment_size_mib", "must be at most half of max_size_mib (segments are deleted whole)")
+    if not intake_log_directory(config):
+        raise ConfigError(f"{path}.directory", "required when there is no exporters.store (its default is beside the store)")
 
 
 _POLICY_METRICS = ("ttft", "tpot", "e2e", "queue", "gateway_overhead")
@@ -635,6 +871,58 @@ def config_from_dict(data: Any) -> Config:
     return config
 
 
+def _tls_places(config: Config) -> list[tuple[str, str, str, str]]:
+    """(path, cert_file, key_file, CA file) of every TLS setting."""
+    places: list[tuple[str, str, str, str]] = []
+    otlp = config.receivers.otlp
+    if otlp is not None:
+        for name in ("grpc", "http"):
+            protocol = getattr(otlp.protocols, name)
+            if protocol is not None and protocol.tls is not None:
+                tls = protocol.tls
+                places.append((f"receivers.otlp.protocols.{name}.tls", tls.cert_file, tls.key_file, tls.client_ca_file))
+    for name in ("otlp", "otlphttp"):
+        exporter = getattr(config.exporters, name)
+        if exporter is not None:
+            tls = exporter.tls
+            places.append((f"exporters.{name}.tls", tls.cert_file, tls.key_file, tls.ca_file))
+    return places
+
+
+def _no_passphrase() -> bytes:
+    raise ValueError("the private key is encrypted; otel-llm needs it unencrypted")
+
+
+def check_certificates(config: Config) -> None:
+    """Load every certificate, key and CA file as the listeners and exporters will, so a key that
+    does not match its certificate, or a file that is not PEM, is reported with its path before
+    anything starts (``validate``) instead of as a listener that cannot start (``serve``)."""
+    import ssl
+
+    for path, cert_file, key_file, ca_file in _tls_places(config):
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        if cert_file and key_file:
+            try:
+                context.load_cert_chain(cert_file, key_file, password=_no_passphrase)
+            except ssl.SSLError as exc:
+                if "KEY_VALUES_MISMATCH" in str(exc) or "key values mismatch" in str(exc):
+                    message = f"the private key {key_file} does not match the certificate {cert_file}"
+                else:
+                    message = f"cannot load the certificate {cert_file} with the key {key_file}: {exc.reason or exc}"
+                raise ConfigError(path, message) from None
+            except ValueError as exc:
+                raise ConfigError(f"{path}.key_file", str(exc)) from None
+            except OSError as exc:
+                raise ConfigError(path, f"cannot read {cert_file} or {key_file}: {exc.strerror or exc}") from None
+        if ca_file:
+            key = "client_ca_file" if path.startswith("receivers.") else "ca_file"
+            try:
+                context.load_verify_locations(cafile=ca_file)
+            except (ssl.SSLError, OSError, ValueError) as exc:
+                raise ConfigError(f"{path}.{key}", f"cannot load {ca_file} as PEM certificates: "
+                                                   f"{getattr(exc, 'reason', None) or exc}") from None
+
+
 def load_config(path: str | Path | None) -> Config:
     if path is None:
         return config_from_dict({})
@@ -642,6 +930,9 @@ def load_config(path: str | Path | None) -> Config:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError("", f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        byte = exc.object[exc.start:exc.start + 1]
+        raise ConfigError("", f"{path} is not UTF-8 text (byte {exc.start}: {byte!r})") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

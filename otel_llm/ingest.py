@@ -27,6 +27,7 @@ from typing import Any
 
 from otel_llm.adapters.digest import DIGESTED, FAILED, HEADER, DigestSettings, run_adapter_process
 from otel_llm.config import OtlpReceiver
+from otel_llm.receivers.intake_log import IntakeLogSettings, IntakeLogShared
 from otel_llm.receivers.process import (
     BATCH,
     BATCH_HEADER,
@@ -65,6 +66,9 @@ class IngestProcesses:
         self._event = threading.Condition()
         self._stopping = False
         self._done = False
+        # receivers.otlp.intake_log: set by the service once the log is replayed (the writer's first seq)
+        self.intake_log: IntakeLogSettings | None = None
+        self.intake_log_shared: IntakeLogShared | None = None
 
     def start(self, timeout_s: float = 60.0) -> None:
         otlp, context = self._otlp, self._context
@@ -74,7 +78,8 @@ class IngestProcesses:
         grow_pipe(requests_read)
         receivers = context.Process(
             target=run_receiver_process,
-            args=(ReceiverArgs(otlp, otlp.protocols.grpc is not None, otlp.protocols.http is not None, level),
+            args=(ReceiverArgs(otlp, otlp.protocols.grpc is not None, otlp.protocols.http is not None, level,
+                               self.intake_log, self.intake_log_shared),
                   self._state, self._counters, requests_write, control_read),
             name="otel-llm-receivers", daemon=True)
         children_ends = [requests_write, control_read]
@@ -100,8 +105,15 @@ class IngestProcesses:
         self._reader.start()
         event = self._wait_event(timeout_s)
         if event is None or event.get("event") != "ready":
+            exited = self._done
             self.stop(0)
-            detail = event.get("message") if event else f"no answer in {timeout_s:.0f}s"
+            if event:
+                detail = event.get("message")
+            elif exited:
+                codes = ", ".join(f"{p.name} {p.exitcode}" for p in self._processes)
+                detail = f"the receiver process exited while starting (exit codes: {codes}); see its log above"
+            else:
+                detail = f"the receiver process did not report listening within {timeout_s:.0f}s"
             raise OSError(str(detail))
         self.grpc_port, self.http_port = int(event["grpc_port"]), int(event["http_port"])
 

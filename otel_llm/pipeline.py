@@ -13,21 +13,23 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otel_llm.adapters.digest import decode, digest_in_process, digest_settings
-from otel_llm.assembly.records import RequestRecord
+from otel_llm.assembly.records import RequestRecord, Side
 from otel_llm.assembly.requests import Dimension, RecordSettings, ResourceModelRule, records_of_trace
-from otel_llm.assembly.synthesis import NO_REDACTION, Redaction, kept_trace_request
+from otel_llm.assembly.synthesis import NO_REDACTION, Redaction, RedactionCounts, kept_trace_request
 from otel_llm.assembly.traces import AssemblySettings, BufferedSpan, PendingTrace, TraceAssembler
-from otel_llm.config import Config
+from otel_llm.config import Config, RedactionProcessor
 from otel_llm.memorylimiter import MemoryLimiter
-from otel_llm.metrics.definitions import genai_naming, own_naming, vllm_naming
+from otel_llm.metrics.definitions import genai_client_naming, genai_naming, own_naming, vllm_naming
 from otel_llm.metrics.recorder import MetricsRecorder
 from otel_llm.metrics.selftelemetry import SelfTelemetry
+from otel_llm.receivers.admission import SHUTTING_DOWN
+from otel_llm.receivers.intake_log import IntakeLogKeeper, Record
 from otel_llm.receivers.process import IntakeState
 from otel_llm.sampling.sampler import Decision, TailSampler
 
@@ -108,6 +110,18 @@ class Intake:
             return True
 
 
+def redaction_of(config: RedactionProcessor) -> Redaction:
+    extra_globs = [k for k in config.additional_blocked_keys if "*" in k]
+    extra_prefixes = [k for k in config.additional_blocked_keys if "*" not in k]
+    return Redaction(
+        key_prefixes=tuple(config.blocked_key_prefixes + extra_prefixes),
+        key_patterns=tuple(config.blocked_key_patterns + extra_globs),
+        event_names=frozenset(config.blocked_event_names),
+        max_free_text_bytes=config.max_free_text_bytes,
+        allowed_keys=frozenset(config.allowed_keys),
+    )
+
+
 def record_settings(config: Config) -> RecordSettings:
     metrics = config.processors.llm_metrics
     return RecordSettings(
@@ -116,7 +130,14 @@ def record_settings(config: Config) -> RecordSettings:
         default_operation=metrics.default_operation_name,
         edge_ttft_attributes=tuple(metrics.edge_time_to_first_token.attributes),
         dimensions=tuple(Dimension(d.name, d.attribute, frozenset(d.values), d.other) for d in metrics.dimensions),
+        max_latency_s=metrics.max_latency,
     )
+
+
+def one_per_request(records: list[RequestRecord]) -> list[RequestRecord]:
+    """The records a store row is written for: a client record joined to a server record is the
+    same request, described once (by the server record, which carries the client overhead)."""
+    return [r for r in records if r.side == Side.SERVER or not r.joined_span_id]
 
 
 class Pipeline:
@@ -128,6 +149,7 @@ class Pipeline:
             namings.append(vllm_naming(metrics_config.max_model_len))
         if metrics_config.namings.gen_ai:
             namings.append(genai_naming())
+            namings.append(genai_client_naming())
         namings.append(own_naming())
         self.settings = record_settings(config)
         self.digest_settings = digest_settings(config)
@@ -143,12 +165,15 @@ class Pipeline:
             ),
             on_complete=self._on_trace_complete,
             on_late_span=self._on_late_span,
+            on_spans_dropped=lambda reason, count: telemetry.spans_dropped.labels(reason).inc(count),
         )
         telemetry.traces_in_memory.set_function(lambda: len(self.assembler))
         self.sampler = TailSampler(sampling)
         redaction = config.processors.redaction
-        self.redaction = NO_REDACTION if redaction.allow_content else Redaction(
-            tuple(redaction.blocked_key_prefixes), frozenset(redaction.blocked_event_names))
+        self.redaction = NO_REDACTION if redaction.allow_content else redaction_of(redaction)
+        self._redacted = {reason: telemetry.attributes_redacted.labels(reason)
+                          for reason in ("content_key", "free_text", "content_event")}
+        self._rejected: dict[str, object] = {}
         self.sinks: dict[str, KeptTraceSink] = {}
         self.flushers: list[Callable[[bool], None]] = []  # batching sinks: flush(only_if_due)
         self._malformed = telemetry.spans_malformed
@@ -162,6 +187,7 @@ class Pipeline:
         self._worker: threading.Thread | None = None
         self.intake = Intake(intake)
         telemetry.intake_queued_spans.set_function(lambda: self.intake.queued_spans)
+        self.intake_log: IntakeLogKeeper | None = None  # receivers.otlp.intake_log: set by the service
         self.memory_limiter = MemoryLimiter(config.processors.memory_limiter, shed=self.assembler.shed,
                                             on_change=intake.set_refusing)
 
@@ -169,13 +195,31 @@ class Pipeline:
 
     def receive(self, data: bytes, spans: int, size: int, digested: bool) -> None:
         """A request the receivers admitted (and the adapter process digested): queue it for the worker."""
+        if self.intake_log is not None:
+            self.intake_log.arrived()
         self.intake.put(data, spans, size, digested)
         self.memory_limiter.refuse_if_over(self.intake.state.queued_bytes)
 
     def receive_failure(self, spans: int, size: int) -> None:
         """A request the adapter stage could not process (logged there): counted, its room released."""
         self.telemetry.spans_dropped.labels("processing_error").inc(spans)
+        if self.intake_log is not None:
+            self.intake_log.arrived(failed=True)
         self.intake.done(spans, size, held=False)
+
+    def replay(self, records: Iterable[Record]) -> None:
+        """Requests from the intake log (``IntakeLogKeeper.recover``), before the receivers start:
+        through the bounded intake, so a long log is replayed as fast as the worker takes it."""
+        assert self.intake_log is not None
+        state = self.intake.state
+        for record in records:
+            size = len(record.payload)
+            while (refused := state.reserve(record.spans, size)):
+                if refused == SHUTTING_DOWN:
+                    raise OSError("stopped during the intake log's replay")
+                time.sleep(0.01)
+            self.intake_log.arrived(record.seq)
+            self.intake.put(record.payload, record.spans, size, False)
 
     def _work(self) -> None:
         while True:
@@ -192,6 +236,8 @@ class Pipeline:
                 self.telemetry.spans_dropped.labels("processing_error").inc(spans)
             finally:
                 self.intake.done(spans, size)
+                if self.intake_log is not None:
+                    self.intake_log.processed()
 
     def buffer(self, data: bytes, digested: bool) -> None:
         """One request into the trace buffer, its adapter counts into self-telemetry."""
@@ -217,22 +263,35 @@ class Pipeline:
 
     def _on_trace_complete(self, trace: PendingTrace, reason: str) -> None:
         self.telemetry.traces_completed.labels(reason).inc()
+        # Decided before a crash (the intake log's journal): the same decision, nothing measured twice.
+        prior = self.intake_log.prior.get(trace.trace_id) if self.intake_log is not None else None
         try:
             records = records_of_trace(trace, self.settings)
-            decision = self.sampler.decide(trace, records)
+            decision = self.sampler.decide(trace, records) if prior is None else \
+                Decision(prior.keep, prior.policy, prior.threshold, prior.rate_limited)
         except Exception:  # counted, and the next trace is still assembled
             log.exception("assembling trace %s failed", trace.trace_id.hex())
             self.telemetry.spans_dropped.labels("assembly_error").inc(len(trace.spans))
             return
-        self.assembler.remember_decision(trace.trace_id, Remembered(decision, {r.span_id for r in records}))
-        self._count_decision(decision)
+        measured = {r.span_id for r in records}
+        if prior is not None:
+            measured |= prior.measured
+        self.assembler.remember_decision(trace.trace_id, Remembered(decision, measured))
+        if prior is None:
+            self._count_decision(decision)
         # Metrics count every request whatever the decision; only exemplars follow it.
         for record in records:
-            self._record(record, decision.keep)
+            if prior is None or record.span_id not in prior.measured:
+                self._record(record, decision.keep)
+        if self.intake_log is not None:
+            self.intake_log.decided(trace.trace_id, decision.keep, decision.rate_limited, decision.policy,
+                                    decision.threshold, measured)
         if decision.keep:
+            redacted = RedactionCounts()
             request, spans = kept_trace_request(list(trace.spans.values()), records, decision.policy,
-                                                decision.threshold, self.redaction)
-            self._deliver(request, spans, records, decision.policy)
+                                                decision.threshold, self.redaction, redacted)
+            self._count_redacted(redacted)
+            self._deliver(request, spans, one_per_request(records), decision.policy)
 
     def _count_decision(self, decision: Decision) -> None:
         key = (decision.policy, decision.keep, decision.rate_limited)
@@ -265,14 +324,34 @@ class Pipeline:
                     self._record(record, kept)
                 if remembered is not None:
                     remembered.measured.add(buffered.span_id)
+                elif self.intake_log is not None:
+                    self.intake_log.measured_late(buffered.trace_id, buffered.span_id)
+        if self.intake_log is not None and remembered is not None:
+            # The newest journal knows the trace was decided (a replay must not decide it again).
+            decision = remembered.decision
+            self.intake_log.decided(buffered.trace_id, decision.keep, decision.rate_limited, decision.policy,
+                                    decision.threshold, remembered.measured)
         if kept:
             assert remembered is not None
             decision = remembered.decision
+            redacted = RedactionCounts()
             request, spans = kept_trace_request([buffered], records, decision.policy, decision.threshold,
-                                                self.redaction)
-            self._deliver(request, spans, records, decision.policy)
+                                                self.redaction, redacted)
+            self._count_redacted(redacted)
+            self._deliver(request, spans, one_per_request(records), decision.policy)
+
+    def _count_redacted(self, redacted: RedactionCounts) -> None:
+        for reason, count in (("content_key", redacted.content_keys), ("free_text", redacted.free_text),
+                              ("content_event", redacted.content_events)):
+            if count:
+                self._redacted[reason].inc(count)  # type: ignore[attr-defined]
 
     def _record(self, record: RequestRecord, with_exemplars: bool = False) -> None:
+        for reason in record.rejected:
+            child = self._rejected.get(reason)
+            if child is None:
+                child = self._rejected[reason] = self.telemetry.values_rejected.labels(reason)
+            child.inc()  # type: ignore[attr-defined]
         key = (record.engine_kind, record.outcome)
         child = self._assembled_counters.get(key)
         if child is None:
@@ -290,7 +369,10 @@ class Pipeline:
                     if self._stop.is_set():
                         return
                     try:
+                        started = time.monotonic()
                         self.assembler.tick()
+                        if self.intake_log is not None:
+                            self.intake_log.ticked(started)
                         for flush in self.flushers:
                             flush(True)
                     except Exception:  # a bug in one trace must not stop every later decision

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from otel_llm.config import Config
+from otel_llm.config import Config, ConfigError, check_certificates, intake_log_directory
 from otel_llm.exporters.batching import ExportBatcher
 from otel_llm.exporters.otlp_traces import TraceExporter
 from otel_llm.exporters.prometheus import PrometheusEndpoint
@@ -18,6 +18,7 @@ from otel_llm.memorylimiter import intake_bytes_bound, memory_limits
 from otel_llm.metrics.selftelemetry import SelfTelemetry
 from otel_llm.pipeline import Pipeline
 from otel_llm.ingest import IngestProcesses
+from otel_llm.receivers.intake_log import IntakeLogCollector, IntakeLogKeeper, IntakeLogSettings, IntakeLogShared
 from otel_llm.receivers.process import IntakeState, ReceiverCounters, spawn_context
 from otel_llm.store.sqlite import StoreReader, TraceStore
 
@@ -31,6 +32,12 @@ def _enabled(config: Config, kind: str, name: str) -> bool:
 
 class Service:
     def __init__(self, config: Config) -> None:
+        """Raises ``OSError`` for a TLS certificate, key or CA file that cannot be loaded (before any
+        component reads one: an encrypted key would make OpenSSL prompt for its passphrase)."""
+        try:
+            check_certificates(config)
+        except ConfigError as exc:
+            raise OSError(str(exc)) from None
         self.config = config
         self.registry = CollectorRegistry(auto_describe=False)
         otlp = config.receivers.otlp
@@ -43,6 +50,7 @@ class Service:
         self.pipeline = Pipeline(config, self.telemetry, intake)
         self.registry.register(RecorderCollector(self.pipeline.recorder))
         self.ready = threading.Event()
+        self._started: set[str] = set()  # what ``stop`` has to stop
         self.ingest: IngestProcesses | None = None
         self.prometheus: PrometheusEndpoint | None = None
         if otlp is not None and _enabled(config, "receivers", "otlp") and \
@@ -55,7 +63,7 @@ class Service:
         if store_config is not None and _enabled(config, "exporters", "store"):
             self.store = TraceStore(Path(store_config.path), store_config.retention,
                                     store_config.max_size_mib * 1024 * 1024, store_config.queue_size, self.registry,
-                                    block_s=store_config.max_block)
+                                    block_s=store_config.max_block, commit_interval_s=store_config.commit_interval)
             store = self.store
             self.pipeline.sinks["store"] = lambda request, _spans, records, policy: store.submit(request, records, policy)
         self.trace_exporters: list[TraceExporter] = []
@@ -70,9 +78,21 @@ class Service:
             self.pipeline.sinks[name] = lambda request, spans, _records, _policy, batcher=batcher: batcher.add(
                 request, spans)
             self.pipeline.flushers.append(batcher.flush)
+        self.intake_log: IntakeLogKeeper | None = None
+        log_config = otlp.intake_log if otlp is not None else None
+        if log_config is not None and self.ingest is not None:
+            settings = IntakeLogSettings(intake_log_directory(config), log_config.fsync, log_config.fsync_interval,
+                                         log_config.segment_size_mib << 20, log_config.max_size_mib << 20)
+            self.intake_log = IntakeLogKeeper(settings, IntakeLogShared(context),
+                                              config.processors.tail_sampling.decision_wait)
+            self.pipeline.intake_log = self.intake_log
+            if self.store is not None:  # a request is handled once its kept traces are written
+                self.intake_log.barriers.append(self.store.flush)
+            self.registry.register(IntakeLogCollector(self.intake_log))
         if config.exporters.prometheus is not None and _enabled(config, "exporters", "prometheus"):
             reader = StoreReader(self.store.path) if self.store is not None else None
-            self.prometheus = PrometheusEndpoint(config.exporters.prometheus, self.registry, self.ready, reader)
+            self.prometheus = PrometheusEndpoint(config.exporters.prometheus, self.registry, self.ready, reader,
+                                                 not_ready=self.store.problem if self.store is not None else None)
 
     @property
     def grpc_port(self) -> int:
@@ -88,39 +108,64 @@ class Service:
         return self.ingest is not None and self.ingest.exited_unexpectedly.is_set()
 
     def start(self) -> None:
-        """Start everything; ``/readyz`` turns 200 only once every receiver listens."""
+        """Start everything; ``/readyz`` turns 200 only once every receiver listens.
+
+        Raises ``OSError`` naming the component that cannot start (a port in use, a store it cannot
+        open), having stopped what had started: within seconds, whatever ``shutdown_grace`` is."""
         if self.store is not None:
             try:
                 self.store.start()
             except (OSError, sqlite3.Error) as exc:
                 raise OSError(f"exporters.store.path: cannot open {self.store.path}: {exc}") from None
-        for exporter in self.trace_exporters:
-            exporter.start()
+            self._started.add("store")
         try:
+            for exporter in self.trace_exporters:
+                exporter.start()
+                self._started.add("exporters")
             if self.prometheus is not None:
                 self.prometheus.start()
+                self._started.add("prometheus")
             self.pipeline.start()
+            self._started.add("pipeline")
+            if self.intake_log is not None and self.ingest is not None:
+                # Before the receivers listen: what was acknowledged before a crash goes first.
+                try:
+                    self.pipeline.replay(self.intake_log.recover())
+                except OSError as exc:
+                    raise OSError(f"receivers.otlp.intake_log: {exc}") from None
+                self.ingest.intake_log = self.intake_log.receiver_settings()
+                self.ingest.intake_log_shared = self.intake_log.shared
+                self.intake_log.start()
+                self._started.add("intake_log")
             if self.ingest is not None:
+                self._started.add("ingest")  # a failed start has stopped its processes already
                 self.ingest.start()
         except Exception:
-            self.stop()
+            # Nothing was accepted yet: no grace period to give anyone.
+            self.stop(grace_s=0.0)
             raise
         self.ready.set()
 
     def stop(self, grace_s: float | None = None) -> None:
         """Stop accepting, complete every pending trace, then close the metrics endpoint last."""
         grace = self.config.service.shutdown_grace if grace_s is None else grace_s
+        started = self._started
         self.ready.clear()
-        if self.ingest is not None:
+        if self.ingest is not None and "ingest" in started:
             self.ingest.stop(grace)  # returns once everything they admitted is in the intake
             if self.ingest.exited_unexpectedly.is_set():
                 lost = self.pipeline.intake.forget_in_flight()
                 if lost > 0:
                     self.telemetry.spans_dropped.labels("receiver_exit").inc(lost)
-        self.pipeline.shutdown()  # every pending trace decided and handed to the store and exporters
-        if self.store is not None:
+        if "pipeline" in started:
+            self.pipeline.shutdown()  # every pending trace decided and handed to the store and exporters
+        if self.store is not None and "store" in started:
             self.store.shutdown(grace)
-        for exporter in self.trace_exporters:
-            exporter.shutdown(grace)
-        if self.prometheus is not None:
+        if self.intake_log is not None and "intake_log" in started:
+            self.intake_log.close()  # what was handled leaves the log; anything else is replayed next time
+        if "exporters" in started:
+            for exporter in self.trace_exporters:
+                exporter.shutdown(grace)
+        if self.prometheus is not None and "prometheus" in started:
             self.prometheus.stop()
+        started.clear()

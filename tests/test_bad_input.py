@@ -210,3 +210,28 @@ def test_string_latency_and_attribute_free_span(server):
     assert scrape.value("otel_llm_spans_malformed_total", reason="non_numeric_latency") == 1
     assert scrape.value("vllm:e2e_request_latency_seconds_count") == 0
     assert_still_serving(server)
+
+
+def test_resource_attributes_are_bounded_like_span_attributes(make_server):
+    """10 000 resource attributes (and one huge value) are cut to the span limits before buffering:
+    every buffered span shares its resource, so an unbounded one would be held per request."""
+    from otel_llm.adapters.digest import digest_in_process
+    from tests.support.payloads import vllm_batch
+
+    server = make_server({"processors": {"redaction": {"max_attributes_per_span": 64,
+                                                       "max_attribute_value_bytes": 1024}}})
+    request = vllm_batch(3, model="fat-resource")
+    resource = request.resource_spans[0].resource
+    for index in range(10_000):
+        kv = resource.attributes.add()
+        kv.key, kv.value.string_value = f"k{index}", "v" * (5000 if index == 0 else 8)
+    body = request.SerializeToString()  # the stage trims in place
+    spans, counts = digest_in_process(request, server.service.pipeline.digest_settings)
+    assert counts.truncated == 3
+    kept = spans[0].resource.attributes
+    assert len(kept) == 64 and max(len(kv.value.string_value) for kv in kept) == 1024
+    assert spans[0].service_name == "raw"  # service.name came first and survived
+    assert http_post(server, body)[0] == 200
+    scrape = server.wait_for_requests(3)
+    assert scrape.value("otel_llm_spans_truncated_total") == 3
+    assert scrape.value("vllm:request_success_total", model_name="fat-resource") == 3

@@ -39,6 +39,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind
 
 from otel_llm.config import load_config, split_endpoint
+from otel_llm.simulate.clients import ClientCall, emit_app_client
 from otel_llm.simulate.engines import (
     RequestTiming,
     SamplingParams,
@@ -62,7 +63,7 @@ DATASOURCES = KIT / "grafana" / "provisioning" / "datasources" / "datasources.ya
 DASHBOARD_PROVIDERS = KIT / "grafana" / "provisioning" / "dashboards" / "dashboards.yaml"
 DASHBOARD = KIT / "grafana" / "dashboards" / "llm-serving.json"
 
-ROW_ORDER = ("latency", "throughput", "saturation", "resource", "cost")
+ROW_ORDER = ("latency", "client", "throughput", "saturation", "resource", "cost")
 DASHBOARD_VARIABLES = {"$__rate_interval": "5m", "$__interval": "15s", "$__range": "1h",
                        "$model": ".*", "$engine": ".*", "$gpu": ".*", "$gpu_hourly_cost": "2.5"}
 
@@ -397,6 +398,7 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 DIRECT = "llama-3.1-70b-instruct"  # no gateway: named by otel-llm.yaml's service.name mapping
 DEEPSEEK = "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
 REQUESTS_PER_ROUND = 42  # see send_round
+CLIENT_CALLS_PER_ROUND = 6  # the application in front of the 6 SGLang requests that were not aborted
 
 
 def shard_of(trace_id: int, shards: int = 2) -> int:
@@ -437,13 +439,15 @@ def _timing(now_ns: int, i: int, ttft: float, tpot: float, completion: int = 40)
 
 def send_round(exporter: SpanExporter, round_no: int) -> None:
     """One round of a mixed fleet: 42 requests (24 llama behind a gateway with priority, 8 vLLM without a
-    gateway, 8 SGLang of which 2 aborted, 2 gateway errors that never reached an engine)."""
+    gateway, 8 SGLang of which 2 aborted, 2 gateway errors that never reached an engine), and the 6
+    SGLang requests that completed called by an instrumented application (client side)."""
     now = time.time_ns()
     seed = 1000 * round_no
     gateway = engine_tracer_provider("gateway", exporter, seed=seed + 1)
     llama = engine_tracer_provider("vllm-v1", exporter, service_name="vllm-llama", seed=seed + 2)
     direct = engine_tracer_provider("vllm-v1", exporter, service_name="vllm-llama-70b", seed=seed + 3)
     sglang = engine_tracer_provider("sglang", exporter, seed=seed + 4)
+    app = engine_tracer_provider("app", exporter, seed=seed + 5)
     tracer = gateway.get_tracer("llm-gateway")
     for i in range(24):
         priority = "interactive" if i % 3 else "batch"
@@ -460,12 +464,27 @@ def send_round(exporter: SpanExporter, round_no: int) -> None:
     for i in range(8):
         emit_vllm_v1(direct, _timing(now, i, ttft=0.08 + 0.05 * i, tpot=0.015), request_id=f"direct-{round_no}-{i}")
     for i in range(8):
-        emit_sglang(sglang, _timing(now, i, ttft=0.2 + 0.1 * i, tpot=0.03), rid=f"{round_no:04x}{i:04x}cafe",
-                    model=DEEPSEEK, finish_reason="length" if i % 2 else "stop", aborted=i in (3, 6))
+        timing = _timing(now, i, ttft=0.2 + 0.1 * i, tpot=0.03)
+
+        def engine_call(headers: dict[str, str] | None, timing: RequestTiming = timing, i: int = i) -> None:
+            emit_sglang(sglang, timing, rid=f"{round_no:04x}{i:04x}cafe", model=DEEPSEEK,
+                        finish_reason="length" if i % 2 else "stop", aborted=i in (3, 6), traceparent_headers=headers)
+
+        if i in (3, 6):
+            engine_call(None)
+            continue
+        # openai-v2 + httpx in the application: its CLIENT span, the traceparent reaching SGLang.
+        ms = 1_000_000
+        emit_app_client(app, ClientCall(
+            start_ns=timing.arrival_unix_ns - 3 * ms, end_ns=timing.end_unix_ns + 4 * ms,
+            http_start_ns=timing.arrival_unix_ns - 2 * ms, http_end_ns=timing.end_unix_ns + 2 * ms,
+            request_model=DEEPSEEK, stream=False, params=SamplingParams(max_tokens=512), response_model=DEEPSEEK,
+            input_tokens=timing.prompt_tokens, output_tokens=timing.completion_tokens,
+            finish_reason="length" if i % 2 else "stop"), upstream_call=engine_call)
     for i in range(2):
         start = now - 5 * 10**9
         emit_gateway(gateway, start_unix_ns=start, end_unix_ns=start + 50_000_000, model=MODEL, status_error=True)
-    for provider in (gateway, llama, direct, sglang):
+    for provider in (gateway, llama, direct, sglang, app):
         provider.shutdown()
 
 
@@ -586,7 +605,7 @@ def test_dashboard_and_rules_on_a_real_prometheus_over_sharded_replicas(make_ser
         for round_no in (1, 2):
             # Round 2 starts once Prometheus has seen round 1, so every counter has a rate.
             send_round(sharding, round_no)
-            expected = REQUESTS_PER_ROUND * round_no
+            expected = (REQUESTS_PER_ROUND + CLIENT_CALLS_PER_ROUND) * round_no
             for job in ("otel-llm-spans", "otel-llm"):
                 prom.wait_for(assembled % job, lambda r: bool(r) and _values(r)[0] == expected, timeout_s=30)
         assert all(sharding.traces_per_shard), "the trace-id hash sent every trace to one replica"

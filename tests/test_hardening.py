@@ -451,13 +451,13 @@ def test_memory_pressure_completes_the_oldest_traces_early(make_server):
 
     The process really goes over its limit: the soft limit is set 64 MiB above this process's RSS
     (the pipeline runs in it), then a ballast of real pages pushes RSS past it. The periodic check
-    is 1 h apart so that it never runs here; the test calls ``check()``, what each period runs,
+    is 10 min (the longest allowed) apart so that it never runs here; the test calls ``check()``, what each period runs,
     once, because each call completes half of what is pending and a second one would take half
     of the newer wave too."""
     mib = 1024 * 1024
     server = make_server({"processors": {
         "tail_sampling": {**KEEP_ALL["tail_sampling"], "decision_wait": "60s"},  # no trace completes by time
-        "memory_limiter": {"limit_mib": rss_bytes() // mib + 96, "spike_limit_mib": 32, "check_interval": "1h"}}})
+        "memory_limiter": {"limit_mib": rss_bytes() // mib + 96, "spike_limit_mib": 32, "check_interval": "10m"}}})
     limiter = server.service.pipeline.memory_limiter
     wave = 20
     for number in (1, 2):

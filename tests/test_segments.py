@@ -90,9 +90,22 @@ def test_token_buckets_follow_vllm():
 
 @pytest.mark.parametrize("state,count", [("ot=th:0", 1.0), ("ot=th:8", 2.0), ("ot=th:c", 4.0),
                                          ("vendor=x,ot=rv:abcdef01234567;th:c", 4.0), ("", 1.0),
-                                         ("ot=th:zz", 1.0)])
+                                         ("ot=th:fffff", 2.0**20)])
 def test_adjusted_count_from_threshold(state, count):
     assert adjusted_count(state) == pytest.approx(count)
+
+
+@pytest.mark.parametrize("state,reason", [
+    ("ot=th:zz", "invalid_sampling_threshold"), ("ot=th:-1", "invalid_sampling_threshold"),
+    ("ot=th:1_0", "invalid_sampling_threshold"), ("ot=th:", "invalid_sampling_threshold"),
+    ("ot=th:000000000000001", "invalid_sampling_threshold"),  # 15 digits
+    ("ot=th:ffffffffffffff", "absurd_sampling_threshold"),  # a weight of 2^56
+    ("ot=th:fffff1", "absurd_sampling_threshold"),  # just past one in a million
+])
+def test_unusable_thresholds_are_malformed(state, reason):
+    with pytest.raises(MalformedSpan) as raised:
+        adjusted_count(state)
+    assert raised.value.reason == reason
 
 
 def test_otlp_to_prometheus_names():

@@ -80,13 +80,16 @@ def feed(make_server, p: Plan, protocol: str = "grpc") -> tuple[RunningServer, S
     port = server.grpc_port if protocol == "grpc" else server.http_port
     result = run_plan(p, otlp_exporter_factory(f"127.0.0.1:{port}", protocol), realtime=False)
     assert result.ok and result.requests_sent == len(p.requests), result
+    records = len(p.requests) + len(p.client_legs())  # one server record per request, one client record per app call
     scrape = server.wait_until(
-        lambda s: s.value("otel_llm_requests_assembled_total") >= len(p.requests)
+        lambda s: s.value("otel_llm_requests_assembled_total") >= records
         and s.value("otel_llm_traces_in_memory") == 0,
-        what=f"{len(p.requests)} assembled requests and no pending trace",
+        what=f"{records} assembled requests and no pending trace",
     )
-    # Exactly one request per planned request; the simulator's spans are well-formed and on time.
-    assert scrape.value("otel_llm_requests_assembled_total") == len(p.requests)
+    # Exactly one request per planned request (and one client-side record per application call); the
+    # simulator's spans are well-formed and on time.
+    assert scrape.value("otel_llm_requests_assembled_total") == records
+    assert scrape.value("otel_llm_requests_assembled_total", engine_kind="client") == len(p.client_legs())
     assert scrape.value("otel_llm_spans_malformed_total") == 0
     assert scrape.value("otel_llm_late_spans_total") == 0
     return server, scrape
@@ -120,8 +123,11 @@ def test_plan_is_a_window_of_consistent_requests():
     assert abs(len(p.requests) - RATE * DURATION) < 0.3 * RATE * DURATION  # Poisson around rate x duration
     for r in p.requests:
         assert p.start_ns <= r.send_at_ns < p.window_end_ns  # every request ends inside the window
-        if r.gateway is not None:
+        if r.client is not None:  # the application's span ends last
+            assert r.send_at_ns == r.client.call.end_ns
+        elif r.gateway is not None:
             assert r.send_at_ns == r.gateway.end_ns
+        if r.gateway is not None:
             if r.timing is not None:  # the engine span nests inside its gateway span
                 assert r.gateway.start_ns < r.timing.arrival_unix_ns and r.timing.end_unix_ns < r.gateway.end_ns
         if r.outcome in OK:
@@ -163,16 +169,25 @@ def test_same_plan_sends_identical_spans_and_ids():
     other, _ = emitted(make_plan("aborts", seed=12, start_ns=1_700_000_000_000_000_000))
     assert {s.context.trace_id for s in other}.isdisjoint(s.context.trace_id for s in first)
 
-    # One trace per request; engines behind the gateway are children of its SERVER span.
+    # One trace per request (plus one per application call that propagates nothing); engines behind
+    # the gateway are children of its SERVER span, those the application calls (directly or through
+    # the LiteLLM proxy, which forwards the caller's traceparent) children of its httpx POST span.
     traces = {s.context.trace_id for s in first}
-    assert len(traces) == len(p.requests)
+    assert len(traces) == p.traces() > len(p.requests)
     by_id = {s.context.span_id: s for s in first}
     vllm = [s for s in first if s.name == "llm_request"]
     assert len(vllm) == sum(1 for r in p.requests if r.engine == "vllm-v1" and r.timing is not None)
+    parents = Counter()
     for span in vllm:
         parent = by_id[span.parent.span_id]
-        assert parent.name == "POST /v1/chat/completions" and parent.context.trace_id == span.context.trace_id
+        assert parent.context.trace_id == span.context.trace_id
+        parents[parent.name] += 1
         assert "gen_ai.response.model" not in span.attributes  # vLLM V1 never names its model
+    vllm_requests = [r for r in p.requests if r.engine == "vllm-v1" and r.timing is not None]
+    assert parents == {
+        "POST /v1/chat/completions": sum(1 for r in vllm_requests if r.gateway is not None),
+        "POST": sum(1 for r in vllm_requests if r.client is not None and r.client.via in ("direct", "litellm")),
+    }
     assert {s.attributes["gen_ai.request.id"] for s in vllm} == {
         r.request_id for r in p.requests if r.engine == "vllm-v1" and r.timing is not None}
     # SGLang's own traces (no gateway) have 64-bit trace ids, as its id generator makes them.
@@ -270,7 +285,11 @@ def test_errors_are_counted_as_error(make_server):
     _, scrape = feed(make_server, p, protocol="http")
     errors = Counter(r.engine for r in p.requests if r.outcome == "error")
     assert sum(errors.values()) > 0.08 * len(p.requests) and errors["tgi"] > 0 and errors["vllm-v1"] > 0
-    assert scrape.value("otel_llm_requests_assembled_total", outcome="error") == sum(errors.values())
+    # An application in front of a failing request sees the error too: on the client side only.
+    client_errors = sum(1 for c in p.client_legs() if not c.call.ok)
+    assert client_errors > 0
+    assert scrape.value("otel_llm_requests_assembled_total", outcome="error") == sum(errors.values()) + client_errors
+    assert scrape.value("otel_llm_requests_assembled_total", outcome="error", engine_kind="client") == client_errors
     assert scrape.value("vllm:request_success_total", finished_reason="error") == sum(errors.values())
     # TGI marks its own span ERROR; vLLM/SGLang failures are the gateway's 5xx span.
     assert scrape.value("vllm:request_success_total", finished_reason="error", engine_kind="tgi") == errors["tgi"]
@@ -278,6 +297,13 @@ def test_errors_are_counted_as_error(make_server):
         errors["vllm-v1"] + errors["sglang"]
     assert scrape.value("gen_ai_server_request_duration_seconds_count", error_type="500") == \
         errors["vllm-v1"] + errors["sglang"]
+    # Whatever the engine, a failure lands in the duration families like a success: TGI's failed
+    # handler span has no total_time, so its own duration is the request's (issue 11).
+    failed_durations = scrape.value("gen_ai_server_request_duration_seconds_count") - \
+        scrape.value("gen_ai_server_request_duration_seconds_count", error_type="")
+    assert failed_durations == sum(errors.values())
+    assert scrape.value("vllm:e2e_request_latency_seconds_count", engine_kind="tgi") == \
+        sum(1 for r in p.requests if r.engine == "tgi")
 
 
 # --- (3) the CLI as users run it -----------------------------------------------------------------
@@ -299,11 +325,15 @@ def test_cli_fast_run_reaches_the_server(make_server, protocol):
     assert result.returncode == 0, result.stdout + result.stderr
     expected = plan("aborts", seed=21, rate=3.0, duration_s=20.0, start_ns=round(start_s * 1e9))
     n = len(expected.requests)
+    calls = len(expected.client_legs())
     assert f"requests: {n} sent of {n} planned" in result.stdout
+    assert f"app tier (client spans): {calls} calls" in result.stdout
     scrape = server.wait_until(
-        lambda s: s.value("otel_llm_requests_assembled_total") >= n and s.value("otel_llm_traces_in_memory") == 0,
-        what=f"{n} requests")
-    assert scrape.value("otel_llm_requests_assembled_total") == n
+        lambda s: s.value("otel_llm_requests_assembled_total") >= n + calls
+        and s.value("otel_llm_traces_in_memory") == 0,
+        what=f"{n} requests and {calls} client calls")
+    assert scrape.value("otel_llm_requests_assembled_total") == n + calls
+    assert scrape.value("otel_llm_requests_assembled_total", engine_kind="client") == calls
     assert scrape.value("otel_llm_requests_assembled_total", outcome="abort") == \
         sum(1 for r in expected.requests if r.outcome == "abort")
     assert scrape.value("otel_llm_receiver_accepted_spans_total", protocol=protocol) > n

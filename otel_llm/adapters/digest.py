@@ -33,6 +33,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from otel_llm.adapters.attributes import any_value_to_python
 from otel_llm.adapters.engines import classify
 from otel_llm.adapters.observation import EngineObservation, MalformedSpan
+from otel_llm.assembly.requests import adjusted_count
 from otel_llm.assembly.segments import derive_timings
 from otel_llm.assembly.traces import FIRST_TOKEN_EVENT, BufferedSpan, Origin
 from otel_llm.config import Config
@@ -61,12 +62,12 @@ class AttributeLimits:
         # Only spans that can break a limit are inspected attribute by attribute.
         return serialized_size > self.max_value_bytes or len(span.attributes) > self.max_attributes
 
-    def enforce(self, span: Span) -> bool:
+    def _trim(self, attributes: Any) -> bool:
         changed = False
-        if len(span.attributes) > self.max_attributes:
-            del span.attributes[self.max_attributes:]
+        if len(attributes) > self.max_attributes:
+            del attributes[self.max_attributes:]
             changed = True
-        for kv in span.attributes:
+        for kv in attributes:
             value = kv.value
             if value.WhichOneof("value") == "string_value" and len(value.string_value) > self.max_value_bytes:
                 value.string_value = value.string_value[: self.max_value_bytes]
@@ -75,6 +76,16 @@ class AttributeLimits:
                     value.ByteSize() > self.max_value_bytes:
                 value.string_value = f"<{value.ByteSize()} bytes removed by otel-llm>"
                 changed = True
+        return changed
+
+    def enforce_resource(self, resource: Resource) -> bool:
+        """The same bounds on a resource, which every buffered span of it shares."""
+        if len(resource.attributes) <= self.max_attributes and resource.ByteSize() <= self.max_value_bytes:
+            return False
+        return self._trim(resource.attributes)
+
+    def enforce(self, span: Span) -> bool:
+        changed = self._trim(span.attributes)
         for event in span.events:
             if len(event.attributes) > self.max_attributes:
                 del event.attributes[self.max_attributes:]
@@ -98,7 +109,7 @@ def digest_settings(config: Config) -> DigestSettings:
         limits=AttributeLimits(redaction.max_attributes_per_span, redaction.max_attribute_value_bytes),
         max_latency_s=metrics.max_latency,
         kept_attribute_keys=tuple(dict.fromkeys((
-            "gen_ai.request.model", "gen_ai.response.model", "http.route", "error.type",
+            "gen_ai.request.model", "gen_ai.response.model", "http.route", "url.path", "error.type",
             *edge_attributes, *(d.attribute for d in metrics.dimensions)))),
         first_token_events=frozenset(metrics.edge_time_to_first_token.events),
     )
@@ -131,6 +142,8 @@ def _digest(request: ExportTraceServiceRequest, settings: DigestSettings, portab
     append = spans.append
     for resource_spans in request.resource_spans:
         resource = resource_spans.resource
+        if limits.enforce_resource(resource):
+            truncated += sum(len(scope_spans.spans) for scope_spans in resource_spans.scope_spans)
         resource_strings = {kv.key: kv.value.string_value for kv in resource.attributes
                             if kv.value.HasField("string_value")}
         service_name = resource_strings.get("service.name") or "unknown_service"
@@ -156,6 +169,8 @@ def _digest(request: ExportTraceServiceRequest, settings: DigestSettings, portab
                     observation, attrs = classify(span)
                     if observation is not None:
                         derive_timings(observation, max_latency)
+                        if span.trace_state:
+                            adjusted_count(span.trace_state)  # a weight nobody sane chose is malformed
                 except MalformedSpan as exc:
                     malformed[exc.reason] = malformed.get(exc.reason, 0) + 1
                     observation, attrs = None, {}

@@ -140,7 +140,9 @@ def _genai(span: Span, attrs: AttrMap) -> EngineObservation:
     return EngineObservation(
         engine_kind=EngineKind.GENAI,
         adapter="genai",
-        ttft_s=_number(attrs, "gen_ai.server.time_to_first_token"),
+        # A client's time to first chunk (semconv v1.41, LiteLLM's V2 logger); the older server-named
+        # attribute some gateways (and, from the client, OpenLLMetry) write otherwise.
+        ttft_s=_first_number(attrs, "gen_ai.response.time_to_first_chunk", "gen_ai.server.time_to_first_token"),
         prompt_tokens=_first_count(attrs, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens"),
         completion_tokens=_first_count(attrs, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens"),
         max_tokens=_count(attrs, "gen_ai.request.max_tokens"),
@@ -157,6 +159,14 @@ def _genai(span: Span, attrs: AttrMap) -> EngineObservation:
     )
 
 
+def _first_number(attrs: AttrMap, *keys: str) -> float | None:
+    for key in keys:
+        value = _number(attrs, key)
+        if value is not None:
+            return value
+    return None
+
+
 def _first_count(attrs: AttrMap, *keys: str) -> int | None:
     for key in keys:
         value = _count(attrs, key)
@@ -169,13 +179,16 @@ def _first_count(attrs: AttrMap, *keys: str) -> int | None:
 GENAI_OPERATIONS = frozenset({"chat", "text_completion", "embeddings", "generate_content", "execute_tool",
                               "invoke_agent", "create_agent", "invoke_workflow", "retrieval"})
 _NO_ATTRS: AttrMap = {}
+# LiteLLM's legacy OTel logger (litellm/integrations/opentelemetry.py, 1.110): an INTERNAL span with
+# gen_ai.* attributes; its child raw_gen_ai_request carries only llm.<provider>.* (no adapter reads it).
+LITELLM_SPAN_NAMES = frozenset({"litellm_request"})
 
 
 def _may_be_llm(span: Span, name: str) -> bool:
     """Cheap test on name and kind, so the attributes of plain application spans are never read."""
     if span.kind in (_SPAN_KIND_SERVER, Span.SPAN_KIND_CLIENT):
         return True  # engines' request spans, gateways, GenAI client calls
-    return (name == VLLM_SPAN_NAME or name in TGI_HANDLER_SPANS or " Req " in name
+    return (name == VLLM_SPAN_NAME or name in TGI_HANDLER_SPANS or " Req " in name or name in LITELLM_SPAN_NAMES
             or name.split(" ", 1)[0] in GENAI_OPERATIONS)
 
 

@@ -17,6 +17,22 @@ class Outcome:
     FAILED = frozenset({ABORT, ERROR})
 
 
+class Side:
+    """Which side of the request a record describes (DESIGN.md §10): the server side (engine spans
+    and the gateways in front of them) feeds ``vllm:``/``gen_ai.server.*``; the client side
+    (CLIENT/INTERNAL GenAI spans of applications and gateways calling out) feeds ``gen_ai.client.*``."""
+
+    SERVER = "server"
+    CLIENT = "client"
+
+
+class Source:
+    """Where a record's model or operation came from. Only ``DEFAULT`` is not an observation; what
+    came from it is never written into an exported span."""
+
+    DEFAULT = "default"
+
+
 @dataclass(slots=True, frozen=True)
 class Segment:
     name: str
@@ -32,20 +48,23 @@ class Segment:
 class RequestRecord:
     trace_id: bytes
     span_id: bytes  # the engine span, or the edge span of a request that never reached an engine
-    engine_kind: str  # an EngineKind value
+    engine_kind: str  # an EngineKind value; "client" on the client side
     adapter: str
     service_name: str
     model: str
-    model_source: str  # which model-name rule fired, e.g. "span:gen_ai.response.model"
-    request_model: str
-    response_model: str
+    model_source: str  # which model-name rule fired, e.g. "span:gen_ai.response.model"; "none" if none did
+    request_model: str  # observed (or mapped from the resource); "" when nothing said
+    response_model: str  # observed only; "" when nothing said
     operation_name: str
-    provider_name: str
+    provider_name: str  # observed, or the engine that emitted the span; "" when nothing said
     outcome: str  # an Outcome value
+    side: str = Side.SERVER
+    operation_source: str = Source.DEFAULT  # "span", "gateway", "route" or "default" (configured)
     error_type: str = ""
     server_address: str = ""
     server_port: str = ""
     start_unix_ns: int = 0
+    # On a client record: ttft_s is the time to first chunk, e2e_s the client operation's duration.
     ttft_s: float | None = None
     tpot_s: float | None = None
     e2e_s: float | None = None
@@ -56,11 +75,18 @@ class RequestRecord:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     gateway_overhead_s: float | None = None
+    # The joined client span's duration minus the engine's e2e: network, gateways and queueing
+    # outside the engine, as the caller saw them (server records joined to a client span only).
+    client_overhead_s: float | None = None
     edge_ttft_s: float | None = None
     edge_span_id: bytes = b""
+    # Server record: the client span it was joined with; client record: the engine span it joined.
+    joined_span_id: bytes = b""
     segments: tuple[Segment, ...] = ()
     dimensions: tuple[str, ...] = ()  # values of the configured extra dimensions, in config order
     weight: float = 1.0  # adjusted count under upstream probability sampling
+    # Values read at assembly that failed validation (reasons), so they are counted, not observed.
+    rejected: tuple[str, ...] = ()
 
     @property
     def succeeded(self) -> bool:

@@ -7,6 +7,7 @@ import json
 import re
 import threading
 import urllib.parse
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from prometheus_client import CollectorRegistry
@@ -16,7 +17,7 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from otel_llm.config import PrometheusExporter
 from otel_llm.httpserver import BackgroundHTTPServer, QuietHandler
 from otel_llm.receivers.security import TokenCheck
-from otel_llm.store.sqlite import SORT_COLUMNS, StoreReader
+from otel_llm.store.sqlite import SORT_COLUMNS, StoreError, StoreReader
 
 _TRACE_PATH = re.compile(r"^/api/traces/([0-9a-fA-F]{1,32})$")
 
@@ -39,6 +40,7 @@ class _Handler(QuietHandler):
     registry: ClassVar[CollectorRegistry]
     ready: ClassVar[threading.Event]
     store: ClassVar[StoreReader | None]
+    not_ready: ClassVar[Callable[[], str | None] | None]  # a reason while a part cannot do its job
     token: ClassVar[TokenCheck]
 
     def _json(self, status: int, payload: Any) -> None:
@@ -55,9 +57,14 @@ class _Handler(QuietHandler):
             if path == "/api/traces":
                 limit = int(arg("limit") or 50)
                 since, until = arg("since"), arg("until")
+                try:
+                    since_ns, until_ns = (int(v) if v else None for v in (since, until))
+                except ValueError:
+                    self._json(400, {"error": "since and until are Unix times in nanoseconds (integers)"})
+                    return
                 rows = self.store.list_requests(
                     model=arg("model"), outcome=arg("outcome"), service=arg("service"), sort=arg("sort") or "start",
-                    limit=limit, since_unix_ns=int(since) if since else None, until_unix_ns=int(until) if until else None)
+                    limit=limit, since_unix_ns=since_ns, until_unix_ns=until_ns)
                 self._json(200, {"traces": rows})
                 return
             match = _TRACE_PATH.match(path)
@@ -71,7 +78,7 @@ class _Handler(QuietHandler):
                 self._json(200, trace)
         except ValueError as exc:
             self._json(400, {"error": str(exc), "sort": sorted(SORT_COLUMNS)})
-        except FileNotFoundError as exc:
+        except (FileNotFoundError, StoreError) as exc:
             self._json(503, {"error": str(exc)})
 
     def do_GET(self) -> None:
@@ -87,7 +94,10 @@ class _Handler(QuietHandler):
         elif path == "/healthz":
             self.send_body(200, b"ok\n", "text/plain")
         elif path == "/readyz":
-            if self.ready.is_set():
+            problem = self.not_ready() if self.not_ready is not None and self.ready.is_set() else None
+            if problem is not None:
+                self.send_body(503, f"not ready: {problem}\n".encode(), "text/plain", {"Retry-After": "5"})
+            elif self.ready.is_set():
                 self.send_body(200, b"ready\n", "text/plain")
             else:
                 self.send_body(503, b"starting\n", "text/plain", {"Retry-After": "1"})
@@ -99,8 +109,9 @@ class _Handler(QuietHandler):
 
 class PrometheusEndpoint:
     def __init__(self, settings: PrometheusExporter, registry: CollectorRegistry, ready: threading.Event,
-                 store: StoreReader | None = None) -> None:
+                 store: StoreReader | None = None, not_ready: Callable[[], str | None] | None = None) -> None:
         handler = type("PrometheusHandler", (_Handler,), {"registry": registry, "ready": ready, "store": store,
+                                                          "not_ready": staticmethod(not_ready) if not_ready else None,
                                                           "token": TokenCheck(settings.auth)})
         self._server = BackgroundHTTPServer(settings.endpoint, handler, "prometheus")
 

@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from otel_llm.assembly.records import RequestRecord
+from otel_llm.assembly.records import RequestRecord, Side
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -21,6 +21,8 @@ REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 2
 GENAI_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 GENAI_TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 GENAI_DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+GENAI_CLIENT_TOKEN_BUCKETS = (1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0,
+                              4194304.0, 16777216.0, 67108864.0)
 
 
 def build_1_2_5_buckets(max_value: int) -> tuple[float, ...]:
@@ -47,6 +49,9 @@ class HistogramSpec:
     buckets: tuple[float, ...]
     value: Value
     success_only: bool = False  # TTFT and TPOT are defined for successful responses only
+    # One more label with a fixed value, for instruments that split one record into several
+    # observations (``gen_ai.client.token.usage`` by ``gen_ai.token.type``); same-named specs share a family.
+    fixed_label: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +73,7 @@ class Naming:
     labels: Labels
     histograms: tuple[HistogramSpec, ...]
     counters: tuple[CounterSpec, ...] = ()
+    side: str = Side.SERVER  # which records it observes
 
 
 _UNIT_WORDS = {"s": "seconds", "ms": "milliseconds", "By": "bytes", "1": ""}
@@ -134,13 +140,21 @@ def vllm_naming(max_model_len: int) -> Naming:
     )
 
 
+GENAI_LABEL_NAMES = ("gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.request.model", "gen_ai.response.model",
+                     "server.address", "server.port", "error.type")
+
+
+def _genai_labels(r: RequestRecord) -> tuple[str, ...]:
+    # A configured default model (never an observation) still labels the series the user asked it to.
+    return (r.operation_name, r.provider_name, r.request_model or r.model, r.response_model, r.server_address,
+            r.server_port, r.error_type)
+
+
 def genai_naming() -> Naming:
     return Naming(
         key="gen_ai",
-        label_names=("gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.request.model", "gen_ai.response.model",
-                     "server.address", "server.port", "error.type"),
-        labels=lambda r: (r.operation_name, r.provider_name, r.request_model, r.response_model, r.server_address,
-                          r.server_port, r.error_type),
+        label_names=GENAI_LABEL_NAMES,
+        labels=_genai_labels,
         histograms=(
             HistogramSpec("gen_ai.server.time_to_first_token", "s", "Time to generate first token for successful responses.",
                           GENAI_TTFT_BUCKETS, lambda r: r.ttft_s, success_only=True),
@@ -149,6 +163,31 @@ def genai_naming() -> Naming:
                           GENAI_TPOT_BUCKETS, lambda r: r.tpot_s, success_only=True),
             HistogramSpec("gen_ai.server.request.duration", "s", "Generative AI server request duration.",
                           GENAI_DURATION_BUCKETS, lambda r: r.e2e_s),
+        ),
+    )
+
+
+def genai_client_naming() -> Naming:
+    """The GenAI client metrics (semconv v1.41.0), from client-side records only. Switched with the
+    ``gen_ai`` naming. ``time_per_output_chunk`` is not derived: it is one observation per chunk,
+    and no instrumentation puts per-chunk times on its span."""
+    return Naming(
+        key="gen_ai",
+        label_names=GENAI_LABEL_NAMES,
+        labels=_genai_labels,
+        side=Side.CLIENT,
+        histograms=(
+            HistogramSpec("gen_ai.client.operation.duration", "s", "GenAI operation duration.",
+                          GENAI_DURATION_BUCKETS, lambda r: r.e2e_s),
+            HistogramSpec("gen_ai.client.operation.time_to_first_chunk", "s",
+                          "Time to receive the first chunk, for streaming calls.",
+                          GENAI_DURATION_BUCKETS, lambda r: r.ttft_s),
+            HistogramSpec("gen_ai.client.token.usage", "{token}", "Number of input and output tokens used.",
+                          GENAI_CLIENT_TOKEN_BUCKETS, lambda r: r.prompt_tokens,
+                          fixed_label=("gen_ai.token.type", "input")),
+            HistogramSpec("gen_ai.client.token.usage", "{token}", "Number of input and output tokens used.",
+                          GENAI_CLIENT_TOKEN_BUCKETS, lambda r: r.completion_tokens,
+                          fixed_label=("gen_ai.token.type", "output")),
         ),
     )
 
@@ -163,6 +202,10 @@ def own_naming() -> Naming:
             HistogramSpec("otel_llm_gateway_overhead_seconds", "s",
                           "Edge gateway span duration minus the engine's e2e latency.",
                           GENAI_DURATION_BUCKETS, lambda r: r.gateway_overhead_s),
+            HistogramSpec("otel_llm_client_overhead_seconds", "s",
+                          "Joined client span duration minus the engine's e2e latency: what the caller waited "
+                          "outside the engine (network, gateways, their queues).",
+                          GENAI_DURATION_BUCKETS, lambda r: r.client_overhead_s),
             HistogramSpec("otel_llm_edge_time_to_first_token_seconds", "s",
                           "Time to first token as the edge gateway reports it.",
                           TTFT_BUCKETS, lambda r: r.edge_ttft_s, success_only=True),

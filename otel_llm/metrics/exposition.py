@@ -35,9 +35,11 @@ class RecorderCollector(Collector):
             snapshot = []
             for bound in recorder.namings:
                 label_names = tuple(prometheus_label_name(n) for n in bound.label_names)
-                for hist in bound.histograms:
+                for hist in bound.exposed:
                     snapshot.append(_histogram(hist.spec.name, hist.spec.unit, hist.spec.description,
-                                               hist.family.bounds, label_names, hist.family))
+                                               hist.family.bounds,
+                                               tuple(prometheus_label_name(n) for n in hist.label_names),
+                                               hist.family))
                 for counter in bound.counters:
                     names = label_names + (("finished_reason",) if counter.spec.by_outcome else ())
                     snapshot.append(_counter(counter.spec.name, counter.spec.description, names, counter.family))

@@ -66,5 +66,11 @@ class SelfTelemetry:
             ["sink"], registry=registry)
         self.intake_queued_spans = Gauge(
             "otel_llm_intake_queued_spans", "Spans accepted by a receiver and not yet processed.", registry=registry)
+        self.attributes_redacted = Counter(
+            "otel_llm_attributes_redacted", "Span and event attributes removed as prompt or completion content, "
+            "by rule (content_key, free_text, content_event).", ["reason"], registry=registry)
+        self.values_rejected = Counter(
+            "otel_llm_values_rejected", "Durations read at assembly (span times, edge TTFT) that failed validation; "
+            "the request is counted without them.", ["reason"], registry=registry)
         self.spans_truncated = Counter(
             "otel_llm_spans_truncated", "Spans whose attributes were cut to the configured limits.", registry=registry)

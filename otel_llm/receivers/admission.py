@@ -17,10 +17,25 @@ RETRY_AFTER_S = {QUEUE_FULL: 1, MEMORY_LIMIT: 1, SHUTTING_DOWN: 5}
 
 # Every reason a receiver counts, as a closed vocabulary: the counters live in shared memory.
 PROTOCOLS = ("grpc", "http")
+# Slow or stalled clients: ``header_timeout`` (HTTP headers not complete in read_header_timeout),
+# ``read_timeout`` (a request not complete in read_timeout: an HTTP body, a gRPC call's message);
+# ``too_many_connections`` (HTTP, past max_connections); ``fd_limit`` (an accept that failed for
+# want of file descriptors or memory, one per failed attempt); ``incomplete_body`` (HTTP, a body
+# shorter than its Content-Length or a chunked body cut off).
 REQUEST_REFUSALS = ("unauthenticated", "malformed", "too_large", "not_found", "unsupported_media_type",
                     "no_content_length", "unsupported_encoding", "too_many_requests",
-                    QUEUE_FULL, MEMORY_LIMIT, SHUTTING_DOWN, "other")
+                    QUEUE_FULL, MEMORY_LIMIT, SHUTTING_DOWN, "header_timeout", "read_timeout",
+                    "too_many_connections", "fd_limit", "incomplete_body", "other")
 SPAN_REFUSALS = ("invalid_id", QUEUE_FULL, MEMORY_LIMIT, SHUTTING_DOWN)
+# The crash-safe intake (receivers/intake_log.py, opt-in): its log is full (until the pipeline has
+# handled what it holds), or cannot be written. Retryable: nothing of the request was taken.
+INTAKE_LOG_FULL, INTAKE_LOG_ERROR = "intake_log_full", "intake_log_error"
+RETRY_AFTER_S.update({INTAKE_LOG_FULL: 1, INTAKE_LOG_ERROR: 5})
+REQUEST_REFUSALS += (INTAKE_LOG_FULL, INTAKE_LOG_ERROR)
+SPAN_REFUSALS += (INTAKE_LOG_FULL, INTAKE_LOG_ERROR)
+# HTTP bodies held at once (read, or decompressed) past http.max_bytes_in_flight: retryable.
+BYTES_IN_FLIGHT = "bytes_in_flight"
+REQUEST_REFUSALS += (BYTES_IN_FLIGHT,)
 
 
 @dataclass(slots=True, frozen=True)
@@ -35,6 +50,9 @@ class Admission:
 
 
 class Admitter(Protocol):
+    # An admitter may also say ``may_block = True`` (its ``admit`` can wait on the disk): the asyncio
+    # gRPC receiver then calls ``admit`` from threads instead of on its event loop.
+
     def admit(self, request: ExportTraceServiceRequest, payload: bytes | None, protocol: str) -> Admission:
         """Take ``request`` (``payload`` is its wire form when the receiver has it) or refuse it."""
 

@@ -4,6 +4,7 @@ OTLP spec (``google.rpc.Status`` bodies on errors, partial success on rejected s
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import zlib
 from typing import ClassVar
@@ -18,8 +19,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from otel_llm.config import HttpProtocol
-from otel_llm.httpserver import BackgroundHTTPServer, QuietHandler
-from otel_llm.receivers.admission import RETRY_AFTER_S, SHUTTING_DOWN, Admitter
+from otel_llm.httpserver import BackgroundHTTPServer, ConnectionLimits, QuietHandler
+from otel_llm.receivers.admission import BYTES_IN_FLIGHT, RETRY_AFTER_S, SHUTTING_DOWN, Admitter
 from otel_llm.receivers.otlp_json import OtlpJsonError, parse_otlp_json
 from otel_llm.receivers.security import TokenCheck, server_ssl_context
 
@@ -35,15 +36,54 @@ class BodyTooLarge(Exception):
     pass
 
 
+_MAX_GZIP_MEMBERS = 1024  # each costs a decompressor
+_GZIP_PIECE = 1 << 16  # input fed in pieces: a member's leftover input is copied at most this much
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
 def gunzip_bounded(data: bytes, limit: int) -> bytes:
-    """Decompress, refusing to inflate past ``limit`` bytes (a gzip bomb costs us nothing)."""
+    """Decompress every member of a gzip stream (RFC 1952 allows several, concatenated), refusing
+    to inflate past ``limit`` bytes in total (a gzip bomb costs us nothing). Zero padding after
+    the last member is accepted, anything else after it is not (as Python's gzip module)."""
+    view = memoryview(data)
+    out: list[bytes] = []
+    total = position = 0
+    members = 1
     inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    out = inflater.decompress(data, limit + 1)
-    if len(out) > limit or inflater.unconsumed_tail:
-        raise BodyTooLarge(f"decompressed body exceeds {limit} bytes")
-    if not inflater.eof:
-        raise ValueError("truncated gzip stream")
-    return out
+    while position < len(view):
+        piece = view[position:position + _GZIP_PIECE]
+        position += len(piece)
+        chunk = inflater.decompress(piece, limit - total + 1)
+        total += len(chunk)
+        if total > limit:
+            raise BodyTooLarge(f"decompressed body exceeds {limit} bytes")
+        out.append(chunk)
+        if inflater.eof:
+            position -= len(inflater.unused_data)
+            if position == len(view):
+                return b"".join(out)
+            if view[position:position + 2] != _GZIP_MAGIC:
+                if not bytes(view[position:]).strip(b"\x00"):
+                    return b"".join(out)
+                raise ValueError("data after the end of the gzip stream")
+            members += 1
+            if members > _MAX_GZIP_MEMBERS:
+                raise ValueError(f"more than {_MAX_GZIP_MEMBERS} gzip members")
+            inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    raise ValueError("truncated gzip stream")
+
+
+class _BodyRefused(Exception):
+    """A request body that cannot be taken: (HTTP status, google.rpc code, reason, message)."""
+
+    def __init__(self, status: int, code: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.reason = status, code, reason
+
+
+_CHUNK_SIZE = re.compile(rb"[0-9a-fA-F]{1,15}")
+_MAX_CHUNK_LINE = 1024
+_MAX_TRAILERS = 64
 
 
 class RequestsInProgress:
@@ -72,8 +112,35 @@ class RequestsInProgress:
             return self._cond.wait_for(lambda: not self._count, timeout_s)
 
 
+class BytesInFlight:
+    """The bytes of request bodies held at once, over every connection: reserved before a body is
+    read (or as each chunk arrives, or once it is decompressed), released when its request ends."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._held = 0
+        self._lock = threading.Lock()
+
+    def reserve(self, size: int) -> bool:
+        with self._lock:
+            if self._held + size > self.limit:
+                return False
+            self._held += size
+            return True
+
+    def release(self, size: int) -> None:
+        with self._lock:
+            self._held -= size
+
+    @property
+    def held(self) -> int:
+        return self._held
+
+
 class _Handler(QuietHandler):
     admitter: ClassVar[Admitter]
+    in_flight: ClassVar[BytesInFlight]
+    reserved = 0  # this request's share of ``in_flight``
     max_body: ClassVar[int]
     token: ClassVar[TokenCheck]
     slots: ClassVar[threading.BoundedSemaphore]
@@ -115,17 +182,6 @@ class _Handler(QuietHandler):
             self._error(503, code_pb2.UNAVAILABLE, "shutting down; retry later", reply_type, SHUTTING_DOWN,
                         {"Retry-After": str(RETRY_AFTER_S[SHUTTING_DOWN])})
             return
-        if not self.slots.acquire(blocking=False):
-            self.close_connection = True
-            self._error(503, code_pb2.UNAVAILABLE, "too many concurrent requests; retry later", reply_type,
-                        "too_many_requests", {"Retry-After": "1"})
-            return
-        try:
-            self._post(content_type, reply_type)
-        finally:
-            self.slots.release()
-
-    def _post(self, content_type: str, reply_type: str) -> None:
         if self.path.split("?")[0] != TRACES_PATH:
             self._discard_body()
             self._error(404, code_pb2.NOT_FOUND, f"unknown path {self.path[:100]}; OTLP traces go to {TRACES_PATH}",
@@ -137,23 +193,118 @@ class _Handler(QuietHandler):
                         f"unsupported Content-Type {content_type!r}; use {PROTOBUF} or {JSON}", reply_type,
                         "unsupported_media_type")
             return
+        # The whole body is read before a slot is taken: a client trickling its body holds its own
+        # connection (until read_timeout), never the capacity other clients' requests need.
+        self.reserved = 0
+        try:
+            self._handle_body(content_type, reply_type)
+        finally:
+            self.in_flight.release(self.reserved)
+
+    def _reserve(self, size: int) -> None:
+        if not self.in_flight.reserve(size):
+            raise _BodyRefused(503, code_pb2.UNAVAILABLE, BYTES_IN_FLIGHT,
+                               f"{self.in_flight.limit} bytes of request bodies already in flight; retry later")
+        self.reserved += size
+
+    def _handle_body(self, content_type: str, reply_type: str) -> None:
+        try:
+            body = self._read_body()
+        except _BodyRefused as refused:
+            self.close_connection = True  # what is left of the body must not be taken for a request
+            if self.expired:  # cut by the deadline watchdog, which counted it
+                self._reply(408, status_pb2.Status(code=code_pb2.DEADLINE_EXCEEDED,
+                                                   message=f"request not complete within its deadline ({self.expired})"),
+                            reply_type)
+                return
+            self._error(refused.status, refused.code, str(refused), reply_type, refused.reason,
+                        {"Retry-After": "1"} if refused.status == 503 else None)
+            return
+        self.body_read()
+        if not self.slots.acquire(blocking=False):
+            self.close_connection = True
+            self._error(503, code_pb2.UNAVAILABLE, "too many concurrent requests; retry later", reply_type,
+                        "too_many_requests", {"Retry-After": "1"})
+            return
+        try:
+            self._post(body, content_type, reply_type)
+        finally:
+            self.slots.release()
+
+    def _read_body(self) -> bytes:
+        """The request's body as sent (Content-Length or chunked), within ``max_body`` bytes."""
+        transfer_encoding = self.headers.get("Transfer-Encoding")
+        if transfer_encoding is not None:
+            if transfer_encoding.strip().lower() != "chunked" or self.headers.get("Content-Length") is not None:
+                # Both framings at once is how requests are smuggled past proxies: refuse it.
+                raise _BodyRefused(400, code_pb2.INVALID_ARGUMENT, "malformed",
+                                   f"unsupported Transfer-Encoding {transfer_encoding[:40]!r} (only chunked, "
+                                   "without Content-Length)")
+            return self._read_chunked()
         length_header = self.headers.get("Content-Length")
         if length_header is None or not length_header.isdigit():
-            self.close_connection = True
-            self._error(411, code_pb2.INVALID_ARGUMENT, "Content-Length is required", reply_type, "no_content_length")
-            return
+            raise _BodyRefused(411, code_pb2.INVALID_ARGUMENT, "no_content_length",
+                               "Content-Length (or Transfer-Encoding: chunked) is required")
         length = int(length_header)
         if length > self.max_body:
             # Reading a body we will refuse is wasted work; closing makes the client stop sending.
-            self.close_connection = True
-            self._error(413, code_pb2.RESOURCE_EXHAUSTED, f"body of {length} bytes exceeds {self.max_body}",
-                        reply_type, "too_large")
-            return
+            raise _BodyRefused(413, code_pb2.RESOURCE_EXHAUSTED, "too_large",
+                               f"body of {length} bytes exceeds {self.max_body}")
+        self._reserve(length)
         body = self.rfile.read(length)
+        if len(body) < length:
+            raise _BodyRefused(400, code_pb2.INVALID_ARGUMENT, "incomplete_body",
+                               f"body ended after {len(body)} of its {length} bytes")
+        return body
+
+    def _read_chunked(self) -> bytes:
+        rfile = self.rfile
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            line = rfile.readline(_MAX_CHUNK_LINE + 1)
+            if not line.endswith(b"\n"):
+                if len(line) > _MAX_CHUNK_LINE:
+                    raise _BodyRefused(400, code_pb2.INVALID_ARGUMENT, "malformed", "chunk size line too long")
+                raise _BodyRefused(400, code_pb2.INVALID_ARGUMENT, "incomplete_body",
+                                   f"chunked body ended after {total} bytes, before its last chunk")
+            size_text = line.split(b";", 1)[0].strip()  # chunk extensions are ignored
+            if not _CHUNK_SIZE.fullmatch(size_text):
+                raise _BodyRefused(400, code_pb2.INVALID_ARGUMENT, "malformed",
+                                   f"bad chunk size {size_text[:20]!r}")
+            size = int(size_text, 16)
+            if not size:
+                break
+            total += size
+            if total > self.max_body:
+                raise _BodyRefused(413, code_pb2.RESOURCE_EXHAUSTED, "too_large",
+                                   f"chunked body exceeds {self.max_body} bytes")
+            self._reserve(size)
+            data = rfile.read(size)
+            if len(data) < size or rfile.readline(3) not in (b"\r\n", b"\n"):
+                if len(data) == size and not self.expired:
+                    raise _BodyRefused(400, code_pb2.INVALID_ARGUMENT, "malformed", "chunk not followed by CRLF")
+                raise _BodyRefused(400, code_pb2.INVALID_ARGUMENT, "incomplete_body",
+                                   f"chunked body ended inside a chunk, after {total - size + len(data)} bytes")
+            chunks.append(data)
+        for _ in range(_MAX_TRAILERS):
+            line = rfile.readline(65537)
+            if line in (b"\r\n", b"\n"):
+                return b"".join(chunks)
+            if not line.endswith(b"\n"):
+                raise _BodyRefused(400, code_pb2.INVALID_ARGUMENT, "incomplete_body", "chunked body ended in its trailers")
+        raise _BodyRefused(400, code_pb2.INVALID_ARGUMENT, "malformed", f"more than {_MAX_TRAILERS} trailer lines")
+
+    def _post(self, body: bytes, content_type: str, reply_type: str) -> None:
         encoding = (self.headers.get("Content-Encoding") or "identity").strip().lower()
         try:
             if encoding == "gzip":
                 body = gunzip_bounded(body, self.max_body)
+                if not self.in_flight.reserve(len(body)):
+                    self._error(503, code_pb2.UNAVAILABLE, f"{self.in_flight.limit} bytes of request bodies already "
+                                "in flight; retry later", reply_type, BYTES_IN_FLIGHT, {"Retry-After": "1"})
+                    return
+                self.reserved += len(body)
             elif encoding not in ("identity", ""):
                 self._error(415, code_pb2.INVALID_ARGUMENT, f"unsupported Content-Encoding {encoding!r}; use gzip",
                             reply_type, "unsupported_encoding")
@@ -176,6 +327,11 @@ class _Handler(QuietHandler):
             self._error(400, code_pb2.INVALID_ARGUMENT, f"malformed ExportTraceServiceRequest: {exc}", reply_type,
                         "malformed")
             return
+        except Exception as exc:  # noqa: BLE001 - a shape no check foresaw: still a counted 400, never a dead handler
+            log.debug("OTLP/HTTP: undecodable body", exc_info=True)
+            self._error(400, code_pb2.INVALID_ARGUMENT, f"malformed ExportTraceServiceRequest: {type(exc).__name__}",
+                        reply_type, "malformed")
+            return
         result = self.admitter.admit(request, payload, PROTOCOL)
         if result.refused:
             status = 503 if result.refused in ("memory_limit", "shutting_down") else 429
@@ -190,7 +346,8 @@ class _Handler(QuietHandler):
 
     def _discard_body(self) -> None:
         length = self.headers.get("Content-Length")
-        if length and length.isdigit() and int(length) <= self.max_body:
+        if length and length.isdigit() and int(length) <= self.max_body \
+                and self.headers.get("Transfer-Encoding") is None:
             self.rfile.read(int(length))
         else:
             self.close_connection = True
@@ -200,11 +357,16 @@ class OtlpHttpReceiver:
     def __init__(self, settings: HttpProtocol, admitter: Admitter) -> None:
         handler = type("OtlpHttpHandler", (_Handler,), {
             "admitter": admitter, "max_body": settings.max_request_body_size, "token": TokenCheck(settings.auth),
+            "in_flight": BytesInFlight(settings.max_bytes_in_flight),
             "slots": threading.BoundedSemaphore(settings.max_concurrent_requests),
-            "in_progress": RequestsInProgress(), "stopping": threading.Event()})
+            "in_progress": RequestsInProgress(), "stopping": threading.Event(), "timeout": settings.idle_timeout})
         tls = server_ssl_context(settings.tls) if settings.tls is not None else None
         self._handler = handler
-        self._server = BackgroundHTTPServer(settings.endpoint, handler, "otlp-http", tls)
+        limits = ConnectionLimits(max_connections=settings.max_connections,
+                                  header_timeout_s=settings.read_header_timeout,
+                                  request_timeout_s=settings.read_timeout,
+                                  on_refused=lambda reason: admitter.refuse_request(PROTOCOL, reason))
+        self._server = BackgroundHTTPServer(settings.endpoint, handler, "otlp-http", tls, limits)
 
     @property
     def port(self) -> int:

@@ -38,6 +38,7 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otel_llm.config import OtlpReceiver
+from otel_llm.receivers.intake_log import IntakeLogShared, IntakeLogSettings, IntakeLogWriter
 from otel_llm.runtime import name_process
 from otel_llm.receivers.admission import (
     MEMORY_LIMIT,
@@ -177,8 +178,10 @@ class Forwarder:
     """The receivers' ``Admitter`` in the receiver process: reserve room, count, then queue the
     request's bytes for the sender thread."""
 
-    def __init__(self, state: IntakeState, counters: ReceiverCounters, connection: Connection) -> None:
+    def __init__(self, state: IntakeState, counters: ReceiverCounters, connection: Connection,
+                 intake_log: IntakeLogWriter | None = None) -> None:
         self._state = state
+        self._intake_log = intake_log  # receivers.otlp.intake_log: each request logged before its answer
         self._counters = counters
         self._connection = connection
         self._outbox: deque[bytes] = deque()
@@ -190,6 +193,12 @@ class Forwarder:
 
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def may_block(self) -> bool:
+        """Whether ``admit`` can wait on the disk (the intake log): the asyncio gRPC receiver then
+        calls it from a thread, not on its event loop."""
+        return self._intake_log is not None
 
     def admit(self, request: ExportTraceServiceRequest, payload: bytes | None, protocol: str) -> Admission:
         ids = check_ids(request)
@@ -212,11 +221,18 @@ class Forwarder:
                 counters.spans_refused(protocol, refused, accepted)
                 return Admission(0, ids.rejected, ids.message, refused=refused, retry_after_s=RETRY_AFTER_S[refused])
             message = BATCH_HEADER.pack(BATCH, accepted) + payload
+            unlogged, seq = "", 0
             with self._cond:
                 queued = self._accepting
-                if queued:
+                if queued and self._intake_log is not None:  # in pipe order: the pipeline counts records
+                    unlogged, seq = self._intake_log.append(accepted, payload)
+                if queued and not unlogged:
                     self._outbox.append(message)
                     self._cond.notify()
+            if unlogged:  # the log is full or cannot be written: retryable, counted
+                self._state.release(accepted, len(payload))
+                counters.spans_refused(protocol, unlogged, accepted)
+                return Admission(0, ids.rejected, ids.message, refused=unlogged, retry_after_s=RETRY_AFTER_S[unlogged])
             if not queued:
                 # "done" is already queued and the pipeline process stops reading at it. A request
                 # can get here after the servers stopped: the HTTP server does not wait for its
@@ -225,6 +241,8 @@ class Forwarder:
                 counters.spans_refused(protocol, SHUTTING_DOWN, accepted)
                 return Admission(0, ids.rejected, ids.message, refused=SHUTTING_DOWN,
                                  retry_after_s=RETRY_AFTER_S[SHUTTING_DOWN])
+            if self._intake_log is not None:
+                self._intake_log.wait_durable(seq)  # fsync: always; the other policies never wait
             counters.accepted(protocol, accepted)
         return Admission(accepted, ids.rejected, ids.message)
 
@@ -275,6 +293,8 @@ class ReceiverArgs:
     grpc: bool
     http: bool
     log_level: int
+    intake_log: IntakeLogSettings | None = None  # receivers.otlp.intake_log, as the pipeline process replayed it
+    intake_log_shared: IntakeLogShared | None = None
 
 
 def run_receiver_process(args: ReceiverArgs, state: IntakeState, counters: ReceiverCounters, data: Connection,
@@ -287,7 +307,14 @@ def run_receiver_process(args: ReceiverArgs, state: IntakeState, counters: Recei
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     name_process("otel-llm-recv")
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    forwarder = Forwarder(state, counters, data)
+    intake_log = None
+    try:
+        if args.intake_log is not None and args.intake_log_shared is not None:
+            intake_log = IntakeLogWriter(args.intake_log, args.intake_log_shared)
+    except OSError as exc:
+        data.send_bytes(EVENT + json.dumps({"event": "error", "message": f"receivers.otlp.intake_log: {exc}"}).encode())
+        os._exit(1)
+    forwarder = Forwarder(state, counters, data, intake_log)
     forwarder.start()
     grpc_receiver = OtlpGrpcReceiver(args.otlp.protocols.grpc, forwarder) if args.grpc else None
     http_receiver = None
@@ -322,6 +349,8 @@ def run_receiver_process(args: ReceiverArgs, state: IntakeState, counters: Recei
         http_receiver.stop(max(0.0, deadline - time.monotonic()))
     forwarder.finish()
     forwarder.close(10)
+    if intake_log is not None:
+        intake_log.close()
     data.close()
     # grpcio's threads can keep an orderly interpreter exit waiting; everything is sent.
     os._exit(0)

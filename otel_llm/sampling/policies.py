@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
-from otel_llm.assembly.records import Outcome, RequestRecord
+from otel_llm.assembly.records import Outcome, RequestRecord, Side
 from otel_llm.assembly.traces import PendingTrace
 from otel_llm.sampling.quantiles import RollingQuantile
 
@@ -51,6 +51,8 @@ class SloPolicy(Policy):
 
     def matches(self, trace: PendingTrace, records: list[RequestRecord]) -> bool:
         for record in records:
+            if record.side != Side.SERVER:
+                continue  # thresholds are on the server's latencies; a client's duration is another quantity
             limits = {**self.thresholds, **self.per_model.get(record.model, {})}
             for metric, limit in limits.items():
                 value = METRICS[metric](record)
@@ -92,7 +94,7 @@ class SlowestPolicy(Policy):
         slow = False
         with self._lock:
             for record in records:
-                if not record.succeeded:
+                if not record.succeeded or record.side != Side.SERVER:
                     continue
                 for metric in self.metrics:
                     value = METRICS[metric](record)

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 from otel_llm.config import ConfigError, parse_duration
 from otel_llm.simulate.runner import format_summary, otlp_exporter_factory, run_plan
-from otel_llm.simulate.scenarios import DEFAULT_MODELS, SCENARIOS, plan, select_models
+from otel_llm.simulate.scenarios import APP_SHARES, DEFAULT_MODELS, SCENARIOS, plan, select_models
 
 EXIT_EXPORT_FAILED = 1
 EXIT_INTERRUPTED = 130  # the shell's convention for SIGINT
@@ -44,8 +44,9 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
     parser = sub.add_parser(
         "simulate",
         help="emit a realistic fleet's traces to an OTLP endpoint",
-        description="Send the traces of a simulated LLM fleet (vLLM, SGLang, TGI behind a gateway) to an "
-        "OTLP endpoint, as the engines' own SDKs do. The same --seed (with the same other options) "
+        description="Send the traces of a simulated LLM fleet (vLLM, SGLang, TGI behind a gateway or a "
+        "LiteLLM proxy, and an application tier with GenAI CLIENT spans) to an OTLP endpoint, as their own "
+        "SDKs do. The same --seed (with the same other options) "
         f"gives the same traces. Scenarios: {scenarios}.",
     )
     parser.add_argument("--endpoint", help="HOST:PORT of the OTLP receiver (default localhost:4317 for grpc, "
@@ -85,6 +86,16 @@ def _list() -> int:
         via = "gateway" if m.gateway_share >= 1 else f"gateway {m.gateway_share:.0%}"
         print(f"  {m.name:<24} {m.engine:<8} {m.service_name:<16} share {m.weight:.0%}, prompt ~{m.prompt_median} tok, "
               f"output ~{m.output_median} tok, {m.tpot_s * 1000:.0f} ms/token, via {via}")
+    print("app tier (openai-v2 CLIENT spans; the rest of the traffic comes from uninstrumented callers):")
+    notes = {
+        "vllm_via_litellm": "of answered vLLM requests: app -> LiteLLM proxy -> vLLM (caller's traceparent forwarded)",
+        "vllm_direct": "of answered vLLM requests: app -> vLLM",
+        "vllm_via_gateway": "of answered vLLM requests: app -> gateway -> vLLM",
+        "other_via_gateway": "of the other non-aborted requests via the gateway (SGLang, TGI, its 5xx): app -> gateway",
+        "sglang_unpropagated": "of answered direct SGLang requests: app without HTTP instrumentation (no traceparent)",
+    }
+    for path, share in APP_SHARES.items():
+        print(f"  {share:>4.0%} {notes.get(path, path)}")
     return 0
 
 

@@ -8,7 +8,10 @@ follow ``shared/research/engine-spans.md`` (sections noted per emitter) and DESI
 - ``emit_vllm_v0``  vLLM <= 0.10 ``LLMEngine.create_trace_span`` (research 1.3)
 - ``emit_sglang``   SGLang 0.5.23 ``TraceReqContext`` root/thread/stage spans (research 3.1)
 - ``emit_tgi``      TGI router ``tracing`` spans via tracing-opentelemetry (research 4.1, 4.2)
-- ``emit_gateway``  an OTel-instrumented HTTP gateway (LiteLLM / Envoy AI Gateway style)
+- ``emit_gateway``  an OTel-instrumented HTTP gateway (Envoy AI Gateway style)
+
+The callers in front of them (an openai-v2 instrumented application, a LiteLLM proxy) are in
+``clients``; ``engine_tracer_provider`` builds their providers too (kinds ``app``, ``litellm-proxy``).
 
 Use ``engine_tracer_provider`` to get a ``TracerProvider`` whose resource and id generator match
 the engine; the emitters then pick the engine's instrumentation scope themselves.
@@ -61,7 +64,7 @@ __all__ = [
 # Names the engines use (research doc section in brackets).
 # ---------------------------------------------------------------------------------------------
 
-ENGINE_KINDS: Final = frozenset({"vllm-v1", "vllm-v0", "sglang", "tgi", "gateway"})
+ENGINE_KINDS: Final = frozenset({"vllm-v1", "vllm-v0", "sglang", "tgi", "gateway", "app", "litellm-proxy"})
 
 VLLM_SPAN_NAME: Final = "llm_request"
 VLLM_V1_SCOPE: Final = "vllm.tracing.otel"  # [1.2] trace.get_tracer(__name__) in v0.33
@@ -85,6 +88,8 @@ _DEFAULT_SERVICE_NAMES: Final[dict[str, str]] = {
     "sglang": "sglang",
     "tgi": "text-generation-inference.router",
     "gateway": "llm-gateway",
+    "app": "chat-app",  # an application using the openai client (``clients.emit_app_client``)
+    "litellm-proxy": "litellm-proxy",  # ``clients.emit_litellm_proxy``
 }
 
 # SGLang's host_id is /etc/machine-id (32 hex chars); a fixed value keeps simulations reproducible.
@@ -244,7 +249,11 @@ def engine_tracer_provider(
     elif kind == "tgi":
         # router/src/logging.rs: Resource::new([KeyValue::new("service.name", ...)]) and nothing else.
         resource = Resource({"service.name": name})
-    else:  # gateway
+    elif kind == "litellm-proxy":
+        # LiteLLM's OpenTelemetry logger adds these two (capture litellm_proxy_v1, litellm 1.110.2).
+        resource = _python_sdk_resource(
+            kind, name, process_id, {"deployment.environment": "production", "model_id": name})
+    else:  # gateway, app: the SDK default resource (capture openai_v2_httpx for the app)
         resource = _python_sdk_resource(kind, name, process_id, {})
 
     id_generator: IdGenerator
@@ -736,7 +745,8 @@ def emit_gateway(
     server_port: int = 4000,
     traceparent_headers: dict[str, str] | None = None,
 ) -> SpanContext:
-    """A gateway's SERVER span ``POST <route>`` (LiteLLM / Envoy AI Gateway style).
+    """A generic gateway's SERVER span ``POST <route>`` (Envoy AI Gateway style; LiteLLM's real proxy
+    shape is ``clients.emit_litellm_proxy``).
 
     ``engine_call(headers)`` runs while the gateway span is current and before it ends, with the
     W3C ``traceparent`` (and ``tracestate`` if any) injected for the gateway span: that is how the

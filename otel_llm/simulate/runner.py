@@ -1,16 +1,19 @@
 """Sending a ``Plan``: one TracerProvider per fleet process, real OTLP exporters, real-time pacing.
 
-Every fleet member (the gateway, each model's engine) gets the provider its engine would build
-(``engine_tracer_provider``: resource, id generator seeded from the plan, BatchSpanProcessor) and
-its own exporter, as separate processes have. Requests are emitted in send order, each when its
-last span ends (``--fast``: at once), so the span ids that the seeded generators hand out — and
-with them the whole output — are a function of the plan alone.
+Every fleet member (the gateway, the application tier, the LiteLLM proxy, each model's engine) gets
+the provider its process would build (``engine_tracer_provider``: resource, id generator seeded from
+the plan, BatchSpanProcessor) and its own exporter, as separate processes have. Requests are
+emitted in send order, each when its last span ends (``--fast``: at once), so the span ids that
+the seeded generators hand out — and with them the whole output — are a function of the plan alone.
+A request from the application tier is emitted outside in: the app's CLIENT span, its httpx POST,
+then what it calls (the gateway, the LiteLLM proxy or the engine) with the traceparent it got.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,8 +23,19 @@ from urllib.parse import urlsplit
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from otel_llm.simulate.clients import emit_app_client, emit_litellm_proxy
 from otel_llm.simulate.engines import emit_gateway, emit_sglang, emit_tgi, emit_vllm_v1, engine_tracer_provider
-from otel_llm.simulate.scenarios import GATEWAY_MEMBER, GATEWAY_ROUTE, OUTCOMES, Plan, PlannedRequest
+from otel_llm.simulate.scenarios import (
+    APP_MEMBER,
+    GATEWAY_MEMBER,
+    GATEWAY_ROUTE,
+    OUTCOMES,
+    PROXY_MEMBER,
+    Plan,
+    PlannedRequest,
+)
+
+_CALLERS = frozenset({GATEWAY_MEMBER, APP_MEMBER, PROXY_MEMBER})
 
 __all__ = ["ExporterFactory", "RunResult", "format_summary", "otlp_exporter_factory", "run_plan"]
 
@@ -119,6 +133,9 @@ class _Member:
 @dataclass
 class RunResult:
     sent: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # (engine, model, outcome)
+    # application calls sent, by path: "direct", "litellm", "gateway", "no propagation"; and joined ones
+    client_calls: Counter[str] = field(default_factory=Counter)
+    client_calls_joined: int = 0
     spans_ended: int = 0
     spans_exported: int = 0
     spans_failed: int = 0
@@ -162,21 +179,46 @@ def _emit(members: dict[str, _Member], request: PlannedRequest) -> None:
             raise ValueError(f"the simulator has no emitter for engine {request.engine!r}")
 
     gateway = request.gateway
-    if gateway is None:
-        engine_call(None)
+
+    def through_gateway(headers: dict[str, str] | None) -> None:
+        assert gateway is not None
+        emit_gateway(
+            members[GATEWAY_MEMBER].provider,
+            start_unix_ns=gateway.start_ns,
+            end_unix_ns=gateway.end_ns,
+            model=request.model,
+            route=GATEWAY_ROUTE,
+            # No engine span, no engine call: the gateway span then has no child, which is all an
+            # abort (or an unreachable upstream) leaves behind.
+            engine_call=engine_call if timing is not None else None,
+            status_error=gateway.status_error,
+            ttft_s=gateway.ttft_s,
+            traceparent_headers=headers,
+        )
+
+    def through_proxy(headers: dict[str, str] | None) -> None:
+        assert request.proxy is not None and timing is not None
+        emit_litellm_proxy(
+            members[PROXY_MEMBER].provider, request.proxy, model=request.model, caller_headers=headers,
+            upstream_call=engine_call, stream=request.stream, params=request.params,
+            upstream_response_model=request.model, response_id=request.request_id or None,
+            input_tokens=timing.prompt_tokens, output_tokens=timing.completion_tokens,
+            finish_reason=request.outcome, call_id=_call_id(request),
+        )
+
+    client = request.client
+    upstream = through_gateway if gateway is not None else engine_call
+    if client is None:
+        upstream(None)
         return
-    emit_gateway(
-        members[GATEWAY_MEMBER].provider,
-        start_unix_ns=gateway.start_ns,
-        end_unix_ns=gateway.end_ns,
-        model=request.model,
-        route=GATEWAY_ROUTE,
-        # No engine span, no engine call: the gateway span then has no child, which is all an
-        # abort (or an unreachable upstream) leaves behind.
-        engine_call=engine_call if timing is not None else None,
-        status_error=gateway.status_error,
-        ttft_s=gateway.ttft_s,
-    )
+    if client.via == "litellm":
+        upstream = through_proxy
+    emit_app_client(members[APP_MEMBER].provider, client.call, propagate=client.propagates, upstream_call=upstream)
+
+
+def _call_id(request: PlannedRequest) -> str:
+    """LiteLLM's litellm.call_id is a uuid4; derived from the request so runs stay reproducible."""
+    return str(uuid.uuid5(uuid.NAMESPACE_OID, f"otel-llm-sim/litellm/{request.index}/{request.request_id}"))
 
 
 def run_plan(
@@ -218,6 +260,9 @@ def run_plan(
                 break
             _emit(members, request)
             result.sent[(request.engine, request.model, request.outcome)] += 1
+            if request.client is not None:
+                result.client_calls[request.client.via if request.client.propagates else "no propagation"] += 1
+                result.client_calls_joined += request.client.joined
             if on_sent is not None:
                 on_sent(request)
             for member in members.values():
@@ -259,7 +304,7 @@ def format_summary(plan: Plan, result: RunResult) -> str:
     outcome_cols = "".join(f"{o:>8}" for o in OUTCOMES)
     lines = [f"{'engine':<9} {'model':<24}{outcome_cols}{'total':>8}   planned TTFT p50 / p99"]
     for member in plan.members:
-        if member.name == GATEWAY_MEMBER:
+        if member.name in _CALLERS:
             continue
         engine, model = member.kind, member.name
         counts = [result.sent[(engine, model, o)] for o in OUTCOMES]
@@ -269,6 +314,11 @@ def format_summary(plan: Plan, result: RunResult) -> str:
         lines.append(f"{engine:<9} {model:<24}" + "".join(f"{c:>8}" for c in counts) + f"{sum(counts):>8}   {ttft}")
     totals = [sum(v for (_, _, o), v in result.sent.items() if o == outcome) for outcome in OUTCOMES]
     lines.append(f"{'all':<9} {'':<24}" + "".join(f"{c:>8}" for c in totals) + f"{sum(totals):>8}")
+    if result.client_calls:
+        calls = sum(result.client_calls.values())
+        paths = ", ".join(f"{via} {n}" for via, n in sorted(result.client_calls.items()))
+        lines.append(f"app tier (client spans): {calls} calls ({paths}), {result.client_calls_joined} joined "
+                     "to an engine span")
     lines.append(
         f"requests: {result.requests_sent} sent of {len(plan.requests)} planned; "
         f"spans: {result.spans_exported} sent, {result.spans_failed} failed "

@@ -16,6 +16,13 @@ The latency model, per model:
   so that the *provisioned* rate (default: ``rate``) keeps them ~60 % busy. A burst above that
   builds a real queue that drains at the spare capacity, so TTFT climbs and recovers;
 - the window is a slice of an already running fleet (see ``plan``).
+
+Who calls (``_with_caller``, drawn from a per-request generator so the engine side above is the
+same with or without it): most requests come from uninstrumented callers through the gateway, as
+before; a share comes from an instrumented application tier (openai-v2 CLIENT spans, see
+``clients``), which calls vLLM directly, through a LiteLLM proxy, or through the gateway, with the
+httpx instrumentation propagating its traceparent; and some SGLang callers have no HTTP
+instrumentation, so their CLIENT span sits in a trace of its own (``APP_SHARES``).
 """
 
 from __future__ import annotations
@@ -29,11 +36,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final
 
+from otel_llm.simulate.clients import ClientCall, ProxyTimes
 from otel_llm.simulate.engines import RequestTiming, SamplingParams
 
 __all__ = [
+    "APP_MEMBER",
+    "APP_SHARES",
     "DEFAULT_MODELS",
+    "PROXY_MEMBER",
     "SCENARIOS",
+    "ClientLeg",
     "FleetMember",
     "GatewayLeg",
     "ModelProfile",
@@ -62,6 +74,22 @@ PREPROCESS_BASE_S: Final = 0.0015  # API server request handling
 PREPROCESS_PER_TOKEN_S: Final = 1.5e-6  # tokenizer
 GATEWAY_ROUTE: Final = "/v1/chat/completions"
 GATEWAY_MEMBER: Final = "gateway"
+APP_MEMBER: Final = "app"
+PROXY_MEMBER: Final = "litellm-proxy"
+
+# The instrumented application tier, as shares of each kind of request (the rest keep their
+# uninstrumented caller). Aborts never come from it: a caller that hangs up is not instrumented here.
+APP_SHARES: Final[dict[str, float]] = {
+    # vLLM requests the engine answered: app -> LiteLLM proxy -> vLLM (the proxy forwards the app's
+    # traceparent), app -> vLLM, app -> gateway -> vLLM; all propagating.
+    "vllm_via_litellm": 0.25,
+    "vllm_direct": 0.15,
+    "vllm_via_gateway": 0.10,
+    # any other request through the gateway (SGLang, TGI, the gateway's own 5xx): app -> gateway.
+    "other_via_gateway": 0.15,
+    # successful direct SGLang requests from an app without HTTP instrumentation: no traceparent.
+    "sglang_unpropagated": 0.40,
+}
 
 OUTCOMES: Final = ("stop", "length", "abort", "error")
 
@@ -216,6 +244,20 @@ class GatewayLeg:
 
 
 @dataclass(frozen=True)
+class ClientLeg:
+    """The application's call: what its openai-v2 CLIENT span records."""
+
+    via: str  # "direct" (the engine), "litellm" (the LiteLLM proxy) or "gateway"
+    propagates: bool  # httpx instrumented: the upstream receives the POST span's traceparent
+    joined: bool  # one trace holds the client span and the engine span (propagated and the engine reported)
+    call: ClientCall
+
+    @property
+    def duration_s(self) -> float:
+        return self.call.duration_s
+
+
+@dataclass(frozen=True)
 class PlannedRequest:
     index: int  # arrival number in the simulated stream (warm-up included): a stable id
     model: str
@@ -228,6 +270,8 @@ class PlannedRequest:
     gateway: GatewayLeg | None  # None when the client called the engine directly
     queue_s: float  # time spent queued (also for requests that gave up while queued)
     send_at_ns: int  # when the request's last span ends: the runner sends it then
+    client: ClientLeg | None = None  # the instrumented application's call, if it came from one
+    proxy: ProxyTimes | None = None  # the LiteLLM proxy's spans (client.via == "litellm")
 
     @property
     def emits_engine_span(self) -> bool:
@@ -267,6 +311,14 @@ class Plan:
     def counts(self) -> Counter[tuple[str, str, str]]:
         """Requests by (engine, model, outcome)."""
         return Counter((r.engine, r.model, r.outcome) for r in self.requests)
+
+    def client_legs(self) -> list[ClientLeg]:
+        """Every application call (one CLIENT request each), in send order."""
+        return [r.client for r in self.send_order() if r.client is not None]
+
+    def traces(self) -> int:
+        """Traces the run sends: one per request, plus one per client call that did not propagate."""
+        return len(self.requests) + sum(1 for c in self.client_legs() if not c.propagates)
 
 
 def _ns(seconds: float) -> int:
@@ -386,7 +438,10 @@ def plan(
         m.name: _Engine(m, max(1, math.ceil(provisioned * share * m.mean_service_s() / TARGET_UTILIZATION)))
         for m, share in zip(models, shares, strict=True)
     }
-    members = [FleetMember(GATEWAY_MEMBER, "gateway", "llm-gateway", 100, _member_seed(seed, sc.name, GATEWAY_MEMBER))]
+    members = [FleetMember(GATEWAY_MEMBER, "gateway", "llm-gateway", 100, _member_seed(seed, sc.name, GATEWAY_MEMBER)),
+               FleetMember(APP_MEMBER, "app", "chat-app", 200, _member_seed(seed, sc.name, APP_MEMBER)),
+               FleetMember(PROXY_MEMBER, "litellm-proxy", "litellm-proxy", 300,
+                           _member_seed(seed, sc.name, PROXY_MEMBER))]
     members += [
         FleetMember(m.name, m.engine, m.service_name, m.process_id, _member_seed(seed, sc.name, m.name)) for m in models
     ]
@@ -398,6 +453,8 @@ def plan(
     for index, arrival in enumerate(_arrivals(rng, sc, rate, warmup_s, duration_s)):
         profile = rng.choices(models, weights=shares)[0]
         request = _plan_request(rng, sc, engines[profile.name], index, arrival, start_ns)
+        # Its own generator: who calls never shifts the draws of the engine side.
+        request = _with_caller(random.Random(f"otel-llm-simulate/{seed}/{sc.name}/caller/{index}"), request, profile)
         if start_ns <= request.send_at_ns < window_end_ns:
             kept.append(request)
     kept.sort(key=lambda r: (r.send_at_ns, r.index))
@@ -531,3 +588,111 @@ def _plan_request(
         queue_s=queue,
         send_at_ns=send_at,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Who calls
+# ---------------------------------------------------------------------------------------------
+
+_NET_S: Final = (0.0003, 0.002)  # one way between two hosts of the fleet
+
+
+def _uniform_ns(rng: random.Random, bounds: tuple[float, float]) -> int:
+    return _ns(rng.uniform(*bounds))
+
+
+def _proxy_times(rng: random.Random, t: RequestTiming, stream: bool) -> ProxyTimes:
+    """The LiteLLM proxy's spans around the engine's interval, in the order ``litellm_proxy_v1`` shows:
+    FastAPI's SERVER span outermost, then "Received Proxy Server Request", auth, proxy_pre_call, the
+    router, litellm_request, and "self" around the upstream HTTP call."""
+    engine_start, engine_end = t.arrival_unix_ns, t.end_unix_ns
+    self_start = engine_start - _uniform_ns(rng, _NET_S)
+    request_start = self_start - _uniform_ns(rng, (0.002, 0.02))  # param mapping, callbacks
+    deployment_start = request_start - _uniform_ns(rng, (0.0015, 0.004))
+    deployment = (deployment_start, deployment_start + _uniform_ns(rng, (0.0003, 0.0012)))
+    router_start = deployment_start - _uniform_ns(rng, (0.0003, 0.001))
+    pre_call_start = router_start - _uniform_ns(rng, (0.001, 0.003))
+    auth_end = pre_call_start - _uniform_ns(rng, (0.0005, 0.02))
+    received_start = auth_end - _uniform_ns(rng, (0.0008, 0.01))
+    server_start = received_start - _uniform_ns(rng, (0.0002, 0.004))
+    back = _uniform_ns(rng, _NET_S)
+    # "self" is the HTTP call: until the body for a plain response, until the headers for a stream.
+    self_end = engine_start + _ns(t.preprocess_s) + back if stream else engine_end + back
+    request_end = max(self_end, engine_end + back) + _uniform_ns(rng, (0.0003, 0.003))
+    router_end = request_end + _uniform_ns(rng, (0.0002, 0.003))
+    server_end = router_end + _uniform_ns(rng, (0.0005, 0.004))
+    return ProxyTimes(
+        server=(server_start, server_end), received=(received_start, request_end), auth=(received_start, auth_end),
+        pre_call=(pre_call_start, pre_call_start + 60_000), router=(router_start, router_end), deployment=deployment,
+        request=(request_start, request_end), self_call=(self_start, self_end))
+
+
+def _with_caller(rng: random.Random, r: PlannedRequest, profile: ModelProfile) -> PlannedRequest:
+    """``r`` as called by the application tier (``APP_SHARES``), or unchanged."""
+    if r.outcome == "abort":
+        return r
+    t = r.timing
+    draw = rng.random()
+    propagates = True
+    if r.engine.startswith("vllm") and t is not None:
+        edges = (APP_SHARES["vllm_via_litellm"], APP_SHARES["vllm_via_litellm"] + APP_SHARES["vllm_direct"],
+                 APP_SHARES["vllm_via_litellm"] + APP_SHARES["vllm_direct"] + APP_SHARES["vllm_via_gateway"])
+        if draw < edges[0]:
+            via = "litellm"
+        elif draw < edges[1]:
+            via = "direct"
+        elif draw < edges[2] and r.gateway is not None:
+            via = "gateway"
+        else:
+            return r
+    elif r.gateway is not None:
+        if draw >= APP_SHARES["other_via_gateway"]:
+            return r
+        via = "gateway"
+    elif t is not None and r.outcome in ("stop", "length") and draw < APP_SHARES["sglang_unpropagated"]:
+        via, propagates = "direct", False
+    else:
+        return r
+
+    ok = r.outcome in ("stop", "length")
+    proxy: ProxyTimes | None = None
+    gateway = r.gateway
+    headers_at: int | None = None  # when the upstream's response headers leave it (streams)
+    if via == "litellm":
+        assert t is not None
+        proxy = _proxy_times(rng, t, r.stream)
+        gateway = None
+        up_start, up_end = proxy.server
+        headers_at = proxy.self_call[1] + _uniform_ns(rng, (0.0002, 0.001))
+        url = "http://litellm-proxy:4000/v1/chat/completions"
+    elif via == "gateway":
+        assert gateway is not None
+        up_start, up_end = gateway.start_ns, gateway.end_ns
+        if t is not None:
+            headers_at = t.arrival_unix_ns + _ns(t.preprocess_s) + _uniform_ns(rng, (0.0002, 0.001))
+        url = "http://llm-gateway:4000/v1/chat/completions"
+    else:
+        assert t is not None
+        gateway = None
+        up_start, up_end = t.arrival_unix_ns, t.end_unix_ns
+        headers_at = t.arrival_unix_ns + _ns(t.preprocess_s)
+        url = f"http://{profile.service_name}:8000/v1/chat/completions"
+
+    http_start = up_start - _uniform_ns(rng, _NET_S)
+    start = http_start - _uniform_ns(rng, (0.0005, 0.004))  # the SDK builds the request
+    back = _uniform_ns(rng, _NET_S)
+    end_of_body = up_end + back
+    http_end = min(headers_at, up_end) + back if (r.stream and ok and headers_at is not None) else end_of_body
+    end = end_of_body + _uniform_ns(rng, (0.0003, 0.003))  # the SDK parses / the stream is consumed
+    call = ClientCall(
+        start_ns=start, end_ns=end, http_start_ns=http_start, http_end_ns=http_end, request_model=profile.name,
+        stream=r.stream, params=r.params, url=url, http_status=200 if ok else 500,
+        response_model=profile.name if ok else None,
+        response_id=(r.request_id or None) if ok else None,
+        input_tokens=t.prompt_tokens if ok and t is not None else None,
+        output_tokens=t.completion_tokens if ok and t is not None else None,
+        finish_reason=r.outcome if ok else None,
+    )
+    client = ClientLeg(via=via, propagates=propagates, joined=propagates and t is not None, call=call)
+    # The application's span ends last: its end is the request's send time.
+    return replace(r, gateway=gateway, client=client, proxy=proxy, send_at_ns=end)

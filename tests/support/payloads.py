@@ -7,6 +7,7 @@ import os
 import time
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 LATENCIES = {"time_to_first_token": 0.5, "time_in_queue": 0.1, "time_in_model_prefill": 0.3,
              "time_in_model_decode": 2.0, "e2e": 2.6, "time_in_model_inference": 2.3}
@@ -50,4 +51,28 @@ def vllm_batch(count: int, *, model: str | None = None, model_prefix: str | None
             attr = span.attributes.add()
             attr.key = key
             attr.value.string_value = text
+    return request
+
+
+def gateway_batch(*, gateway_end_ns: int | None = None, edge_ttft: str | None = None,
+                  engine: bool = True, genai: bool = True) -> ExportTraceServiceRequest:
+    """A gateway SERVER span (with GenAI attributes, or a plain HTTP server's) and vLLM V1's span below it."""
+    request = vllm_batch(1, parent=True) if engine else vllm_batch(0)
+    scope = request.resource_spans[0].scope_spans[0]
+    gateway = scope.spans.add()
+    gateway.trace_id = scope.spans[0].trace_id if engine else os.urandom(16)
+    gateway.span_id = scope.spans[0].parent_span_id if engine else os.urandom(8)
+    gateway.name = "POST /v1/chat/completions"
+    gateway.kind = Span.SPAN_KIND_SERVER
+    start = scope.spans[0].start_time_unix_nano - 10_000_000 if engine else time.time_ns()
+    gateway.start_time_unix_nano = start
+    gateway.end_time_unix_nano = gateway_end_ns if gateway_end_ns is not None else start + 3_000_000_000
+    for key, value in (("gen_ai.request.model", "absurd-model"), ("http.route", "/v1/chat/completions")):
+        if key.startswith("gen_ai.") and not genai:
+            continue
+        kv = gateway.attributes.add()
+        kv.key, kv.value.string_value = key, value
+    if edge_ttft is not None:
+        kv = gateway.attributes.add()
+        kv.key, kv.value.string_value = "gen_ai.server.time_to_first_token", edge_ttft
     return request
