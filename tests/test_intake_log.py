@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -53,22 +52,10 @@ class GroupServer(ServerProcess):
     """``otel-llm serve`` in a session (process group) of its own, so that one ``killpg`` SIGKILLs
     the pipeline process and its receiver process at the same instant."""
 
+    new_session = True
+
     def start(self, timeout_s: float = 30.0) -> None:
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen([sys.executable, "-m", "otel_llm", "serve", "--config", str(self.config_path)],
-                                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError(f"otel-llm exited {self.process.returncode}:\n{self.log_path.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(self.metrics_url + "/readyz", timeout=1) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise AssertionError(f"otel-llm not ready in {timeout_s}s:\n{self.log_path.read_text()[-3000:]}")
+        super().start(timeout_s)
 
     def kill_group(self) -> None:
         assert self.process is not None

@@ -160,19 +160,11 @@ def _genai(span: Span, attrs: AttrMap) -> EngineObservation:
 
 
 def _first_number(attrs: AttrMap, *keys: str) -> float | None:
-    for key in keys:
-        value = _number(attrs, key)
-        if value is not None:
-            return value
-    return None
+    return next((value for value in (_number(attrs, key) for key in keys) if value is not None), None)
 
 
 def _first_count(attrs: AttrMap, *keys: str) -> int | None:
-    for key in keys:
-        value = _count(attrs, key)
-        if value is not None:
-            return value
-    return None
+    return next((value for value in (_count(attrs, key) for key in keys) if value is not None), None)
 
 
 # GenAI semconv span names are "{gen_ai.operation.name} {model}".

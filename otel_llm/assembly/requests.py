@@ -17,7 +17,6 @@ overhead (client duration − engine e2e).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
@@ -293,15 +292,18 @@ def _split(ancestors: list[BufferedSpan]) -> tuple[list[BufferedSpan], BufferedS
     return servers, (ancestors[client_at] if client_at >= 0 else None)
 
 
-def join_engine(engine: BufferedSpan, trace: PendingTrace, index: _TraceIndex) -> Joined:
+def join_engine(engine: BufferedSpan, trace: PendingTrace, index: _TraceIndex, genai_in_trace: int) -> Joined:
+    """``genai_in_trace``: how many GenAI spans the trace holds; when its ancestors hold them all,
+    nothing beside the chain can name the model (the common case costs no index of the trace)."""
     ancestors = trace.ancestors(engine)
     parent = ancestors[0] if ancestors else None
     siblings: list[BufferedSpan] = []
     if engine.parent_span_id and (parent is None or parent.kind != _SERVER):
         siblings = _containing_siblings(engine, index)
     servers, client = _split(ancestors)
-    servers = [span for span in siblings if span.kind == _SERVER] + servers
-    if not servers and not siblings:
+    if siblings:
+        servers = [span for span in siblings if span.kind == _SERVER] + servers
+    elif not servers or genai_in_trace == sum(1 for span in ancestors if is_genai(span)):
         return Joined(ancestors, servers, client)
     # A gateway's own GenAI spans (LiteLLM's litellm_request under its proxy span) are not above the
     # engine span but beside it: they name the model and are the gateway's call out.
@@ -528,31 +530,27 @@ def _client_record(buffered: BufferedSpan, trace: PendingTrace, served: RequestR
     return record
 
 
-def _spans_by_role(trace: PendingTrace) -> Iterator[tuple[str, BufferedSpan]]:
-    for buffered in trace.spans.values():
-        obs = buffered.observation
-        if obs is None:
-            continue
-        if not obs.may_be_gateway:
-            yield "engine", buffered
-        elif buffered.kind == _SERVER:
-            yield "server_genai", buffered
-        else:
-            yield "client", buffered
-
-
 def records_of_trace(trace: PendingTrace, settings: RecordSettings) -> list[RequestRecord]:
     """Server records (engine requests, then gateway-only requests), then client records."""
     engines: list[BufferedSpan] = []
     server_genai: list[BufferedSpan] = []
     clients: list[BufferedSpan] = []
-    for role, buffered in _spans_by_role(trace):
-        (engines if role == "engine" else server_genai if role == "server_genai" else clients).append(buffered)
+    for buffered in trace.spans.values():
+        obs = buffered.observation
+        if obs is None:
+            continue
+        if not obs.may_be_gateway:
+            engines.append(buffered)
+        elif buffered.kind == _SERVER:
+            server_genai.append(buffered)
+        else:
+            clients.append(buffered)
     records: list[RequestRecord] = []
     index = _TraceIndex(trace)
     joined_ids: set[bytes] = set()
+    genai_in_trace = len(server_genai) + len(clients)
     for buffered in engines:
-        joined = join_engine(buffered, trace, index)
+        joined = join_engine(buffered, trace, index, genai_in_trace)
         joined_ids.update(span.span_id for span in joined.lookup)
         records.append(build_record(buffered, joined, settings))
     if server_genai:

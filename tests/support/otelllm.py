@@ -178,10 +178,12 @@ class ServerProcess:
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}"
 
+    new_session = False  # a process group of its own, so one killpg reaches every otel-llm process
+
     def start(self, timeout_s: float = 15.0) -> None:
         log = self.log_path.open("ab")
         self.process = subprocess.Popen([sys.executable, "-m", "otel_llm", "serve", "--config", str(self.config_path)],
-                                        stdout=log, stderr=subprocess.STDOUT)
+                                        stdout=log, stderr=subprocess.STDOUT, start_new_session=self.new_session)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
