@@ -71,7 +71,8 @@ class BufferedSpan:
     @property
     def is_engine(self) -> bool:
         """An engine's own request span (not a GenAI span that may turn out to be a gateway)."""
-        return self.observation is not None and not self.observation.may_be_gateway
+        observation = self.observation
+        return observation is not None and not observation.may_be_gateway and not observation.part
 
     def attr(self, key: str) -> Any:
         attrs = self.attrs
@@ -96,9 +97,34 @@ class PendingTrace:
     # Readiness, kept incrementally so a span's cost does not depend on the trace's size: engine
     # spans whose ancestor chain stops at a span not (yet) here, by that missing span's id, with
     # how many ancestors were found below it; and how many engine spans are not rooted (waiting
-    # or too deep/cyclic to ever be).
-    waiting: dict[bytes, list[tuple[BufferedSpan, int]]] = field(default_factory=dict)
+    # or too deep/cyclic to ever be). Most pending traces wait for one parent: that waiter takes
+    # three slots, and a dict is made only for a second one (a dict, a list and a tuple would
+    # cost ~310 B per trace held).
+    wait_key: bytes | None = None
+    wait_span: BufferedSpan | None = None
+    wait_found: int = 0
+    waiting: dict[bytes, list[tuple[BufferedSpan, int]]] | None = None
     unrooted: int = 0
+
+    def add_waiter(self, missing: bytes, engine_span: BufferedSpan, found: int) -> None:
+        if self.waiting is None:
+            if self.wait_key is None:
+                self.wait_key, self.wait_span, self.wait_found = missing, engine_span, found
+                return
+            assert self.wait_span is not None
+            self.waiting = {self.wait_key: [(self.wait_span, self.wait_found)]}
+            self.wait_key = self.wait_span = None
+        self.waiting.setdefault(missing, []).append((engine_span, found))
+
+    def pop_waiters(self, arrived: bytes) -> list[tuple[BufferedSpan, int]] | None:
+        if self.wait_key is not None:
+            if self.wait_key != arrived:
+                return None
+            assert self.wait_span is not None
+            waiter = [(self.wait_span, self.wait_found)]
+            self.wait_key = self.wait_span = None
+            return waiter
+        return self.waiting.pop(arrived, None) if self.waiting else None
 
     def ancestors(self, span: BufferedSpan) -> list[BufferedSpan]:
         """Buffered ancestors of ``span``, nearest first; stops at the first one not (yet) here."""
@@ -211,7 +237,7 @@ class TraceAssembler:
         # A duplicate keeps the readiness its first copy gave (span ids are unique in a valid
         # trace; a conflicting copy can at worst hold its trace until ``decision_wait``).
         if previous is None:
-            waiters = trace.waiting.pop(span_id, None)
+            waiters = trace.pop_waiters(span_id)
             if waiters is not None:
                 for engine_span, found in waiters:
                     self._walk(trace, engine_span, buffered, found + 1)
@@ -225,7 +251,7 @@ class TraceAssembler:
         while parent and found < MAX_ANCESTRY:
             ancestor = spans.get(parent)
             if ancestor is None:
-                trace.waiting.setdefault(parent, []).append((engine_span, found))
+                trace.add_waiter(parent, engine_span, found)
                 return
             parent = ancestor.parent_span_id
             found += 1
