@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
 
-.PHONY: run test bench demo clean services
+.PHONY: run test bench demo clean services peers
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,26 +22,33 @@ $(TSTAMP): $(STAMP)
 run: $(STAMP)
 	$(BIN)/otel-llm serve $(ARGS)
 
-# The real services and tools the tests use: Debian's prometheus (and promtool), docker-compose
+# The real services and tools the tests use: Debian's prometheus (and promtool), prometheus-alertmanager
+# (and amtool), docker-compose
 # (config checks only, no engine) and openssl (test certificates). Installed only when missing.
-SERVICE_COMMANDS := prometheus promtool docker-compose openssl
+SERVICE_COMMANDS := prometheus promtool prometheus-alertmanager amtool docker-compose openssl
 services:
 	@missing=; for c in $(SERVICE_COMMANDS); do command -v $$c >/dev/null 2>&1 || missing="$$missing $$c"; done; \
 	[ -z "$$missing" ] || { \
 	  echo "installing Debian packages for:$$missing"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus openssl docker-compose >/dev/null; }
-	@# Debian's package starts a system Prometheus on :9090; the tests start their own on free ports.
-	@-(systemctl stop prometheus prometheus-node-exporter >/dev/null 2>&1; service prometheus stop >/dev/null 2>&1) || true
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus prometheus-alertmanager openssl docker-compose >/dev/null; }
+	@# Debian's packages start a system Prometheus on :9090 (Alertmanager :9093); the tests start their own on free ports.
+	@-(systemctl stop prometheus prometheus-node-exporter prometheus-alertmanager >/dev/null 2>&1; service prometheus stop >/dev/null 2>&1; service prometheus-alertmanager stop >/dev/null 2>&1) || true
 
-test: $(TSTAMP) services
+# The real OpenTelemetry Collector (our own distribution) and Jaeger, built once from the Go module
+# proxy into ~/.cache/otel-llm/peers (outside the repo; rebuilt when their go.mod/go.sum/*.go change).
+peers:
+	@collector-config/peers.sh build
+
+test: $(TSTAMP) services peers
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-bench: $(STAMP)
+bench: $(STAMP) peers
 	$(BIN)/python -m bench
 
 # `make demo`: `otel-llm serve` on its default ports in the background, ~60 s of simulated fleet
-# traffic sent to it in real time, a look at the results, then the server is stopped (also on ^C).
+# traffic sent to it in real time (engines, gateways, and an app tier with GenAI CLIENT spans), a look
+# at the results, server side and client side, then the server is stopped (also on ^C).
 DEMO_ARGS ?= --scenario burst --rate 8 --duration 60s
 DEMO_API  := http://127.0.0.1:9464
 demo: $(STAMP)
@@ -59,6 +66,9 @@ demo: $(STAMP)
 	echo "  curl -s $(DEMO_API)/metrics | grep -E '^vllm:(request_queue_time_seconds_count|request_success_total)'"; \
 	echo "  PromQL (scraping it): histogram_quantile(0.99, sum by (le, model_name) (rate(vllm:time_to_first_token_seconds_bucket[1m])))"; \
 	echo "                        sum by (model_name, finished_reason) (rate(vllm:request_success_total[1m]))"; \
+	echo "  client-observed vs server latency (the app tier's CLIENT spans vs every request, gen_ai naming):"; \
+	echo "    histogram_quantile(0.99, sum by (le, gen_ai_request_model) (rate(gen_ai_client_operation_duration_seconds_bucket[5m])))"; \
+	echo "    histogram_quantile(0.99, sum by (le, gen_ai_request_model) (rate(gen_ai_server_request_duration_seconds_bucket[5m])))"; \
 	echo "  $(BIN)/otel-llm traces --api $(DEMO_API) --sort ttft --limit 10"; \
 	echo; \
 	$(BIN)/otel-llm simulate --endpoint 127.0.0.1:4317 $(DEMO_ARGS); status=$$?; \
@@ -69,6 +79,11 @@ demo: $(STAMP)
 	$(BIN)/otel-llm traces --api $(DEMO_API) --sort ttft --limit 5 || true; \
 	echo; echo "demo: requests by outcome on $(DEMO_API)/metrics:"; \
 	curl -s $(DEMO_API)/metrics 2>/dev/null | grep -E '^vllm:request_success_total' || true; \
+	echo; echo "demo: client side (the app tier's CLIENT spans) beside the server side:"; \
+	curl -s $(DEMO_API)/metrics 2>/dev/null | grep -E '^(gen_ai_client_operation_duration_seconds_count|otel_llm_client_overhead_seconds_count)' || true; \
+	curl -s $(DEMO_API)/metrics 2>/dev/null | awk '/^gen_ai_client_operation_duration_seconds_count/ {c += $$NF} \
+	  /^gen_ai_server_request_duration_seconds_count/ {s += $$NF} /^otel_llm_client_overhead_seconds_count/ {j += $$NF} \
+	  END {printf "  %d client calls (gen_ai_client_operation_duration_seconds_count), %d joined to an engine span; %d server requests (gen_ai_server_request_duration_seconds_count)\n", c, j, s}'; \
 	exit $$status
 
 clean:

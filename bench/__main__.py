@@ -1,6 +1,6 @@
 """``python -m bench`` (``make bench``): otel-llm's full pipeline against a parse-only OTLP sink.
 
-Runs, in one go and in about four minutes on two cores:
+Runs, in one go and in about eight minutes on two cores:
 
 1. pre-generates realistic OTLP batches (``bench/workload.py``), and times on them the least work
    any pure-Python pipeline must do per span (``bench/floor.py``);
@@ -9,7 +9,10 @@ Runs, in one go and in about four minutes on two cores:
    ports, driven by a load generator in a third process (``bench/load.py``) over gRPC and HTTP:
    saturation throughput, server CPU per million spans, peak RSS, and Export latency at a fixed
    offered rate;
-3. a second ``otel-llm serve`` holding every trace pending (long ``decision_wait``), to measure
+3. the crash-safe intake's cost: servers without and with ``receivers.otlp.intake_log``
+   (``fsync: interval`` and ``always``), interleaved rounds, ratios against "off" (alone with
+   ``--intake-log-only``);
+4. a second ``otel-llm serve`` holding every trace pending (long ``decision_wait``), to measure
    RSS per buffered span;
 
 and ends with one ``RESULT ...`` line. See ``bench/README.md``.
@@ -37,7 +40,7 @@ from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
-from bench import floor
+from bench import collector_peer, floor
 from bench.load import proc_status_kib, proc_status_kib_by_process
 from bench.workload import RESOURCE_MODELS, generate
 
@@ -157,10 +160,11 @@ def start_baseline(workdir: Path) -> Server:
 
 
 def pipeline_config(workdir: Path, name: str, grpc_port: int, http_port: int, metrics_port: int,
-                    tail_sampling: dict[str, Any], service: dict[str, Any] | None = None) -> Path:
+                    tail_sampling: dict[str, Any], service: dict[str, Any] | None = None,
+                    otlp: dict[str, Any] | None = None) -> Path:
     config = {
         "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": f"{LOOPBACK}:{grpc_port}"},
-                                             "http": {"endpoint": f"{LOOPBACK}:{http_port}"}}}},
+                                             "http": {"endpoint": f"{LOOPBACK}:{http_port}"}}, **(otlp or {})}},
         "processors": {
             "llm_metrics": {"model_name": {"from_resource": [
                 {"attribute": "service.name", "values": dict(RESOURCE_MODELS)}]}},
@@ -176,9 +180,9 @@ def pipeline_config(workdir: Path, name: str, grpc_port: int, http_port: int, me
 
 
 def start_pipeline(workdir: Path, name: str, tail_sampling: dict[str, Any],
-                   service: dict[str, Any] | None = None) -> Server:
+                   service: dict[str, Any] | None = None, otlp: dict[str, Any] | None = None) -> Server:
     grpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
-    config = pipeline_config(workdir, name, grpc_port, http_port, metrics_port, tail_sampling, service)
+    config = pipeline_config(workdir, name, grpc_port, http_port, metrics_port, tail_sampling, service, otlp)
     argv = otel_llm_command() + ["--log-level", "WARNING", "serve", "--config", str(config)]
     server = Server(name, argv, workdir, grpc_port, http_port, metrics_port)
     server.wait_ready()
@@ -331,6 +335,92 @@ def rss_phase(load: Load, workdir: Path, batches: Path, spans: int, warmup_spans
         server.stop()
 
 
+class _IntakeLogOnly(Exception):
+    """``--intake-log-only``: the other phases are skipped."""
+
+
+INTAKE_LOG_VARIANTS = (("off", None), ("interval", {}), ("always", {"fsync": "always"}))
+
+
+def _median(values: list[float]) -> float | None:
+    values = sorted(v for v in values if v is not None and not math.isnan(v))
+    if not values:
+        return None
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+
+def intake_log_phases(load: Load, workdir: Path, batches: Path, durations: dict[str, float], rate: float,
+                      servers: list[Server], rounds: int = 3,
+                      variants: tuple[tuple[str, Any], ...] = INTAKE_LOG_VARIANTS) -> dict[str, Any]:
+    """The crash-safe intake's cost: one server per variant, without the log ("off", the default
+    configuration), with ``fsync: interval`` (its default) and with ``fsync: always``, all running;
+    ``rounds`` rounds, each a gRPC paced phase and a saturated one per variant, the variants'
+    order rotating from round to round, so that each variant sees the same minutes of a shared
+    machine. Figures are the medians over the rounds; ratios are against "off"."""
+    running: dict[str, Server] = {}
+    for name, intake_log in variants:
+        server = start_pipeline(workdir, f"pipeline-intake-log-{name}", {"decision_wait": "10s", "grace": "1s"},
+                                otlp=None if intake_log is None else {"intake_log": intake_log})
+        servers.append(server)
+        running[name] = server
+    out: dict[str, Any] = {name: {"rounds": []} for name in running}
+    names = list(running)
+    for round_index in range(rounds):
+        order = names[round_index % len(names):] + names[:round_index % len(names)]
+        log(f"  round {round_index + 1}/{rounds}: " + ", ".join(order))
+        for name in order:
+            server = running[name]
+            wait_drained(server)
+            log(f"   intake_log {name}:")
+            res = {"grpc_paced": paced_phase(load, server, batches, "grpc", rate, durations["paced_warmup"],
+                                             durations["paced_grpc"])}
+            wait_drained(server)
+            res["grpc_saturate"] = saturate_phase(load, server, batches, "grpc", durations["warmup"],
+                                                  durations["saturate"])
+            out[name]["rounds"].append(res)
+    for name, server in running.items():
+        telemetry = server.scrape()
+        out[name]["telemetry"] = {k: v for k, v in telemetry.items() if k.startswith("otel_llm_intake_log_")}
+        if name != "off":
+            appended = telemetry.get("otel_llm_intake_log_appended_bytes_total", 0.0)
+            log(f"  {name}: log appended {appended / 2**20:.0f} MiB in "
+                f"{fmt(telemetry.get('otel_llm_intake_log_appended_requests_total'), 0)} requests, "
+                f"{fmt(telemetry.get('otel_llm_intake_log_fsyncs_total'), 0)} fsyncs, "
+                f"{fmt(telemetry.get('otel_llm_intake_log_size_bytes', 0.0) / 2**20, 0)} MiB on disk at the end, "
+                f"refused {fmt(telemetry.get('otel_llm_intake_log_refused_requests_total'), 0)}")
+        server.stop()
+    for name, res in out.items():
+        rounds_ = res["rounds"]
+        res["spans_per_s"] = _median([r["grpc_saturate"].get("spans_per_s") for r in rounds_])
+        res["cpu_s_per_million"] = _median([cpu_per_million(r["grpc_saturate"]) for r in rounds_])
+        res["export_p99_ms"] = _median([r["grpc_paced"].get("latency_all_calls", {}).get("p99_ms") for r in rounds_])
+        res["export_p50_ms"] = _median([r["grpc_paced"].get("latency_from_schedule", {}).get("p50_ms") for r in rounds_])
+        res["keeps_up"] = all(r["grpc_paced"].get("keeps_up") for r in rounds_)
+    off = out.get("off", {})
+    for res in out.values():
+        for key, ratio in (("spans_per_s", "throughput_ratio_vs_off"), ("export_p99_ms", "export_p99_ratio_vs_off"),
+                           ("export_p50_ms", "export_p50_ratio_vs_off")):
+            res[ratio] = res[key] / off[key] if res.get(key) and off.get(key) else None
+    return out
+
+
+def report_intake_log(results: dict[str, Any], rate: float) -> None:
+    rounds = len(next(iter(results.values()))["rounds"]) if results else 0
+    log(f"crash-safe intake (receivers.otlp.intake_log), gRPC, medians of {rounds} interleaved rounds, "
+        "ratios against the same configuration without it:")
+    for name, res in results.items():
+        log(f"  {name:9} saturated {fmt(res['spans_per_s'], 0):>7} spans/s (ratio {fmt(res['throughput_ratio_vs_off'], 3)}, "
+            f"{fmt(res['cpu_s_per_million'], 1)} CPU-s per M spans); Export at {rate:.0f} spans/s: "
+            f"p50 {fmt(res['export_p50_ms'], 2)} ms (ratio {fmt(res['export_p50_ratio_vs_off'], 3)}), "
+            f"p99 {fmt(res['export_p99_ms'], 2)} ms (ratio {fmt(res['export_p99_ratio_vs_off'], 3)}), "
+            f"keeps up: {'yes' if res['keeps_up'] else 'NO'}")
+    parts = [f"{name}_throughput_ratio={fmt(res['throughput_ratio_vs_off'], 3)} "
+             f"{name}_export_p99_ratio={fmt(res['export_p99_ratio_vs_off'], 3)}"
+             for name, res in results.items() if name != "off"]
+    log("RESULT intake_log " + " ".join(parts))
+
+
 # --- profiling (optional) -------------------------------------------------------------------------
 
 def profile_phase(load: Load, server: Server, batches: Path, out_prefix: Path, seconds: float) -> None:
@@ -430,6 +520,11 @@ def main(argv: list[str] | None = None) -> int:
                         "saturated gRPC run; writes PREFIX.collapsed.txt and prints a per-function table")
     parser.add_argument("--json", metavar="FILE", help="write every figure to FILE")
     parser.add_argument("--quick", action="store_true", help="short phases (smoke test, figures are noisy)")
+    parser.add_argument("--intake-log-only", action="store_true",
+                        help="only the crash-safe intake phase: gRPC without the log, with fsync interval, with "
+                             "fsync always (the full run includes it too)")
+    parser.add_argument("--intake-log-rounds", type=int, default=2,
+                        help="interleaved rounds of the crash-safe intake phase (medians are reported)")
     args = parser.parse_args(argv)
     if args.quick:
         args.saturate, args.paced, args.rss_spans, args.batches = 3.0, 4.0, 30_000, 12
@@ -455,6 +550,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{sum(len(b.payload) for b in complete) / spans:.0f} bytes/span on the wire, "
             f"{min(b.spans for b in complete)}-{max(b.spans for b in complete)} spans per batch")
         load = Load(workdir)
+        if args.intake_log_only:
+            log("otel-llm serve without and with the crash-safe intake (gRPC only):")
+            results["intake_log"] = intake_log_phases(load, workdir, throughput_file, durations, args.rate, servers,
+                                                      rounds=args.intake_log_rounds)
+            raise _IntakeLogOnly
 
         results["floor_us_per_span"] = floor.measure(complete)
         log("floor of any pure-Python pipeline (bench/floor.py; in this process, CPU us per span, cumulative): "
@@ -482,6 +582,11 @@ def main(argv: list[str] | None = None) -> int:
             profile_phase(load, pipeline, throughput_file, Path(args.profile), max(args.saturate, 8.0))
         pipeline.stop()
 
+        log("the Collector peer (our otelcol-llm-front build: signal_to_metrics, tail_sampling, delta_to_cumulative, "
+            "prometheus; bench/collector_peer.py):")
+        results["collector"] = collector_peer.run(sys.modules[__name__], load, workdir, throughput_file, pending_file,
+                                                  durations, args.rate, args.rss_spans, servers)
+
         log("otel-llm serve with service.adapter_process: true (the adapters in a third process; gRPC only):")
         split = start_pipeline(workdir, "pipeline-adapter-process", {"decision_wait": "10s", "grace": "1s"},
                                {"adapter_process": True})
@@ -494,6 +599,11 @@ def main(argv: list[str] | None = None) -> int:
                                             durations["saturate"]),
         }
         split.stop()
+
+        log(f"otel-llm serve without and with receivers.otlp.intake_log (the crash-safe intake; gRPC only; "
+            f"{args.intake_log_rounds} interleaved rounds):")
+        results["intake_log"] = intake_log_phases(load, workdir, throughput_file, durations, args.rate, servers,
+                                                  rounds=args.intake_log_rounds)
 
         log(f"otel-llm serve holding every trace (decision_wait 600s), {args.rss_spans} spans of unrooted traces:")
         results["rss"] = rss_phase(load, workdir, pending_file, args.rss_spans, warmup_spans=min(20_000, args.rss_spans),
@@ -508,6 +618,8 @@ def main(argv: list[str] | None = None) -> int:
             f"intake while holding {fmt(r['send_spans_per_s'], 0)} spans/s" + (f"; {r['warning']}" if "warning" in r else ""))
         log("  RSS growth over the measured spans, by process: " + ", ".join(
             f"{name} {kib / 1024:+.1f} MiB" for name, kib in r["rss_growth_kib_by_process"].items()))
+    except _IntakeLogOnly:
+        pass
     except Exception as exc:  # still print what was measured, and a RESULT line with nan for the rest
         failed = True
         log(f"bench failed: {exc!r}")
@@ -520,6 +632,14 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"stopping {server.name}: {exc}")
         shutil.rmtree(workdir, ignore_errors=True)
 
+    if args.intake_log_only:
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+        log()
+        if "intake_log" in results:
+            report_intake_log(results["intake_log"], args.rate)
+        log(f"  elapsed {time.monotonic() - started:.0f} s")
+        return 1 if failed else 0
     base = results.get("baseline", {})
     pipe = results.get("pipeline", {})
     rss = results.get("rss", {})
@@ -583,9 +703,16 @@ def main(argv: list[str] | None = None) -> int:
     for label, value, target, ok, digits in rows:
         verdict = "" if ok is None else ("  met" if ok else "  NOT met")
         log(f"  {label:48} {fmt(value, digits):>10}  target {target}{verdict}")
+    if "intake_log" in results:
+        report_intake_log(results["intake_log"], args.rate)
     log(f"  elapsed {results['summary']['elapsed_s']:.0f} s")
+    peer = collector_peer.summary(sys.modules[__name__], results.get("collector", {}), pipe, rss, args.rate)
+    results["summary"].update(peer)
     log(f"RESULT ratio={fmt(ratio, 3)} pipeline_spans_per_s={fmt(p_sps, 0)} baseline_spans_per_s={fmt(b_sps, 0)} "
-        f"rss_per_buffered_span_bytes={fmt(per_span, 0)} export_p99_ms={fmt(p99, 2)}")
+        f"rss_per_buffered_span_bytes={fmt(per_span, 0)} export_p99_ms={fmt(p99, 2)} "
+        f"collector_spans_per_s={fmt(peer['collector_spans_per_s'], 0)} "
+        f"collector_cpu_s_per_mspans={fmt(peer['collector_cpu_s_per_mspans'], 1)} "
+        f"cpu_vs_collector={fmt(peer['cpu_vs_collector'], 2)}")
     return 1 if failed else 0
 
 

@@ -63,7 +63,12 @@ DATASOURCES = KIT / "grafana" / "provisioning" / "datasources" / "datasources.ya
 DASHBOARD_PROVIDERS = KIT / "grafana" / "provisioning" / "dashboards" / "dashboards.yaml"
 DASHBOARD = KIT / "grafana" / "dashboards" / "llm-serving.json"
 
-ROW_ORDER = ("latency", "client", "throughput", "saturation", "resource", "cost")
+ROW_ORDER = ("latency", "client", "throughput", "saturation", "resource", "cost", "lora", "alerts")
+# Panels that read Prometheus' ALERTS or Alertmanager's own metrics: the sharded-replica test below has
+# no firing alert and no Alertmanager, so there they must evaluate but may be empty; tests/test_alerting.py
+# runs them on a Prometheus wired to a real Alertmanager, where each returns data.
+ALERTING_METRICS = re.compile(r"\b(ALERTS|alertmanager_\w+)\b")
+GENERATOR = KIT / "grafana" / "generate.py"
 DASHBOARD_VARIABLES = {"$__rate_interval": "5m", "$__interval": "15s", "$__range": "1h",
                        "$model": ".*", "$engine": ".*", "$gpu": ".*", "$gpu_hourly_cost": "2.5"}
 
@@ -295,7 +300,10 @@ def test_compose_topology_agrees_with_the_configs(compose):
 
     # Collector: receives OTLP, routes by trace id over DNS to that alias and the replicas' gRPC port.
     otelcol = services["otelcol"]
-    assert otelcol["image"].startswith("otel/opentelemetry-collector-contrib:")
+    # Our own Collector build (collector-config/otelcol-llm-front/, the one the tests run), built by compose.
+    assert otelcol["image"].startswith("otel-llm-front:")
+    assert (Path(otelcol["build"]["context"]) / "Dockerfile").is_file()
+    assert Path(otelcol["build"]["context"]).resolve() == (OTEL_LLM_YAML.parent / "otelcol-llm-front").resolve()
     assert _mounted(otelcol, _flag(otelcol["command"], "--config")) == COLLECTOR_YAML
     collector = _load_yaml(COLLECTOR_YAML)
     lb = collector["exporters"]["load_balancing"]
@@ -388,6 +396,22 @@ def test_dashboard_structure():
                    "vllm:e2e_request_latency_seconds", "gen_ai_server_request_duration_seconds"):
         assert any(needle + "_bucket" in t["expr"] for _, t in _dashboard_targets()), needle
     assert "Goodput" in titles and "$ per 1k" in titles
+    # The seed checklist's rows: LoRA adapter mix and alert volume.
+    exprs = " ".join(t["expr"] for _, t in _dashboard_targets())
+    assert 'vllm:lora_requests_info{source="engine"' in exprs
+    for needle in ('ALERTS{alertstate="firing"}', "alertmanager_notifications_total", "[30d]"):
+        assert needle in exprs, needle
+    assert any(p["title"].startswith("Fired without action") for p in dashboard["panels"])
+
+
+def test_dashboard_json_is_what_the_foundation_sdk_generator_writes():
+    """collector-config/grafana/generate.py (Grafana Foundation SDK) is the dashboard's source; the
+    committed JSON is its output, byte for byte."""
+    pytest.importorskip("grafana_foundation_sdk", reason="pip install -e '.[test]' installs grafana-foundation-sdk")
+    result = _run([sys.executable, str(GENERATOR), "--out", "-"], timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == DASHBOARD.read_text(encoding="utf-8"), (
+        "llm-serving.json differs from what generate.py writes: edit generate.py and run it")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -533,6 +557,11 @@ def vllm_engine_metrics(t: float) -> str:
         f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {35 * n}",
         f'vllm:request_success_total{{{labels},finished_reason="stop"}} {n}',
         f"vllm:generation_tokens_total{{{labels}}} {300 * n}", f"vllm:prompt_tokens_total{{{labels}}} {900 * n}",
+        # LoRA (vLLM's labels, no model_name): an older adapter combination still exposed, and the current one.
+        f'vllm:lora_requests_info{{max_lora="4",running_lora_adapters="sql-lora",waiting_lora_adapters=""}} '
+        f"{time.time() - 600:.3f}",
+        f'vllm:lora_requests_info{{max_lora="4",running_lora_adapters="sql-lora,chat-lora",'
+        f'waiting_lora_adapters="summarize-lora"}} {time.time():.3f}',
     ]
     for name, bounds in (("vllm:inter_token_latency_seconds", ("0.025", "0.05")),
                          ("vllm:time_to_first_token_seconds", ("0.5", "1.0")),
@@ -664,6 +693,9 @@ def test_dashboard_and_rules_on_a_real_prometheus_over_sharded_replicas(make_ser
             names = _metric_names(query)
             reads_spans = bool(names & (span_names | span_rules))
             span_derived += reads_spans
+            if ALERTING_METRICS.search(query):
+                prom.query(query)  # valid PromQL that evaluates; data is checked in tests/test_alerting.py
+                continue
             result = prom.wait_for(query, _has_finite if reads_spans else bool, timeout_s=20)
             assert result, f"{title}: {query}"
         assert span_derived >= 45, span_derived
