@@ -36,9 +36,11 @@ services:
 	@-(systemctl stop prometheus prometheus-node-exporter prometheus-alertmanager >/dev/null 2>&1; service prometheus stop >/dev/null 2>&1; service prometheus-alertmanager stop >/dev/null 2>&1) || true
 
 # The real OpenTelemetry Collector (our own distribution) and Jaeger, built once from the Go module
-# proxy into ~/.cache/otel-llm/peers (outside the repo; rebuilt when their go.mod/go.sum/*.go change).
+# proxy into ~/.cache/otel-llm/peers (outside the repo; rebuilt when their go.mod/go.sum/*.go change),
+# and helm for the chart's tests (~/.cache/otel-llm/tools).
 peers:
 	@collector-config/peers.sh build
+	@deploy/helm/helm.sh path >/dev/null
 
 test: $(TSTAMP) services peers
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -2,6 +2,7 @@
 
 - promtool (Debian's prometheus package) checks the Prometheus config and rules and runs the rule
   unit tests; docker-compose parses the compose file; otel-llm validates its own config.
+- The dashboard JSON is what collector-config/grafana/generate.py (Grafana Foundation SDK) writes.
 - The files agree with each other: every mounted file exists, the Collector resolves the name the
   replicas answer to on the port they listen on, Prometheus scrapes the port they serve, Grafana's
   exemplar link points at the Tempo data source, every `vllm:` selector names its `source`.
