@@ -266,7 +266,10 @@ class Pipeline:
         # Decided before a crash (the intake log's journal): the same decision, nothing measured twice.
         prior = self.intake_log.prior.get(trace.trace_id) if self.intake_log is not None else None
         try:
-            records = records_of_trace(trace, self.settings)
+            malformed: list[str] = []  # requests whose spans could not make one (counted, not measured)
+            records = records_of_trace(trace, self.settings, malformed)
+            for malformed_reason in malformed if prior is None else ():
+                self._malformed.labels(malformed_reason).inc()
             decision = self.sampler.decide(trace, records) if prior is None else \
                 Decision(prior.keep, prior.policy, prior.threshold, prior.rate_limited)
         except Exception:  # counted, and the next trace is still assembled
@@ -317,9 +320,12 @@ class Pipeline:
         records: list[RequestRecord] = []
         if buffered.is_engine:
             single = PendingTrace(buffered.trace_id, 0.0, {buffered.span_id: buffered})
-            records = records_of_trace(single, self.settings)
+            malformed: list[str] = []
+            records = records_of_trace(single, self.settings, malformed)
             replayed = remembered is not None and buffered.span_id in remembered.measured
             if not replayed:
+                for malformed_reason in malformed:
+                    self._malformed.labels(malformed_reason).inc()
                 for record in records:
                     self._record(record, kept)
                 if remembered is not None:

@@ -103,7 +103,7 @@ def test_rust_duration_debug_rejects_negative_and_nan() -> None:
 
 def test_unknown_engine_kind_is_refused(exporter: InMemorySpanExporter) -> None:
     with pytest.raises(ValueError):
-        engine_tracer_provider("triton", exporter)
+        engine_tracer_provider("onnxruntime", exporter)
 
 
 # ------------------------------------------------------------------------------- vLLM V1
@@ -342,9 +342,10 @@ def test_sglang_request_tree(exporter: InMemorySpanExporter) -> None:
     assert "gen_ai.latency.time_in_queue" not in attrs  # declared by SGLang, never set
     assert attrs["gen_ai.latency.time_to_first_token"] == pytest.approx(0.38)
     assert attrs["gen_ai.latency.e2e"] == pytest.approx(2.382)
-    assert attrs["gen_ai.latency.time_in_model_prefill"] == pytest.approx(0.125)
+    # SGLang's prefill and inference run from the hand-off to the scheduler: they hold the queue.
+    assert attrs["gen_ai.latency.time_in_model_prefill"] == pytest.approx(0.375)  # first_token - hand-off
     assert attrs["gen_ai.latency.time_in_model_decode"] == pytest.approx(2.002)  # finished - first_token
-    assert attrs["gen_ai.latency.time_in_model_inference"] == pytest.approx(2.127)  # finished - dispatch_finish
+    assert attrs["gen_ai.latency.time_in_model_inference"] == pytest.approx(2.377)  # finished - hand-off
 
     tokenizer = _only(spans, "Tokenizer(host:5e1f0c0f | pid:4242)")
     scheduler = _only(spans, "Scheduler [TP 0] (host:5e1f0c0f | pid:4243)")
@@ -506,3 +507,118 @@ def test_tgi_completions_has_no_parameters(exporter: InMemorySpanExporter) -> No
 def test_tgi_unknown_handler_refused(exporter: InMemorySpanExporter) -> None:
     with pytest.raises(ValueError):
         emit_tgi(engine_tracer_provider("tgi", exporter), TIMING, handler="health")
+
+
+# ------------------------------------------------------------------------------- issue 14 shapes
+
+
+def _records_of(exporter: InMemorySpanExporter):
+    """The emitted spans through otel-llm's adapters and assembly: what a server would make of them."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    from otel_llm.adapters.digest import AttributeLimits, DigestSettings, digest_in_process
+    from otel_llm.assembly.requests import RecordSettings, records_of_trace
+    from otel_llm.assembly.traces import PendingTrace
+
+    settings = DigestSettings(AttributeLimits(128, 4096), 86400.0, ("gen_ai.request.model",), frozenset())
+    spans, counts = digest_in_process(encode_spans(exporter.get_finished_spans()), settings)
+    assert not counts.malformed
+    traces: dict[bytes, PendingTrace] = {}
+    for span in spans:
+        traces.setdefault(span.trace_id, PendingTrace(span.trace_id, 0.0)).spans[span.span_id] = span
+    (trace,) = traces.values()
+    malformed: list[str] = []
+    records = records_of_trace(trace, RecordSettings(), malformed)
+    assert not malformed
+    return records
+
+
+def _segments(record) -> dict[str, float]:
+    return {s.name: s.duration_s for s in record.segments}
+
+
+def test_vllm_next_shape_and_reading(exporter: InMemorySpanExporter) -> None:
+    from otel_llm.simulate.engines import emit_vllm_next
+
+    timing = RequestTiming(arrival_unix_ns=T0, preprocess_s=0.005, queue_s=0.25, prefill_s=0.125, decode_s=0.5,
+                           postprocess_s=0.002, prompt_tokens=812, completion_tokens=11)
+    emit_vllm_next(engine_tracer_provider("vllm-v1", exporter), timing, model="Qwen/Qwen3-0.6B",
+                   request_id="chatcmpl-1", cached_tokens=64)
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "chat Qwen/Qwen3-0.6B" and span.kind is SpanKind.SERVER
+    assert [e.name for e in span.events][:2] == ["token_scheduled", "token_generated"]
+    (record,) = _records_of(exporter)
+    assert (record.engine_kind, record.model, record.operation_name, record.outcome) == (
+        "vllm", "Qwen/Qwen3-0.6B", "chat", "stop")
+    assert record.ttft_s == pytest.approx(timing.ttft_s, abs=1e-9)
+    assert record.itl_s == pytest.approx([0.05] * 10, abs=1e-9)
+    assert record.cached_tokens == 64 and record.completion_tokens == 11
+
+
+def test_vllm_next_long_answer_has_no_step_latencies(exporter: InMemorySpanExporter) -> None:
+    from otel_llm.simulate.engines import emit_vllm_next
+
+    emit_vllm_next(engine_tracer_provider("vllm-v1", exporter), TIMING, model="m", request_id="r")
+    (span,) = exporter.get_finished_spans()
+    assert len(span.events) == 128  # the SDK's limit: later steps are not there
+    (record,) = _records_of(exporter)
+    assert record.itl_s == () and record.ttft_s == pytest.approx(TIMING.ttft_s, abs=1e-9)
+
+
+@pytest.mark.parametrize("ensemble", [None, "ensemble"])
+def test_triton_shape_and_reading(exporter: InMemorySpanExporter, ensemble: str | None) -> None:
+    from otel_llm.simulate.engines import emit_triton
+
+    emit_triton(engine_tracer_provider("triton", exporter), TIMING, ensemble=ensemble)
+    spans = exporter.get_finished_spans()
+    assert all(s.kind is SpanKind.SERVER and s.instrumentation_scope.name == "triton-server" for s in spans)
+    assert len([s for s in spans if s.name == "InferRequest"]) == 1
+    (record,) = _records_of(exporter)  # an ensemble is one request
+    received = TIMING.preprocess_s / 2
+    assert record.engine_kind == "triton" and record.model == (ensemble or "tensorrt_llm")
+    assert record.e2e_s == pytest.approx(TIMING.e2e_s - received, abs=1e-9)
+    assert record.ttft_s == pytest.approx(TIMING.ttft_s - received, abs=1e-9)
+    assert record.queue_s == pytest.approx(TIMING.queue_s, abs=1e-9)
+    assert _segments(record)["compute"] == pytest.approx(TIMING.prefill_s + TIMING.decode_s, abs=1e-9)
+    assert record.segments_missing == ("prefill", "decode")
+
+
+def test_trtllm_serve_shape_and_reading(exporter: InMemorySpanExporter) -> None:
+    from otel_llm.simulate.engines import emit_trtllm_serve
+
+    emit_trtllm_serve(engine_tracer_provider("trtllm", exporter), TIMING, request_id="trt-1")
+    (record,) = _records_of(exporter)
+    assert record.engine_kind == "trtllm" and record.outcome == "stop"
+    assert record.ttft_s == pytest.approx(TIMING.queue_s + TIMING.prefill_s)
+    assert record.prefill_s == pytest.approx(TIMING.prefill_s) and record.decode_s == pytest.approx(TIMING.decode_s)
+    assert record.segments_derived == ("prefill", "decode")
+
+
+def test_dynamo_disaggregated_is_one_request(exporter: InMemorySpanExporter) -> None:
+    from otel_llm.simulate.engines import emit_dynamo
+
+    providers = [engine_tracer_provider("dynamo", exporter, service_name=name)
+                 for name in ("dynamo-frontend", "dynamo-prefill", "dynamo-decode")]
+    emit_dynamo(*providers, TIMING, model="Qwen/Qwen3-0.6B", kv_transfer_s=0.005)
+    (record,) = _records_of(exporter)
+    assert (record.engine_kind, record.model, record.outcome) == ("dynamo", "Qwen/Qwen3-0.6B", "stop")
+    assert record.ttft_s == pytest.approx(TIMING.ttft_s + 0.005)
+    segments = _segments(record)
+    assert segments["kv_transfer"] == pytest.approx(0.005, abs=1e-9)
+    assert segments["queue_and_prefill"] == pytest.approx(TIMING.queue_s + TIMING.prefill_s, abs=1e-9)
+    assert record.tpot_s == pytest.approx(TIMING.decode_s / (TIMING.completion_tokens - 1))
+
+
+def test_llmd_disaggregated_is_one_request(exporter: InMemorySpanExporter) -> None:
+    from otel_llm.simulate.engines import emit_llmd
+
+    providers = [engine_tracer_provider(kind, exporter, service_name=name) for kind, name in (
+        ("llm-d", "llm-d-epp"), ("llm-d", "llm-d-disagg-sidecar"), ("vllm-v1", "vllm-prefill"),
+        ("vllm-v1", "vllm-decode"))]
+    emit_llmd(*providers, TIMING, model="meta-llama/Llama-3.1-8B-Instruct", kv_load_s=0.004)
+    (record,) = _records_of(exporter)
+    assert (record.engine_kind, record.model, record.outcome) == ("llm-d", "meta-llama/Llama-3.1-8B-Instruct", "stop")
+    assert record.queue_s == pytest.approx(TIMING.queue_s) and record.prefill_s == pytest.approx(TIMING.prefill_s)
+    assert record.decode_s == pytest.approx(TIMING.decode_s)
+    assert _segments(record)["kv_transfer"] == pytest.approx(0.004, abs=1e-9)
+    assert record.completion_tokens == TIMING.completion_tokens

@@ -167,7 +167,7 @@ def _digest(request: ExportTraceServiceRequest, settings: DigestSettings, portab
                     payload = span.SerializeToString()
                 try:
                     observation, attrs = classify(span)
-                    if observation is not None:
+                    if observation is not None and not observation.part:
                         derive_timings(observation, max_latency)
                         if span.trace_state:
                             adjusted_count(span.trace_state)  # a weight nobody sane chose is malformed

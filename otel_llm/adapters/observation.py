@@ -13,6 +13,23 @@ class EngineKind:
     SGLANG = "sglang"
     TGI = "tgi"
     GENAI = "genai"
+    # Issue 14 (tests/testdata/engines/FACTS.md): the engine kinds those facts name, nothing else.
+    TRITON = "triton"
+    TRTLLM = "trtllm"
+    DYNAMO = "dynamo"
+    LLM_D = "llm-d"
+
+
+class Part:
+    """Roles of spans that are not requests themselves but parts of one, read at assembly from the
+    request's root span (``EngineObservation.part``)."""
+
+    SGLANG_STAGE = "sglang_stage"  # an SGLang stage span (prefill_waiting, prefill_forward, ...)
+    TRITON_MODEL = "triton_model"  # a Triton model span (REQUEST_START/QUEUE_START/REQUEST_END)
+    TRITON_COMPUTE = "triton_compute"  # its compute child (COMPUTE_* events)
+    DYNAMO_WORKER = "dynamo_worker"  # a Dynamo worker's engine.generate span
+    LLMD_PROXY = "llmd_proxy"  # llm-d's sidecar prefill / decode spans
+    LLMD_ORCHESTRATION = "llmd_orchestration"  # the EPP's gateway.request_orchestration
 
 
 @dataclass(slots=True)
@@ -43,6 +60,23 @@ class EngineObservation:
     # A GenAI-semconv span can be a gateway in front of an engine rather than a request of its own;
     # assembly decides once it sees the whole trace.
     may_be_gateway: bool = False
+    cached_tokens: int | None = None  # prompt tokens read from the prefix cache, where the engine says
+    tpot_s: float | None = None  # a per-request mean inter-token latency the engine reports itself (Dynamo)
+    # Per engine step after the first, from vLLM's token_generated events (vllm#32573); () without them.
+    itl_s: tuple[float, ...] = ()
+    # Non-empty: the span is a part of a request read from its root at assembly (a ``Part`` value).
+    part: str = ""
+    # (key, value, ...) a root or part carries for assembly: event times (unix ns), a few attribute values.
+    marks: tuple = ()
+    # The engine's prefill/decode are derived from other numbers, not measured (trtllm-serve).
+    derived: tuple[str, ...] = ()
+
+    def mark(self, key: str) -> object:
+        marks = self.marks
+        for index in range(0, len(marks), 2):
+            if marks[index] == key:
+                return marks[index + 1]
+        return None
 
 
 class MalformedSpan(ValueError):

@@ -87,6 +87,12 @@ class RequestRecord:
     weight: float = 1.0  # adjusted count under upstream probability sampling
     # Values read at assembly that failed validation (reasons), so they are counted, not observed.
     rejected: tuple[str, ...] = ()
+    # Segments the engine does not report for this request (e.g. SGLang's queue and prefill when its
+    # scheduler spans are missing), and those derived from other numbers rather than measured.
+    segments_missing: tuple[str, ...] = ()
+    segments_derived: tuple[str, ...] = ()
+    cached_tokens: int | None = None
+    itl_s: tuple[float, ...] = ()  # per-step inter-token latencies (vLLM token events)
 
     @property
     def succeeded(self) -> bool:

@@ -23,6 +23,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from otel_llm.adapters.engines import GENAI_OPERATIONS
 from otel_llm.adapters.observation import EngineKind, EngineObservation, MalformedSpan
+from otel_llm.assembly import composite
 from otel_llm.assembly.records import Outcome, RequestRecord, Side, Source
 from otel_llm.assembly.segments import build_segments, derive_timings
 from otel_llm.assembly.traces import FIRST_TOKEN_EVENT, BufferedSpan, PendingTrace
@@ -423,7 +424,11 @@ def _dimensions(own: BufferedSpan, lookup: list[BufferedSpan], settings: RecordS
 
 
 def build_record(buffered: BufferedSpan, joined: Joined, settings: RecordSettings,
-                 side: str = Side.SERVER) -> RequestRecord:
+                 side: str = Side.SERVER, trace: PendingTrace | None = None,
+                 partner: BufferedSpan | None = None, inner: list[BufferedSpan] | None = None) -> RequestRecord:
+    """``trace``: read the request's other spans (composite.py) from it; ``partner``: the context
+    server's span of a disaggregated trtllm-serve request; ``inner``: engine spans a Dynamo or llm-d
+    request holds. Raises ``MalformedSpan`` when those spans cannot make one request."""
     obs = buffered.observation
     assert obs is not None
     model, source, request_model, response_model = _resolve_model(
@@ -458,8 +463,11 @@ def build_record(buffered: BufferedSpan, joined: Joined, settings: RecordSetting
     record.ttft_s, record.e2e_s, record.queue_s = t.ttft_s, t.e2e_s, t.queue_s
     record.prefill_s, record.decode_s, record.inference_s, record.tpot_s = (
         t.prefill_s, t.decode_s, t.inference_s, t.tpot_s)
+    record.cached_tokens, record.itl_s, record.segments_derived = obs.cached_tokens, obs.itl_s, obs.derived
     if side == Side.SERVER:
         record.segments = build_segments(buffered.start_unix_ns, t)
+        if trace is not None:
+            _read_composite(record, buffered, obs, trace, joined, partner, inner or [])
     if record.e2e_s is None:
         # GenAI spans carry no e2e attribute and TGI records its fields only on success: the span's
         # own duration is the request's, so every outcome lands in the same duration families.
@@ -468,6 +476,44 @@ def build_record(buffered: BufferedSpan, joined: Joined, settings: RecordSetting
         _join_server_side(record, obs, joined, settings, rejected)
     record.rejected = tuple(rejected)
     return record
+
+
+def _read_composite(record: RequestRecord, buffered: BufferedSpan, obs: EngineObservation, trace: PendingTrace,
+                    joined: Joined, partner: BufferedSpan | None, inner: list[BufferedSpan]) -> None:
+    kind = obs.engine_kind
+    finish: str | None = None
+    if kind == EngineKind.SGLANG:
+        composite.sglang(record, buffered, trace)
+    elif kind == EngineKind.TRITON:
+        composite.triton(record, buffered, trace)
+    elif kind == EngineKind.DYNAMO:
+        finish = composite.dynamo(record, buffered, trace, inner)
+    elif kind == EngineKind.LLM_D:
+        edge = joined.servers[-1] if joined.servers else None
+        finish = composite.llmd(record, buffered, trace, edge, inner)
+    elif partner is not None:
+        composite.trtllm_disaggregated(record, buffered, partner)
+    if finish and record.outcome == Outcome.UNKNOWN:
+        record.outcome = _FINISH_REASONS.get(finish.lower(), Outcome.UNKNOWN)
+
+
+def _pair_disaggregated(engines: list[BufferedSpan]) -> dict[bytes, BufferedSpan]:
+    """trtllm-serve's disaggregated request: a context and a generation server span under one proxy
+    span. The generation server's span (the later one) carries the request; the context's is its partner."""
+    by_parent: dict[bytes, list[BufferedSpan]] = {}
+    for span in engines:
+        obs = span.observation
+        if obs is not None and obs.engine_kind == EngineKind.TRTLLM and span.parent_span_id:
+            by_parent.setdefault(span.parent_span_id, []).append(span)
+    partners: dict[bytes, BufferedSpan] = {}
+    for pair in by_parent.values():
+        if len(pair) == 2:
+            context, generation = sorted(pair, key=lambda span: span.start_unix_ns)
+            partners[generation.span_id] = context
+    return partners
+
+
+_HOLDING_KINDS = frozenset({EngineKind.DYNAMO, EngineKind.LLM_D})
 
 
 def _join_server_side(record: RequestRecord, obs: EngineObservation, joined: Joined, settings: RecordSettings,
@@ -530,8 +576,12 @@ def _client_record(buffered: BufferedSpan, trace: PendingTrace, served: RequestR
     return record
 
 
-def records_of_trace(trace: PendingTrace, settings: RecordSettings) -> list[RequestRecord]:
-    """Server records (engine requests, then gateway-only requests), then client records."""
+def records_of_trace(trace: PendingTrace, settings: RecordSettings,
+                     malformed: list[str] | None = None) -> list[RequestRecord]:
+    """Server records (engine requests, then gateway-only requests), then client records.
+
+    A request whose spans cannot make one (composite.py) gives no record; its reason is appended to
+    ``malformed``, for ``otel_llm_spans_malformed_total``."""
     engines: list[BufferedSpan] = []
     server_genai: list[BufferedSpan] = []
     clients: list[BufferedSpan] = []
@@ -539,6 +589,8 @@ def records_of_trace(trace: PendingTrace, settings: RecordSettings) -> list[Requ
         obs = buffered.observation
         if obs is None:
             continue
+        if obs.part:
+            continue  # read from its request's root (composite.py)
         if not obs.may_be_gateway:
             engines.append(buffered)
         elif buffered.kind == _SERVER:
@@ -549,10 +601,28 @@ def records_of_trace(trace: PendingTrace, settings: RecordSettings) -> list[Requ
     index = _TraceIndex(trace)
     joined_ids: set[bytes] = set()
     genai_in_trace = len(server_genai) + len(clients)
+    absorbed: set[bytes] = set()
+    inner: list[BufferedSpan] = []
+    partners: dict[bytes, BufferedSpan] = {}
+    if len(engines) > 1:
+        # A Dynamo or llm-d request holds the engine spans of its workers: one request, not one per worker.
+        if any(e.observation is not None and e.observation.engine_kind in _HOLDING_KINDS for e in engines):
+            inner = [e for e in engines
+                     if e.observation is not None and e.observation.engine_kind not in _HOLDING_KINDS]
+            absorbed.update(e.span_id for e in inner)
+        partners = _pair_disaggregated(engines)
+        absorbed.update(span.span_id for span in partners.values())
     for buffered in engines:
+        if buffered.span_id in absorbed:
+            continue
         joined = join_engine(buffered, trace, index, genai_in_trace)
         joined_ids.update(span.span_id for span in joined.lookup)
-        records.append(build_record(buffered, joined, settings))
+        try:
+            records.append(build_record(buffered, joined, settings, trace=trace,
+                                        partner=partners.get(buffered.span_id), inner=inner))
+        except MalformedSpan as exc:
+            if malformed is not None:
+                malformed.append(exc.reason)
     if server_genai:
         # A GenAI SERVER span with another below it is that one's gateway, not a request of its own.
         for buffered in server_genai:

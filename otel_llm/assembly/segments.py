@@ -61,7 +61,7 @@ def derive_timings(obs: EngineObservation, max_latency_s: float) -> Timings:
     clock; the difference between the two families is the API server's own time (preprocess
     before the queue, postprocess after the last token).
     """
-    for name in ("ttft_s", "e2e_s", "queue_s", "prefill_s", "decode_s", "inference_s", "preprocess_s"):
+    for name in ("ttft_s", "e2e_s", "queue_s", "prefill_s", "decode_s", "inference_s", "preprocess_s", "tpot_s"):
         _check(name, getattr(obs, name), max_latency_s)
     validate_tokens(obs)
 
@@ -89,8 +89,8 @@ def derive_timings(obs: EngineObservation, max_latency_s: float) -> Timings:
         if known > e2e + tolerance:
             raise MalformedSpan("inconsistent_latency", f"segments sum {known} > e2e {e2e}")
 
-    tpot = None
-    if decode is not None and obs.completion_tokens is not None and obs.completion_tokens > 1:
+    tpot = obs.tpot_s
+    if tpot is None and decode is not None and obs.completion_tokens is not None and obs.completion_tokens > 1:
         tpot = decode / (obs.completion_tokens - 1)
     return Timings(ttft, e2e, queue, prefill, decode, inference, preprocess, postprocess, tpot)
 

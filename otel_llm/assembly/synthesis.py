@@ -66,6 +66,11 @@ def enrich(span: Span, record: RequestRecord, policy: str) -> None:
         _set(span, "gen_ai.request.model", record.request_model)
     if record.tpot_s is not None:
         _set(span, "otel_llm.time_per_output_token", record.tpot_s)
+    # What the engine did not measure for this request, and what was derived rather than measured.
+    if record.segments_missing:
+        _set(span, "otel_llm.segments_missing", ",".join(record.segments_missing))
+    if record.segments_derived:
+        _set(span, "otel_llm.segments_derived", ",".join(record.segments_derived))
     if record.gateway_overhead_s is not None:
         _set(span, "otel_llm.gateway_overhead", record.gateway_overhead_s)
     if record.client_overhead_s is not None:

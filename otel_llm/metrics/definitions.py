@@ -16,6 +16,9 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0)
+# vLLM's inter_token_latency buckets (vllm/v1/metrics/buckets.py, v0.33.0; research/engine-spans.md 2.1).
+INTER_TOKEN_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                               10.0, 20.0, 40.0, 80.0)
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 GENAI_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
@@ -39,6 +42,8 @@ def build_1_2_5_buckets(max_value: int) -> tuple[float, ...]:
 
 
 Value = Callable[[RequestRecord], float | None]
+# A spec with ``per_step``: one observation per value of a sequence (vLLM's per-step inter-token latency).
+Values = Callable[[RequestRecord], tuple[float, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +57,7 @@ class HistogramSpec:
     # One more label with a fixed value, for instruments that split one record into several
     # observations (``gen_ai.client.token.usage`` by ``gen_ai.token.type``); same-named specs share a family.
     fixed_label: tuple[str, str] | None = None
+    per_step: Values | None = None  # observed once per value instead of ``value``
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +117,8 @@ def vllm_naming(max_model_len: int) -> Naming:
             HistogramSpec("vllm:request_time_per_output_token_seconds", "s",
                           "Histogram of time_per_output_token_seconds per request.",
                           TPOT_BUCKETS, lambda r: r.tpot_s, success_only=True),
+            HistogramSpec("vllm:inter_token_latency_seconds", "s", "Histogram of inter-token latency in seconds.",
+                          INTER_TOKEN_LATENCY_BUCKETS, lambda r: None, per_step=lambda r: r.itl_s),
             HistogramSpec("vllm:e2e_request_latency_seconds", "s", "Histogram of e2e request latency in seconds.",
                           REQUEST_LATENCY_BUCKETS, lambda r: r.e2e_s),
             HistogramSpec("vllm:request_queue_time_seconds", "s",
@@ -215,7 +223,8 @@ def own_naming() -> Naming:
 
 SEGMENT_METRIC = HistogramSpec(
     "otel_llm_request_segment_seconds", "s",
-    "Duration of each request segment (preprocess, queue, prefill, decode, postprocess), every engine.",
+    "Duration of each request segment (preprocess, queue, prefill, decode, postprocess; kv_transfer, compute, "
+    "queue_and_prefill, routing where an engine has them), every engine.",
     TTFT_BUCKETS,  # segments span milliseconds (preprocess) to minutes (queue under overload)
     lambda r: None,  # observed per segment, see MetricsRecorder
 )

@@ -83,6 +83,11 @@ class MetricsRecorder:
                 for hist in bound.histograms:
                     if hist.spec.success_only and not succeeded:
                         continue
+                    if hist.spec.per_step is not None:
+                        for step in hist.spec.per_step(record):
+                            hist.family.observe(key + hist.key_suffix if hist.key_suffix else key, step, weight,
+                                                Exemplar(trace_id, span_id, step, now) if with_exemplars else None)
+                        continue
                     value = hist.spec.value(record)
                     if value is not None:
                         exemplar = Exemplar(trace_id, span_id, value, now) if with_exemplars else None

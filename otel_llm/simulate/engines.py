@@ -55,6 +55,11 @@ __all__ = [
     "emit_tgi",
     "emit_vllm_v0",
     "emit_vllm_v1",
+    "emit_vllm_next",
+    "emit_triton",
+    "emit_trtllm_serve",
+    "emit_dynamo",
+    "emit_llmd",
     "engine_tracer_provider",
     "rust_duration_debug",
     "rust_duration_debug_ns",
@@ -64,7 +69,8 @@ __all__ = [
 # Names the engines use (research doc section in brackets).
 # ---------------------------------------------------------------------------------------------
 
-ENGINE_KINDS: Final = frozenset({"vllm-v1", "vllm-v0", "sglang", "tgi", "gateway", "app", "litellm-proxy"})
+ENGINE_KINDS: Final = frozenset({"vllm-v1", "vllm-v0", "sglang", "tgi", "gateway", "app", "litellm-proxy",
+                                 "triton", "trtllm", "dynamo", "llm-d"})
 
 VLLM_SPAN_NAME: Final = "llm_request"
 VLLM_V1_SCOPE: Final = "vllm.tracing.otel"  # [1.2] trace.get_tracer(__name__) in v0.33
@@ -90,7 +96,17 @@ _DEFAULT_SERVICE_NAMES: Final[dict[str, str]] = {
     "gateway": "llm-gateway",
     "app": "chat-app",  # an application using the openai client (``clients.emit_app_client``)
     "litellm-proxy": "litellm-proxy",  # ``clients.emit_litellm_proxy``
+    # Issue 14 (tests/testdata/engines/FACTS.md): Triton's default (tracer.cc:506), the rest per component.
+    "triton": "triton-inference-server",
+    "trtllm": "trtllm-serve",
+    "dynamo": "dynamo-frontend",
+    "llm-d": "llm-d-epp",
 }
+TRITON_SCOPE: Final = "triton-server"  # server tracer.h:83
+TRTLLM_SCOPE: Final = "trt.llm"  # [PR NVIDIA/TensorRT-LLM#5897]
+DYNAMO_SCOPE: Final = "dynamo"
+LLMD_EPP_SCOPE: Final = "llm-d-router/pkg/epp/handlers"
+LLMD_SIDECAR_SCOPE: Final = "llm-d-router/pkg/sidecar/proxy"
 
 # SGLang's host_id is /etc/machine-id (32 hex chars); a fixed value keeps simulations reproducible.
 SGLANG_DEFAULT_HOST_ID: Final = "5e1f0c0ffee04b1d9a7c3d2e1f0a9b8c"
@@ -246,6 +262,13 @@ def engine_tracer_provider(
     elif kind == "sglang":
         # process_tracing_init: Resource.create({SERVICE_NAME: server_name}).
         resource = _python_sdk_resource(kind, name, process_id, {})
+    elif kind == "triton":
+        # A C++ SDK resource: service.name (default triton-inference-server) and the SDK's own keys.
+        resource = Resource({"service.name": name, "telemetry.sdk.language": "cpp",
+                             "telemetry.sdk.name": "opentelemetry"})
+    elif kind in ("dynamo", "llm-d"):
+        # Rust (Dynamo) and Go (llm-d) SDKs: service.name from OTEL_SERVICE_NAME per component.
+        resource = Resource({"service.name": name})
     elif kind == "tgi":
         # router/src/logging.rs: Resource::new([KeyValue::new("service.name", ...)]) and nothing else.
         resource = Resource({"service.name": name})
@@ -435,8 +458,9 @@ def emit_sglang(
     Timeline (wall clock): created=arrival; tokenize ends at +preprocess (dispatch to scheduler);
     prefill_waiting until dispatch_finish (+queue); prefill_forward until the first token
     (+prefill); decode_loop for decode_s; the root ends at finished = arrival + e2e. So the root's
-    latencies are ttft=ttft_s, e2e=e2e_s, prefill=prefill_s, decode=decode_s+postprocess_s,
-    inference=prefill_s+decode_s+postprocess_s ("finished - dispatch_finish").
+    latencies are ttft=ttft_s, e2e=e2e_s, decode=decode_s+postprocess_s, and, as SGLang measures them
+    from the hand-off to the scheduler (the end of tokenize), prefill=queue_s+prefill_s and
+    inference=queue_s+prefill_s+decode_s+postprocess_s: otel-llm reads queue and prefill from the stages.
 
     ``aborted=True``: finish reason "abort" on the root; the Scheduler thread span gets status ERROR
     plus ``FINISH_ABORT.to_json()`` fields (``type``, ``message``), as ``TraceReqContext.abort`` does.
@@ -513,10 +537,12 @@ def emit_sglang(
             "gen_ai.latency.time_to_first_token": float(timing.ttft_s),
             "gen_ai.latency.e2e": float(timing.e2e_s),
             "gen_ai.latency.time_in_model_decode": float(timing.decode_s + timing.postprocess_s),
+            # Measured from the hand-off to the scheduler (the end of tokenization), so both hold the
+            # scheduler queue (req_time_stats.py:535-562; tests/testdata/engines/sglang/README.md).
             "gen_ai.latency.time_in_model_inference": float(
-                timing.prefill_s + timing.decode_s + timing.postprocess_s
+                timing.queue_s + timing.prefill_s + timing.decode_s + timing.postprocess_s
             ),
-            "gen_ai.latency.time_in_model_prefill": float(timing.prefill_s),
+            "gen_ai.latency.time_in_model_prefill": float(timing.queue_s + timing.prefill_s),
         }
     )
     root.set_attributes(finish_attrs)
@@ -790,3 +816,297 @@ def emit_gateway(
         # Even if engine_call raises (use_span then marks the span ERROR), never leak an open span.
         span.end(end_time=end_unix_ns)
     return span.get_span_context()
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 14: the shapes of tests/support/engine_fixtures.py (each fact cited there and in FACTS.md)
+# ---------------------------------------------------------------------------------------------
+
+VLLM_EVENT_LIMIT: Final = 128  # the SDK's default span event limit
+
+
+def emit_vllm_next(
+    provider: TracerProvider,
+    timing: RequestTiming,
+    *,
+    model: str,
+    request_id: str,
+    operation: str = "chat",
+    cached_tokens: int = 0,
+    finish_reason: str = "stop",
+    traceparent_headers: dict[str, str] | None = None,
+) -> SpanContext:
+    """vLLM with its coming span shape: ``"{operation} {model}"`` (vllm#47633), ``input/output_tokens``
+    and ``cache_read.input_tokens`` (vllm#40799, #54476), finish reasons as a JSON string, and a
+    ``token_scheduled``/``token_generated`` event pair per engine step (vllm#32573): one step per
+    output token here, evenly over the decode, the first at the first token; at most 128 events."""
+    tracer = provider.get_tracer(VLLM_V1_SCOPE)
+    attributes: dict[str, AttributeValue] = {
+        "gen_ai.latency.time_to_first_token": float(timing.ttft_s),
+        "gen_ai.latency.e2e": float(timing.e2e_s),
+        "gen_ai.latency.time_in_queue": float(timing.queue_s),
+        "gen_ai.usage.input_tokens": int(timing.prompt_tokens),
+        "gen_ai.usage.output_tokens": int(timing.completion_tokens),
+        "gen_ai.usage.cache_read.input_tokens": int(cached_tokens),
+        "gen_ai.latency.time_in_model_prefill": float(timing.prefill_s),
+        "gen_ai.latency.time_in_model_decode": float(timing.decode_s),
+        "gen_ai.latency.time_in_model_inference": float(timing.inference_s),
+        "gen_ai.request.id": request_id,
+        "gen_ai.response.finish_reasons": json.dumps([finish_reason]),
+        "gen_ai.operation.name": operation,
+        "gen_ai.request.model": model,
+    }
+    span = tracer.start_span(f"{operation} {model}", context=_parent_context(traceparent_headers),
+                             kind=SpanKind.SERVER, attributes=attributes, start_time=timing.arrival_unix_ns)
+    first = timing.arrival_unix_ns + _ns(timing.ttft_s)
+    steps = max(int(timing.completion_tokens) - 1, 0)
+    scheduled = timing.arrival_unix_ns + _ns(timing.preprocess_s + timing.queue_s)
+    outputs = [first] + [first + _ns(timing.decode_s * (i + 1) / steps) for i in range(steps)]
+    total = int(timing.prompt_tokens)
+    previous = scheduled
+    for number, output in enumerate(outputs):
+        if 2 * number + 2 > VLLM_EVENT_LIMIT:
+            break  # the SDK drops events past its limit
+        total += 1
+        span.add_event("token_scheduled", {"iter_batch_size": 4, "iter_waiting_size": 0}, timestamp=previous)
+        span.add_event("token_generated", {"new_token_ids": [1000 + number], "iter_waiting_size": 0,
+                                           "iter_total_tokens_count": total}, timestamp=output)
+        previous = output
+    span.end(end_time=timing.end_unix_ns)
+    return span.get_span_context()
+
+
+def emit_triton(
+    provider: TracerProvider,
+    timing: RequestTiming,
+    *,
+    model: str = "tensorrt_llm",
+    ensemble: str | None = None,
+    streaming: bool = True,
+) -> SpanContext:
+    """Triton in OpenTelemetry mode with a TensorRT-LLM model (server src/tracer.cc @ e1db8a60): a
+    SERVER ``InferRequest`` root with gRPC events, a model span with REQUEST_START/QUEUE_START/
+    REQUEST_END and its ``compute`` child with COMPUTE_*. The backend reports once, after the final
+    response, so compute = executor queue + prefill + decode. ``ensemble``: the model runs as the
+    composing step of that ensemble (its span has no compute child), between a ``preprocessing`` and a
+    ``postprocessing`` step. Streaming: INFER_RESPONSE_COMPLETE at the first token (gRPC stream)."""
+    tracer = provider.get_tracer(TRITON_SCOPE)
+    start = timing.arrival_unix_ns
+    received = start + _ns(timing.preprocess_s / 2)  # GRPC_WAITREAD_END: the root starts there
+    root = tracer.start_span("InferRequest", context=Context(), kind=SpanKind.SERVER, start_time=received)
+    root.add_event("GRPC_WAITREAD_START", timestamp=start)
+    root.add_event("GRPC_WAITREAD_END", timestamp=received)
+    request_start = received + _ns(timing.preprocess_s / 4)
+    queue_start = start + _ns(timing.preprocess_s)
+    compute_start = queue_start + _ns(timing.queue_s)
+    compute_end = compute_start + _ns(timing.prefill_s + timing.decode_s)
+    end = timing.end_unix_ns
+
+    def model_span(name: str, parent: Any, trace_id: int, parent_id: int, begin: int, queued: int, done: int) -> Any:
+        span = tracer.start_span(name, context=trace.set_span_in_context(parent, Context()), kind=SpanKind.SERVER,
+                                 start_time=begin, attributes={"triton.model_name": name, "triton.model_version": 1,
+                                                               "triton.trace_id": trace_id,
+                                                               "triton.trace_parent_id": parent_id})
+        span.add_event("REQUEST_START", timestamp=begin)
+        span.add_event("QUEUE_START", timestamp=queued)
+        return span
+
+    def compute(parent: Any, begin: int, done: int) -> None:
+        span = tracer.start_span("compute", context=trace.set_span_in_context(parent, Context()),
+                                 kind=SpanKind.SERVER, start_time=begin)
+        span.add_event("COMPUTE_START", timestamp=begin)
+        span.add_event("COMPUTE_INPUT_END", timestamp=begin + 100_000)
+        span.add_event("COMPUTE_OUTPUT_START", timestamp=done - 100_000)
+        span.add_event("COMPUTE_END", timestamp=done)
+        span.end(end_time=done)
+
+    def finish(span: Any, done: int) -> None:
+        span.add_event("REQUEST_END", timestamp=done)
+        span.end(end_time=done)
+
+    if ensemble is None:
+        llm = model_span(model, root, 1, 0, request_start, queue_start, compute_end)
+        compute(llm, compute_start, compute_end)
+        finish(llm, compute_end + 200_000)
+    else:
+        top = model_span(ensemble, root, 1, 0, request_start, request_start, end)
+        pre = model_span("preprocessing", top, 2, 1, request_start, request_start, queue_start)
+        compute(pre, request_start + 50_000, queue_start - 50_000)
+        finish(pre, queue_start)
+        llm = model_span(model, top, 3, 1, queue_start, queue_start, compute_end)
+        compute(llm, compute_start, compute_end)
+        finish(llm, compute_end + 200_000)
+        post_end = compute_end + 400_000
+        post = model_span("postprocessing", top, 4, 1, compute_end + 200_000, compute_end + 200_000, post_end)
+        compute(post, compute_end + 250_000, post_end - 50_000)
+        finish(post, post_end)
+        finish(top, max(post_end, end - 300_000))
+    first_response = start + _ns(timing.ttft_s) if streaming else compute_end + 100_000
+    root.add_event("INFER_RESPONSE_COMPLETE", timestamp=first_response)
+    root.add_event("GRPC_SEND_START", timestamp=end - 200_000)
+    root.add_event("GRPC_SEND_END", timestamp=end)
+    root.end(end_time=end)
+    return root.get_span_context()
+
+
+def emit_trtllm_serve(
+    provider: TracerProvider,
+    timing: RequestTiming,
+    *,
+    request_id: str,
+    finish_reason: str = "stop",
+    traceparent_headers: dict[str, str] | None = None,
+) -> SpanContext:
+    """``trtllm-serve --otlp_traces_endpoint`` (tensorrt_llm/llmapi/tracing.py @ 0fb7f758): vLLM's
+    latency keys without its phases; its span name is UNVERIFIED (``llm_request``, as the fixtures).
+    Times from the executor's arrival: ttft and e2e hold no API-server time here."""
+    tracer = provider.get_tracer(TRTLLM_SCOPE)
+    engine_ttft = timing.queue_s + timing.prefill_s
+    engine_e2e = engine_ttft + timing.decode_s
+    attributes: dict[str, AttributeValue] = {
+        "gen_ai.usage.completion_tokens": int(timing.completion_tokens),
+        "gen_ai.usage.prompt_tokens": int(timing.prompt_tokens),
+        "gen_ai.request.id": request_id,
+        "gen_ai.latency.time_to_first_token": float(engine_ttft),
+        "gen_ai.latency.e2e": float(engine_e2e),
+        "gen_ai.latency.time_in_queue": float(timing.queue_s),
+        "gen_ai.response.finish_reasons": [finish_reason],
+    }
+    begin = timing.arrival_unix_ns + _ns(timing.preprocess_s)
+    span = tracer.start_span(VLLM_SPAN_NAME, context=_parent_context(traceparent_headers), kind=SpanKind.SERVER,
+                             attributes=attributes, start_time=begin)
+    span.end(end_time=begin + _ns(engine_e2e))
+    return span.get_span_context()
+
+
+def emit_dynamo(
+    frontend: TracerProvider,
+    prefill_worker: TracerProvider,
+    decode_worker: TracerProvider,
+    timing: RequestTiming,
+    *,
+    model: str,
+    kv_transfer_s: float = 0.005,
+) -> SpanContext:
+    """A disaggregated Dynamo request (lib/runtime/src/logging.rs @ b4d7ad45): ``http-request`` →
+    a ``router.route_request`` per hop → each worker's ``handle_payload`` → ``engine.generate``; the
+    decode worker's links to the prefill worker's. ``ttft_ms``/``avg_itl_ms`` in milliseconds."""
+    tracer = frontend.get_tracer(DYNAMO_SCOPE)
+    start = timing.arrival_unix_ns
+    ttft = timing.ttft_s + kv_transfer_s
+    end = start + _ns(ttft + timing.decode_s + timing.postprocess_s)
+    steps = max(int(timing.completion_tokens) - 1, 1)
+    root = tracer.start_span("http-request", context=Context(), kind=SpanKind.INTERNAL, start_time=start, attributes={
+        "method": "POST", "uri": "/v1/chat/completions", "version": "HTTP/1.1", "model": model,
+        "request.outcome": "success", "input_tokens": int(timing.prompt_tokens),
+        "output_tokens": int(timing.completion_tokens), "ttft_ms": ttft * 1000.0,
+        "avg_itl_ms": timing.decode_s / steps * 1000.0, "prefill_worker_id": 7001, "decode_worker_id": 7002})
+    p_start = start + _ns(timing.preprocess_s)
+    p_end = p_start + _ns(timing.queue_s + timing.prefill_s)
+    d_start = p_end
+    d_first = d_start + _ns(kv_transfer_s)
+
+    def hop(provider: TracerProvider, begin: int, done: int, role: str, worker_ttft: float, component: str,
+            links: list[Link]) -> Any:
+        route = tracer.start_span("router.route_request", context=trace.set_span_in_context(root, Context()),
+                                  kind=SpanKind.CLIENT, start_time=begin, attributes={
+                                      "request.attempt": "0", "migration.is_retry": "false",
+                                      "request.outcome": "success"})
+        worker = provider.get_tracer(DYNAMO_SCOPE)
+        payload = worker.start_span("handle_payload", context=trace.set_span_in_context(route, Context()),
+                                    kind=SpanKind.SERVER, start_time=begin, attributes={
+                                        "component": component, "endpoint": "generate", "namespace": "dynamo"})
+        generate = worker.start_span("engine.generate", context=trace.set_span_in_context(payload, Context()),
+                                     kind=SpanKind.INTERNAL, start_time=begin, links=links, attributes={
+                                         "disagg_role": role, "model": model,
+                                         "input_tokens": int(timing.prompt_tokens),
+                                         "output_tokens": int(timing.completion_tokens) if role == "decode" else 1,
+                                         "ttft_ms": worker_ttft * 1000.0,
+                                         "finish_reason": "stop" if role == "decode" else "length"})
+        for span in (generate, payload, route):
+            span.end(end_time=done)
+        return generate
+
+    prefill = hop(prefill_worker, p_start, p_end, "prefill", timing.queue_s + timing.prefill_s, "prefill", [])
+    hop(decode_worker, d_start, end, "decode", kv_transfer_s, "decode", [Link(prefill.get_span_context())])
+    root.end(end_time=end)
+    return root.get_span_context()
+
+
+def emit_llmd(
+    epp: TracerProvider,
+    sidecar: TracerProvider,
+    prefill_pod: TracerProvider,
+    decode_pod: TracerProvider,
+    timing: RequestTiming,
+    *,
+    model: str,
+    kv_load_s: float = 0.004,
+) -> SpanContext:
+    """A P/D-disaggregated llm-d request (llm-d-router @ ebab6879, nixlv2 sequential): ``gateway.request``
+    → ``gateway.request_orchestration`` (``target_model``); the sidecar's otelhttp span →
+    ``forward_request`` → ``prefill`` → ``decode`` (a child of prefill) with ``*_ms`` in whole ms; the
+    vLLM ``llm_request`` of each pod under an ``HTTP POST`` CLIENT span."""
+    gw_tracer, side = epp.get_tracer(LLMD_EPP_SCOPE), sidecar.get_tracer(LLMD_SIDECAR_SCOPE)
+    start = timing.arrival_unix_ns
+    route = _ns(timing.preprocess_s)
+    prefill_s = timing.queue_s + timing.prefill_s
+    decode_s = kv_load_s + timing.decode_s
+    p_start = start + route
+    p_end = p_start + _ns(prefill_s + 0.002)
+    d_start = p_end + 1_000_000
+    d_end = d_start + _ns(decode_s + 0.002)
+    end = d_end + _ns(timing.postprocess_s)
+
+    def child(tracer: Any, name: str, parent: Any, kind: SpanKind, begin: int, attrs: dict[str, AttributeValue]
+              ) -> Any:
+        return tracer.start_span(name, context=trace.set_span_in_context(parent, Context()), kind=kind,
+                                 start_time=begin, attributes=attrs)
+
+    gateway = gw_tracer.start_span("gateway.request", context=Context(), kind=SpanKind.SERVER, start_time=start)
+    orchestration = child(gw_tracer, "gateway.request_orchestration", gateway, SpanKind.SERVER, start,
+                          {"target_model": model, "request_prio": 0})
+    orchestration.end(end_time=p_start - 100_000)
+    handler = child(side, "llm_d.pd_proxy.POST /v1/chat/completions", gateway, SpanKind.SERVER, p_start - 50_000, {})
+    forward = child(side, "forward_request", handler, SpanKind.SERVER, p_start - 40_000, {
+        "llm_d.pd_proxy.connector": "nixlv2", "llm_d.pd_proxy.disaggregation_used": True,
+        "llm_d.pd_proxy.request_path": "/v1/chat/completions"})
+    ms = lambda nanos: float(nanos // 1_000_000)  # noqa: E731  (Go's Duration.Milliseconds())
+    prefill = child(side, "prefill", forward, SpanKind.INTERNAL, p_start, {
+        "llm_d.pd_proxy.connector": "nixlv2", "llm_d.pd_proxy.prefill.status_code": 200,
+        "llm_d.pd_proxy.prefill.duration_ms": ms(p_end - p_start)})
+    decode = child(side, "decode", prefill, SpanKind.INTERNAL, d_start, {
+        "llm_d.pd_proxy.connector": "nixlv2", "llm_d.pd_proxy.decode.duration_ms": ms(d_end - d_start),
+        "llm_d.pd_proxy.prefill_duration_ms": ms(p_end - p_start),
+        "llm_d.pd_proxy.decode_duration_ms": ms(d_end - d_start),
+        "llm_d.pd_proxy.coordinator_overhead_ms": ms(d_start - p_end)})
+
+    def pod(provider: TracerProvider, parent: Any, begin: int, queue_s: float, pod_prefill_s: float,
+            pod_decode_s: float, completion: int, reason: str) -> None:
+        client = child(side, "HTTP POST", parent, SpanKind.CLIENT, begin, {})
+        headers: dict[str, str] = {}
+        _PROPAGATOR.inject(headers, context=trace.set_span_in_context(client, Context()))
+        pod_timing = RequestTiming(arrival_unix_ns=begin + 100_000, preprocess_s=0.001, queue_s=queue_s,
+                                   prefill_s=pod_prefill_s, decode_s=pod_decode_s, postprocess_s=0.0005,
+                                   prompt_tokens=timing.prompt_tokens, completion_tokens=completion)
+        tracer = provider.get_tracer(VLLM_V1_SCOPE)
+        span = tracer.start_span(VLLM_SPAN_NAME, context=_parent_context(headers), kind=SpanKind.SERVER,
+                                 start_time=pod_timing.arrival_unix_ns, attributes={
+                                     "gen_ai.latency.time_to_first_token": float(pod_timing.ttft_s),
+                                     "gen_ai.latency.e2e": float(pod_timing.e2e_s),
+                                     "gen_ai.latency.time_in_queue": float(queue_s),
+                                     "gen_ai.latency.time_in_model_prefill": float(pod_prefill_s),
+                                     "gen_ai.latency.time_in_model_decode": float(pod_decode_s),
+                                     "gen_ai.latency.time_in_model_inference": float(pod_prefill_s + pod_decode_s),
+                                     "gen_ai.usage.prompt_tokens": int(timing.prompt_tokens),
+                                     "gen_ai.usage.completion_tokens": int(completion),
+                                     "gen_ai.response.finish_reasons": json.dumps([reason])})
+        span.end(end_time=pod_timing.end_unix_ns)
+        client.end(end_time=pod_timing.end_unix_ns + 100_000)
+
+    pod(prefill_pod, prefill, p_start, timing.queue_s, timing.prefill_s, 0.0, 1, "length")
+    pod(decode_pod, decode, d_start, 0.0, kv_load_s, timing.decode_s, int(timing.completion_tokens), "stop")
+    for span, done in ((decode, d_end), (prefill, p_end), (forward, end - 40_000), (handler, end - 20_000),
+                       (gateway, end)):
+        span.end(end_time=done)
+    return gateway.get_span_context()

@@ -146,9 +146,12 @@ def send_mixed_fleet(server: RunningServer, seed: int = 7, scale: int = 1) -> di
         t = random_timing(rng, now)
         reason = "length" if i % 3 == 0 else "stop"
         emit_sglang(engine_sg, t, rid=f"{i:08x}deadbeef", model=g.model, finish_reason=reason)
-        decode = t.decode_s + t.postprocess_s  # SGLang's decode runs to "finished"
+        # Read from SGLang's stage spans (issue 14): queue = prefill_waiting, prefill = prefill_forward,
+        # decode = the decode stage; ttft and e2e from the root's attributes.
+        decode = t.decode_s
         g.ttft.append(t.ttft_s)
         g.e2e.append(t.e2e_s)
+        g.queue.append(t.queue_s)
         g.prefill.append(t.prefill_s)
         g.decode.append(decode)
         g.inference.append(t.prefill_s + decode)
