@@ -19,10 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +27,7 @@ import pytest
 import yaml
 
 from tests.support.alertmanager import AlertmanagerServer, WebhookSink, alertmanager_binary
+from tests.support.exposition import StaticExposition
 from tests.support.prometheus import PrometheusServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -271,38 +269,6 @@ def test_pages_tickets_and_inhibition_end_to_end_on_a_real_alertmanager(tmp_path
 # dashboard's alert-volume panels on that Prometheus.
 
 
-class Exposition:
-    """A /metrics endpoint whose content the test switches between phases."""
-
-    def __init__(self, render: Callable[[float], str]) -> None:
-        self.render = render
-        started = time.monotonic()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                body = outer.render(time.monotonic() - started).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.server.server_address[1]}"
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 class AlertingPrometheus(PrometheusServer):
     """The test helper's Prometheus, sending its alerts to an Alertmanager and scraping it."""
 
@@ -384,7 +350,7 @@ def test_prometheus_alerts_route_fold_and_resolve_through_alertmanager(make_serv
         return "".join(f'vllm:kv_cache_usage_perc{{model_name="{m}",engine="0"}} {kv}\n'
                        f'vllm:num_requests_waiting{{model_name="{m}",engine="0"}} {waiting}\n' for m in (paged, other))
 
-    engine_exp = Exposition(engine)
+    engine_exp = StaticExposition(engine)
     sims: list[Simulator] = []
     with WebhookSink() as sink, AlertmanagerServer(tmp_path / "am", test_config(sink)) as am:
         prom = AlertingPrometheus(

@@ -23,11 +23,9 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +47,7 @@ from otel_llm.simulate.engines import (
     emit_vllm_v1,
     engine_tracer_provider,
 )
+from tests.support.exposition import StaticExposition
 from tests.support.prometheus import PrometheusServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -513,37 +512,6 @@ def send_round(exporter: SpanExporter, round_no: int) -> None:
         provider.shutdown()
 
 
-class StaticExporter:
-    """A /metrics endpoint whose counters grow with time: stands in for vLLM's own /metrics or DCGM."""
-
-    def __init__(self, render: Callable[[float], str]) -> None:
-        started = time.monotonic()
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                body = render(time.monotonic() - started).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.server.server_address[1]}"
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def vllm_engine_metrics(t: float) -> str:
     """vLLM's native names and labels (model_name, engine), including names the spans also produce."""
     labels = f'model_name="{MODEL}",engine="0"'
@@ -621,7 +589,7 @@ def test_dashboard_and_rules_on_a_real_prometheus_over_sharded_replicas(make_ser
     processors["tail_sampling"].update({"decision_wait": "3s", "grace": "100ms"})
     replicas = [make_server({"processors": processors}) for _ in range(2)]
     reference = make_server({"processors": processors})
-    engine, dcgm = StaticExporter(vllm_engine_metrics), StaticExporter(dcgm_metrics)
+    engine, dcgm = StaticExposition(vllm_engine_metrics), StaticExposition(dcgm_metrics)
     address = lambda server: server.metrics_url.removeprefix("http://")  # noqa: E731
     prom = PrometheusServer(
         tmp_path / "prom", [address(reference)],  # helper's own job "otel-llm": no `source` label at all

@@ -228,7 +228,7 @@ def _llmd_cases() -> list[tuple[ExportTraceServiceRequest, Expected]]:
         req = F.llmd_disaggregated(model=seed, connector=connector, epp_s=epp, prefill_s=prefill,
                                    coordinator_s=coord, decode_s=decode, seed=seed, t0_ns=time.time_ns())
         # The prefill pod's vLLM: preprocess 2 ms, queue 3 ms, prefill = prefill - 7 ms, no decode step.
-        pv_start, pv_q, pv_p = p_start + 0.0002, 0.003, prefill - 0.007
+        pv_q, pv_p = 0.003, prefill - 0.007
         # The decode pod's: preprocess 2 ms, queue 4 ms, "prefill" (the KV load) 10 ms, 20 steps.
         dv_start, dv_q, dv_p, dv_decode = d_start + 0.0002, 0.004, 0.010, decode - 0.020
         first = dv_start + 0.002 + dv_q + dv_p

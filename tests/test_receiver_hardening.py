@@ -24,7 +24,6 @@ import grpc
 import h2.config
 import h2.connection
 import h2.events
-import pytest
 
 from tests.support.otelllm import RunningServer, ServerProcess
 from tests.support.payloads import vllm_batch

@@ -1004,7 +1004,6 @@ def emit_dynamo(
     p_start = start + _ns(timing.preprocess_s)
     p_end = p_start + _ns(timing.queue_s + timing.prefill_s)
     d_start = p_end
-    d_first = d_start + _ns(kv_transfer_s)
 
     def hop(provider: TracerProvider, begin: int, done: int, role: str, worker_ttft: float, component: str,
             links: list[Link]) -> Any:
