@@ -401,11 +401,39 @@ class OtlpTraceExporter:
 
 
 @dataclass(frozen=True)
+class MetricsSendingQueue:
+    # Snapshots waiting to be exported; a full queue drops its oldest (the next export carries its
+    # data: totals when cumulative, the difference from the last success when delta).
+    queue_size: PositiveInt = 10
+
+
+@dataclass(frozen=True)
+class OtlpMetricsExporter:
+    """Both namings pushed as OTLP metrics (``exporters.otlp_metrics``, otel_llm/exporters/otlp_metrics.py)."""
+
+    protocol: str = "grpc"  # grpc | http
+    endpoint: str = ""  # default localhost:4317 (grpc), http://localhost:4318 (http; /v1/metrics appended)
+    headers: dict[str, str] = field(default_factory=dict)
+    timeout: Duration = 10.0  # per attempt (the SDK exporter's own retries of transient errors included)
+    compression: str = "gzip"
+    tls: ClientTls = field(default_factory=ClientTls)
+    interval: Duration = 15.0
+    temporality: str = "cumulative"  # cumulative | delta
+    resource_attributes: dict[str, str] = field(default_factory=dict)  # beside service.name=otel-llm
+    retry_on_failure: RetryOnFailure = field(default_factory=RetryOnFailure)
+    sending_queue: MetricsSendingQueue = field(default_factory=MetricsSendingQueue)
+
+
+METRICS_EXPORTERS = ("otlp_metrics",)  # the exporters of service.pipelines.metrics; every other is a traces one
+
+
+@dataclass(frozen=True)
 class Exporters:
     prometheus: PrometheusExporter | None = field(default_factory=PrometheusExporter)
     store: StoreExporter | None = field(default_factory=StoreExporter)
     otlp: OtlpTraceExporter | None = None
     otlphttp: OtlpTraceExporter | None = None
+    otlp_metrics: OtlpMetricsExporter | None = None
 
 
 # --- service ---------------------------------------------------------------------------------
@@ -419,8 +447,15 @@ class TracesPipeline:
 
 
 @dataclass(frozen=True)
+class MetricsPipeline:
+    # The metrics come from processors.llm_metrics (there is no metrics receiver), so only exporters.
+    exporters: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class Pipelines:
     traces: TracesPipeline | None = None
+    metrics: MetricsPipeline | None = None
 
 
 @dataclass(frozen=True)
@@ -579,6 +614,9 @@ _BOUNDS: dict[tuple[type, str], tuple[float, float]] = {
     (SendingQueue, "batch_max_spans"): (1, 10_000_000),
     (SendingQueue, "batch_timeout"): (0.0, 600.0),
     (OtlpTraceExporter, "timeout"): (0.0, 3600.0),
+    (OtlpMetricsExporter, "timeout"): (0.001, 3600.0),  # 0 would make the SDK fall back to its own default
+    (OtlpMetricsExporter, "interval"): (0.1, 86400.0),  # a snapshot of every family each time
+    (MetricsSendingQueue, "queue_size"): (1, 10_000),  # snapshots: every series of every family each
     (Service, "shutdown_grace"): (0.0, 3600.0),
 }
 
@@ -642,6 +680,7 @@ def _validate(config: Config) -> None:
             raise ConfigError(f"{path}.retry_on_failure.multiplier", "must be >= 1")
         if retry.initial_interval > retry.max_interval:
             raise ConfigError(f"{path}.retry_on_failure.initial_interval", "must not exceed max_interval")
+    _validate_metrics_exporter(config)
     sampling = config.processors.tail_sampling
     _validate_policies(sampling)
     if sampling.grace > sampling.decision_wait:
@@ -651,7 +690,8 @@ def _validate(config: Config) -> None:
         known = {
             "receivers": {f.name for f in dataclasses.fields(Receivers) if getattr(config.receivers, f.name) is not None},
             "processors": {f.name for f in dataclasses.fields(Processors)},
-            "exporters": {f.name for f in dataclasses.fields(Exporters) if getattr(config.exporters, f.name) is not None},
+            "exporters": {f.name for f in dataclasses.fields(Exporters)
+                          if getattr(config.exporters, f.name) is not None and f.name not in METRICS_EXPORTERS},
         }
         for kind, names in known.items():
             for i, name in enumerate(getattr(pipeline, kind)):
@@ -663,6 +703,62 @@ def _validate(config: Config) -> None:
         if endpoint in endpoints and not endpoint.endswith(":0"):
             raise ConfigError(path, f"{endpoint} is already used by {endpoints[endpoint]}")
         endpoints[endpoint] = path
+
+
+def _validate_metrics_exporter(config: Config) -> None:
+    pipelines = config.service.pipelines
+    if pipelines.traces is not None:
+        for i, name in enumerate(pipelines.traces.exporters):
+            if name in METRICS_EXPORTERS:
+                raise ConfigError(f"service.pipelines.traces.exporters[{i}]",
+                                  f"{name!r} is a metrics exporter: list it in service.pipelines.metrics.exporters")
+    configured = {name for name in METRICS_EXPORTERS if getattr(config.exporters, name) is not None}
+    if pipelines.metrics is not None:
+        for i, name in enumerate(pipelines.metrics.exporters):
+            if name not in configured:
+                raise ConfigError(f"service.pipelines.metrics.exporters[{i}]",
+                                  f"{name!r} is not a configured metrics exporter "
+                                  f"(have: {', '.join(sorted(configured)) or 'none'})")
+    if pipelines.traces is not None or pipelines.metrics is not None:
+        # With pipelines, only listed components run: one in no pipeline would be accepted and ignored.
+        listed = set(pipelines.metrics.exporters) if pipelines.metrics is not None else set()
+        for name in sorted(configured - listed):
+            raise ConfigError(f"exporters.{name}", "configured but in no pipeline, so it would not run: list it in "
+                                                   "service.pipelines.metrics.exporters (or remove it)")
+    exporter = config.exporters.otlp_metrics
+    if exporter is None:
+        return
+    path = "exporters.otlp_metrics"
+    if exporter.protocol not in ("grpc", "http"):
+        raise ConfigError(f"{path}.protocol", f"expected grpc or http, got {exporter.protocol!r}")
+    if exporter.temporality not in ("cumulative", "delta"):
+        raise ConfigError(f"{path}.temporality", f"expected cumulative or delta, got {exporter.temporality!r}")
+    if exporter.compression not in ("gzip", "none", ""):
+        raise ConfigError(f"{path}.compression", f"expected gzip or none, got {exporter.compression!r}")
+    if exporter.endpoint:
+        if exporter.protocol == "http":
+            if not exporter.endpoint.startswith(("http://", "https://")):
+                raise ConfigError(f"{path}.endpoint", f"expected an http:// or https:// URL, got {exporter.endpoint!r}")
+            _check_url(exporter.endpoint, f"{path}.endpoint")
+        else:
+            scheme, sep, rest = exporter.endpoint.partition("://")
+            if sep and scheme not in ("http", "https"):
+                raise ConfigError(f"{path}.endpoint", f"expected host:port or http(s)://host:port, got {exporter.endpoint!r}")
+            parse_endpoint(rest if sep else exporter.endpoint, f"{path}.endpoint")
+    _check_headers(exporter.headers, f"{path}.headers", grpc=exporter.protocol == "grpc")
+    tls = exporter.tls
+    if bool(tls.cert_file) != bool(tls.key_file):
+        raise ConfigError(f"{path}.tls", "cert_file and key_file go together (client certificate)")
+    for key in ("ca_file", "cert_file", "key_file"):
+        file = getattr(tls, key)
+        if file and not Path(file).is_file():
+            raise ConfigError(f"{path}.tls.{key}", f"no such file: {file}")
+    for key in exporter.resource_attributes:
+        if not key:
+            raise ConfigError(f"{path}.resource_attributes", "an attribute name must not be empty")
+    retry = exporter.retry_on_failure
+    if retry.initial_interval > retry.max_interval:
+        raise ConfigError(f"{path}.retry_on_failure.initial_interval", "must not exceed max_interval")
 
 
 _HTTP_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
@@ -881,7 +977,7 @@ def _tls_places(config: Config) -> list[tuple[str, str, str, str]]:
             if protocol is not None and protocol.tls is not None:
                 tls = protocol.tls
                 places.append((f"receivers.otlp.protocols.{name}.tls", tls.cert_file, tls.key_file, tls.client_ca_file))
-    for name in ("otlp", "otlphttp"):
+    for name in ("otlp", "otlphttp", "otlp_metrics"):
         exporter = getattr(config.exporters, name)
         if exporter is not None:
             tls = exporter.tls

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from otel_llm.config import Config, ConfigError, check_certificates, intake_log_directory
 from otel_llm.exporters.batching import ExportBatcher
+from otel_llm.exporters.otlp_metrics import MetricsPushExporter
 from otel_llm.exporters.otlp_traces import TraceExporter
 from otel_llm.exporters.prometheus import PrometheusEndpoint
 from otel_llm.metrics.exposition import RecorderCollector
@@ -78,6 +79,11 @@ class Service:
             self.pipeline.sinks[name] = lambda request, spans, _records, _policy, batcher=batcher: batcher.add(
                 request, spans)
             self.pipeline.flushers.append(batcher.flush)
+        # Validation has made sure that, with pipelines, a configured metrics exporter is listed in one.
+        self.metrics_exporters: list[MetricsPushExporter] = []
+        if config.exporters.otlp_metrics is not None:
+            self.metrics_exporters.append(MetricsPushExporter("otlp_metrics", config.exporters.otlp_metrics,
+                                                              self.pipeline.recorder, self.registry))
         self.intake_log: IntakeLogKeeper | None = None
         log_config = otlp.intake_log if otlp is not None else None
         if log_config is not None and self.ingest is not None:
@@ -122,6 +128,9 @@ class Service:
             for exporter in self.trace_exporters:
                 exporter.start()
                 self._started.add("exporters")
+            for metrics_exporter in self.metrics_exporters:
+                metrics_exporter.start()
+                self._started.add("metrics_exporters")
             if self.prometheus is not None:
                 self.prometheus.start()
                 self._started.add("prometheus")
@@ -166,6 +175,9 @@ class Service:
         if "exporters" in started:
             for exporter in self.trace_exporters:
                 exporter.shutdown(grace)
+        if "metrics_exporters" in started:  # after the pipeline: the final push has every decided request
+            for metrics_exporter in self.metrics_exporters:
+                metrics_exporter.shutdown(grace)
         if self.prometheus is not None and "prometheus" in started:
             self.prometheus.stop()
         started.clear()
