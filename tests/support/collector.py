@@ -63,6 +63,10 @@ def internal_telemetry(port: int, level: str = "detailed") -> dict[str, Any]:
             "logs": {"level": "info"}}
 
 
+class _PortTaken(Exception):
+    """The binary exited at start because one of its ports was already bound."""
+
+
 class PeerProcess:
     """A Collector-based binary (ours or Jaeger) run with ``--config``; subclasses build the config
     and say where health is. The ports are chosen once, so ``stop()`` then ``start()`` comes back on
@@ -92,9 +96,29 @@ class PeerProcess:
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}"
 
+    # free_port() releases the port before the binary binds it: another process may take it in
+    # between. A first start that fails so picks new ports (a restart keeps its own, as it must).
+    port_attempts = 3
+
+    def _pick_ports(self) -> None:
+        self.health_port, self.metrics_port = free_port(), free_port()
+
     def start(self, timeout_s: float = 60.0) -> None:
+        for attempt in range(self.port_attempts):
+            try:
+                self._start_once(timeout_s)
+                return
+            except _PortTaken:
+                if self.starts > 1 or attempt == self.port_attempts - 1:
+                    raise AssertionError(f"{self.name}: a port was taken before it could bind; log {self.log_path}:\n"
+                                         f"{_tail(self.log_path)}") from None
+                self.starts -= 1
+                self._pick_ports()
+
+    def _start_once(self, timeout_s: float) -> None:
         binary = peer_binary(self.binary_name)
         self.config_path.write_text(yaml.safe_dump(self.config(), sort_keys=False))
+        log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         log = self.log_path.open("ab")
         log.write(f"\n### start {self.starts + 1}: {binary} --config {self.config_path}\n".encode())
         log.flush()
@@ -106,6 +130,10 @@ class PeerProcess:
         last = "no answer yet"
         while True:
             if self.process.poll() is not None:
+                with self.log_path.open("rb") as written:
+                    written.seek(log_offset)
+                    if b"address already in use" in written.read():
+                        raise _PortTaken()
                 raise AssertionError(f"{self.name} exited with {self.process.returncode} during start-up; "
                                      f"log {self.log_path}:\n{_tail(self.log_path)}")
             try:
@@ -185,6 +213,10 @@ class CollectorProcess(PeerProcess):
         self.exporters, self.pipelines = exporters, pipelines
         self.processors, self.connectors = processors or {}, connectors or {}
         self.telemetry_level = telemetry_level
+
+    def _pick_ports(self) -> None:
+        super()._pick_ports()
+        self.grpc_port, self.http_port = free_port(), free_port()
 
     @property
     def grpc_endpoint(self) -> str:

@@ -36,6 +36,11 @@ class JaegerProcess(PeerProcess):
         self.grpc_port, self.http_port = free_port(), free_port()
         self.query_port, self.query_grpc_port, self.health_grpc_port = free_port(), free_port(), free_port()
 
+    def _pick_ports(self) -> None:
+        super()._pick_ports()
+        self.grpc_port, self.http_port = free_port(), free_port()
+        self.query_port, self.query_grpc_port, self.health_grpc_port = free_port(), free_port(), free_port()
+
     @property
     def grpc_endpoint(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
