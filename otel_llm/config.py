@@ -662,17 +662,8 @@ def _validate(config: Config) -> None:
             _check_url(exporter.endpoint, f"{path}.endpoint")
         _check_headers(exporter.headers, f"{path}.headers", grpc=name == "otlp")
         if name == "otlp":
-            scheme, sep, rest = exporter.endpoint.partition("://")
-            if sep and scheme not in ("http", "https"):
-                raise ConfigError(f"{path}.endpoint", f"expected host:port or http(s)://host:port, got {exporter.endpoint!r}")
-            parse_endpoint(rest if sep else exporter.endpoint, f"{path}.endpoint")
-        tls = exporter.tls
-        if bool(tls.cert_file) != bool(tls.key_file):
-            raise ConfigError(f"{path}.tls", "cert_file and key_file go together (client certificate)")
-        for key in ("ca_file", "cert_file", "key_file"):
-            file = getattr(tls, key)
-            if file and not Path(file).is_file():
-                raise ConfigError(f"{path}.tls.{key}", f"no such file: {file}")
+            _check_grpc_target(exporter.endpoint, f"{path}.endpoint")
+        _check_client_tls(exporter.tls, f"{path}.tls")
         if exporter.compression not in ("gzip", "none", ""):
             raise ConfigError(f"{path}.compression", f"expected gzip or none, got {exporter.compression!r}")
         retry = exporter.retry_on_failure
@@ -741,18 +732,9 @@ def _validate_metrics_exporter(config: Config) -> None:
                 raise ConfigError(f"{path}.endpoint", f"expected an http:// or https:// URL, got {exporter.endpoint!r}")
             _check_url(exporter.endpoint, f"{path}.endpoint")
         else:
-            scheme, sep, rest = exporter.endpoint.partition("://")
-            if sep and scheme not in ("http", "https"):
-                raise ConfigError(f"{path}.endpoint", f"expected host:port or http(s)://host:port, got {exporter.endpoint!r}")
-            parse_endpoint(rest if sep else exporter.endpoint, f"{path}.endpoint")
+            _check_grpc_target(exporter.endpoint, f"{path}.endpoint")
     _check_headers(exporter.headers, f"{path}.headers", grpc=exporter.protocol == "grpc")
-    tls = exporter.tls
-    if bool(tls.cert_file) != bool(tls.key_file):
-        raise ConfigError(f"{path}.tls", "cert_file and key_file go together (client certificate)")
-    for key in ("ca_file", "cert_file", "key_file"):
-        file = getattr(tls, key)
-        if file and not Path(file).is_file():
-            raise ConfigError(f"{path}.tls.{key}", f"no such file: {file}")
+    _check_client_tls(exporter.tls, f"{path}.tls")
     for key in exporter.resource_attributes:
         if not key:
             raise ConfigError(f"{path}.resource_attributes", "an attribute name must not be empty")
@@ -775,6 +757,23 @@ def _check_url(url: str, path: str) -> None:
         raise ConfigError(path, f"expected http(s)://host[:port][/path], got {url!r}: {exc}") from None
     if not parts.hostname:
         raise ConfigError(path, f"expected http(s)://host[:port][/path], got {url!r}: no host")
+
+
+def _check_grpc_target(endpoint: str, path: str) -> None:
+    """An OTLP/gRPC exporter's endpoint: host:port, optionally behind http:// or https://."""
+    scheme, sep, rest = endpoint.partition("://")
+    if sep and scheme not in ("http", "https"):
+        raise ConfigError(path, f"expected host:port or http(s)://host:port, got {endpoint!r}")
+    parse_endpoint(rest if sep else endpoint, path)
+
+
+def _check_client_tls(tls: Any, path: str) -> None:
+    if bool(tls.cert_file) != bool(tls.key_file):
+        raise ConfigError(path, "cert_file and key_file go together (client certificate)")
+    for key in ("ca_file", "cert_file", "key_file"):
+        file = getattr(tls, key)
+        if file and not Path(file).is_file():
+            raise ConfigError(f"{path}.{key}", f"no such file: {file}")
 
 
 def _check_headers(headers: dict[str, str], path: str, grpc: bool) -> None:
