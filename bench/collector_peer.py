@@ -31,7 +31,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from otel_llm.metrics.definitions import REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
+from otel_llm.processor.llm_metrics.metrics.definitions import REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "otelcol-llm-front"

@@ -24,7 +24,7 @@ The steps, timed cumulatively so the report shows where the floor goes:
    the RSS budget); re-parsing the requests of kept traces is not counted. Holding the parsed
    messages instead costs ~3x the RSS budget (4 509 B per buffered span, the first measured run);
 5. ``per request``: per trace, a keep/drop decision and one observation in each histogram of the
-   ``vllm:`` and ``gen_ai.server.*`` namings (``otel_llm.metrics.definitions``: the DESIGN's names
+   ``vllm:`` and ``gen_ai.server.*`` namings (``otel_llm.processor.llm_metrics.metrics.definitions``: the DESIGN's names
    and buckets; a bucket index by ``bisect`` and three float additions, the least a histogram
    observation costs) and one increment of each ``vllm:`` counter.
 """
@@ -45,7 +45,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from bench.workload import Batch
-from otel_llm.metrics.definitions import genai_naming, vllm_naming
+from otel_llm.processor.llm_metrics.metrics.definitions import genai_naming, vllm_naming
 
 _LAT = "gen_ai.latency."
 VLLM_V1_KEYS = frozenset({

@@ -1,6 +1,6 @@
 """Pre-generated OTLP batches: a mixed LLM fleet's spans through the real SDK, as wire bytes.
 
-Every batch is built by the emitters in ``otel_llm.simulate.engines`` (the engines' exact span
+Every batch is built by the emitters in ``otel_llm_simulate.emitters`` (the engines' exact span
 shapes, resources and id generators), collected by an ``InMemorySpanExporter`` and encoded by the
 SDK's own ``encode_spans``, so the bytes are what an OTLP exporter would put on the wire.
 
@@ -31,7 +31,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_llm.simulate.engines import (
+from otel_llm_simulate.emitters import (
     RequestTiming,
     SamplingParams,
     emit_gateway,

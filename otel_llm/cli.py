@@ -11,14 +11,14 @@ import time
 
 from otel_llm import __version__
 from otel_llm.config import ConfigError, check_certificates, load_config, parse_duration
-from otel_llm.runtime import tune_gc
+from otel_llm.internal.runtime import tune_gc
 
 EXIT_CONFIG = 2  # the config cannot run (also what `validate` rejects)
 EXIT_ENVIRONMENT = 1  # the machine refuses it: a port in use, a key that does not match its certificate
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from otel_llm.service import Service
+    from otel_llm.service.service import Service
 
     try:
         config = load_config(args.config)
@@ -82,7 +82,7 @@ def _reader(args: argparse.Namespace):  # noqa: ANN202 - StoreReader or ApiReade
         return ApiReader(args.api)
     from pathlib import Path
 
-    from otel_llm.store.sqlite import StoreReader
+    from otel_llm.exporter.store.sqlite import StoreReader
 
     return StoreReader(Path(args.store))
 
@@ -117,7 +117,7 @@ class ApiReader:
 
 
 def _traces(args: argparse.Namespace) -> int:
-    from otel_llm.store.sqlite import StoreError
+    from otel_llm.exporter.store.sqlite import StoreError
     from otel_llm.traceview import render_table
 
     since = int((time.time() - args.since) * 1e9) if args.since is not None else None
@@ -132,7 +132,7 @@ def _traces(args: argparse.Namespace) -> int:
 
 
 def _trace(args: argparse.Namespace) -> int:
-    from otel_llm.store.sqlite import StoreError
+    from otel_llm.exporter.store.sqlite import StoreError
     from otel_llm.traceview import render_waterfall
 
     try:
@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("trace_id", help="32 hex digits")
     trace.add_argument("--width", type=int, default=60, help="bar width in characters")
     trace.set_defaults(func=_trace)
-    from otel_llm.simulate.cli import add_simulate_parser
+    from otel_llm_simulate.cli import add_simulate_parser
 
     add_simulate_parser(sub)
     return parser

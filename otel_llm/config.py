@@ -160,7 +160,7 @@ class OtlpProtocols:
 @dataclass(frozen=True)
 class IntakeLogConfig:
     """Opt-in crash-safe intake: every admitted request is written to this log before it is
-    answered, replayed at start, and deleted once handled (``otel_llm/receivers/intake_log.py``).
+    answered, replayed at start, and deleted once handled (``otel_llm/receiver/otlp/intake_log.py``).
     A process crash (SIGKILL, OOM kill) then loses nothing acknowledged under any ``fsync``; the
     policy sets what a machine crash loses: ``always`` nothing (the answer waits for fdatasync),
     ``interval`` up to ``fsync_interval``, ``never`` what the kernel had not written back."""
@@ -409,7 +409,7 @@ class MetricsSendingQueue:
 
 @dataclass(frozen=True)
 class OtlpMetricsExporter:
-    """Both namings pushed as OTLP metrics (``exporters.otlp_metrics``, otel_llm/exporters/otlp_metrics.py)."""
+    """Both namings pushed as OTLP metrics (``exporters.otlp_metrics``, otel_llm/exporter/otlp_metrics/exporter.py)."""
 
     protocol: str = "grpc"  # grpc | http
     endpoint: str = ""  # default localhost:4317 (grpc), http://localhost:4318 (http; /v1/metrics appended)
@@ -793,7 +793,7 @@ def _check_headers(headers: dict[str, str], path: str, grpc: bool) -> None:
 def _reserved_label_names() -> set[str]:
     """Label names the metric namings use already, and Prometheus's own: a dimension named like one
     would give series with a duplicate label, which Prometheus rejects with the whole scrape."""
-    from otel_llm.metrics import definitions
+    from otel_llm.processor.llm_metrics.metrics import definitions
 
     names = {"le", "quantile", "segment", "finished_reason"}
     for factory in ("genai_naming", "genai_client_naming", "own_naming"):

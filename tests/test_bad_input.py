@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from otel_llm.simulate.engines import RequestTiming, emit_vllm_v1, engine_tracer_provider
+from otel_llm_simulate.emitters import RequestTiming, emit_vllm_v1, engine_tracer_provider
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
@@ -215,7 +215,7 @@ def test_string_latency_and_attribute_free_span(server):
 def test_resource_attributes_are_bounded_like_span_attributes(make_server):
     """10 000 resource attributes (and one huge value) are cut to the span limits before buffering:
     every buffered span shares its resource, so an unbounded one would be held per request."""
-    from otel_llm.adapters.digest import digest_in_process
+    from otel_llm.processor.llm_metrics.digest import digest_in_process
     from tests.support.payloads import vllm_batch
 
     server = make_server({"processors": {"redaction": {"max_attributes_per_span": 64,

@@ -7,7 +7,7 @@ import time
 
 from opentelemetry.trace import SpanKind
 
-from otel_llm.simulate.engines import RequestTiming, emit_vllm_v1, engine_tracer_provider
+from otel_llm_simulate.emitters import RequestTiming, emit_vllm_v1, engine_tracer_provider
 
 
 def _timing() -> RequestTiming:
@@ -84,9 +84,9 @@ def test_boolean_dimension_values_read_as_otlp_text(make_server):
 def test_series_cap_holds_when_a_key_first_seen_failing_succeeds_later():
     """A label key whose first request failed has no TTFT series yet; once other keys fill the cap,
     its first success goes to the overflow series (counted) instead of failing the recorder."""
-    from otel_llm.assembly.records import Outcome
-    from otel_llm.metrics.definitions import vllm_naming
-    from otel_llm.metrics.recorder import MetricsRecorder
+    from otel_llm.pdata.records import Outcome
+    from otel_llm.processor.llm_metrics.metrics.definitions import vllm_naming
+    from otel_llm.processor.llm_metrics.metrics.recorder import MetricsRecorder
     from tests.test_sampling_policies import record
 
     recorder = MetricsRecorder([vllm_naming(1024)], (), series_limit=2)

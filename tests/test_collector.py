@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from otel_llm.simulate.runner import otlp_exporter_factory, run_plan
-from otel_llm.simulate.scenarios import Plan, plan
+from otel_llm_simulate.runner import otlp_exporter_factory, run_plan
+from otel_llm_simulate.scenarios import Plan, plan
 from tests.support.collector import CollectorProcess, otlp_exporter, validate_config
 from tests.support.otelllm import Scrape, ServerProcess
 
@@ -200,7 +200,7 @@ def load_balancer(tmp_path: Path, replicas: list[ServerProcess],
 
 def stored(server: ServerProcess) -> tuple[set[tuple[str, str]], Counter]:
     """(requests as (trace_id, span_id), spans per trace without the synthesized segments) in a replica's store."""
-    from otel_llm.store.sqlite import StoreReader
+    from otel_llm.exporter.store.sqlite import StoreReader
 
     reader = StoreReader(Path(server.config_path.parent / "store"))
     with reader._connection() as connection:

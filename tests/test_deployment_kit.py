@@ -38,8 +38,8 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind
 
 from otel_llm.config import load_config, split_endpoint
-from otel_llm.simulate.clients import ClientCall, emit_app_client
-from otel_llm.simulate.engines import (
+from otel_llm_simulate.clients import ClientCall, emit_app_client
+from otel_llm_simulate.emitters import (
     RequestTiming,
     SamplingParams,
     emit_gateway,
@@ -289,7 +289,7 @@ def test_compose_topology_agrees_with_the_configs(compose):
     services = compose["services"]
     otel_llm = load_config(OTEL_LLM_YAML)
     grpc_port = split_endpoint(otel_llm.receivers.otlp.protocols.grpc.endpoint)[1]
-    metrics_port = split_endpoint(otel_llm.exporters.prometheus.endpoint)[1]
+    metrics_port = split_endpoint(otel_llm.exporter.prometheus.endpoint.endpoint)[1]
 
     # Two or more otel-llm replicas, each running the mounted otel-llm.yaml, all answering to one DNS alias.
     replicas = {n: s for n, s in services.items() if s.get("command", [])[:1] == ["serve"]}

@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from otel_llm.simulate.engines import (
+from otel_llm_simulate.emitters import (
     RequestTiming,
     SamplingParams,
     emit_gateway,
@@ -516,9 +516,9 @@ def _records_of(exporter: InMemorySpanExporter):
     """The emitted spans through otel-llm's adapters and assembly: what a server would make of them."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-    from otel_llm.adapters.digest import AttributeLimits, DigestSettings, digest_in_process
-    from otel_llm.assembly.requests import RecordSettings, records_of_trace
-    from otel_llm.assembly.traces import PendingTrace
+    from otel_llm.processor.llm_metrics.digest import AttributeLimits, DigestSettings, digest_in_process
+    from otel_llm.processor.llm_metrics.requests import RecordSettings, records_of_trace
+    from otel_llm.processor.tail_sampling.assembler import PendingTrace
 
     settings = DigestSettings(AttributeLimits(128, 4096), 86400.0, ("gen_ai.request.model",), frozenset())
     spans, counts = digest_in_process(encode_spans(exporter.get_finished_spans()), settings)
@@ -538,7 +538,7 @@ def _segments(record) -> dict[str, float]:
 
 
 def test_vllm_next_shape_and_reading(exporter: InMemorySpanExporter) -> None:
-    from otel_llm.simulate.engines import emit_vllm_next
+    from otel_llm_simulate.emitters import emit_vllm_next
 
     timing = RequestTiming(arrival_unix_ns=T0, preprocess_s=0.005, queue_s=0.25, prefill_s=0.125, decode_s=0.5,
                            postprocess_s=0.002, prompt_tokens=812, completion_tokens=11)
@@ -556,7 +556,7 @@ def test_vllm_next_shape_and_reading(exporter: InMemorySpanExporter) -> None:
 
 
 def test_vllm_next_long_answer_has_no_step_latencies(exporter: InMemorySpanExporter) -> None:
-    from otel_llm.simulate.engines import emit_vllm_next
+    from otel_llm_simulate.emitters import emit_vllm_next
 
     emit_vllm_next(engine_tracer_provider("vllm-v1", exporter), TIMING, model="m", request_id="r")
     (span,) = exporter.get_finished_spans()
@@ -567,7 +567,7 @@ def test_vllm_next_long_answer_has_no_step_latencies(exporter: InMemorySpanExpor
 
 @pytest.mark.parametrize("ensemble", [None, "ensemble"])
 def test_triton_shape_and_reading(exporter: InMemorySpanExporter, ensemble: str | None) -> None:
-    from otel_llm.simulate.engines import emit_triton
+    from otel_llm_simulate.emitters import emit_triton
 
     emit_triton(engine_tracer_provider("triton", exporter), TIMING, ensemble=ensemble)
     spans = exporter.get_finished_spans()
@@ -584,7 +584,7 @@ def test_triton_shape_and_reading(exporter: InMemorySpanExporter, ensemble: str 
 
 
 def test_trtllm_serve_shape_and_reading(exporter: InMemorySpanExporter) -> None:
-    from otel_llm.simulate.engines import emit_trtllm_serve
+    from otel_llm_simulate.emitters import emit_trtllm_serve
 
     emit_trtllm_serve(engine_tracer_provider("trtllm", exporter), TIMING, request_id="trt-1")
     (record,) = _records_of(exporter)
@@ -595,7 +595,7 @@ def test_trtllm_serve_shape_and_reading(exporter: InMemorySpanExporter) -> None:
 
 
 def test_dynamo_disaggregated_is_one_request(exporter: InMemorySpanExporter) -> None:
-    from otel_llm.simulate.engines import emit_dynamo
+    from otel_llm_simulate.emitters import emit_dynamo
 
     providers = [engine_tracer_provider("dynamo", exporter, service_name=name)
                  for name in ("dynamo-frontend", "dynamo-prefill", "dynamo-decode")]
@@ -610,7 +610,7 @@ def test_dynamo_disaggregated_is_one_request(exporter: InMemorySpanExporter) -> 
 
 
 def test_llmd_disaggregated_is_one_request(exporter: InMemorySpanExporter) -> None:
-    from otel_llm.simulate.engines import emit_llmd
+    from otel_llm_simulate.emitters import emit_llmd
 
     providers = [engine_tracer_provider(kind, exporter, service_name=name) for kind, name in (
         ("llm-d", "llm-d-epp"), ("llm-d", "llm-d-disagg-sidecar"), ("vllm-v1", "vllm-prefill"),

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from otel_llm.adapters.digest import AttributeLimits, DigestSettings, digest_in_process
-from otel_llm.assembly.requests import RecordSettings, records_of_trace
-from otel_llm.assembly.synthesis import kept_trace_request
-from otel_llm.assembly.traces import PendingTrace
+from otel_llm.processor.llm_metrics.digest import AttributeLimits, DigestSettings, digest_in_process
+from otel_llm.processor.llm_metrics.requests import RecordSettings, records_of_trace
+from otel_llm.processor.redaction.synthesis import kept_trace_request
+from otel_llm.processor.tail_sampling.assembler import PendingTrace
 from tests.support import engine_fixtures as F
 from tests.support.captures import earliest_start_ns, post, shifted
 from tests.support.workload import (
@@ -599,7 +599,7 @@ def test_vllm_token_events_give_exact_ttft_and_steps():
 
 
 def test_parts_alone_make_no_request_and_plain_spans_are_not_read():
-    from otel_llm.adapters.engines import classify
+    from otel_llm.processor.llm_metrics.adapters.engines import classify
 
     lone = F.make_span("tokenize", trace=F.trace_id("lone"), sid=F.span_id("lone"), parent=None, kind=F.INTERNAL,
                        start_ns=F.T0_NS, end_ns=F.T0_NS + 1000)

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 
-from otel_llm.store.sqlite import StoreReader
+from otel_llm.exporter.store.sqlite import StoreReader
 from tests.support.otelllm import ServerProcess
 from tests.support.payloads import vllm_batch
 from tests.support.ports import free_port

@@ -14,7 +14,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_llm.simulate.engines import RequestTiming, emit_gateway, emit_sglang, emit_tgi, emit_vllm_v1, \
+from otel_llm_simulate.emitters import RequestTiming, emit_gateway, emit_sglang, emit_tgi, emit_vllm_v1, \
     engine_tracer_provider
 from tests.test_bad_input import EXPORT, assert_still_serving
 

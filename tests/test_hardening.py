@@ -21,9 +21,9 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_llm.memorylimiter import rss_bytes
-from otel_llm.simulate.engines import RequestTiming, emit_vllm_v1, engine_tracer_provider
-from otel_llm.store.sqlite import StoreReader
+from otel_llm.processor.memory_limiter.limiter import rss_bytes
+from otel_llm_simulate.emitters import RequestTiming, emit_vllm_v1, engine_tracer_provider
+from otel_llm.exporter.store.sqlite import StoreReader
 from tests.support.otelllm import RunningServer, Scrape
 from tests.support.payloads import vllm_batch
 from tests.test_bad_input import EXPORT, grpc_raw, http_post

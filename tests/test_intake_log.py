@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags, set_span_in_context
 
-from otel_llm.receivers.intake_log import (
+from otel_llm.receiver.otlp.intake_log import (
     LOG_FULL,
     SEGMENT_PREFIX,
     IntakeLogKeeper,
@@ -33,8 +33,8 @@ from otel_llm.receivers.intake_log import (
     IntakeLogShared,
     IntakeLogWriter,
 )
-from otel_llm.receivers.process import spawn_context
-from otel_llm.store.sqlite import StoreReader
+from otel_llm.receiver.otlp.process import spawn_context
+from otel_llm.exporter.store.sqlite import StoreReader
 from tests.support.otelllm import ServerProcess
 from tests.support.payloads import vllm_batch
 from tests.test_bad_input import http_post

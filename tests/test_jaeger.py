@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from otel_llm.store.sqlite import StoreReader
+from otel_llm.exporter.store.sqlite import StoreReader
 from tests.support.jaeger import JaegerProcess
 from tests.support.otelllm import RunningServer
 from tests.support.sampling_workload import send_sampling_workload

@@ -12,7 +12,7 @@ import sys
 import time
 from types import ModuleType
 
-from otel_llm.store.sqlite import StoreReader
+from otel_llm.exporter.store.sqlite import StoreReader
 from tests.support.captures import CAPTURES, MARKERS
 from tests.test_hardening import store_bytes
 

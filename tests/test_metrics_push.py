@@ -22,8 +22,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from otel_llm.simulate.runner import otlp_exporter_factory, run_plan
-from otel_llm.simulate.scenarios import plan
+from otel_llm_simulate.runner import otlp_exporter_factory, run_plan
+from otel_llm_simulate.scenarios import plan
 from tests.support.collector import CollectorProcess
 from tests.support.otelllm import Scrape, ServerProcess, scrape_metrics, start_server
 from tests.support.ports import free_port

@@ -35,8 +35,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry
 
 from otel_llm.config import OtlpTraceExporter, config_from_dict
-from otel_llm.exporters.otlp_traces import GRPC_METHOD, TraceExporter
-from otel_llm.simulate.engines import RequestTiming, emit_vllm_v1, engine_tracer_provider
+from otel_llm.exporter.exporterhelper.trace_exporter import GRPC_METHOD, TraceExporter
+from otel_llm_simulate.emitters import RequestTiming, emit_vllm_v1, engine_tracer_provider
 from tests.support.ports import free_port
 
 PROTOCOLS = ["grpc", "http"]
@@ -500,7 +500,7 @@ CHILD = textwrap.dedent("""
     import json, sys, threading
     from prometheus_client import CollectorRegistry
     from tests.test_otlp_trace_exporter import build_request, settings
-    from otel_llm.exporters.otlp_traces import TraceExporter
+    from otel_llm.exporter.exporterhelper.trace_exporter import TraceExporter
 
     protocol, endpoint, storage = sys.argv[1:4]
     exporter = TraceExporter("otlp", protocol, settings(protocol, endpoint, queue_size=5, storage=storage),

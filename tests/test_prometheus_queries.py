@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from otel_llm.simulate.engines import RequestTiming, emit_vllm_v1, engine_tracer_provider
+from otel_llm_simulate.emitters import RequestTiming, emit_vllm_v1, engine_tracer_provider
 from tests.support.prometheus import PrometheusServer
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from otel_llm.simulate.engines import RequestTiming, emit_vllm_v1, engine_tracer_provider
-from otel_llm.store.sqlite import StoreReader
+from otel_llm_simulate.emitters import RequestTiming, emit_vllm_v1, engine_tracer_provider
+from otel_llm.exporter.store.sqlite import StoreReader
 from tests.support.captures import (
     MARKERS,
     Replay,

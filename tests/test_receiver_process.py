@@ -18,8 +18,8 @@ import grpc
 import pytest
 
 from otel_llm.config import HttpProtocol
-from otel_llm.receivers.otlp_http import OtlpHttpReceiver
-from otel_llm.receivers.process import (
+from otel_llm.receiver.otlp.http import OtlpHttpReceiver
+from otel_llm.receiver.otlp.process import (
     BATCH,
     Forwarder,
     IntakeState,
@@ -27,7 +27,7 @@ from otel_llm.receivers.process import (
     is_done_event,
     spawn_context,
 )
-from otel_llm.store.sqlite import StoreReader
+from otel_llm.exporter.store.sqlite import StoreReader
 from tests.support.otelllm import ServerProcess
 from tests.support.payloads import vllm_batch
 from tests.test_bad_input import http_post

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import random
 
-from otel_llm.assembly.records import Outcome, RequestRecord
-from otel_llm.assembly.traces import PendingTrace
+from otel_llm.pdata.records import Outcome, RequestRecord
+from otel_llm.processor.tail_sampling.assembler import PendingTrace
 from otel_llm.config import config_from_dict
-from otel_llm.sampling.policies import ProbabilisticPolicy, SloPolicy, SlowestPolicy, encode_threshold, threshold_for
-from otel_llm.sampling.quantiles import RollingQuantile
-from otel_llm.sampling.sampler import TailSampler
+from otel_llm.processor.tail_sampling.policies import ProbabilisticPolicy, SloPolicy, SlowestPolicy, encode_threshold, threshold_for
+from otel_llm.processor.tail_sampling.quantiles import RollingQuantile
+from otel_llm.processor.tail_sampling.sampler import TailSampler
 
 
 def record(model: str = "m", ttft: float | None = 0.2, e2e: float | None = 1.0, outcome: str = Outcome.UNKNOWN,

@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from otel_llm.adapters.durations import parse_rust_duration
-from otel_llm.adapters.observation import EngineKind, EngineObservation, MalformedSpan
-from otel_llm.assembly.requests import adjusted_count
-from otel_llm.assembly.segments import build_segments, derive_timings
-from otel_llm.metrics.definitions import build_1_2_5_buckets, prometheus_metric_name
+from otel_llm.processor.llm_metrics.adapters.durations import parse_rust_duration
+from otel_llm.pdata.observation import EngineKind, EngineObservation, MalformedSpan
+from otel_llm.processor.llm_metrics.requests import adjusted_count
+from otel_llm.processor.llm_metrics.segments import build_segments, derive_timings
+from otel_llm.processor.llm_metrics.metrics.definitions import build_1_2_5_buckets, prometheus_metric_name
 
 START = 1_700_000_000_000_000_000
 

@@ -15,8 +15,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_llm.cli import build_parser
-from otel_llm.simulate.runner import RunResult, otlp_exporter_factory, run_plan
-from otel_llm.simulate.scenarios import Plan, plan
+from otel_llm_simulate.runner import RunResult, otlp_exporter_factory, run_plan
+from otel_llm_simulate.scenarios import Plan, plan
 from tests.support.otelllm import RunningServer, Scrape
 from tests.support.workload import LATENCY_BUCKETS, TOKEN_BUCKETS, expected_cumulative
 

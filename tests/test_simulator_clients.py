@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from otel_llm.simulate.clients import (
+from otel_llm_simulate.clients import (
     APP_GENAI_SCOPE,
     APP_HTTPX_SCOPE,
     FASTAPI_SCOPE,
@@ -24,9 +24,9 @@ from otel_llm.simulate.clients import (
     emit_app_client,
     emit_litellm_proxy,
 )
-from otel_llm.simulate.engines import RequestTiming, SamplingParams, emit_vllm_v1, engine_tracer_provider
-from otel_llm.simulate.runner import run_plan
-from otel_llm.simulate.scenarios import APP_SHARES, plan
+from otel_llm_simulate.emitters import RequestTiming, SamplingParams, emit_vllm_v1, engine_tracer_provider
+from otel_llm_simulate.runner import run_plan
+from otel_llm_simulate.scenarios import APP_SHARES, plan
 from tests.support.workload import GENAI_DURATION_BUCKETS, expected_cumulative
 from tests.test_simulator import FAST_DECISIONS, Collect, feed, make_plan
 

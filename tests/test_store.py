@@ -8,7 +8,7 @@ from pathlib import Path
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from prometheus_client import CollectorRegistry
 
-from otel_llm.store.sqlite import StoreReader, TraceStore
+from otel_llm.exporter.store.sqlite import StoreReader, TraceStore
 from tests.support.payloads import vllm_batch
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from prometheus_client import CollectorRegistry
 
-from otel_llm.store.sqlite import DB_NAME, StoreReader, TraceStore
+from otel_llm.exporter.store.sqlite import DB_NAME, StoreReader, TraceStore
 from tests.support.otelllm import ServerProcess
 from tests.support.payloads import vllm_batch
 

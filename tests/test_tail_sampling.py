@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from otel_llm.simulate.engines import RequestTiming, emit_vllm_v1, engine_tracer_provider
-from otel_llm.store.sqlite import StoreReader
+from otel_llm_simulate.emitters import RequestTiming, emit_vllm_v1, engine_tracer_provider
+from otel_llm.exporter.store.sqlite import StoreReader
 from tests.support.sampling_workload import send_sampling_workload
 
 BASELINE_RATE = 0.10

@@ -17,12 +17,12 @@ from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from otel_llm.adapters.observation import EngineObservation
-from otel_llm.assembly import traces
-from otel_llm.assembly.requests import RecordSettings, records_of_trace
-from otel_llm.assembly.traces import AssemblySettings, BufferedSpan, Origin, PendingTrace, TraceAssembler
+from otel_llm.pdata.observation import EngineObservation
+from otel_llm.processor.tail_sampling import assembler as traces
+from otel_llm.processor.llm_metrics.requests import RecordSettings, records_of_trace
+from otel_llm.processor.tail_sampling.assembler import AssemblySettings, BufferedSpan, Origin, PendingTrace, TraceAssembler
 from otel_llm.config import TailSamplingProcessor
-from otel_llm.sampling.sampler import TailSampler
+from otel_llm.processor.tail_sampling.sampler import TailSampler
 from tests.support.payloads import vllm_batch
 
 ORIGIN = Origin(Resource(), InstrumentationScope(), "svc", {})

@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
 from otel_llm.config import config_from_dict
-from otel_llm.service import Service
+from otel_llm.service.service import Service
 from tests.support.ports import free_port
 
 LOOPBACK_ANY_PORT = "127.0.0.1:0"

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from otel_llm.simulate.engines import (
+from otel_llm_simulate.emitters import (
     RequestTiming,
     SamplingParams,
     emit_gateway,

@@ -7,7 +7,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from otel_llm.simulate.engines import (
+from otel_llm_simulate.emitters import (
     RequestTiming,
     SamplingParams,
     emit_gateway,

@@ -1,0 +1,699 @@
+"""SQLite trace store. One writer thread batches inserts off the hot path (one transaction per batch);
+readers (the JSON API, the CLI) open their own connections, which WAL mode lets run beside the writer.
+
+Span rows are keyed by (trace id, span id) and only ever appended (a replay overwrites its own rows),
+so the cost of a delivery is that of its spans, not of the trace it joins. The writer notices a
+deleted file, a full disk and corrupt pages, counts what they cost and says so through ``problem()``
+(``/readyz``); see README.md here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from otel_llm.pdata.attributes import any_value_to_python
+from otel_llm.pdata.records import RequestRecord
+
+log = logging.getLogger(__name__)
+
+DB_NAME = "traces.db"
+SORT_COLUMNS = {"ttft": "ttft_s", "e2e": "e2e_s", "queue": "queue_s", "tpot": "tpot_s", "start": "start_time_unix_nano",
+                "gateway_overhead": "gateway_overhead_s"}
+SUMMARY_COLUMNS = ("trace_id", "span_id", "model", "engine_kind", "service_name", "operation", "outcome", "policy",
+                   "model_source", "start_time_unix_nano", "ttft_s", "tpot_s", "e2e_s", "queue_s", "prefill_s",
+                   "decode_s", "gateway_overhead_s", "prompt_tokens", "completion_tokens", "segments")
+
+SCHEMA = """
+PRAGMA journal_mode=WAL;
+CREATE TABLE IF NOT EXISTS traces (
+    trace_id TEXT PRIMARY KEY, stored_at REAL NOT NULL, policy TEXT, span_count INTEGER);
+CREATE INDEX IF NOT EXISTS traces_stored_at ON traces(stored_at);
+CREATE TABLE IF NOT EXISTS spans (
+    trace_id TEXT NOT NULL, span_id TEXT NOT NULL, parent_span_id TEXT, name TEXT, kind INTEGER,
+    service_name TEXT, start_time_unix_nano INTEGER, end_time_unix_nano INTEGER, status_code INTEGER,
+    status_message TEXT, attributes TEXT, PRIMARY KEY (trace_id, span_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS requests (
+    trace_id TEXT NOT NULL, span_id TEXT NOT NULL, model TEXT, engine_kind TEXT, service_name TEXT, operation TEXT,
+    outcome TEXT, policy TEXT, model_source TEXT, start_time_unix_nano INTEGER, ttft_s REAL, tpot_s REAL, e2e_s REAL,
+    queue_s REAL, prefill_s REAL, decode_s REAL, gateway_overhead_s REAL, prompt_tokens INTEGER,
+    completion_tokens INTEGER, segments TEXT, PRIMARY KEY (trace_id, span_id)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS requests_start ON requests(start_time_unix_nano);
+CREATE INDEX IF NOT EXISTS requests_model ON requests(model, start_time_unix_nano);
+CREATE TABLE IF NOT EXISTS store_probe (id INTEGER PRIMARY KEY, payload BLOB);
+"""
+
+
+_INT64_MAX = (1 << 63) - 1
+
+
+def _int64(value: int) -> int:
+    """OTLP timestamps are uint64; SQLite integers are signed 64-bit. Past 2262 is not a real time."""
+    return value if value <= _INT64_MAX else _INT64_MAX
+
+
+class StoreError(Exception):
+    """The store file cannot be read (corrupt, not a database, unreadable); the message names the file."""
+
+
+# SQLite primary result codes (the low byte of an extended code) that say the *store* cannot persist,
+# as opposed to one trace it cannot take.
+_SQLITE_PERM, _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY, _SQLITE_IOERR = 3, 5, 6, 8, 10
+_SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_NOTADB = 11, 13, 14, 26
+_IDLE_TICK_S = 1.0  # the writer wakes at least this often: file identity, probe, retention
+_PROBE_BYTES = 64 * 1024  # a probe write of about one trace tells whether a failed store can persist again
+_FLUSH = object()  # queued by flush(): ends the writer's wait for a fuller batch
+
+
+def _store_failure(exc: BaseException) -> str | None:
+    """The drop reason when ``exc`` means the store as a whole cannot persist, else None."""
+    if not isinstance(exc, sqlite3.Error):
+        return None
+    code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+    if code == _SQLITE_FULL:
+        return "disk_full"
+    if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
+        return "corrupt"
+    if code in (_SQLITE_IOERR, _SQLITE_CANTOPEN, _SQLITE_READONLY, _SQLITE_PERM, _SQLITE_BUSY, _SQLITE_LOCKED):
+        return "io_error"
+    return None
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def integrity_problem(path: Path) -> str | None:
+    """``PRAGMA quick_check`` of an existing store file: None when sound, else what is wrong.
+    Raises sqlite3.Error when the file cannot be opened at all (permissions, a directory...)."""
+    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    try:
+        rows = connection.execute("PRAGMA quick_check(1)").fetchall()
+    except sqlite3.DatabaseError as exc:
+        if _store_failure(exc) != "corrupt":
+            raise
+        return str(exc)
+    finally:
+        connection.close()
+    return None if rows == [("ok",)] else "; ".join(str(row[0]) for row in rows)
+
+
+def _span_count(request: ExportTraceServiceRequest) -> int:
+    return sum(len(scope.spans) for resource in request.resource_spans for scope in resource.scope_spans)
+
+
+@dataclass(slots=True)
+class _Kept:
+    request: ExportTraceServiceRequest
+    records: list[RequestRecord]
+    policy: str
+
+
+@dataclass(slots=True)
+class _Written:
+    new_traces: int = 0
+    spans: int = 0
+    unstorable: list[_Kept] | None = None
+
+
+def _span_rows(request: ExportTraceServiceRequest) -> Iterator[tuple[Any, ...]]:
+    for resource_spans in request.resource_spans:
+        service = next((kv.value.string_value for kv in resource_spans.resource.attributes if kv.key == "service.name"),
+                       "")
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                attributes = {kv.key: any_value_to_python(kv.value) for kv in span.attributes}
+                yield (span.trace_id.hex(), span.span_id.hex(), span.parent_span_id.hex(), span.name, span.kind,
+                       service, _int64(span.start_time_unix_nano), _int64(span.end_time_unix_nano), span.status.code,
+                       span.status.message, json.dumps(attributes, default=str))
+
+
+def _request_row(record: RequestRecord, policy: str) -> tuple[Any, ...]:
+    segments = [{"name": s.name, "start_time_unix_nano": s.start_unix_ns, "end_time_unix_nano": s.end_unix_ns}
+                for s in record.segments]
+    return (record.trace_id.hex(), record.span_id.hex(), record.model, record.engine_kind, record.service_name,
+            record.operation_name, record.outcome, policy, record.model_source, _int64(record.start_unix_ns),
+            record.ttft_s, record.tpot_s, record.e2e_s, record.queue_s, record.prefill_s, record.decode_s,
+            record.gateway_overhead_s, record.prompt_tokens, record.completion_tokens, json.dumps(segments))
+
+
+class TraceStore:
+    """The writer. Every kept trace submitted ends up counted exactly once: written, or dropped with
+    a reason (spans: ``written_spans + dropped_spans`` = spans submitted)."""
+
+    def __init__(self, directory: Path, retention_s: float, max_size_bytes: int, queue_size: int,
+                 registry: CollectorRegistry, block_s: float = 5.0, commit_interval_s: float = 0.1,
+                 batch_size: int = 500, prune_interval_s: float = 5.0) -> None:
+        self._block_s = block_s
+        self.path = directory / DB_NAME
+        self._wal_path = directory / (DB_NAME + "-wal")
+        self._directory = directory
+        self._retention_s = retention_s
+        self._max_size_bytes = max_size_bytes
+        self._commit_interval_s = max(0.0, min(commit_interval_s, 60.0))
+        self._batch_size = max(1, batch_size)
+        self._prune_interval_s = prune_interval_s
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
+        self._thread: threading.Thread | None = None
+        self._idle = threading.Condition()
+        self._pending = 0
+        self._flushing = 0
+        self._abandoned = False
+        # Writer-thread state. ``_identity`` (device, inode) of the file the connection has open;
+        # ``_problem`` says why the store cannot persist (None when it can), for /readyz.
+        self._connection: sqlite3.Connection | None = None
+        self._identity: tuple[int, int] | None = None
+        self._problem: str | None = None
+        self._failure: str | None = None  # the drop reason while the store cannot persist
+        self._check_next_open = False  # after SQLITE_CORRUPT: quick_check (and move aside) on reopen
+        self._reopen_reason = "write_failure"  # why the connection was closed, counted when one opens again
+        self._prune_now = False  # over the size limit, or the disk is full: retention at once, not in 5 s
+        self._stored_traces = Counter(
+            "otel_llm_store_written_traces", "Kept traces added to the store (late spans of one do not count again).",
+            registry=registry)
+        self._written_spans = Counter("otel_llm_store_written_spans", "Kept spans written to the store.",
+                                      registry=registry)
+        self._dropped = Counter("otel_llm_store_dropped_traces",
+                                "Kept traces (or late spans of one) the store could not take, by reason.",
+                                ["reason"], registry=registry)
+        self._dropped_spans = Counter("otel_llm_store_dropped_spans", "Kept spans the store could not take, by reason.",
+                                      ["reason"], registry=registry)
+        self._pruned = Counter("otel_llm_store_pruned_traces", "Traces deleted by retention, by reason.", ["reason"],
+                               registry=registry)
+        self._commits = Counter("otel_llm_store_commits", "Store transactions committed (many traces each).",
+                                registry=registry)
+        self._reopened = Counter("otel_llm_store_reopened", "Store file reopened or recreated, by reason.",
+                                 ["reason"], registry=registry)
+        Gauge("otel_llm_store_queue_size", "Kept traces waiting for the store writer.",
+              registry=registry).set_function(self._queue.qsize)
+        Gauge("otel_llm_store_size_bytes", "Bytes used by the store: live pages plus the -wal file.",
+              registry=registry).set_function(lambda: self._size_bytes)
+        Gauge("otel_llm_store_available", "1 while the store can persist, 0 while it cannot (see /readyz).",
+              registry=registry).set_function(lambda: 0 if self.problem() else 1)
+        self._size_bytes = 0
+
+    # --- submitting ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Open (creating) the store; a file with corrupt pages is moved aside first. Raises OSError or
+        sqlite3.Error when the store cannot be opened at all."""
+        self._connection = self._open(check=True, reason="")
+        self._thread = threading.Thread(target=self._run, name="otel-llm-store", daemon=True)
+        self._thread.start()
+
+    def submit(self, request: ExportTraceServiceRequest, records: list[RequestRecord], policy: str) -> bool:
+        with self._idle:
+            self._pending += 1
+        try:
+            # A burst of decisions (a shutdown, a backlog) waits for the writer rather than being lost;
+            # the wait backs up into the intake, which refuses retryably. Only a stuck disk drops.
+            self._queue.put(_Kept(request, records, policy), timeout=self._block_s)
+            return True
+        except queue.Full:
+            self._done(1)
+            self._count_dropped([_Kept(request, records, policy)], "queue_full")
+            return False
+
+    def problem(self) -> str | None:
+        """Why the store cannot persist right now (for /readyz), or None when it can."""
+        if self._problem is not None:
+            return self._problem
+        if self._thread is not None and not self._thread.is_alive() and not self._abandoned:
+            return "the store writer has stopped"
+        identity = self._identity
+        if identity is not None and _file_identity(self.path) != identity:
+            return f"{self.path} was deleted or replaced; the store is reopening it"
+        return None
+
+    def _done(self, count: int) -> None:
+        with self._idle:
+            self._pending -= count
+            if self._pending <= 0:
+                self._idle.notify_all()
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until everything submitted so far is written (the writer commits at once, without
+        waiting out ``commit_interval``)."""
+        with self._idle:
+            if self._pending <= 0:
+                return True
+            self._flushing += 1
+        try:
+            try:
+                self._queue.put_nowait(_FLUSH)
+            except queue.Full:
+                pass  # a full queue makes full batches: no wait to cut short
+            with self._idle:
+                return self._idle.wait_for(lambda: self._pending <= 0, timeout=timeout_s)
+        finally:
+            with self._idle:
+                self._flushing -= 1
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Write what is queued and stop, within ``timeout_s`` in all."""
+        deadline = time.monotonic() + timeout_s
+        self.flush(timeout_s)
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            return
+        try:
+            self._queue.put(None, timeout=max(0.01, deadline - time.monotonic()))
+        except queue.Full:
+            pass
+        thread.join(timeout=max(0.5, deadline - time.monotonic()))  # the last batch and a final retention pass
+        if thread.is_alive():  # a stuck disk: what is still queued is lost at exit, and counted
+            self._abandoned = True
+            with self._queue.mutex:
+                lost = [item for item in self._queue.queue if isinstance(item, _Kept)]
+                self._queue.queue.clear()
+            self._done(len(lost))
+            self._count_dropped(lost, "shutdown")
+
+    # --- the writer thread -----------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        # Autocommit mode: the writer issues BEGIN/COMMIT itself, so a batch is one transaction.
+        connection = sqlite3.connect(self.path, timeout=30, check_same_thread=False, isolation_level=None)
+        connection.execute("PRAGMA synchronous=NORMAL")
+        # After a checkpoint the -wal file is cut back to this size instead of keeping its peak.
+        connection.execute(f"PRAGMA journal_size_limit={max(1 << 20, min(self._max_size_bytes // 8, 64 << 20))}")
+        return connection
+
+    def _open(self, *, check: bool, reason: str) -> sqlite3.Connection:
+        """A new writer connection on ``self.path`` (created if missing). With ``check``, an existing
+        file is checked first and moved aside when its pages are corrupt."""
+        self._directory.mkdir(parents=True, exist_ok=True)
+        if check and self.path.exists():
+            problem = integrity_problem(self.path)
+            if problem is not None:
+                self._move_aside(problem)
+                reason = "corrupt"
+        connection = self._connect()
+        try:
+            connection.executescript(SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            connection.close()
+            if not check or _store_failure(exc) != "corrupt":
+                raise
+            self._move_aside(str(exc))
+            reason = "corrupt"
+            connection = self._connect()
+            connection.executescript(SCHEMA)
+        self._identity = _file_identity(self.path)
+        if reason:
+            self._reopened.labels(reason).inc()
+        self._reopen_reason = "write_failure"
+        return connection
+
+    def _move_aside(self, problem: str) -> None:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        aside = self.path.with_name(f"{DB_NAME}.corrupt-{stamp}")
+        for suffix in ("", "-wal", "-shm"):
+            source = self.path.with_name(DB_NAME + suffix)
+            if source.exists():
+                os.replace(source, aside.with_name(aside.name + suffix))
+        log.error("trace store %s is corrupt (%s): moved it aside to %s and started a new, empty store",
+                  self.path, problem, aside)
+
+    def _run(self) -> None:
+        last_prune = time.monotonic()
+        while True:
+            batch, stop = self._next_batch()
+            try:
+                if batch:
+                    self._write_batch(batch)
+                self._check_file()
+                if self._problem is not None and not batch:
+                    self._probe()  # idle and failed: nothing else would find out that it works again
+                if stop or self._prune_now or time.monotonic() - last_prune > self._prune_interval_s:
+                    last_prune = time.monotonic()
+                    self._prune_now = False
+                    self._prune()
+            except Exception:  # the writer thread must outlive anything
+                log.exception("trace store writer: unexpected error")
+            finally:
+                self._done(len(batch))
+            if stop:
+                if self._connection is not None:
+                    self._connection.close()
+                    self._connection = None
+                return
+
+    def _next_batch(self) -> tuple[list[_Kept], bool]:
+        """Up to ``batch_size`` traces: the first one, then whatever arrives within ``commit_interval``
+        (no waiting while a flush is waited for). Empty after an idle tick."""
+        batch: list[_Kept] = []
+        try:
+            item = self._queue.get(timeout=_IDLE_TICK_S)
+        except queue.Empty:
+            return batch, False
+        deadline = time.monotonic() + self._commit_interval_s
+        while True:
+            if item is None:
+                return batch, True
+            if item is not _FLUSH:
+                batch.append(item)
+            if len(batch) >= self._batch_size:
+                return batch, False
+            remaining = deadline - time.monotonic()
+            try:
+                if remaining <= 0 or self._flushing or item is _FLUSH or not batch:
+                    item = self._queue.get_nowait()
+                else:
+                    item = self._queue.get(timeout=remaining)
+            except queue.Empty:
+                return batch, False
+
+    def _count_dropped(self, items: list[_Kept], reason: str) -> None:
+        if items:
+            self._dropped.labels(reason).inc(len(items))
+            self._dropped_spans.labels(reason).inc(sum(_span_count(item.request) for item in items))
+
+    def _write_batch(self, batch: list[_Kept]) -> None:
+        if self._abandoned:
+            self._count_dropped(batch, "shutdown")
+            return
+        self._check_file()  # never write into a file that is no longer there
+        connection = self._connection
+        if connection is None:
+            try:
+                connection = self._connection = self._open(check=self._check_next_open, reason=self._reopen_reason)
+                self._check_next_open = False
+            except Exception as exc:
+                self._count_dropped(batch, self._failure or "io_error")
+                self._failed(self._failure or "io_error", exc)
+                return
+        try:
+            written = self._write(connection, batch)
+        except Exception as exc:
+            reason = _store_failure(exc) or "write_error"
+            self._count_dropped(batch, reason)
+            self._failed(reason, exc)
+            return
+        self._commits.inc()
+        self._stored_traces.inc(written.new_traces)
+        self._written_spans.inc(written.spans)
+        self._count_dropped(written.unstorable or [], "unstorable")
+        if self._problem is not None:
+            log.warning("trace store %s persists again", self.path)
+            self._problem = self._failure = None
+        try:  # a few header reads and a stat: retention follows a fast writer instead of lagging 5 s behind
+            self._size_bytes = self._used_bytes(connection, checkpoint=False)
+        except sqlite3.Error:
+            pass
+        if self._size_bytes > self._max_size_bytes:
+            self._prune_now = True
+
+    def _failed(self, reason: str, exc: BaseException) -> None:
+        """The store cannot persist: say so on /readyz, and start over with a new connection at the
+        next batch or probe (a connection that saw an I/O error is not trusted again)."""
+        if self._problem is None:
+            log.error("trace store %s cannot persist (%s): %s; kept traces are dropped from it (counted) until "
+                      "it can", self.path, reason, exc)
+        self._problem = f"the trace store {self.path} cannot persist ({reason}): {exc}"
+        self._failure = reason
+        if reason == "corrupt":
+            self._check_next_open = True
+        if reason == "disk_full":
+            self._prune_now = True  # the size limit may free pages inside the file for the next batch
+        if self._connection is not None:
+            try:
+                self._connection.close()
+            except sqlite3.Error:
+                pass
+            self._connection = None
+
+    def _check_file(self) -> None:
+        """The file deleted (or replaced) under the open connection: everything written from now on
+        would go to an unlinked inode and vanish. Count what went with it and open a new file."""
+        connection = self._connection
+        if connection is None or _file_identity(self.path) == self._identity:
+            return
+        try:
+            lost = connection.execute("SELECT COUNT(*) FROM traces").fetchone()[0]
+        except sqlite3.Error:
+            lost = 0
+        connection.close()
+        self._connection = None
+        self._pruned.labels("file_deleted").inc(lost)
+        log.error("trace store %s was deleted or replaced while open (%d stored traces went with it); "
+                  "opening a new one", self.path, lost)
+        self._reopen_reason = "file_deleted"
+        try:
+            self._connection = self._open(check=True, reason="file_deleted")
+        except Exception as exc:
+            self._failed("io_error", exc)
+
+    def _probe(self) -> None:
+        """While failed and idle: can a write of about one trace's size be committed again?"""
+        try:
+            if self._connection is None:
+                self._connection = self._open(check=self._check_next_open, reason=self._reopen_reason)
+                self._check_next_open = False
+            connection = self._connection
+            connection.execute("BEGIN IMMEDIATE")
+            try:
+                connection.execute("INSERT OR REPLACE INTO store_probe VALUES (1, ?)", (b"\0" * _PROBE_BYTES,))
+                connection.execute("DELETE FROM store_probe")
+                connection.execute("COMMIT")
+            except BaseException:
+                _rollback(connection)
+                raise
+        except Exception as exc:
+            self._failed(_store_failure(exc) or self._failure or "io_error", exc)
+            return
+        log.warning("trace store %s persists again", self.path)
+        self._problem = self._failure = None
+
+    def _write(self, connection: sqlite3.Connection, kept: list[_Kept]) -> _Written:
+        """One transaction for the batch, a savepoint per trace: a trace that cannot be stored is
+        skipped (and counted once the batch commits), the others are written. An error that says the
+        store itself cannot persist (disk full, I/O, corruption) aborts the whole batch."""
+        now = time.time()
+        written = _Written(unstorable=[])
+        connection.execute("BEGIN")
+        try:
+            for item in kept:
+                connection.execute("SAVEPOINT trace")
+                try:
+                    new_traces, spans = self._write_trace(connection, item, now)
+                except (sqlite3.Error, OverflowError, ValueError, TypeError) as exc:
+                    if _store_failure(exc) is not None:
+                        raise
+                    connection.execute("ROLLBACK TO trace")
+                    written.unstorable.append(item)
+                    log.warning("kept trace not stored: %s", exc)
+                else:
+                    written.new_traces += new_traces
+                    written.spans += spans
+                connection.execute("RELEASE trace")
+            connection.execute("COMMIT")
+        except BaseException:
+            _rollback(connection)
+            raise
+        return written
+
+    @staticmethod
+    def _write_trace(connection: sqlite3.Connection, item: _Kept, now: float) -> tuple[int, int]:
+        """Appends: the cost is that of the spans given, whatever the size of the stored trace (late
+        spans of a 100 000-span trace cost what they cost at 1 000). Returns (new traces, spans)."""
+        spans = list(_span_rows(item.request))
+        if not spans:
+            return 0, 0
+        by_trace: dict[str, list[tuple[Any, ...]]] = {}
+        for row in spans:
+            by_trace.setdefault(row[0], []).append(row)
+        new_traces = 0
+        for trace_id, rows in by_trace.items():
+            added = connection.executemany("INSERT OR IGNORE INTO spans VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows).rowcount
+            if added < len(rows):  # a replay: its spans overwrite the stored ones instead of duplicating
+                connection.executemany("INSERT OR REPLACE INTO spans VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
+            if connection.execute("INSERT OR IGNORE INTO traces VALUES (?,?,?,?)",
+                                  (trace_id, now, item.policy, added)).rowcount == 1:
+                new_traces += 1
+            elif added:
+                connection.execute("UPDATE traces SET span_count = span_count + ? WHERE trace_id = ?",
+                                   (added, trace_id))
+        connection.executemany(
+            f"INSERT OR REPLACE INTO requests VALUES ({','.join('?' * len(SUMMARY_COLUMNS))})",
+            [_request_row(r, item.policy) for r in item.records])
+        return new_traces, len(spans)
+
+    # --- retention -------------------------------------------------------------------------
+
+    def _prune(self) -> None:
+        connection = self._connection
+        if connection is None:
+            return
+        try:
+            self._prune_with(connection)
+        except Exception as exc:  # nothing is lost when retention fails: it is retried next time
+            log.warning("trace store retention failed: %s", exc)
+            if _store_failure(exc) is not None:
+                self._failed(_store_failure(exc) or "io_error", exc)
+
+    def _prune_with(self, connection: sqlite3.Connection) -> None:
+        cutoff = time.time() - self._retention_s
+        with _transaction(connection):
+            expired = [row[0] for row in
+                       connection.execute("SELECT trace_id FROM traces WHERE stored_at < ?", (cutoff,))]
+            self._delete(connection, expired)
+        if expired:
+            self._pruned.labels("age").inc(len(expired))
+        self._size_bytes = self._used_bytes(connection)
+        while self._size_bytes > self._max_size_bytes:
+            with _transaction(connection):
+                total = connection.execute("SELECT COUNT(*) FROM traces").fetchone()[0]
+                oldest = [row[0] for row in connection.execute(
+                    "SELECT trace_id FROM traces ORDER BY stored_at LIMIT ?", (max(1, total // 10),))]
+                if oldest:
+                    self._delete(connection, oldest)
+            if not oldest:
+                break
+            self._pruned.labels("size").inc(len(oldest))
+            self._size_bytes = self._used_bytes(connection)
+
+    def _used_bytes(self, connection: sqlite3.Connection, checkpoint: bool = True) -> int:
+        """Live pages plus the -wal file, after a checkpoint that cuts the WAL back (the WAL is on the
+        disk too: a size limit that ignored it let the WAL alone fill a disk). A checkpoint that a
+        long reader keeps from completing leaves the WAL uncounted this time, so that one slow API
+        call never makes retention delete everything."""
+        busy = 0
+        if checkpoint:
+            connection.execute("PRAGMA busy_timeout=200")
+            try:
+                busy = connection.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+            finally:
+                connection.execute("PRAGMA busy_timeout=30000")
+        page_size = connection.execute("PRAGMA page_size").fetchone()[0]
+        pages = connection.execute("PRAGMA page_count").fetchone()[0]
+        free = connection.execute("PRAGMA freelist_count").fetchone()[0]
+        wal = 0
+        if not busy:
+            try:
+                wal = os.path.getsize(self._wal_path)
+            except OSError:
+                pass
+        return int((pages - free) * page_size) + wal
+
+    @staticmethod
+    def _delete(connection: sqlite3.Connection, trace_ids: list[str]) -> None:
+        for start in range(0, len(trace_ids), 500):
+            chunk = trace_ids[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            for table in ("spans", "requests", "traces"):
+                connection.execute(f"DELETE FROM {table} WHERE trace_id IN ({marks})", chunk)
+
+
+def _rollback(connection: sqlite3.Connection) -> None:
+    if connection.in_transaction:
+        try:
+            connection.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
+
+@contextmanager
+def _transaction(connection: sqlite3.Connection) -> Iterator[None]:
+    connection.execute("BEGIN")
+    try:
+        yield
+        connection.execute("COMMIT")
+    except BaseException:
+        _rollback(connection)
+        raise
+
+
+class StoreReader:
+    """Read side for the JSON API and the CLI; opens the database read-only."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path if path.suffix == ".db" else path / DB_NAME
+
+    @contextmanager
+    def _connection(self) -> Iterator[sqlite3.Connection]:
+        """Raises FileNotFoundError when there is no store, StoreError (naming the file) when it
+        cannot be read: corrupt pages, not a database, locked past the timeout."""
+        if not self.path.exists():
+            raise FileNotFoundError(f"no trace store at {self.path}")
+        try:
+            connection = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read the trace store {self.path}: {exc}") from None
+        connection.row_factory = sqlite3.Row
+        try:
+            yield connection
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read the trace store {self.path}: {exc}") from None
+        finally:
+            connection.close()
+
+    def list_requests(self, *, model: str | None = None, outcome: str | None = None, sort: str = "start",
+                      limit: int = 50, since_unix_ns: int | None = None, until_unix_ns: int | None = None,
+                      service: str | None = None) -> list[dict[str, Any]]:
+        if sort not in SORT_COLUMNS:
+            raise ValueError(f"sort must be one of {', '.join(SORT_COLUMNS)}")
+        where, params = [], []
+        for column, value in (("model", model), ("outcome", outcome), ("service_name", service)):
+            if value:
+                where.append(f"{column} = ?")
+                params.append(value)
+        for name, value in (("since", since_unix_ns), ("until", until_unix_ns)):
+            if value is not None and not -_INT64_MAX - 1 <= value <= _INT64_MAX:
+                raise ValueError(f"{name} must be a Unix time in nanoseconds (a signed 64-bit integer), got {value}")
+        if since_unix_ns is not None:
+            where.append("start_time_unix_nano >= ?")
+            params.append(since_unix_ns)
+        if until_unix_ns is not None:
+            where.append("start_time_unix_nano < ?")
+            params.append(until_unix_ns)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        column = SORT_COLUMNS[sort]
+        query = (f"SELECT {', '.join(SUMMARY_COLUMNS)} FROM requests {clause} "
+                 f"ORDER BY {column} IS NULL, {column} DESC LIMIT ?")
+        with self._connection() as connection:
+            rows = connection.execute(query, (*params, max(1, min(limit, 10_000)))).fetchall()
+        return [_summary(row) for row in rows]
+
+    def get_trace(self, trace_id: str) -> dict[str, Any] | None:
+        trace_id = trace_id.lower()
+        with self._connection() as connection:
+            spans = connection.execute(
+                "SELECT trace_id, span_id, parent_span_id, name, kind, service_name, start_time_unix_nano, "
+                "end_time_unix_nano, status_code, status_message, attributes FROM spans WHERE trace_id = ? "
+                "ORDER BY start_time_unix_nano, end_time_unix_nano DESC", (trace_id,)).fetchall()
+            if not spans:
+                return None
+            requests = connection.execute(
+                f"SELECT {', '.join(SUMMARY_COLUMNS)} FROM requests WHERE trace_id = ? ORDER BY start_time_unix_nano",
+                (trace_id,)).fetchall()
+        summaries = [_summary(row) for row in requests]
+        return {
+            "trace_id": trace_id,
+            "summary": summaries[0] if summaries else {},
+            "requests": summaries,
+            "spans": [{**dict(row), "attributes": json.loads(row["attributes"] or "{}")} for row in spans],
+        }
+
+
+def _summary(row: sqlite3.Row) -> dict[str, Any]:
+    summary = dict(row)
+    summary["segments"] = json.loads(summary.get("segments") or "[]")
+    return summary

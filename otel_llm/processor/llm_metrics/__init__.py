@@ -1,0 +1,1 @@
+"""processor/llm_metrics"""

@@ -1,0 +1,230 @@
+"""Every span-derived metric, declared once as data: name, unit, buckets, labels, value.
+
+Both namings read the same ``RequestRecord``; the Prometheus exposition names of the OTel
+metrics are derived here by the OTLP->Prometheus rules, never spelled twice.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from otel_llm.pdata.records import RequestRecord, Side
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0)
+# vLLM's inter_token_latency buckets (vllm/v1/metrics/buckets.py, v0.33.0; research/engine-spans.md 2.1).
+INTER_TOKEN_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                               10.0, 20.0, 40.0, 80.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                           120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+GENAI_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+GENAI_TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+GENAI_DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+GENAI_CLIENT_TOKEN_BUCKETS = (1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0,
+                              4194304.0, 16777216.0, 67108864.0)
+
+
+def build_1_2_5_buckets(max_value: int) -> tuple[float, ...]:
+    """vLLM's ``build_1_2_5_buckets``: 1, 2, 5, 10, ... up to ``max_value``, stopping at the first larger."""
+    buckets: list[float] = []
+    exponent = 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10**exponent
+            if value > max_value:
+                return tuple(float(b) for b in buckets)
+            buckets.append(value)
+        exponent += 1
+
+
+Value = Callable[[RequestRecord], float | None]
+# A spec with ``per_step``: one observation per value of a sequence (vLLM's per-step inter-token latency).
+Values = Callable[[RequestRecord], tuple[float, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramSpec:
+    name: str  # OTel-style or vLLM name as users know it
+    unit: str  # UCUM, "s" or "{token}"
+    description: str
+    buckets: tuple[float, ...]
+    value: Value
+    success_only: bool = False  # TTFT and TPOT are defined for successful responses only
+    # One more label with a fixed value, for instruments that split one record into several
+    # observations (``gen_ai.client.token.usage`` by ``gen_ai.token.type``); same-named specs share a family.
+    fixed_label: tuple[str, str] | None = None
+    per_step: Values | None = None  # observed once per value instead of ``value``
+
+
+@dataclass(frozen=True, slots=True)
+class CounterSpec:
+    name: str
+    unit: str
+    description: str
+    value: Value
+    by_outcome: bool = False  # adds the ``finished_reason`` label
+
+
+Labels = Callable[[RequestRecord], tuple[str, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class Naming:
+    key: str  # the config switch: processors.llm_metrics.namings.<key>
+    label_names: tuple[str, ...]  # OTel attribute names; Prometheus label names are derived
+    labels: Labels
+    histograms: tuple[HistogramSpec, ...]
+    counters: tuple[CounterSpec, ...] = ()
+    side: str = Side.SERVER  # which records it observes
+
+
+_UNIT_WORDS = {"s": "seconds", "ms": "milliseconds", "By": "bytes", "1": ""}
+_INVALID_NAME = re.compile(r"[^a-zA-Z0-9_:]+")
+_INVALID_LABEL = re.compile(r"[^a-zA-Z0-9_]+")
+_REPEATED = re.compile(r"__+")
+
+
+def prometheus_metric_name(name: str, unit: str) -> str:
+    """OTLP->Prometheus (UnderscoreEscapingWithSuffixes): escape, then append the unit word."""
+    escaped = _REPEATED.sub("_", _INVALID_NAME.sub("_", name))
+    word = "" if unit.startswith("{") else _UNIT_WORDS.get(unit, unit)
+    if word and not escaped.endswith("_" + word):
+        escaped = f"{escaped}_{word}"
+    return escaped
+
+
+def prometheus_label_name(name: str) -> str:
+    return _REPEATED.sub("_", _INVALID_LABEL.sub("_", name))
+
+
+def tokens_buckets(max_model_len: int) -> tuple[float, ...]:
+    return build_1_2_5_buckets(max_model_len)
+
+
+def vllm_naming(max_model_len: int) -> Naming:
+    tokens = tokens_buckets(max_model_len)
+    return Naming(
+        key="vllm",
+        label_names=("model_name", "engine_kind", "service_name"),
+        labels=lambda r: (r.model, r.engine_kind, r.service_name),
+        histograms=(
+            HistogramSpec("vllm:time_to_first_token_seconds", "s", "Histogram of time to first token in seconds.",
+                          TTFT_BUCKETS, lambda r: r.ttft_s, success_only=True),
+            HistogramSpec("vllm:request_time_per_output_token_seconds", "s",
+                          "Histogram of time_per_output_token_seconds per request.",
+                          TPOT_BUCKETS, lambda r: r.tpot_s, success_only=True),
+            HistogramSpec("vllm:inter_token_latency_seconds", "s", "Histogram of inter-token latency in seconds.",
+                          INTER_TOKEN_LATENCY_BUCKETS, lambda r: None, per_step=lambda r: r.itl_s),
+            HistogramSpec("vllm:e2e_request_latency_seconds", "s", "Histogram of e2e request latency in seconds.",
+                          REQUEST_LATENCY_BUCKETS, lambda r: r.e2e_s),
+            HistogramSpec("vllm:request_queue_time_seconds", "s",
+                          "Histogram of time spent in WAITING phase for request.",
+                          REQUEST_LATENCY_BUCKETS, lambda r: r.queue_s),
+            HistogramSpec("vllm:request_prefill_time_seconds", "s",
+                          "Histogram of time spent in PREFILL phase for request.",
+                          REQUEST_LATENCY_BUCKETS, lambda r: r.prefill_s),
+            HistogramSpec("vllm:request_decode_time_seconds", "s",
+                          "Histogram of time spent in DECODE phase for request.",
+                          REQUEST_LATENCY_BUCKETS, lambda r: r.decode_s),
+            HistogramSpec("vllm:request_inference_time_seconds", "s",
+                          "Histogram of time spent in RUNNING phase for request.",
+                          REQUEST_LATENCY_BUCKETS, lambda r: r.inference_s),
+            HistogramSpec("vllm:request_prompt_tokens", "{token}", "Number of prefill tokens processed.",
+                          tokens, lambda r: r.prompt_tokens),
+            HistogramSpec("vllm:request_generation_tokens", "{token}", "Number of generation tokens processed.",
+                          tokens, lambda r: r.completion_tokens),
+        ),
+        counters=(
+            CounterSpec("vllm:prompt_tokens", "{token}", "Number of prefill tokens processed.", lambda r: r.prompt_tokens),
+            CounterSpec("vllm:generation_tokens", "{token}", "Number of generation tokens processed.",
+                        lambda r: r.completion_tokens),
+            CounterSpec("vllm:request_success", "{request}", "Count of finished requests by finished reason.",
+                        lambda r: 1, by_outcome=True),
+        ),
+    )
+
+
+GENAI_LABEL_NAMES = ("gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.request.model", "gen_ai.response.model",
+                     "server.address", "server.port", "error.type")
+
+
+def _genai_labels(r: RequestRecord) -> tuple[str, ...]:
+    # A configured default model (never an observation) still labels the series the user asked it to.
+    return (r.operation_name, r.provider_name, r.request_model or r.model, r.response_model, r.server_address,
+            r.server_port, r.error_type)
+
+
+def genai_naming() -> Naming:
+    return Naming(
+        key="gen_ai",
+        label_names=GENAI_LABEL_NAMES,
+        labels=_genai_labels,
+        histograms=(
+            HistogramSpec("gen_ai.server.time_to_first_token", "s", "Time to generate first token for successful responses.",
+                          GENAI_TTFT_BUCKETS, lambda r: r.ttft_s, success_only=True),
+            HistogramSpec("gen_ai.server.time_per_output_token", "s",
+                          "Time per output token generated after the first token for successful responses.",
+                          GENAI_TPOT_BUCKETS, lambda r: r.tpot_s, success_only=True),
+            HistogramSpec("gen_ai.server.request.duration", "s", "Generative AI server request duration.",
+                          GENAI_DURATION_BUCKETS, lambda r: r.e2e_s),
+        ),
+    )
+
+
+def genai_client_naming() -> Naming:
+    """The GenAI client metrics (semconv v1.41.0), from client-side records only. Switched with the
+    ``gen_ai`` naming. ``time_per_output_chunk`` is not derived: it is one observation per chunk,
+    and no instrumentation puts per-chunk times on its span."""
+    return Naming(
+        key="gen_ai",
+        label_names=GENAI_LABEL_NAMES,
+        labels=_genai_labels,
+        side=Side.CLIENT,
+        histograms=(
+            HistogramSpec("gen_ai.client.operation.duration", "s", "GenAI operation duration.",
+                          GENAI_DURATION_BUCKETS, lambda r: r.e2e_s),
+            HistogramSpec("gen_ai.client.operation.time_to_first_chunk", "s",
+                          "Time to receive the first chunk, for streaming calls.",
+                          GENAI_DURATION_BUCKETS, lambda r: r.ttft_s),
+            HistogramSpec("gen_ai.client.token.usage", "{token}", "Number of input and output tokens used.",
+                          GENAI_CLIENT_TOKEN_BUCKETS, lambda r: r.prompt_tokens,
+                          fixed_label=("gen_ai.token.type", "input")),
+            HistogramSpec("gen_ai.client.token.usage", "{token}", "Number of input and output tokens used.",
+                          GENAI_CLIENT_TOKEN_BUCKETS, lambda r: r.completion_tokens,
+                          fixed_label=("gen_ai.token.type", "output")),
+        ),
+    )
+
+
+def own_naming() -> Naming:
+    """The product's own request metrics, for what neither naming has a name for."""
+    return Naming(
+        key="otel_llm",
+        label_names=("model_name", "engine_kind", "service_name"),
+        labels=lambda r: (r.model, r.engine_kind, r.service_name),
+        histograms=(
+            HistogramSpec("otel_llm_gateway_overhead_seconds", "s",
+                          "Edge gateway span duration minus the engine's e2e latency.",
+                          GENAI_DURATION_BUCKETS, lambda r: r.gateway_overhead_s),
+            HistogramSpec("otel_llm_client_overhead_seconds", "s",
+                          "Joined client span duration minus the engine's e2e latency: what the caller waited "
+                          "outside the engine (network, gateways, their queues).",
+                          GENAI_DURATION_BUCKETS, lambda r: r.client_overhead_s),
+            HistogramSpec("otel_llm_edge_time_to_first_token_seconds", "s",
+                          "Time to first token as the edge gateway reports it.",
+                          TTFT_BUCKETS, lambda r: r.edge_ttft_s, success_only=True),
+        ),
+    )
+
+
+SEGMENT_METRIC = HistogramSpec(
+    "otel_llm_request_segment_seconds", "s",
+    "Duration of each request segment (preprocess, queue, prefill, decode, postprocess; kv_transfer, compute, "
+    "queue_and_prefill, routing where an engine has them), every engine.",
+    TTFT_BUCKETS,  # segments span milliseconds (preprocess) to minutes (queue under overload)
+    lambda r: None,  # observed per segment, see MetricsRecorder
+)

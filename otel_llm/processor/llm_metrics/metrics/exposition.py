@@ -1,0 +1,100 @@
+"""A prometheus_client collector over the recorder's families: text 0.0.4 and OpenMetrics both
+come from prometheus_client's own encoders, with exemplars only where OpenMetrics is asked for."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Exemplar as PromExemplar
+
+from otel_llm.processor.llm_metrics.metrics.definitions import SEGMENT_METRIC, prometheus_label_name, prometheus_metric_name
+from otel_llm.processor.llm_metrics.metrics.families import Family, HistogramSeries
+from otel_llm.processor.llm_metrics.metrics.recorder import MetricsRecorder
+
+OVERFLOW_LABELS = {"otel_llm_overflow": "true"}
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if math.isinf(bound) else repr(float(bound))
+
+
+def _unit_word(unit: str) -> str:
+    return "seconds" if unit == "s" else ""
+
+
+class RecorderCollector(Collector):
+    def __init__(self, recorder: MetricsRecorder) -> None:
+        self._recorder = recorder
+
+    def collect(self) -> Iterator[Metric]:
+        recorder = self._recorder
+        with recorder.lock:
+            snapshot = []
+            for bound in recorder.namings:
+                label_names = tuple(prometheus_label_name(n) for n in bound.label_names)
+                for hist in bound.exposed:
+                    snapshot.append(_histogram(hist.spec.name, hist.spec.unit, hist.spec.description,
+                                               hist.family.bounds,
+                                               tuple(prometheus_label_name(n) for n in hist.label_names),
+                                               hist.family))
+                for counter in bound.counters:
+                    names = label_names + (("finished_reason",) if counter.spec.by_outcome else ())
+                    snapshot.append(_counter(counter.spec.name, counter.spec.description, names, counter.family))
+            snapshot.append(_histogram(SEGMENT_METRIC.name, SEGMENT_METRIC.unit, SEGMENT_METRIC.description,
+                                       recorder.segments.bounds,
+                                       tuple(prometheus_label_name(n) for n in recorder.segment_label_names),
+                                       recorder.segments))
+            overflow = Metric("otel_llm_series_overflow",
+                              "Observations sent to a metric's overflow series because its series cap was reached.",
+                              "counter")
+            for family in recorder.families():
+                overflow.add_sample("otel_llm_series_overflow_total", {"metric": exposed_name(family.name)},
+                                    family.overflowed)
+            snapshot.append(overflow)
+        yield from snapshot
+
+
+def _labels(label_names: tuple[str, ...], key: tuple[str, ...]) -> dict[str, str]:
+    if key == Family.OVERFLOW:
+        return dict(OVERFLOW_LABELS)
+    return dict(zip(label_names, key))
+
+
+def exposed_name(name: str, unit: str = "s") -> str:
+    """The Prometheus name of a declared metric: OTel dotted names are translated, vLLM names kept."""
+    return prometheus_metric_name(name, unit) if "." in name else name
+
+
+def _histogram(name: str, unit: str, doc: str, bounds: tuple[float, ...], label_names: tuple[str, ...],
+               family: Family) -> Metric:
+    metric_name = exposed_name(name, unit)
+    word = _unit_word(unit)
+    base = metric_name[: -len(word) - 1] if word and metric_name.endswith("_" + word) else metric_name
+    metric = Metric(base, doc, "histogram", word)
+    les = [_le(b) for b in bounds] + ["+Inf"]
+    for key, series in family.series.items():
+        assert isinstance(series, HistogramSeries)
+        labels = _labels(label_names, key)
+        cumulative = 0.0
+        for index, le in enumerate(les):
+            cumulative += series.counts[index]
+            exemplar = series.exemplars.get(index)
+            prom_exemplar = (
+                PromExemplar({"trace_id": exemplar.trace_id, "span_id": exemplar.span_id}, exemplar.value,
+                             exemplar.timestamp)
+                if exemplar is not None else None
+            )
+            metric.add_sample(metric.name + "_bucket", {**labels, "le": le}, cumulative, None, prom_exemplar)
+        metric.add_sample(metric.name + "_count", labels, series.count)
+        metric.add_sample(metric.name + "_sum", labels, series.total)
+    return metric
+
+
+def _counter(name: str, doc: str, label_names: tuple[str, ...], family: Family) -> Metric:
+    metric = Metric(name, doc, "counter")
+    for key, value in family.series.items():
+        metric.add_sample(name + "_total", _labels(label_names, key), value)  # type: ignore[arg-type]
+    return metric

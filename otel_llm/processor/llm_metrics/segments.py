@@ -1,0 +1,145 @@
+"""Pure functions from an engine observation to validated latencies and timed segments.
+
+Nothing here reads a clock or a protobuf: the inputs are numbers, the outputs are numbers,
+so every rule of DESIGN.md §4 is testable on its own.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from otel_llm.pdata.observation import EngineObservation, MalformedSpan
+from otel_llm.pdata.records import Segment
+
+# Engines round independently measured intervals; a millisecond, or 1 % of e2e, absorbs that
+# without letting a genuinely inconsistent span through.
+ABS_TOLERANCE_S = 1e-3
+REL_TOLERANCE = 0.01
+MAX_TOKENS_PER_REQUEST = 100_000_000
+
+
+@dataclass(slots=True, frozen=True)
+class Timings:
+    """The engine's numbers, validated, with what follows from them. Derived again at completion
+    rather than stored on each buffered span: arithmetic is cheaper than ~100 bytes per span."""
+
+    ttft_s: float | None
+    e2e_s: float | None
+    queue_s: float | None
+    prefill_s: float | None
+    decode_s: float | None
+    inference_s: float | None
+    preprocess_s: float | None
+    postprocess_s: float | None
+    tpot_s: float | None
+
+
+def _check(name: str, value: float | None, max_latency_s: float) -> None:
+    if value is None:
+        return
+    if math.isnan(value):
+        raise MalformedSpan("nan_latency", f"{name} is NaN")
+    if math.isinf(value):
+        raise MalformedSpan("infinite_latency", f"{name} is infinite")
+    if value < 0:
+        raise MalformedSpan("negative_latency", f"{name} = {value}")
+    if value > max_latency_s:
+        raise MalformedSpan("absurd_latency", f"{name} = {value} > {max_latency_s}")
+
+
+def validate_tokens(obs: EngineObservation) -> None:
+    for name, value in (("prompt_tokens", obs.prompt_tokens), ("completion_tokens", obs.completion_tokens)):
+        if value is not None and not 0 <= value <= MAX_TOKENS_PER_REQUEST:
+            raise MalformedSpan("absurd_token_count", f"{name} = {value}")
+
+
+def derive_timings(obs: EngineObservation, max_latency_s: float) -> Timings:
+    """Validate the engine's numbers and derive what follows from them; ``obs`` is not changed.
+
+    vLLM measures TTFT and e2e on the wall clock and queue/prefill/decode on the engine's monotonic
+    clock; the difference between the two families is the API server's own time (preprocess
+    before the queue, postprocess after the last token).
+    """
+    for name in ("ttft_s", "e2e_s", "queue_s", "prefill_s", "decode_s", "inference_s", "preprocess_s", "tpot_s"):
+        _check(name, getattr(obs, name), max_latency_s)
+    validate_tokens(obs)
+
+    ttft, e2e, queue, prefill, decode = obs.ttft_s, obs.e2e_s, obs.queue_s, obs.prefill_s, obs.decode_s
+    inference, preprocess = obs.inference_s, obs.preprocess_s
+    tolerance = ABS_TOLERANCE_S + REL_TOLERANCE * (e2e or 0.0)
+
+    if inference is None and prefill is not None and decode is not None:
+        inference = prefill + decode
+    if ttft is not None and e2e is not None and ttft > e2e + tolerance:
+        raise MalformedSpan("inconsistent_latency", f"ttft {ttft} > e2e {e2e}")
+    if preprocess is None and ttft is not None and queue is not None and prefill is not None:
+        preprocess = ttft - queue - prefill
+        if preprocess < -tolerance:
+            raise MalformedSpan("inconsistent_latency", f"queue {queue} + prefill {prefill} > ttft {ttft}")
+        preprocess = max(preprocess, 0.0)
+    postprocess = None
+    if e2e is not None and ttft is not None and decode is not None:
+        postprocess = e2e - ttft - decode
+        if postprocess < -tolerance:
+            raise MalformedSpan("inconsistent_latency", f"ttft {ttft} + decode {decode} > e2e {e2e}")
+        postprocess = max(postprocess, 0.0)
+    elif e2e is not None:
+        known = sum(v for v in (preprocess, queue, inference) if v is not None)
+        if known > e2e + tolerance:
+            raise MalformedSpan("inconsistent_latency", f"segments sum {known} > e2e {e2e}")
+
+    tpot = obs.tpot_s
+    if tpot is None and decode is not None and obs.completion_tokens is not None and obs.completion_tokens > 1:
+        tpot = decode / (obs.completion_tokens - 1)
+    return Timings(ttft, e2e, queue, prefill, decode, inference, preprocess, postprocess, tpot)
+
+
+def _ns(seconds: float) -> int:
+    return round(seconds * 1e9)
+
+
+def build_segments(start_unix_ns: int, t: Timings) -> tuple[Segment, ...]:
+    """Segments laid end to end from the engine span's start (the request's arrival).
+
+    Zero-length preprocess/postprocess are omitted, as DESIGN.md §4 says; queue, prefill and
+    decode are kept even when zero long so every request has the same waterfall.
+    """
+    segments: list[Segment] = []
+    cursor = start_unix_ns
+    if t.ttft_s is not None and t.queue_s is not None and t.prefill_s is not None:
+        first_token = start_unix_ns + _ns(t.ttft_s)
+        prefill_start = first_token - _ns(t.prefill_s)
+        queue_start = prefill_start - _ns(t.queue_s)
+        if queue_start > cursor:
+            segments.append(Segment("preprocess", cursor, queue_start))
+        queue_start = max(queue_start, cursor)
+        segments.append(Segment("queue", queue_start, max(prefill_start, queue_start)))
+        segments.append(Segment("prefill", max(prefill_start, queue_start), first_token))
+        cursor = first_token
+    elif t.queue_s is not None and t.preprocess_s is not None:
+        # TGI: validation, queue, then one inference interval without a first-token mark.
+        if t.preprocess_s > 0:
+            segments.append(Segment("preprocess", cursor, cursor + _ns(t.preprocess_s)))
+            cursor += _ns(t.preprocess_s)
+        segments.append(Segment("queue", cursor, cursor + _ns(t.queue_s)))
+        cursor += _ns(t.queue_s)
+        if t.inference_s is not None:
+            segments.append(Segment("inference", cursor, cursor + _ns(t.inference_s)))
+            cursor += _ns(t.inference_s)
+    elif t.ttft_s is not None and t.prefill_s is not None:
+        # SGLang has no queue attribute: everything before prefill is queue + tokenization.
+        first_token = start_unix_ns + _ns(t.ttft_s)
+        prefill_start = max(first_token - _ns(t.prefill_s), cursor)
+        if prefill_start > cursor:
+            segments.append(Segment("queue", cursor, prefill_start))
+        segments.append(Segment("prefill", prefill_start, first_token))
+        cursor = first_token
+    if t.decode_s is not None and t.ttft_s is not None:
+        segments.append(Segment("decode", cursor, cursor + _ns(t.decode_s)))
+        cursor += _ns(t.decode_s)
+    if t.e2e_s is not None:
+        end = start_unix_ns + _ns(t.e2e_s)
+        if end > cursor and segments:
+            segments.append(Segment("postprocess", cursor, end))
+    return tuple(segments)

@@ -1,0 +1,1 @@
+"""processor/memory_limiter"""

@@ -1,0 +1,189 @@
+"""Sampling policies over a completed trace and its request records; each a small pure object."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from opentelemetry.proto.trace.v1.trace_pb2 import Status
+
+from otel_llm.pdata.records import Outcome, RequestRecord, Side
+from otel_llm.processor.tail_sampling.assembler import PendingTrace
+from otel_llm.processor.tail_sampling.quantiles import RollingQuantile
+
+METRICS: dict[str, Callable[[RequestRecord], float | None]] = {
+    "ttft": lambda r: r.ttft_s,
+    "tpot": lambda r: r.tpot_s,
+    "e2e": lambda r: r.e2e_s,
+    "queue": lambda r: r.queue_s,
+    "gateway_overhead": lambda r: r.gateway_overhead_s,
+}
+
+
+class Policy:
+    name: str
+
+    def matches(self, trace: PendingTrace, records: list[RequestRecord]) -> bool:
+        raise NotImplementedError
+
+
+@dataclass
+class ErrorsPolicy(Policy):
+    """Any span with status ERROR, and every request whose outcome is an error or an abort."""
+
+    name: str = "errors"
+
+    def matches(self, trace: PendingTrace, records: list[RequestRecord]) -> bool:
+        if any(r.outcome in (Outcome.ERROR, Outcome.ABORT) for r in records):
+            return True
+        return any(b.status_code == Status.STATUS_CODE_ERROR for b in trace.spans.values())
+
+
+@dataclass
+class SloPolicy(Policy):
+    """Any request above a static threshold; ``per_model`` overrides the defaults for a model."""
+
+    thresholds: dict[str, float]
+    per_model: dict[str, dict[str, float]] = field(default_factory=dict)
+    name: str = "slo"
+
+    def matches(self, trace: PendingTrace, records: list[RequestRecord]) -> bool:
+        for record in records:
+            if record.side != Side.SERVER:
+                continue  # thresholds are on the server's latencies; a client's duration is another quantity
+            limits = {**self.thresholds, **self.per_model.get(record.model, {})}
+            for metric, limit in limits.items():
+                value = METRICS[metric](record)
+                if value is not None and value > limit:
+                    return True
+        return False
+
+
+class SlowestPolicy(Policy):
+    """Above the rolling per-model quantile of each chosen metric: no static threshold to tune.
+
+    The threshold is the quantile of the requests seen *before* this one, so the first request of a
+    model and any new extreme during warm-up are kept, and steady traffic keeps ~(1 - quantile).
+    """
+
+    def __init__(self, metrics: list[str], quantile: float, window_s: float, max_models: int = 1000,
+                 name: str = "slowest", clock: Callable[[], float] = time.monotonic) -> None:
+        self.name = name
+        self.metrics = metrics
+        self.quantile = quantile
+        self.window_s = window_s
+        self.max_models = max_models
+        self._clock = clock
+        self._windows: dict[tuple[str, str], RollingQuantile] = {}
+        self._lock = threading.Lock()
+
+    def _window(self, model: str, metric: str) -> RollingQuantile | None:
+        key = (model, metric)
+        window = self._windows.get(key)
+        if window is None:
+            if len(self._windows) >= self.max_models * len(self.metrics):
+                key = ("__other__", metric)  # bounded memory under a flood of model names
+                window = self._windows.get(key)
+            if window is None:
+                window = self._windows[key] = RollingQuantile(self.window_s, clock=self._clock)
+        return window
+
+    def matches(self, trace: PendingTrace, records: list[RequestRecord]) -> bool:
+        slow = False
+        with self._lock:
+            for record in records:
+                if not record.succeeded or record.side != Side.SERVER:
+                    continue
+                for metric in self.metrics:
+                    value = METRICS[metric](record)
+                    if value is None:
+                        continue
+                    window = self._window(record.model, metric)
+                    assert window is not None
+                    threshold = window.quantile(self.quantile)
+                    if threshold is None or value > threshold:
+                        slow = True
+                    window.add(value)
+        return slow
+
+
+_RANDOMNESS_BITS = 56
+_MAX_THRESHOLD = 1 << _RANDOMNESS_BITS
+
+
+def randomness_of(trace_id: bytes) -> int:
+    """W3C trace-context level 2: the rightmost 56 bits of the trace id are random."""
+    return int.from_bytes(trace_id[9:16], "big")
+
+
+def threshold_for(rate: float) -> int:
+    return round((1.0 - rate) * _MAX_THRESHOLD)
+
+
+def encode_threshold(threshold: int) -> str:
+    """OTel ``th`` value: 14 hex digits with trailing zeros removed (``0`` for keep-all)."""
+    text = f"{threshold:014x}".rstrip("0")
+    return text or "0"
+
+
+class ProbabilisticPolicy(Policy):
+    """Keeps ``rate`` of traces, consistently across replicas: the decision is a function of the trace id."""
+
+    def __init__(self, rate: float, name: str = "probabilistic") -> None:
+        self.name = name
+        self.rate = rate
+        self.threshold = threshold_for(rate)
+        self.th = encode_threshold(self.threshold)
+
+    def matches(self, trace: PendingTrace, records: list[RequestRecord]) -> bool:
+        return randomness_of(trace.trace_id) >= self.threshold
+
+
+class TokenBucket:
+    def __init__(self, per_second: float, clock: Callable[[], float]) -> None:
+        self.per_second = per_second
+        self.tokens = per_second
+        self._clock = clock
+        self._last = clock()
+
+    def take(self) -> bool:
+        now = self._clock()
+        self.tokens = min(self.per_second, self.tokens + (now - self._last) * self.per_second)
+        self._last = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+
+class RateLimit:
+    """Kept traces per second, overall and per model, so one noisy model can't starve the others."""
+
+    def __init__(self, overall: float, per_model: float, applies_to: list[str], max_models: int = 1000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.applies_to = frozenset(applies_to)
+        self._clock = clock
+        self._overall = TokenBucket(overall, clock) if overall > 0 else None
+        self._per_model_rate = per_model
+        self._models: dict[str, TokenBucket] = {}
+        self._max_models = max_models
+        self._lock = threading.Lock()
+
+    def allow(self, policy: str, records: list[RequestRecord]) -> bool:
+        if policy not in self.applies_to:
+            return True
+        with self._lock:
+            if self._per_model_rate > 0:
+                model = records[0].model if records else "__none__"
+                bucket = self._models.get(model)
+                if bucket is None:
+                    if len(self._models) >= self._max_models:
+                        model = "__other__"
+                        bucket = self._models.get(model)
+                    if bucket is None:
+                        bucket = self._models[model] = TokenBucket(self._per_model_rate, self._clock)
+                if not bucket.take():
+                    return False
+            return self._overall is None or self._overall.take()

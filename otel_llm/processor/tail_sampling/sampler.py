@@ -1,0 +1,72 @@
+"""The tail sampler: policies in config order, the first match keeps the trace, then rate limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from otel_llm.pdata.records import RequestRecord
+from otel_llm.processor.tail_sampling.assembler import PendingTrace
+from otel_llm.config import ProbabilisticPolicyConfig, SlowestPolicyConfig, TailSamplingProcessor
+from otel_llm.processor.tail_sampling.policies import (
+    ErrorsPolicy,
+    Policy,
+    ProbabilisticPolicy,
+    RateLimit,
+    SloPolicy,
+    SlowestPolicy,
+)
+
+
+@dataclass(slots=True, frozen=True)
+class Decision:
+    keep: bool
+    policy: str = ""  # the first policy that matched, stamped on kept spans
+    threshold: str = ""  # OTel ``th`` of the probability the trace was kept with ("0" = always)
+    rate_limited: bool = False
+
+
+DROP = Decision(False)
+
+
+def build_policies(config: TailSamplingProcessor) -> list[Policy]:
+    policies: list[Policy] = []
+    for policy in config.policies:
+        if policy.type == "errors":
+            policies.append(ErrorsPolicy(name=policy.name))
+        elif policy.type == "slo":
+            assert policy.slo is not None
+            policies.append(SloPolicy(dict(policy.slo.thresholds), {m: dict(v) for m, v in policy.slo.per_model.items()},
+                                      name=policy.name))
+        elif policy.type == "slowest":
+            block = policy.slowest or SlowestPolicyConfig()
+            policies.append(SlowestPolicy(list(block.metrics), block.quantile, block.window, name=policy.name))
+        elif policy.type == "probabilistic":
+            block = policy.probabilistic or ProbabilisticPolicyConfig()
+            policies.append(ProbabilisticPolicy(block.sampling_percentage / 100.0, name=policy.name))
+    return policies
+
+
+class TailSampler:
+    def __init__(self, config: TailSamplingProcessor) -> None:
+        self.policies = build_policies(config)
+        rate = config.rate_limit
+        exempt = {p.name for p in config.policies if p.type == "errors"}
+        applies_to = rate.applies_to or [p.name for p in config.policies if p.name not in exempt]
+        self.rate_limit = (
+            RateLimit(rate.traces_per_second, rate.per_model_traces_per_second, applies_to)
+            if rate.traces_per_second > 0 or rate.per_model_traces_per_second > 0 else None
+        )
+
+    def decide(self, trace: PendingTrace, records: list[RequestRecord]) -> Decision:
+        # Every policy sees every trace (the rolling quantiles must learn from all traffic), so no
+        # short-circuit: the first match names the decision.
+        matched: Policy | None = None
+        for policy in self.policies:
+            if policy.matches(trace, records) and matched is None:
+                matched = policy
+        if matched is None:
+            return DROP
+        if self.rate_limit is not None and not self.rate_limit.allow(matched.name, records):
+            return Decision(False, matched.name, rate_limited=True)
+        threshold = matched.th if isinstance(matched, ProbabilisticPolicy) else "0"
+        return Decision(True, matched.name, threshold)

@@ -1,1 +1,0 @@
-"""OTLP receivers: gRPC ``TraceService/Export`` and HTTP ``POST /v1/traces``."""

@@ -1,0 +1,76 @@
+"""The product's own counters (prefix ``otel_llm_``): every refusal, malformed span and drop is visible."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from otel_llm.receiver.otlp.process import ReceiverCounters
+
+
+class ReceiverCountersCollector(Collector):
+    """The receiver process's counters (shared memory), as ordinary counter families. Refusal series
+    appear once non-zero, as labelled ``Counter`` children appear once used."""
+
+    def __init__(self, counters: ReceiverCounters) -> None:
+        self._counters = counters
+
+    def collect(self) -> Iterator[Metric]:
+        accepted, spans, requests = self._counters.snapshot()
+        family = CounterMetricFamily("otel_llm_receiver_accepted_spans", "Spans accepted by a receiver.",
+                                     labels=["protocol"])
+        for protocol, value in accepted.items():
+            family.add_metric([protocol], value)
+        yield family
+        for name, help_text, values in (
+                ("otel_llm_receiver_refused_spans",
+                 "Spans refused by a receiver, by reason (whole requests count all their spans when known).", spans),
+                ("otel_llm_receiver_refused_requests", "Export requests refused as a whole, by reason.", requests)):
+            family = CounterMetricFamily(name, help_text, labels=["protocol", "reason"])
+            for labels, value in values.items():
+                if value:
+                    family.add_metric(list(labels), value)
+            yield family
+
+
+class SelfTelemetry:
+    def __init__(self, registry: CollectorRegistry, receivers: ReceiverCounters) -> None:
+        registry.register(ReceiverCountersCollector(receivers))
+        self.spans_malformed = Counter(
+            "otel_llm_spans_malformed", "Engine spans whose values were unusable; passed through, not measured.",
+            ["reason"], registry=registry)
+        self.spans_passed_through = Counter(
+            "otel_llm_spans_passed_through", "Spans that matched no engine adapter (kept with their trace).",
+            registry=registry)
+        self.spans_engine = Counter(
+            "otel_llm_spans_matched", "Spans matched by an engine adapter.", ["adapter"], registry=registry)
+        self.late_spans = Counter(
+            "otel_llm_late_spans", "Spans that arrived after their trace was completed.", registry=registry)
+        self.spans_dropped = Counter(
+            "otel_llm_spans_dropped", "Spans dropped after acceptance, by reason.", ["reason"], registry=registry)
+        self.requests_assembled = Counter(
+            "otel_llm_requests_assembled", "Request records assembled, by engine and outcome.",
+            ["engine_kind", "outcome"], registry=registry)
+        self.traces_completed = Counter(
+            "otel_llm_traces_completed", "Traces completed, by what completed them.", ["reason"], registry=registry)
+        self.traces_in_memory = Gauge(
+            "otel_llm_traces_in_memory", "Traces buffered awaiting assembly and decision.", registry=registry)
+        self.sampling_decisions = Counter(
+            "otel_llm_sampling_decisions", "Tail-sampling decisions, by the first matching policy and outcome.",
+            ["policy", "decision"], registry=registry)
+        self.kept_traces_dropped = Counter(
+            "otel_llm_kept_traces_dropped", "Kept traces a destination could not take (see its own counters).",
+            ["sink"], registry=registry)
+        self.intake_queued_spans = Gauge(
+            "otel_llm_intake_queued_spans", "Spans accepted by a receiver and not yet processed.", registry=registry)
+        self.attributes_redacted = Counter(
+            "otel_llm_attributes_redacted", "Span and event attributes removed as prompt or completion content, "
+            "by rule (content_key, free_text, content_event).", ["reason"], registry=registry)
+        self.values_rejected = Counter(
+            "otel_llm_values_rejected", "Durations read at assembly (span times, edge TTFT) that failed validation; "
+            "the request is counted without them.", ["reason"], registry=registry)
+        self.spans_truncated = Counter(
+            "otel_llm_spans_truncated", "Spans whose attributes were cut to the configured limits.", registry=registry)
