@@ -24,14 +24,15 @@ run: $(STAMP)
 
 # The real services and tools the tests use: Debian's prometheus (and promtool), prometheus-alertmanager
 # (and amtool), docker-compose
-# (config checks only, no engine) and openssl (test certificates). Installed only when missing.
-SERVICE_COMMANDS := prometheus promtool prometheus-alertmanager amtool docker-compose openssl
+# (config checks only, no engine), openssl (test certificates) and chromium + chromium-driver (the web view's
+# browser tests). Installed only when missing.
+SERVICE_COMMANDS := prometheus promtool prometheus-alertmanager amtool docker-compose openssl chromium chromedriver
 services:
 	@missing=; for c in $(SERVICE_COMMANDS); do command -v $$c >/dev/null 2>&1 || missing="$$missing $$c"; done; \
 	[ -z "$$missing" ] || { \
 	  echo "installing Debian packages for:$$missing"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus prometheus-alertmanager openssl docker-compose >/dev/null; }
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus prometheus-alertmanager openssl docker-compose chromium chromium-driver >/dev/null; }
 	@# Debian's packages start a system Prometheus on :9090 (Alertmanager :9093); the tests start their own on free ports.
 	@-(systemctl stop prometheus prometheus-node-exporter prometheus-alertmanager >/dev/null 2>&1; service prometheus stop >/dev/null 2>&1; service prometheus-alertmanager stop >/dev/null 2>&1) || true
 
@@ -64,6 +65,7 @@ demo: $(STAMP)
 	done; \
 	if [ -z "$$ready" ]; then echo "demo: otel-llm did not become ready (are ports 4317, 4318, 9464 free?)"; exit 1; fi; \
 	echo; \
+	echo "demo: open the web view at $(DEMO_API)/ (overview, requests, traces, status; it refreshes live)"; \
 	echo "demo: while the simulator runs, look at $(DEMO_API)/metrics, e.g."; \
 	echo "  curl -s $(DEMO_API)/metrics | grep -E '^vllm:(request_queue_time_seconds_count|request_success_total)'"; \
 	echo "  PromQL (scraping it): histogram_quantile(0.99, sum by (le, model_name) (rate(vllm:time_to_first_token_seconds_bucket[1m])))"; \
@@ -81,6 +83,10 @@ demo: $(STAMP)
 	$(BIN)/otel-llm traces --api $(DEMO_API) --sort ttft --limit 5 || true; \
 	echo; echo "demo: requests by outcome on $(DEMO_API)/metrics:"; \
 	curl -s $(DEMO_API)/metrics 2>/dev/null | grep -E '^vllm:request_success_total' || true; \
+	echo; echo "demo: requests per engine kind (otel_llm_requests_assembled_total; compare the simulator's \"server requests by engine_kind\" line; client = the app tier's calls):"; \
+	curl -s $(DEMO_API)/metrics 2>/dev/null | awk -F'engine_kind="' '/^otel_llm_requests_assembled_total[{]/ { \
+	  split($$2, kind, "\""); m = split($$0, f, " "); n[kind[1]] += f[m] } \
+	  END { for (k in n) printf "  %-8s %d\n", k, n[k] }' | sort; \
 	echo; echo "demo: client side (the app tier's CLIENT spans) beside the server side:"; \
 	curl -s $(DEMO_API)/metrics 2>/dev/null | grep -E '^(gen_ai_client_operation_duration_seconds_count|otel_llm_client_overhead_seconds_count)' || true; \
 	curl -s $(DEMO_API)/metrics 2>/dev/null | awk '/^gen_ai_client_operation_duration_seconds_count/ {c += $$NF} \

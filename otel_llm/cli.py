@@ -152,7 +152,7 @@ def _add_source(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api", help="read through a running otel-llm instead, e.g. http://127.0.0.1:9464")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(simulate: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="otel-llm", description="OTLP endpoint for LLM inference fleets.")
     parser.add_argument("--version", action="version", version=f"otel-llm {__version__}")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -178,14 +178,20 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("trace_id", help="32 hex digits")
     trace.add_argument("--width", type=int, default=60, help="bar width in characters")
     trace.set_defaults(func=_trace)
-    from otel_llm_simulate.cli import add_simulate_parser
-
-    add_simulate_parser(sub)
+    if simulate:
+        try:
+            from otel_llm_simulate.cli import add_simulate_parser
+        except ImportError as exc:  # the simulator is a package of its own beside the server
+            raise SystemExit(f"otel-llm simulate: the simulator (otel_llm_simulate) is not installed: {exc}") from None
+        add_simulate_parser(sub)
+    else:  # listed in --help without importing the simulator and the OTel SDK on every command
+        sub.add_parser("simulate", help="send simulated fleet traffic (engines, gateways, clients) over OTLP")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(simulate="simulate" in argv).parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return int(args.func(args))
 

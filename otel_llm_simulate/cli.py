@@ -10,7 +10,7 @@ import threading
 import time
 from datetime import UTC, datetime
 
-from otel_llm.config import ConfigError, parse_duration
+from otel_llm.confmap import ConfigError, parse_duration
 from otel_llm_simulate.runner import format_summary, otlp_exporter_factory, run_plan
 from otel_llm_simulate.scenarios import APP_SHARES, DEFAULT_MODELS, SCENARIOS, plan, select_models
 
@@ -82,16 +82,19 @@ def _list() -> int:
     for s in SCENARIOS.values():
         print(f"  {s.name:<13} {s.description}")
     print("models:")
+    total = sum(m.weight for m in DEFAULT_MODELS)
     for m in DEFAULT_MODELS:
-        via = "gateway" if m.gateway_share >= 1 else f"gateway {m.gateway_share:.0%}"
-        print(f"  {m.name:<24} {m.engine:<8} {m.service_name:<16} share {m.weight:.0%}, prompt ~{m.prompt_median} tok, "
-              f"output ~{m.output_median} tok, {m.tpot_s * 1000:.0f} ms/token, via {via}")
+        via = ("via gateway" if m.gateway_share >= 1 else "called directly" if m.gateway_share <= 0
+               else f"via gateway {m.gateway_share:.0%}")
+        print(f"  {m.name:<24} {m.engine:<15} {m.service_name:<16} share {m.weight / total:.0%}, "
+              f"prompt ~{m.prompt_median} tok, output ~{m.output_median} tok, {m.tpot_s * 1000:.0f} ms/token, {via}")
     print("app tier (openai-v2 CLIENT spans; the rest of the traffic comes from uninstrumented callers):")
     notes = {
         "vllm_via_litellm": "of answered vLLM requests: app -> LiteLLM proxy -> vLLM (caller's traceparent forwarded)",
         "vllm_direct": "of answered vLLM requests: app -> vLLM",
         "vllm_via_gateway": "of answered vLLM requests: app -> gateway -> vLLM",
-        "other_via_gateway": "of the other non-aborted requests via the gateway (SGLang, TGI, its 5xx): app -> gateway",
+        "other_via_gateway": "of the other non-aborted requests via the gateway (SGLang, TGI, trtllm-serve, its 5xx): "
+                             "app -> gateway",
         "sglang_unpropagated": "of answered direct SGLang requests: app without HTTP instrumentation (no traceparent)",
     }
     for path, share in APP_SHARES.items():

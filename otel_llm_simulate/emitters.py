@@ -60,6 +60,8 @@ __all__ = [
     "emit_trtllm_serve",
     "emit_dynamo",
     "emit_llmd",
+    "dynamo_end_unix_ns",
+    "llmd_end_unix_ns",
     "engine_tracer_provider",
     "rust_duration_debug",
     "rust_duration_debug_ns",
@@ -896,13 +898,17 @@ def emit_triton(
     root = tracer.start_span("InferRequest", context=Context(), kind=SpanKind.SERVER, start_time=received)
     root.add_event("GRPC_WAITREAD_START", timestamp=start)
     root.add_event("GRPC_WAITREAD_END", timestamp=received)
-    request_start = received + _ns(timing.preprocess_s / 4)
-    queue_start = start + _ns(timing.preprocess_s)
+    # REQUEST_START and QUEUE_START together (the fixtures' triton_request: the scheduler enqueues the
+    # request as it starts, core dynamic_batch_scheduler.cc:194-202); the pre-queue time is the network read.
+    request_start = queue_start = start + _ns(timing.preprocess_s)
     compute_start = queue_start + _ns(timing.queue_s)
     compute_end = compute_start + _ns(timing.prefill_s + timing.decode_s)
     end = timing.end_unix_ns
+    # Releasing the request, the ensemble's last step and the response's send share the postprocess
+    # time, so every span ends by the root's end (a real server never sends before it released them).
+    gap = max((end - compute_end) // 4, 1)
 
-    def model_span(name: str, parent: Any, trace_id: int, parent_id: int, begin: int, queued: int, done: int) -> Any:
+    def model_span(name: str, parent: Any, trace_id: int, parent_id: int, begin: int, queued: int) -> Any:
         span = tracer.start_span(name, context=trace.set_span_in_context(parent, Context()), kind=SpanKind.SERVER,
                                  start_time=begin, attributes={"triton.model_name": name, "triton.model_version": 1,
                                                                "triton.trace_id": trace_id,
@@ -914,9 +920,10 @@ def emit_triton(
     def compute(parent: Any, begin: int, done: int) -> None:
         span = tracer.start_span("compute", context=trace.set_span_in_context(parent, Context()),
                                  kind=SpanKind.SERVER, start_time=begin)
+        edge = min(100_000, max((done - begin) // 4, 0))
         span.add_event("COMPUTE_START", timestamp=begin)
-        span.add_event("COMPUTE_INPUT_END", timestamp=begin + 100_000)
-        span.add_event("COMPUTE_OUTPUT_START", timestamp=done - 100_000)
+        span.add_event("COMPUTE_INPUT_END", timestamp=begin + edge)
+        span.add_event("COMPUTE_OUTPUT_START", timestamp=done - edge)
         span.add_event("COMPUTE_END", timestamp=done)
         span.end(end_time=done)
 
@@ -925,25 +932,28 @@ def emit_triton(
         span.end(end_time=done)
 
     if ensemble is None:
-        llm = model_span(model, root, 1, 0, request_start, queue_start, compute_end)
+        llm = model_span(model, root, 1, 0, request_start, queue_start)
         compute(llm, compute_start, compute_end)
-        finish(llm, compute_end + 200_000)
+        finish(llm, compute_end + gap)
     else:
-        top = model_span(ensemble, root, 1, 0, request_start, request_start, end)
-        pre = model_span("preprocessing", top, 2, 1, request_start, request_start, queue_start)
-        compute(pre, request_start + 50_000, queue_start - 50_000)
-        finish(pre, queue_start)
-        llm = model_span(model, top, 3, 1, queue_start, queue_start, compute_end)
+        # preprocessing runs inside the network-read-to-queue time, postprocessing after the LLM step.
+        top = model_span(ensemble, root, 1, 0, received, received)
+        pre_start = received + (request_start - received) // 4
+        pre = model_span("preprocessing", top, 2, 1, pre_start, pre_start)
+        pre_end = request_start - max((request_start - pre_start) // 4, 1)
+        compute(pre, pre_start + (pre_end - pre_start) // 4, pre_end)
+        finish(pre, pre_end)
+        llm = model_span(model, top, 3, 1, request_start, queue_start)
         compute(llm, compute_start, compute_end)
-        finish(llm, compute_end + 200_000)
-        post_end = compute_end + 400_000
-        post = model_span("postprocessing", top, 4, 1, compute_end + 200_000, compute_end + 200_000, post_end)
-        compute(post, compute_end + 250_000, post_end - 50_000)
+        finish(llm, compute_end + gap)
+        post_end = compute_end + 2 * gap
+        post = model_span("postprocessing", top, 4, 1, compute_end + gap, compute_end + gap)
+        compute(post, compute_end + gap, post_end)
         finish(post, post_end)
-        finish(top, max(post_end, end - 300_000))
-    first_response = start + _ns(timing.ttft_s) if streaming else compute_end + 100_000
+        finish(top, compute_end + 3 * gap)
+    first_response = start + _ns(timing.ttft_s) if streaming else compute_end + gap
     root.add_event("INFER_RESPONSE_COMPLETE", timestamp=first_response)
-    root.add_event("GRPC_SEND_START", timestamp=end - 200_000)
+    root.add_event("GRPC_SEND_START", timestamp=end - gap)
     root.add_event("GRPC_SEND_END", timestamp=end)
     root.end(end_time=end)
     return root.get_span_context()
@@ -979,6 +989,11 @@ def emit_trtllm_serve(
     return span.get_span_context()
 
 
+def dynamo_end_unix_ns(timing: RequestTiming, kv_transfer_s: float) -> int:
+    """When ``emit_dynamo``'s ``http-request`` ends: the KV transfer delays the first token and all after it."""
+    return timing.arrival_unix_ns + _ns(timing.ttft_s + kv_transfer_s + timing.decode_s + timing.postprocess_s)
+
+
 def emit_dynamo(
     frontend: TracerProvider,
     prefill_worker: TracerProvider,
@@ -987,6 +1002,7 @@ def emit_dynamo(
     *,
     model: str,
     kv_transfer_s: float = 0.005,
+    finish_reason: str = "stop",
 ) -> SpanContext:
     """A disaggregated Dynamo request (lib/runtime/src/logging.rs @ b4d7ad45): ``http-request`` →
     a ``router.route_request`` per hop → each worker's ``handle_payload`` → ``engine.generate``; the
@@ -994,7 +1010,7 @@ def emit_dynamo(
     tracer = frontend.get_tracer(DYNAMO_SCOPE)
     start = timing.arrival_unix_ns
     ttft = timing.ttft_s + kv_transfer_s
-    end = start + _ns(ttft + timing.decode_s + timing.postprocess_s)
+    end = dynamo_end_unix_ns(timing, kv_transfer_s)
     steps = max(int(timing.completion_tokens) - 1, 1)
     root = tracer.start_span("http-request", context=Context(), kind=SpanKind.INTERNAL, start_time=start, attributes={
         "method": "POST", "uri": "/v1/chat/completions", "version": "HTTP/1.1", "model": model,
@@ -1021,7 +1037,7 @@ def emit_dynamo(
                                          "input_tokens": int(timing.prompt_tokens),
                                          "output_tokens": int(timing.completion_tokens) if role == "decode" else 1,
                                          "ttft_ms": worker_ttft * 1000.0,
-                                         "finish_reason": "stop" if role == "decode" else "length"})
+                                         "finish_reason": finish_reason if role == "decode" else "length"})
         for span in (generate, payload, route):
             span.end(end_time=done)
         return generate
@@ -1030,6 +1046,20 @@ def emit_dynamo(
     hop(decode_worker, d_start, end, "decode", kv_transfer_s, "decode", [Link(prefill.get_span_context())])
     root.end(end_time=end)
     return root.get_span_context()
+
+
+def _llmd_times(timing: RequestTiming, kv_load_s: float) -> tuple[int, int, int, int, int]:
+    """(prefill start, prefill end, decode start, decode end, end) of ``emit_llmd``'s sidecar spans."""
+    p_start = timing.arrival_unix_ns + _ns(timing.preprocess_s)
+    p_end = p_start + _ns(timing.queue_s + timing.prefill_s + 0.002)
+    d_start = p_end + 1_000_000
+    d_end = d_start + _ns(kv_load_s + timing.decode_s + 0.002)
+    return p_start, p_end, d_start, d_end, d_end + _ns(timing.postprocess_s)
+
+
+def llmd_end_unix_ns(timing: RequestTiming, kv_load_s: float) -> int:
+    """When ``emit_llmd``'s ``gateway.request`` ends."""
+    return _llmd_times(timing, kv_load_s)[4]
 
 
 def emit_llmd(
@@ -1041,6 +1071,7 @@ def emit_llmd(
     *,
     model: str,
     kv_load_s: float = 0.004,
+    finish_reason: str = "stop",
 ) -> SpanContext:
     """A P/D-disaggregated llm-d request (llm-d-router @ ebab6879, nixlv2 sequential): ``gateway.request``
     → ``gateway.request_orchestration`` (``target_model``); the sidecar's otelhttp span →
@@ -1048,14 +1079,7 @@ def emit_llmd(
     vLLM ``llm_request`` of each pod under an ``HTTP POST`` CLIENT span."""
     gw_tracer, side = epp.get_tracer(LLMD_EPP_SCOPE), sidecar.get_tracer(LLMD_SIDECAR_SCOPE)
     start = timing.arrival_unix_ns
-    route = _ns(timing.preprocess_s)
-    prefill_s = timing.queue_s + timing.prefill_s
-    decode_s = kv_load_s + timing.decode_s
-    p_start = start + route
-    p_end = p_start + _ns(prefill_s + 0.002)
-    d_start = p_end + 1_000_000
-    d_end = d_start + _ns(decode_s + 0.002)
-    end = d_end + _ns(timing.postprocess_s)
+    p_start, p_end, d_start, d_end, end = _llmd_times(timing, kv_load_s)
 
     def child(tracer: Any, name: str, parent: Any, kind: SpanKind, begin: int, attrs: dict[str, AttributeValue]
               ) -> Any:
@@ -1104,7 +1128,7 @@ def emit_llmd(
         client.end(end_time=pod_timing.end_unix_ns + 100_000)
 
     pod(prefill_pod, prefill, p_start, timing.queue_s, timing.prefill_s, 0.0, 1, "length")
-    pod(decode_pod, decode, d_start, 0.0, kv_load_s, timing.decode_s, int(timing.completion_tokens), "stop")
+    pod(decode_pod, decode, d_start, 0.0, kv_load_s, timing.decode_s, int(timing.completion_tokens), finish_reason)
     for span, done in ((decode, d_end), (prefill, p_end), (forward, end - 40_000), (handler, end - 20_000),
                        (gateway, end)):
         span.end(end_time=done)

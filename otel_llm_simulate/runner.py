@@ -24,7 +24,18 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_llm_simulate.clients import emit_app_client, emit_litellm_proxy
-from otel_llm_simulate.emitters import emit_gateway, emit_sglang, emit_tgi, emit_vllm_v1, engine_tracer_provider
+from otel_llm_simulate.emitters import (
+    emit_dynamo,
+    emit_gateway,
+    emit_llmd,
+    emit_sglang,
+    emit_tgi,
+    emit_triton,
+    emit_trtllm_serve,
+    emit_vllm_next,
+    emit_vllm_v1,
+    engine_tracer_provider,
+)
 from otel_llm_simulate.scenarios import (
     APP_MEMBER,
     GATEWAY_MEMBER,
@@ -133,6 +144,7 @@ class _Member:
 @dataclass
 class RunResult:
     sent: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # (engine, model, outcome)
+    sent_indices: set[int] = field(default_factory=set)  # PlannedRequest.index of each request sent
     # application calls sent, by path: "direct", "litellm", "gateway", "no propagation"; and joined ones
     client_calls: Counter[str] = field(default_factory=Counter)
     client_calls_joined: int = 0
@@ -164,17 +176,38 @@ def _emit(members: dict[str, _Member], request: PlannedRequest) -> None:
     def engine_call(headers: dict[str, str] | None) -> None:
         if timing is None:
             return
-        if request.engine == "vllm-v1":
+        finish = request.outcome if request.outcome in ("stop", "length") else "stop"
+        engine = request.engine
+        if engine == "vllm-v1":
             emit_vllm_v1(engine_provider, timing, request_id=request.request_id, params=request.params,
                          traceparent_headers=headers)
-        elif request.engine == "sglang":
+        elif engine == "vllm-next":
+            emit_vllm_next(engine_provider, timing, model=request.model, request_id=request.request_id,
+                           finish_reason=finish, traceparent_headers=headers)
+        elif engine == "sglang":
             emit_sglang(engine_provider, timing, rid=request.request_id, model=request.model,
-                        finish_reason=request.outcome if request.outcome in ("stop", "length") else "stop",
-                        params=request.params, traceparent_headers=headers, aborted=request.outcome == "abort")
-        elif request.engine == "tgi":
+                        finish_reason=finish, params=request.params, traceparent_headers=headers,
+                        aborted=request.outcome == "abort")
+        elif engine == "tgi":
             # Behind an OpenAI-style gateway TGI serves /v1/chat/completions.
             emit_tgi(engine_provider, timing, handler="chat_completions", stream=request.stream,
                      params=request.params, traceparent_headers=headers, success=request.outcome != "error")
+        elif engine == "triton":
+            emit_triton(engine_provider, timing, model=request.model, streaming=request.stream)
+        elif engine == "triton-ensemble":
+            emit_triton(engine_provider, timing, model="tensorrt_llm", ensemble=request.model,
+                        streaming=request.stream)
+        elif engine == "trtllm":
+            emit_trtllm_serve(engine_provider, timing, request_id=request.request_id, finish_reason=finish,
+                              traceparent_headers=headers)
+        elif engine == "dynamo":
+            emit_dynamo(engine_provider, members[f"{request.model}/prefill"].provider,
+                        members[f"{request.model}/decode"].provider, timing, model=request.model,
+                        kv_transfer_s=request.kv_transfer_s, finish_reason=finish)
+        elif engine == "llm-d":
+            emit_llmd(engine_provider, members[f"{request.model}/sidecar"].provider,
+                      members[f"{request.model}/prefill"].provider, members[f"{request.model}/decode"].provider,
+                      timing, model=request.model, kv_load_s=request.kv_transfer_s, finish_reason=finish)
         else:
             raise ValueError(f"the simulator has no emitter for engine {request.engine!r}")
 
@@ -260,6 +293,7 @@ def run_plan(
                 break
             _emit(members, request)
             result.sent[(request.engine, request.model, request.outcome)] += 1
+            result.sent_indices.add(request.index)
             if request.client is not None:
                 result.client_calls[request.client.via if request.client.propagates else "no propagation"] += 1
                 result.client_calls_joined += request.client.joined
@@ -302,18 +336,23 @@ def _quantile(values: list[float], q: float) -> float:
 def format_summary(plan: Plan, result: RunResult) -> str:
     """Requests by engine/model/outcome (with the TTFT the plan gave them), spans, failures."""
     outcome_cols = "".join(f"{o:>8}" for o in OUTCOMES)
-    lines = [f"{'engine':<9} {'model':<24}{outcome_cols}{'total':>8}   planned TTFT p50 / p99"]
+    lines = [f"{'engine':<15} {'model':<24}{outcome_cols}{'total':>8}   planned TTFT p50 / p99"]
     for member in plan.members:
-        if member.name in _CALLERS:
+        if member.name in _CALLERS or member.role:
             continue
-        engine, model = member.kind, member.name
+        engine, model = member.engine or member.kind, member.name
         counts = [result.sent[(engine, model, o)] for o in OUTCOMES]
         ttfts = [r.timing.ttft_s for r in plan.requests
                  if r.model == model and r.outcome in ("stop", "length") and r.timing is not None]
         ttft = f"{_quantile(ttfts, 0.5):7.3f}s / {_quantile(ttfts, 0.99):.3f}s" if ttfts else "-"
-        lines.append(f"{engine:<9} {model:<24}" + "".join(f"{c:>8}" for c in counts) + f"{sum(counts):>8}   {ttft}")
+        lines.append(f"{engine:<15} {model:<24}" + "".join(f"{c:>8}" for c in counts) + f"{sum(counts):>8}   {ttft}")
     totals = [sum(v for (_, _, o), v in result.sent.items() if o == outcome) for outcome in OUTCOMES]
-    lines.append(f"{'all':<9} {'':<24}" + "".join(f"{c:>8}" for c in totals) + f"{sum(totals):>8}")
+    lines.append(f"{'all':<15} {'':<24}" + "".join(f"{c:>8}" for c in totals) + f"{sum(totals):>8}")
+    # What otel-llm counts per engine_kind for what was sent (requests_assembled_total, server side): an
+    # ensemble, a disaggregated request once; aborts and failures only the gateway saw are "genai".
+    sent_kinds = Counter(r.engine_kind for r in plan.requests if r.index in result.sent_indices)
+    lines.append("server requests by engine_kind: "
+                 + ", ".join(f"{kind} {n}" for kind, n in sorted(sent_kinds.items())))
     if result.client_calls:
         calls = sum(result.client_calls.values())
         paths = ", ".join(f"{via} {n}" for via, n in sorted(result.client_calls.items()))

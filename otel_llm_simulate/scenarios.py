@@ -37,12 +37,15 @@ from dataclasses import dataclass, field, replace
 from typing import Final
 
 from otel_llm_simulate.clients import ClientCall, ProxyTimes
-from otel_llm_simulate.emitters import RequestTiming, SamplingParams
+from otel_llm_simulate.emitters import RequestTiming, SamplingParams, dynamo_end_unix_ns, llmd_end_unix_ns
 
 __all__ = [
     "APP_MEMBER",
     "APP_SHARES",
     "DEFAULT_MODELS",
+    "ENGINE_KIND_LABELS",
+    "PROVIDER_KINDS",
+    "SUB_MEMBERS",
     "PROXY_MEMBER",
     "SCENARIOS",
     "ClientLeg",
@@ -104,7 +107,7 @@ class ModelProfile:
     """One served model: its engine, its traffic share and its latency/token profile."""
 
     name: str
-    engine: str  # an ``engines.ENGINE_KINDS`` member: "vllm-v1", "sglang" or "tgi"
+    engine: str  # a key of ``ENGINE_KIND_LABELS``: which engine (and span shape) serves the model
     service_name: str  # OTEL_SERVICE_NAME / --otlp-service-name of the engine process
     process_id: int
     weight: float  # share of the traffic (renormalised over the selected models)
@@ -129,8 +132,36 @@ class ModelProfile:
         return prefill + decode
 
 
-# vLLM and TGI spans carry no model name, so those models are always reached through the gateway
-# (whose gen_ai.request.model names it), as in a real fleet; SGLang names its model itself.
+# The engines of the fleet (``ModelProfile.engine``) and the ``engine_kind`` label otel-llm gives their
+# requests (a request with no engine span, an abort or an upstream failure only the gateway saw, is "genai").
+ENGINE_KIND_LABELS: Final[dict[str, str]] = {
+    "vllm-v1": "vllm",  # vLLM 0.33 ``llm_request``
+    "vllm-next": "vllm",  # vLLM's coming ``{operation} {model}`` span with token events (vllm#47633, #32573)
+    "sglang": "sglang",
+    "tgi": "tgi",
+    "triton": "triton",  # Triton with the TensorRT-LLM backend
+    "triton-ensemble": "triton",  # the same behind a preprocessing/postprocessing ensemble: one request
+    "trtllm": "trtllm",  # trtllm-serve
+    "dynamo": "dynamo",  # NVIDIA Dynamo, prefill and decode on two workers: one request
+    "llm-d": "llm-d",  # llm-d P/D: EPP, sidecar and two vLLM pods: one request
+}
+# The TracerProvider kind (``emitters.engine_tracer_provider``) of each engine's processes.
+PROVIDER_KINDS: Final[dict[str, str]] = {
+    "vllm-next": "vllm-v1", "triton-ensemble": "triton",
+}
+# Processes besides the model's own member (named "<model>/<role>"): (role, provider kind, service name).
+SUB_MEMBERS: Final[dict[str, tuple[tuple[str, str, str], ...]]] = {
+    "dynamo": (("prefill", "dynamo", "dynamo-prefill-worker"), ("decode", "dynamo", "dynamo-decode-worker")),
+    "llm-d": (("sidecar", "llm-d", "llm-d-disagg-sidecar"), ("prefill", "vllm-v1", "vllm-pd-prefill"),
+              ("decode", "vllm-v1", "vllm-pd-decode")),
+}
+DISAGGREGATED: Final = frozenset({"dynamo", "llm-d"})
+KV_TRANSFER_S: Final = (0.002, 0.012)  # a disaggregated request's KV cache transfer (s)
+
+# vLLM 0.33, TGI and trtllm-serve spans carry no model name, so those models are always reached through the
+# gateway (whose gen_ai.request.model names it), as in a real fleet; SGLang, vLLM's coming span, Triton
+# (triton.model_name), Dynamo (model) and llm-d (target_model) name their model themselves. Those without
+# traceparent handling in their emitter (Triton, Dynamo, llm-d: the EPP is the edge) are called directly.
 DEFAULT_MODELS: Final[tuple[ModelProfile, ...]] = (
     ModelProfile(
         name="llama-3.1-8b-instruct", engine="vllm-v1", service_name="vllm-llama-8b", process_id=101, weight=0.4,
@@ -155,6 +186,43 @@ DEFAULT_MODELS: Final[tuple[ModelProfile, ...]] = (
         prompt_median=400, prompt_sigma=0.8, output_median=120, output_sigma=0.8, max_tokens=512,
         max_model_len=8192, prefill_tokens_per_s=10000.0, prefill_overhead_s=0.01, tpot_s=0.014,
         gateway_share=1.0, stream_share=0.6,
+    ),
+    # Issue 14's engines: about a quarter of the traffic together.
+    ModelProfile(
+        name="qwen3-8b", engine="vllm-next", service_name="vllm-qwen3-8b", process_id=105, weight=0.08,
+        prompt_median=600, prompt_sigma=0.9, output_median=60, output_sigma=0.6, max_tokens=512,
+        max_model_len=32768, prefill_tokens_per_s=14000.0, prefill_overhead_s=0.008, tpot_s=0.010,
+        gateway_share=0.5, stream_share=0.8,
+    ),
+    ModelProfile(  # Triton's model repository names: the TensorRT-LLM model itself ...
+        name="tensorrt_llm", engine="triton", service_name="triton-trtllm", process_id=106, weight=0.06,
+        prompt_median=600, prompt_sigma=0.8, output_median=180, output_sigma=0.8, max_tokens=1024,
+        max_model_len=16384, prefill_tokens_per_s=20000.0, prefill_overhead_s=0.006, tpot_s=0.008,
+        gateway_share=0.0, stream_share=1.0,  # decoupled (streaming) mode: TTFT from the first response
+    ),
+    ModelProfile(  # ... and the ensemble in front of it (preprocessing -> tensorrt_llm -> postprocessing)
+        name="ensemble", engine="triton-ensemble", service_name="triton-ensemble", process_id=107, weight=0.04,
+        prompt_median=600, prompt_sigma=0.8, output_median=180, output_sigma=0.8, max_tokens=1024,
+        max_model_len=16384, prefill_tokens_per_s=20000.0, prefill_overhead_s=0.006, tpot_s=0.008,
+        gateway_share=0.0, stream_share=1.0,
+    ),
+    ModelProfile(
+        name="llama-3.1-8b-trtllm", engine="trtllm", service_name="trtllm-llama-8b", process_id=108, weight=0.06,
+        prompt_median=700, prompt_sigma=0.9, output_median=200, output_sigma=0.8, max_tokens=1024,
+        max_model_len=32768, prefill_tokens_per_s=18000.0, prefill_overhead_s=0.006, tpot_s=0.009,
+        gateway_share=1.0, stream_share=0.8,
+    ),
+    ModelProfile(
+        name="qwen3-32b", engine="dynamo", service_name="dynamo-frontend", process_id=109, weight=0.06,
+        prompt_median=1200, prompt_sigma=0.9, output_median=240, output_sigma=0.8, max_tokens=1024,
+        max_model_len=32768, prefill_tokens_per_s=6000.0, prefill_overhead_s=0.012, tpot_s=0.020,
+        gateway_share=0.0, stream_share=0.8,
+    ),
+    ModelProfile(
+        name="llama-3.3-70b-instruct", engine="llm-d", service_name="llm-d-epp", process_id=110, weight=0.05,
+        prompt_median=1500, prompt_sigma=0.9, output_median=260, output_sigma=0.8, max_tokens=1024,
+        max_model_len=32768, prefill_tokens_per_s=4000.0, prefill_overhead_s=0.02, tpot_s=0.030,
+        gateway_share=0.0, stream_share=0.8,
     ),
 )
 
@@ -226,11 +294,13 @@ def select_models(
 class FleetMember:
     """One emitting process: the gateway or a model's engine, with its id-generator seed."""
 
-    name: str  # model name, or "gateway"
+    name: str  # model name (its engine's first process), "<model>/<role>" for its others, or "gateway"
     kind: str  # engine_tracer_provider kind
     service_name: str
     process_id: int
     id_seed: int
+    engine: str = ""  # the model's ``ModelProfile.engine`` (empty for the callers)
+    role: str = ""  # a model's further process: "prefill", "decode" (disaggregated workers), "sidecar"
 
 
 @dataclass(frozen=True)
@@ -272,10 +342,16 @@ class PlannedRequest:
     send_at_ns: int  # when the request's last span ends: the runner sends it then
     client: ClientLeg | None = None  # the instrumented application's call, if it came from one
     proxy: ProxyTimes | None = None  # the LiteLLM proxy's spans (client.via == "litellm")
+    kv_transfer_s: float = 0.0  # disaggregated engines (Dynamo, llm-d): the KV transfer between the workers
 
     @property
     def emits_engine_span(self) -> bool:
         return self.timing is not None
+
+    @property
+    def engine_kind(self) -> str:
+        """The ``engine_kind`` otel-llm gives the request: its engine's, or "genai" when only the gateway saw it."""
+        return ENGINE_KIND_LABELS[self.engine] if self.timing is not None else "genai"
 
 
 @dataclass(frozen=True)
@@ -311,6 +387,10 @@ class Plan:
     def counts(self) -> Counter[tuple[str, str, str]]:
         """Requests by (engine, model, outcome)."""
         return Counter((r.engine, r.model, r.outcome) for r in self.requests)
+
+    def engine_kind_counts(self) -> Counter[str]:
+        """Server-side requests by the ``engine_kind`` label otel-llm gives them (one per request)."""
+        return Counter(r.engine_kind for r in self.requests)
 
     def client_legs(self) -> list[ClientLeg]:
         """Every application call (one CLIENT request each), in send order."""
@@ -398,7 +478,9 @@ def max_e2e_s(p: ModelProfile, sc: Scenario) -> float:
     prefill = (p.prefill_overhead_s + p.max_model_len / p.prefill_tokens_per_s) * (
         1 + PREFILL_SLOWDOWN_AT_FULL_BATCH) * JITTER_MAX
     decode = p.max_tokens * p.tpot_s * (1 + DECODE_SLOWDOWN_AT_FULL_BATCH) * TPOT_JITTER_MAX
-    return GATEWAY_PRE_MAX_S + pre + QUEUE_TIMEOUT_S + prefill + decode + POSTPROCESS_MAX_S + GATEWAY_POST_MAX_S
+    disaggregation = KV_TRANSFER_S[1] + 0.005 if p.engine in DISAGGREGATED else 0.0  # + llm-d's proxy hops
+    return (GATEWAY_PRE_MAX_S + pre + QUEUE_TIMEOUT_S + prefill + decode + POSTPROCESS_MAX_S + GATEWAY_POST_MAX_S
+            + disaggregation)
 
 
 def plan(
@@ -442,9 +524,13 @@ def plan(
                FleetMember(APP_MEMBER, "app", "chat-app", 200, _member_seed(seed, sc.name, APP_MEMBER)),
                FleetMember(PROXY_MEMBER, "litellm-proxy", "litellm-proxy", 300,
                            _member_seed(seed, sc.name, PROXY_MEMBER))]
-    members += [
-        FleetMember(m.name, m.engine, m.service_name, m.process_id, _member_seed(seed, sc.name, m.name)) for m in models
-    ]
+    for m in models:
+        members.append(FleetMember(m.name, PROVIDER_KINDS.get(m.engine, m.engine), m.service_name, m.process_id,
+                                   _member_seed(seed, sc.name, m.name), engine=m.engine))
+        for number, (role, kind, service) in enumerate(SUB_MEMBERS.get(m.engine, ()), start=1):
+            name = f"{m.name}/{role}"
+            members.append(FleetMember(name, kind, service, m.process_id * 10 + number,
+                                       _member_seed(seed, sc.name, name), engine=m.engine, role=role))
 
     warmup_s = max(max_e2e_s(m, sc) for m in models)
     window_end_ns = start_ns + _ns(duration_s)
@@ -495,10 +581,12 @@ def _plan_request(
     patience = rng.uniform(0.05, 1.0)  # where in the request an abort/failure strikes
     if p.engine == "sglang":
         request_id = _gen_id(rng)  # SGLang's rid is uuid4().hex
-    elif p.engine.startswith("vllm"):
-        request_id = f"chatcmpl-{_gen_id(rng)}"  # vLLM's OpenAI server: the client-visible id
+    elif p.engine.startswith("vllm") or p.engine == "trtllm":
+        request_id = f"chatcmpl-{_gen_id(rng)}"  # vLLM's (and trtllm-serve's) OpenAI server: the client-visible id
     else:
-        request_id = ""  # TGI's spans carry no request id
+        request_id = ""  # TGI, Triton, Dynamo and llm-d put none on the spans otel-llm reads
+    # A disaggregated request's KV transfer (its own draw: the other engines' draws stay as they were).
+    kv_transfer_s = rng.uniform(*KV_TRANSFER_S) if p.engine in DISAGGREGATED else 0.0
 
     # --- the engine's timeline (seconds from the window start) --------------------------------
     gateway_pre = rng.uniform(0.002, GATEWAY_PRE_MAX_S) if via_gateway else 0.0  # auth, routing, connect
@@ -574,7 +662,7 @@ def _plan_request(
         send_at = gateway.end_ns
     else:
         assert timing is not None  # a request with neither span is impossible by construction
-        send_at = timing.end_unix_ns
+        send_at = engine_end_ns(p.engine, timing, kv_transfer_s)
     return PlannedRequest(
         index=index,
         model=p.name,
@@ -587,7 +675,17 @@ def _plan_request(
         gateway=gateway,
         queue_s=queue,
         send_at_ns=send_at,
+        kv_transfer_s=kv_transfer_s,
     )
+
+
+def engine_end_ns(engine: str, timing: RequestTiming, kv_transfer_s: float) -> int:
+    """When the engine's last span ends: the disaggregated engines add the KV transfer to ``timing``."""
+    if engine == "dynamo":
+        return dynamo_end_unix_ns(timing, kv_transfer_s)
+    if engine == "llm-d":
+        return llmd_end_unix_ns(timing, kv_transfer_s)
+    return timing.end_unix_ns
 
 
 # ---------------------------------------------------------------------------------------------
@@ -649,7 +747,8 @@ def _with_caller(rng: random.Random, r: PlannedRequest, profile: ModelProfile) -
         if draw >= APP_SHARES["other_via_gateway"]:
             return r
         via = "gateway"
-    elif t is not None and r.outcome in ("stop", "length") and draw < APP_SHARES["sglang_unpropagated"]:
+    elif (r.engine == "sglang" and t is not None and r.outcome in ("stop", "length")
+          and draw < APP_SHARES["sglang_unpropagated"]):
         via, propagates = "direct", False
     else:
         return r

@@ -206,7 +206,7 @@ def stored(server: ServerProcess) -> tuple[set[tuple[str, str]], Counter]:
     with reader._connection() as connection:
         requests = {(t, s) for t, s in connection.execute("SELECT trace_id, span_id FROM requests")}
         spans = Counter(t for (t,) in connection.execute(
-            "SELECT trace_id FROM spans WHERE attributes IS NULL OR attributes NOT LIKE '%otel_llm.segment%'"))
+            "SELECT trace_id FROM spans WHERE attributes IS NULL OR attributes NOT LIKE '%\"otel_llm.segment\"%'"))
     return requests, spans
 
 

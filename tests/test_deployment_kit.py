@@ -289,7 +289,7 @@ def test_compose_topology_agrees_with_the_configs(compose):
     services = compose["services"]
     otel_llm = load_config(OTEL_LLM_YAML)
     grpc_port = split_endpoint(otel_llm.receivers.otlp.protocols.grpc.endpoint)[1]
-    metrics_port = split_endpoint(otel_llm.exporter.prometheus.endpoint.endpoint)[1]
+    metrics_port = split_endpoint(otel_llm.exporters.prometheus.endpoint)[1]
 
     # Two or more otel-llm replicas, each running the mounted otel-llm.yaml, all answering to one DNS alias.
     replicas = {n: s for n, s in services.items() if s.get("command", [])[:1] == ["serve"]}

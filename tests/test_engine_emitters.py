@@ -518,7 +518,7 @@ def _records_of(exporter: InMemorySpanExporter):
 
     from otel_llm.processor.llm_metrics.digest import AttributeLimits, DigestSettings, digest_in_process
     from otel_llm.processor.llm_metrics.requests import RecordSettings, records_of_trace
-    from otel_llm.processor.tail_sampling.assembler import PendingTrace
+    from otel_llm.pdata.spans import PendingTrace
 
     settings = DigestSettings(AttributeLimits(128, 4096), 86400.0, ("gen_ai.request.model",), frozenset())
     spans, counts = digest_in_process(encode_spans(exporter.get_finished_spans()), settings)

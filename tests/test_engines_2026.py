@@ -22,7 +22,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from otel_llm.processor.llm_metrics.digest import AttributeLimits, DigestSettings, digest_in_process
 from otel_llm.processor.llm_metrics.requests import RecordSettings, records_of_trace
 from otel_llm.processor.redaction.synthesis import kept_trace_request
-from otel_llm.processor.tail_sampling.assembler import PendingTrace
+from otel_llm.pdata.spans import PendingTrace
 from tests.support import engine_fixtures as F
 from tests.support.captures import earliest_start_ns, post, shifted
 from tests.support.workload import (
@@ -292,6 +292,32 @@ def _sglang_expected(name: str) -> Expected:
     return e
 
 
+# The PD fixture's timeline (F.sglang_pd_request defaults), in seconds from t0; both servers receive at t0.
+PD = {"tokenize": 0.0030, "dispatch": 0.0004, "p_prepare": 0.0008, "p_bootstrap": 0.0060, "p_waiting": 0.0250,
+      "p_forward": 0.0400, "kv": 0.0090, "d_prepare": 0.0007, "d_bootstrap": 0.0050, "d_waiting": 0.0030,
+      "step": 0.011, "steps": 9, "return": 0.0015}
+
+
+def _sglang_pd_case() -> tuple[ExportTraceServiceRequest, Expected]:
+    d = PD
+    handoff = d["tokenize"] + d["dispatch"]
+    p_queued = handoff + d["p_prepare"] + d["p_bootstrap"]  # the prefill server's waiting queue
+    p_done = p_queued + d["p_waiting"] + d["p_forward"]
+    kv_done = p_done + d["kv"]
+    d_forward = kv_done + 0.0002 + d["d_waiting"]  # KV arrived (+0.2 ms), then the decode side's queue
+    decode = d["steps"] * d["step"]
+    first = d_forward + d["step"] + d["return"]
+    e2e = d_forward + decode + d["return"]
+    req = F.sglang_pd_request(model="sglang-pd", t0_ns=time.time_ns())
+    return req, Expected(
+        model="sglang-pd", engine_kind="sglang", service="sglang-decode", provider="sglang", outcome="stop",
+        ttft=first, e2e=e2e, queue=d["p_waiting"], prefill=d["p_forward"], decode=decode,
+        inference=d["p_forward"] + decode, tpot=decode / d["steps"], prompt_tokens=420,
+        completion_tokens=d["steps"] + 1,
+        segments={"preprocess": p_queued, "queue": d["p_waiting"], "prefill": d["p_forward"], "kv_transfer": d["kv"],
+                  "decode_queue": d["d_waiting"], "decode": decode, "postprocess": d["return"]})
+
+
 def _cases() -> list[tuple[list[ExportTraceServiceRequest], Expected]]:
     cases: list[tuple[ExportTraceServiceRequest, Expected]] = [
         _vllm_case("vllm-new", model="m-vllm-new", pre=0.0042, q=0.0213, p=0.0517, steps=(0.0121, 0.0302, 0.0153),
@@ -311,6 +337,7 @@ def _cases() -> list[tuple[list[ExportTraceServiceRequest], Expected]]:
         *_trtllm_cases(),
         *_dynamo_cases(),
         *_llmd_cases(),
+        _sglang_pd_case(),
     ]
     out = [([req], expected) for req, expected in cases]
     for name in SGLANG_CAPTURES:
@@ -633,3 +660,63 @@ def test_dynamo_with_engine_spans_under_its_workers():
     names = [s.name for s in record.segments]
     assert names == ["preprocess", "queue", "prefill", "kv_transfer", "decode_queue", "decode", "postprocess"]
     assert record.ttft_s == pytest.approx(0.095)  # the frontend's ttft_ms
+
+
+# --- SGLang prefill/decode disaggregation: two roots, one request ---------------------------------
+
+
+def test_sglang_pd_is_one_request_with_segments_from_both_servers():
+    req = F.sglang_pd_request()
+    spans = {(s.name, F.span_attrs(s).get("thread_label")): s for s in F.all_spans(req)}
+    by_name: dict[str, list] = {}
+    for s in F.all_spans(req):
+        by_name.setdefault(s.name, []).append(s)
+    roots = [s for s in F.all_spans(req) if F.span_attrs(s).get("module") == "sglang::request"]
+    assert sorted(s.name.split(" Req ")[0] for s in roots) == ["decode", "prefill"] and spans
+    _, records = _records([req])
+    (record,) = records  # not one per server
+    decode_root = next(s for s in roots if s.name.startswith("decode "))
+    assert record.span_id == decode_root.span_id and record.engine_kind == "sglang"
+    assert (record.model, record.outcome, record.completion_tokens, record.prompt_tokens) == ("qwen3-8b", "stop",
+                                                                                            PD["steps"] + 1, 420)
+    assert record.cached_tokens == 128  # the prefill server's prefix cache
+    segments = {s.name: s for s in record.segments}
+    # Each segment is exactly a stage span of the server that ran it.
+    for segment, stage, server in (("queue", "prefill_waiting", "prefill"), ("prefill", "prefill_forward", "prefill"),
+                                   ("kv_transfer", "prefill_transfer_kv_cache", "prefill"),
+                                   ("decode_queue", "decode_waiting", "decode"),
+                                   ("decode", "decode_forward", "decode")):
+        (span,) = by_name[stage]
+        assert F.span_attrs(next(s for s in F.all_spans(req) if s.span_id == span.parent_span_id))[
+            "thread_label"] == ("Prefill Scheduler" if server == "prefill" else "Decode Scheduler")
+        assert (segments[segment].start_unix_ns, segments[segment].end_unix_ns) == (
+            span.start_time_unix_nano, span.end_time_unix_nano), segment
+    assert round(record.queue_s * 1e6) == round(PD["p_waiting"] * 1e6)
+    assert round(record.prefill_s * 1e6) == round(PD["p_forward"] * 1e6)
+    assert round(record.decode_s * 1e6) == round(PD["steps"] * PD["step"] * 1e6)
+    # decode_transferred waits for the prefill server's queue and prefill: it is not the KV transfer.
+    (transferred,) = by_name["decode_transferred"]
+    assert segments["kv_transfer"].duration_s == pytest.approx(PD["kv"], abs=1e-9)
+    assert _dur(transferred) > PD["p_waiting"] + PD["p_forward"]
+    assert record.segments_missing == ()
+
+
+def test_sglang_pd_roots_pair_only_by_bootstrap_room():
+    a = F.sglang_pd_request(seed="pd-a")
+    b = F.sglang_pd_request(seed="pd-b", room=0x1111)  # another request of the same trace (another room)
+    for s in F.all_spans(b):
+        s.trace_id = F.all_spans(a)[0].trace_id
+    # b's decode root against a's prefill root: different rooms, so a and b are two requests.
+    _, records = _records([a, b])
+    assert len(records) == 2
+    # Without a room nothing pairs: each root is a request (what SGLang shows without a PD router).
+    _, unpaired = _records([F.sglang_pd_request(room=None)])
+    assert len(unpaired) == 2
+
+
+def test_sglang_pd_without_the_prefill_schedulers_spans_says_what_is_missing():
+    req = F.drop_spans(F.sglang_pd_request(), ["prefill_waiting", "prefill_forward", "prefill_transfer_kv_cache"])
+    _, (record,) = _records([req])
+    assert record.queue_s is None and record.prefill_s is None
+    assert record.segments_missing == ("queue", "prefill", "kv_transfer")
+    assert round(record.decode_s * 1e6) == round(PD["steps"] * PD["step"] * 1e6)

@@ -156,7 +156,7 @@ def test_pushed_metrics_through_the_collector_answer_what_metrics_answers(tmp_pa
             **FAST,
             "exporters": {"otlp_metrics": {"protocol": "grpc", "endpoint": otelcol.grpc_endpoint, "interval": "1s",
                                            "timeout": "5s", "retry_on_failure": FAST_RETRY}},
-            "service": {"pipelines": {"traces": {"receivers": ["otlp"], "exporters": ["prometheus", "store"]},
+            "service": {"pipelines": {"traces": {"receivers": ["otlp"], "processors": ["memory_limiter", "llm_metrics", "tail_sampling", "redaction"], "exporters": ["prometheus", "store"]},
                                       "metrics": {"exporters": ["otlp_metrics"]}}}})
         server.start()
         prom = PrometheusServer(tmp_path / "prometheus", [f"127.0.0.1:{server.metrics_port}"], extra_scrape_configs=[
@@ -234,8 +234,7 @@ def test_pushed_metrics_through_the_collector_answer_what_metrics_answers(tmp_pa
 
 
 def exporter_of(running):
-    (exporter,) = running.service.metrics_exporters
-    return exporter
+    return running.service.components["exporters.otlp_metrics"].exporter
 
 
 def test_delta_temporality_sends_only_the_increments(tmp_path):

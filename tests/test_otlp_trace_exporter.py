@@ -278,7 +278,7 @@ def test_queue_disabled_accepts_only_what_a_free_sender_takes(make_server, expor
 
 def test_http_permanent_error_is_dropped_not_retried(make_server, exporters):
     backend = make_server()
-    # The backend's metrics port answers POST /v1/traces with 501: not retryable.
+    # The backend's metrics port answers POST /v1/traces with 405 (read-only but for the web view's login): not retryable.
     exporter, stats = exporters("http", settings("http", backend.metrics_url))
     exporter.start()
     sizes = [2, 3, 4]
@@ -286,7 +286,7 @@ def test_http_permanent_error_is_dropped_not_retried(make_server, exporters):
     wait_for(lambda: exporter.queue_depth == 0, 10, "the requests dropped")
     assert stats("dropped_spans_total", reason="permanent_error") == sum(sizes)
     assert stats("dropped_requests_total", reason="permanent_error") == len(sizes)
-    assert stats("failed_requests_total", reason="http_501") == len(sizes)  # one attempt each
+    assert stats("failed_requests_total", reason="http_405") == len(sizes)  # one attempt each
     assert stats("failed_requests_total") == len(sizes)
     assert stats("retries_total") == 0 and stats("sent_requests_total") == 0
     assert accepted(backend) == 0
@@ -550,9 +550,9 @@ def test_disk_queue_survives_sigkill_and_delivers_exactly_once(make_server, expo
 
     # Restart with the backend still down: the replayed files fill the queue; shutdown keeps them.
     restarted, stats = exporters(protocol, settings(protocol, dead, queue_size=5, storage=str(storage)))
+    restarted.start()  # takes the directory's lock (building an exporter takes nothing)
     with pytest.raises(OSError, match="in use"):
-        TraceExporter("other", protocol, settings(protocol, dead, storage=str(storage)), CollectorRegistry())
-    restarted.start()
+        TraceExporter("other", protocol, settings(protocol, dead, storage=str(storage)), CollectorRegistry()).start()
     assert restarted.queue_depth == 5
     assert stats("dropped_requests_total", reason="corrupt_persisted") == 2
     assert stats("dropped_spans_total", reason="corrupt_persisted") == results[4][1]  # the truncated copy's header

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 from otel_llm.pdata.records import Outcome, RequestRecord
-from otel_llm.processor.tail_sampling.assembler import PendingTrace
+from otel_llm.pdata.spans import PendingTrace
 from otel_llm.config import config_from_dict
 from otel_llm.processor.tail_sampling.policies import ProbabilisticPolicy, SloPolicy, SlowestPolicy, encode_threshold, threshold_for
 from otel_llm.processor.tail_sampling.quantiles import RollingQuantile

@@ -268,7 +268,7 @@ def test_client_and_server_sides_of_the_fleet(make_server):
     # Client-observed overhead: once per application call joined with an engine span.
     joined = [r for r in p.requests if r.client is not None and r.client.joined]
     assert scrape.value("otel_llm_client_overhead_seconds_count") == len(joined) > 20
-    vllm_joined = [r for r in joined if r.engine == "vllm-v1"]
+    vllm_joined = [r for r in joined if r.engine in ("vllm-v1", "vllm-next")]  # engine_kind="vllm"
     assert scrape.buckets("otel_llm_client_overhead_seconds", engine_kind="vllm") == expected_cumulative(
         [max((r.client.call.end_ns - r.client.call.start_ns) / 1e9 - vllm_e2e(r), 0.0) for r in vllm_joined],
         GENAI_DURATION_BUCKETS)

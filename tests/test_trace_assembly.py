@@ -22,6 +22,7 @@ from otel_llm.processor.tail_sampling import assembler as traces
 from otel_llm.processor.llm_metrics.requests import RecordSettings, records_of_trace
 from otel_llm.processor.tail_sampling.assembler import AssemblySettings, BufferedSpan, Origin, PendingTrace, TraceAssembler
 from otel_llm.config import TailSamplingProcessor
+from otel_llm.pdata.traces import CompletedTrace
 from otel_llm.processor.tail_sampling.sampler import TailSampler
 from tests.support.payloads import vllm_batch
 
@@ -86,11 +87,21 @@ def span(i: int, parent: int | None, engine: bool) -> BufferedSpan:
                         ORIGIN, (), observation)
 
 
+class Completed:
+    """The next stage: collects what the buffer completes (late spans are not what these tests count)."""
+
+    def __init__(self, into: list[PendingTrace]) -> None:
+        self.into = into
+
+    def consume(self, completed: CompletedTrace) -> None:
+        if not completed.late:
+            self.into.append(completed.trace)
+
+
 def assembler(completed: list[PendingTrace] | None = None, max_spans: int = 1_000_000) -> TraceAssembler:
     done = completed if completed is not None else []
     return TraceAssembler(AssemblySettings(decision_wait_s=1e9, grace_s=0.0, max_spans_per_trace=max_spans),
-                          lambda trace, reason: done.append(trace), lambda buffered, decision: None,
-                          clock=lambda: 0.0)
+                          Completed(done), clock=lambda: 0.0)
 
 
 GATEWAY_DEPTH = 8  # a root and 7 gateway/middleware spans above every engine span

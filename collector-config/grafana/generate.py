@@ -470,7 +470,9 @@ VARIABLES = [
     query_variable("model", 'label_values(vllm:e2e_request_latency_seconds_count{source="spans"}, model_name)',
                    "model_name on the vllm: series (gen_ai_request_model on the gen_ai ones)"),
     query_variable("engine", 'label_values(vllm:e2e_request_latency_seconds_count{source="spans"}, engine_kind)',
-                   "engine_kind: vllm|sglang|tgi|genai (gen_ai_provider_name on the gen_ai series)"),
+                   "engine_kind: vllm|sglang|tgi|triton|trtllm|dynamo|llm-d|genai, the engine kinds with "
+                   "span-derived requests (gen_ai_provider_name on the gen_ai series, where llm-d's requests "
+                   "are vllm)"),
     query_variable("gpu", 'label_values(DCGM_FI_DEV_GPU_UTIL{source="dcgm"}, gpu)',
                    "DCGM gpu index; also scopes the cost panels"),
     dash_b.ConstantVariable("gpu_hourly_cost").label("$ per GPU-hour").value("2.5")

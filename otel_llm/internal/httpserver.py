@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from otel_llm.config import split_endpoint
+from otel_llm.confmap import split_endpoint
 
 log = logging.getLogger(__name__)
 

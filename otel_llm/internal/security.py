@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 import ssl
 
-from otel_llm.config import BearerAuth, ServerTls
+from otel_llm.configtls import BearerAuth, ServerTls
 
 
 class TokenCheck:

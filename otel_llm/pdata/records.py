@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
 
 class Outcome:
     """vLLM's ``finished_reason`` values plus ``unknown`` for engines that don't report one.
@@ -97,3 +99,23 @@ class RequestRecord:
     @property
     def succeeded(self) -> bool:
         return self.outcome not in Outcome.FAILED
+
+
+@dataclass(frozen=True, slots=True)
+class KeptTrace:
+    """What the tail sampler kept, after redaction and synthesis: the OTLP request to export (the
+    trace's spans plus the synthesized segment spans), the one record per request a store row is
+    written for, and the policy that kept it."""
+
+    request: ExportTraceServiceRequest
+    spans: int
+    records: list[RequestRecord]
+    policy: str
+
+    @property
+    def trace_id(self) -> bytes:
+        for resource_spans in self.request.resource_spans:
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    return bytes(span.trace_id)
+        return b""

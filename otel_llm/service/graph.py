@@ -1,10 +1,13 @@
-"""The trace pipeline: admitted requests in; request records, metrics and kept traces out.
+"""The traces pipeline as a graph: admitted requests in; request records, metrics and kept traces out.
 
-Requests arrive from the receiver process (``otel_llm/service/processes.py``) as bytes, or from the adapter
+Requests arrive from the receiver process (``service/processes.py``) as bytes, or from the adapter
 process already digested. One worker thread ``buffer``s them: the adapter stage where it was not
-done yet (per span the adapter's reading, the few attributes assembly reads, the span's bytes),
-then the trace buffer; a ticker completes traces: records, metrics, the sampling decision, and
-delivery of kept traces.
+done yet, then the tail sampler's trace buffer. A ticker completes traces, and each goes one way
+along the chain the pipeline's processors make, in their listed order::
+
+    buffer (tail_sampling) -> llm_metrics -> decision (tail_sampling) -> redaction -> kept-trace consumers
+
+Each arrow is one ``consume(CompletedTrace)`` call; nothing calls back up the chain.
 """
 
 from __future__ import annotations
@@ -13,40 +16,39 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from otel_llm.component import KeptTraceConsumer
+from otel_llm.pdata.traces import CompletedTrace, Decision, Remembered, TraceConsumer
+from otel_llm.processor.llm_metrics.config import LlmMetricsProcessor
 from otel_llm.processor.llm_metrics.digest import decode, digest_in_process, digest_settings
-from otel_llm.pdata.records import RequestRecord, Side
-from otel_llm.processor.llm_metrics.requests import Dimension, RecordSettings, ResourceModelRule, records_of_trace
-from otel_llm.processor.redaction.synthesis import NO_REDACTION, Redaction, RedactionCounts, kept_trace_request
-from otel_llm.processor.tail_sampling.assembler import AssemblySettings, BufferedSpan, PendingTrace, TraceAssembler
-from otel_llm.config import Config, RedactionProcessor
-from otel_llm.processor.memory_limiter.limiter import MemoryLimiter
-from otel_llm.processor.llm_metrics.metrics.definitions import genai_client_naming, genai_naming, own_naming, vllm_naming
 from otel_llm.processor.llm_metrics.metrics.recorder import MetricsRecorder
-from otel_llm.service.telemetry import SelfTelemetry
+from otel_llm.processor.llm_metrics.stage import LlmMetricsStage
+from otel_llm.processor.memory_limiter.config import MemoryLimiterProcessor
+from otel_llm.processor.memory_limiter.limiter import MemoryLimiter
+from otel_llm.processor.redaction.config import RedactionProcessor
+from otel_llm.processor.redaction.stage import RedactionStage
+from otel_llm.processor.tail_sampling.assembler import AssemblySettings, TraceAssembler
+from otel_llm.processor.tail_sampling.config import TailSamplingProcessor
+from otel_llm.processor.tail_sampling.sampler import TailSampler
+from otel_llm.processor.tail_sampling.stage import DecisionStage
 from otel_llm.receiver.otlp.admission import SHUTTING_DOWN
 from otel_llm.receiver.otlp.intake_log import IntakeLogKeeper, Record
 from otel_llm.receiver.otlp.process import IntakeState
-from otel_llm.processor.tail_sampling.sampler import Decision, TailSampler
-
-# A destination for kept traces (the store, an OTLP exporter): the request, its span count, its
-# request records and the policy that kept it; returns False when it had to drop it.
-KeptTraceSink = Callable[[ExportTraceServiceRequest, int, list[RequestRecord], str], bool]
+from otel_llm.service.telemetry import SelfTelemetry
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class Remembered:
-    """What the decision cache keeps of a completed trace: its decision, and which engine spans
-    were measured, so a replayed span is not measured twice while a genuinely late one is."""
-
-    decision: Decision
-    measured: set[bytes]
+@dataclass(slots=True, frozen=True)
+class IntakeItem:
+    data: bytes  # a request of ``spans`` spans in ``size`` bytes, or the adapter process's output for it
+    spans: int
+    size: int
+    digested: bool
 
 
 class Intake:
@@ -56,7 +58,7 @@ class Intake:
 
     def __init__(self, state: IntakeState) -> None:
         self.state = state
-        self._items: deque[tuple[bytes, int, int, bool]] = deque()
+        self._items: deque[IntakeItem] = deque()
         self._cond = threading.Condition()
         self.held_spans = 0  # arrived here and not yet processed
         self.held_bytes = 0
@@ -69,12 +71,12 @@ class Intake:
     def put(self, data: bytes, spans: int, size: int, digested: bool) -> None:
         """``data``: a request of ``spans`` spans in ``size`` bytes, or the adapter process's output for it."""
         with self._cond:
-            self._items.append((data, spans, size, digested))
+            self._items.append(IntakeItem(data, spans, size, digested))
             self.held_spans += spans
             self.held_bytes += size
             self._cond.notify()
 
-    def take(self, timeout_s: float) -> tuple[bytes, int, int, bool] | None:
+    def take(self, timeout_s: float) -> IntakeItem | None:
         with self._cond:
             if not self._items:
                 self._cond.wait(timeout_s)
@@ -110,86 +112,94 @@ class Intake:
             return True
 
 
-def redaction_of(config: RedactionProcessor) -> Redaction:
-    extra_globs = [k for k in config.additional_blocked_keys if "*" in k]
-    extra_prefixes = [k for k in config.additional_blocked_keys if "*" not in k]
-    return Redaction(
-        key_prefixes=tuple(config.blocked_key_prefixes + extra_prefixes),
-        key_patterns=tuple(config.blocked_key_patterns + extra_globs),
-        event_names=frozenset(config.blocked_event_names),
-        max_free_text_bytes=config.max_free_text_bytes,
-        allowed_keys=frozenset(config.allowed_keys),
-    )
+class _Entry:
+    """Where completed traces enter the chain: counted, given their journaled decision if a run
+    before a crash made one, and kept apart, so one trace that fails is counted and the next goes on."""
 
+    def __init__(self, telemetry: SelfTelemetry) -> None:
+        self.telemetry = telemetry
+        self.next: TraceConsumer | None = None
+        self.intake_log: IntakeLogKeeper | None = None
 
-def record_settings(config: Config) -> RecordSettings:
-    metrics = config.processors.llm_metrics
-    return RecordSettings(
-        resource_model_rules=tuple(ResourceModelRule(r.attribute, dict(r.values)) for r in metrics.model_name.from_resource),
-        default_model=metrics.model_name.default,
-        default_operation=metrics.default_operation_name,
-        edge_ttft_attributes=tuple(metrics.edge_time_to_first_token.attributes),
-        dimensions=tuple(Dimension(d.name, d.attribute, frozenset(d.values), d.other) for d in metrics.dimensions),
-        max_latency_s=metrics.max_latency,
-    )
-
-
-def one_per_request(records: list[RequestRecord]) -> list[RequestRecord]:
-    """The records a store row is written for: a client record joined to a server record is the
-    same request, described once (by the server record, which carries the client overhead)."""
-    return [r for r in records if r.side == Side.SERVER or not r.joined_span_id]
+    def consume(self, completed: CompletedTrace) -> None:
+        assert self.next is not None
+        telemetry = self.telemetry
+        if completed.late:
+            telemetry.late_spans.inc()
+        else:
+            telemetry.traces_completed.labels(completed.reason).inc()
+            journal = self.intake_log.prior.get(completed.trace_id) if self.intake_log is not None else None
+            if journal is not None:
+                completed.prior = Remembered(Decision(journal.keep, journal.policy, journal.threshold,
+                                                      journal.rate_limited), set(journal.measured))
+        try:
+            self.next.consume(completed)
+        except Exception:  # counted, and the next trace is still assembled
+            log.exception("completing trace %s failed", completed.trace_id.hex())
+            telemetry.spans_dropped.labels("assembly_error").inc(len(completed.trace.spans))
 
 
 class Pipeline:
-    def __init__(self, config: Config, telemetry: SelfTelemetry, intake: IntakeState) -> None:
-        metrics_config = config.processors.llm_metrics
-        sampling = config.processors.tail_sampling
-        namings = []
-        if metrics_config.namings.vllm:
-            namings.append(vllm_naming(metrics_config.max_model_len))
-        if metrics_config.namings.gen_ai:
-            namings.append(genai_naming())
-            namings.append(genai_client_naming())
-        namings.append(own_naming())
-        self.settings = record_settings(config)
-        self.digest_settings = digest_settings(config)
+    """Built from the traces pipeline's processors (``processors``: name -> config, in listed order)
+    and its kept-trace consumers (the exporters that take kept traces)."""
+
+    def __init__(self, processors: dict[str, object], consumers: Sequence[KeptTraceConsumer],
+                 telemetry: SelfTelemetry, intake: IntakeState) -> None:
         self.telemetry = telemetry
-        self.recorder = MetricsRecorder(namings, tuple(d.name for d in self.settings.dimensions), metrics_config.series_limit)
+        self.processors = list(processors)
+        sampling = processors.get("tail_sampling")
+        # Without tail_sampling in the pipeline the buffer still groups spans by trace (records need
+        # whole traces), on tail_sampling's documented defaults; every trace then goes on.
+        buffer_config = sampling if isinstance(sampling, TailSamplingProcessor) else TailSamplingProcessor()
+        redaction = processors.get("redaction")
+        assert isinstance(redaction, RedactionProcessor), "validation requires redaction in every traces pipeline"
+        metrics = processors.get("llm_metrics")
+        self.consumers = list(consumers)
+        self._entry = _Entry(telemetry)
         self.assembler = TraceAssembler(
             AssemblySettings(
-                decision_wait_s=sampling.decision_wait,
-                grace_s=sampling.grace,
-                max_traces=sampling.num_traces,
-                max_spans_per_trace=sampling.max_spans_per_trace,
-                decided_cache_size=sampling.decision_cache_size,
+                decision_wait_s=buffer_config.decision_wait,
+                grace_s=buffer_config.grace,
+                max_traces=buffer_config.num_traces,
+                max_spans_per_trace=buffer_config.max_spans_per_trace,
+                decided_cache_size=buffer_config.decision_cache_size,
             ),
-            on_complete=self._on_trace_complete,
-            on_late_span=self._on_late_span,
-            on_spans_dropped=lambda reason, count: telemetry.spans_dropped.labels(reason).inc(count),
+            self._entry,
+            spans_dropped=telemetry.spans_dropped.labels("max_spans_per_trace"),
         )
-        telemetry.traces_in_memory.set_function(lambda: len(self.assembler))
-        self.sampler = TailSampler(sampling)
-        redaction = config.processors.redaction
-        self.redaction = NO_REDACTION if redaction.allow_content else redaction_of(redaction)
-        self._redacted = {reason: telemetry.attributes_redacted.labels(reason)
-                          for reason in ("content_key", "free_text", "content_event")}
-        self._rejected: dict[str, object] = {}
-        self.sinks: dict[str, KeptTraceSink] = {}
-        self.flushers: list[Callable[[bool], None]] = []  # batching sinks: flush(only_if_due)
+        telemetry.traces_in_memory.set_function(self.assembler.__len__)
+        self.redaction = RedactionStage(redaction, telemetry, self.consumers)
+        self.decision = DecisionStage(TailSampler(sampling) if isinstance(sampling, TailSamplingProcessor) else None,
+                                      self.assembler, telemetry, self.redaction)
+        self.metrics: LlmMetricsStage | None = None
+        if isinstance(metrics, LlmMetricsProcessor):
+            self.metrics = LlmMetricsStage(metrics, telemetry, self.decision)
+        self._entry.next = self.metrics if self.metrics is not None else self.decision
+        self.digest_settings = digest_settings(metrics if isinstance(metrics, LlmMetricsProcessor)
+                                               else LlmMetricsProcessor(), redaction)
         self._malformed = telemetry.spans_malformed
         self._matched = telemetry.spans_engine
-        # Labelled children looked up once: per-record telemetry must cost well under a microsecond.
-        self._decision_counters: dict[tuple[str, bool, bool], object] = {}
-        self._assembled_counters: dict[tuple[object, object], object] = {}
         self._stop = threading.Event()
         self._tick_lock = threading.Lock()
         self._ticker: threading.Thread | None = None
         self._worker: threading.Thread | None = None
         self.intake = Intake(intake)
         telemetry.intake_queued_spans.set_function(lambda: self.intake.queued_spans)
-        self.intake_log: IntakeLogKeeper | None = None  # receivers.otlp.intake_log: set by the service
-        self.memory_limiter = MemoryLimiter(config.processors.memory_limiter, shed=self.assembler.shed,
-                                            on_change=intake.set_refusing)
+        self.intake_log: IntakeLogKeeper | None = None  # receivers.otlp.intake_log: see ``use_intake_log``
+        limiter = processors.get("memory_limiter")
+        self.memory_limiter = MemoryLimiter(limiter, shed=self.assembler.shed, on_change=intake.set_refusing) \
+            if isinstance(limiter, MemoryLimiterProcessor) else None
+
+    @property
+    def recorder(self) -> MetricsRecorder | None:
+        return self.metrics.recorder if self.metrics is not None else None
+
+    def use_intake_log(self, intake_log: IntakeLogKeeper) -> None:
+        self.intake_log = intake_log
+        self._entry.intake_log = intake_log
+        self.decision.intake_log = intake_log
+        if self.metrics is not None:
+            self.metrics.intake_log = intake_log
 
     # --- intake ----------------------------------------------------------------------------
 
@@ -198,7 +208,8 @@ class Pipeline:
         if self.intake_log is not None:
             self.intake_log.arrived()
         self.intake.put(data, spans, size, digested)
-        self.memory_limiter.refuse_if_over(self.intake.state.queued_bytes)
+        if self.memory_limiter is not None:
+            self.memory_limiter.refuse_if_over(self.intake.state.queued_bytes)
 
     def receive_failure(self, spans: int, size: int) -> None:
         """A request the adapter stage could not process (logged there): counted, its room released."""
@@ -228,14 +239,13 @@ class Pipeline:
                 if self._stop.is_set():
                     return
                 continue
-            data, spans, size, digested = item
             try:
-                self.buffer(data, digested)
+                self.buffer(item.data, item.digested)
             except Exception:  # one bad batch must not stop the pipeline; it is counted
                 log.exception("processing an export request failed")
-                self.telemetry.spans_dropped.labels("processing_error").inc(spans)
+                self.telemetry.spans_dropped.labels("processing_error").inc(item.spans)
             finally:
-                self.intake.done(spans, size)
+                self.intake.done(item.spans, item.size)
                 if self.intake_log is not None:
                     self.intake_log.processed()
 
@@ -259,114 +269,11 @@ class Pipeline:
         if spans:
             self.assembler.add_batch(spans)
 
-    # --- completion ------------------------------------------------------------------------
-
-    def _on_trace_complete(self, trace: PendingTrace, reason: str) -> None:
-        self.telemetry.traces_completed.labels(reason).inc()
-        # Decided before a crash (the intake log's journal): the same decision, nothing measured twice.
-        prior = self.intake_log.prior.get(trace.trace_id) if self.intake_log is not None else None
-        try:
-            malformed: list[str] = []  # requests whose spans could not make one (counted, not measured)
-            records = records_of_trace(trace, self.settings, malformed)
-            for malformed_reason in malformed if prior is None else ():
-                self._malformed.labels(malformed_reason).inc()
-            decision = self.sampler.decide(trace, records) if prior is None else \
-                Decision(prior.keep, prior.policy, prior.threshold, prior.rate_limited)
-        except Exception:  # counted, and the next trace is still assembled
-            log.exception("assembling trace %s failed", trace.trace_id.hex())
-            self.telemetry.spans_dropped.labels("assembly_error").inc(len(trace.spans))
-            return
-        measured = {r.span_id for r in records}
-        if prior is not None:
-            measured |= prior.measured
-        self.assembler.remember_decision(trace.trace_id, Remembered(decision, measured))
-        if prior is None:
-            self._count_decision(decision)
-        # Metrics count every request whatever the decision; only exemplars follow it.
-        for record in records:
-            if prior is None or record.span_id not in prior.measured:
-                self._record(record, decision.keep)
-        if self.intake_log is not None:
-            self.intake_log.decided(trace.trace_id, decision.keep, decision.rate_limited, decision.policy,
-                                    decision.threshold, measured)
-        if decision.keep:
-            redacted = RedactionCounts()
-            request, spans = kept_trace_request(list(trace.spans.values()), records, decision.policy,
-                                                decision.threshold, self.redaction, redacted)
-            self._count_redacted(redacted)
-            self._deliver(request, spans, one_per_request(records), decision.policy)
-
-    def _count_decision(self, decision: Decision) -> None:
-        key = (decision.policy, decision.keep, decision.rate_limited)
-        child = self._decision_counters.get(key)
-        if child is None:
-            outcome = "kept" if decision.keep else ("rate_limited" if decision.rate_limited else "dropped")
-            child = self._decision_counters[key] = self.telemetry.sampling_decisions.labels(
-                decision.policy or "none", outcome)
-        child.inc()
-
-    def _deliver(self, request: ExportTraceServiceRequest, spans: int, records: list[RequestRecord],
-                 policy: str) -> None:
-        for name, sink in self.sinks.items():
-            if not sink(request, spans, records, policy):
-                self.telemetry.kept_traces_dropped.labels(name).inc()
-
-    def _on_late_span(self, buffered: BufferedSpan, remembered: object) -> None:
-        """A span of an already decided trace: it follows the decision, and is measured once at most."""
-        self.telemetry.late_spans.inc()
-        if not isinstance(remembered, Remembered):  # the trace is being completed right now
-            remembered = None
-        kept = remembered is not None and remembered.decision.keep
-        records: list[RequestRecord] = []
-        if buffered.is_engine:
-            single = PendingTrace(buffered.trace_id, 0.0, {buffered.span_id: buffered})
-            malformed: list[str] = []
-            records = records_of_trace(single, self.settings, malformed)
-            replayed = remembered is not None and buffered.span_id in remembered.measured
-            if not replayed:
-                for malformed_reason in malformed:
-                    self._malformed.labels(malformed_reason).inc()
-                for record in records:
-                    self._record(record, kept)
-                if remembered is not None:
-                    remembered.measured.add(buffered.span_id)
-                elif self.intake_log is not None:
-                    self.intake_log.measured_late(buffered.trace_id, buffered.span_id)
-        if self.intake_log is not None and remembered is not None:
-            # The newest journal knows the trace was decided (a replay must not decide it again).
-            decision = remembered.decision
-            self.intake_log.decided(buffered.trace_id, decision.keep, decision.rate_limited, decision.policy,
-                                    decision.threshold, remembered.measured)
-        if kept:
-            assert remembered is not None
-            decision = remembered.decision
-            redacted = RedactionCounts()
-            request, spans = kept_trace_request([buffered], records, decision.policy, decision.threshold,
-                                                self.redaction, redacted)
-            self._count_redacted(redacted)
-            self._deliver(request, spans, one_per_request(records), decision.policy)
-
-    def _count_redacted(self, redacted: RedactionCounts) -> None:
-        for reason, count in (("content_key", redacted.content_keys), ("free_text", redacted.free_text),
-                              ("content_event", redacted.content_events)):
-            if count:
-                self._redacted[reason].inc(count)  # type: ignore[attr-defined]
-
-    def _record(self, record: RequestRecord, with_exemplars: bool = False) -> None:
-        for reason in record.rejected:
-            child = self._rejected.get(reason)
-            if child is None:
-                child = self._rejected[reason] = self.telemetry.values_rejected.labels(reason)
-            child.inc()  # type: ignore[attr-defined]
-        key = (record.engine_kind, record.outcome)
-        child = self._assembled_counters.get(key)
-        if child is None:
-            child = self._assembled_counters[key] = self.telemetry.requests_assembled.labels(
-                record.engine_kind, record.outcome)
-        child.inc()
-        self.recorder.record(record, with_exemplars)
-
     # --- lifecycle -------------------------------------------------------------------------
+
+    def _flush(self, only_if_due: bool) -> None:
+        for consumer in self.consumers:
+            consumer.flush(only_if_due)
 
     def start(self, tick_interval_s: float = 0.1) -> None:
         def run() -> None:
@@ -379,8 +286,7 @@ class Pipeline:
                         self.assembler.tick()
                         if self.intake_log is not None:
                             self.intake_log.ticked(started)
-                        for flush in self.flushers:
-                            flush(True)
+                        self._flush(True)
                     except Exception:  # a bug in one trace must not stop every later decision
                         log.exception("trace completion failed")
 
@@ -388,7 +294,8 @@ class Pipeline:
         self._ticker.start()
         self._worker = threading.Thread(target=self._work, name="otel-llm-pipeline", daemon=True)
         self._worker.start()
-        self.memory_limiter.start()
+        if self.memory_limiter is not None:
+            self.memory_limiter.start()
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Process everything accepted, then decide every pending trace and flush the batches."""
@@ -396,14 +303,14 @@ class Pipeline:
             log.error("pipeline did not finish its queue within %.0fs; %d spans unprocessed",
                       timeout_s, self.intake.queued_spans)
             self.telemetry.spans_dropped.labels("shutdown_timeout").inc(self.intake.queued_spans)
-        self.memory_limiter.stop()
+        if self.memory_limiter is not None:
+            self.memory_limiter.stop()
         # Under the tick lock no completion can run concurrently, so nothing reaches a batcher
         # after its final flush, however long a tick takes on a loaded machine.
         with self._tick_lock:
             self._stop.set()
             self.assembler.drain()
-            for flush in self.flushers:
-                flush(False)
+            self._flush(False)
         if self._ticker is not None:
             self._ticker.join(timeout=5)
         if self._worker is not None:

@@ -2,8 +2,8 @@
 
 ``otel-llm serve`` runs two processes, three with ``service.adapter_process: true``:
 
-- ``otel-llm-recv`` (``receivers/process.py``): OTLP/gRPC and OTLP/HTTP; answers Export calls.
-- ``otel-llm-adapt`` (``adapters/digest.py``), optional: decodes each admitted request, runs the
+- ``otel-llm-recv`` (``receiver/otlp/process.py``): OTLP/gRPC and OTLP/HTTP; answers Export calls.
+- ``otel-llm-adapt`` (``processor/llm_metrics/digest.py``), optional: decodes each admitted request, runs the
   engine adapters, and sends on what the trace buffer keeps of each span.
 - this one, ``otel-llm``: (the adapters,) trace assembly, metrics, sampling, store, exporters,
   ``/metrics`` and the API.
@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from otel_llm.processor.llm_metrics.digest import DIGESTED, FAILED, HEADER, DigestSettings, run_adapter_process
-from otel_llm.config import OtlpReceiver
+from otel_llm.receiver.otlp.config import OtlpReceiver
 from otel_llm.receiver.otlp.intake_log import IntakeLogSettings, IntakeLogShared
 from otel_llm.receiver.otlp.process import (
     BATCH,

@@ -977,6 +977,164 @@ def llmd_disaggregated(
 
 
 # ---------------------------------------------------------------------------
+# SGLang prefill/decode disaggregation (two roots in one trace)
+# ---------------------------------------------------------------------------
+SGLANG_PD_ROOM = 0x5A3C9E1D2B4F6071  # the router's bootstrap_room, shared by both servers
+
+
+def sglang_pd_request(
+    *,
+    model: str = "qwen3-8b",
+    room: int | None = SGLANG_PD_ROOM,
+    tokenize_s: float = 0.0030,
+    dispatch_s: float = 0.0004,
+    prefill_prepare_s: float = 0.0008,
+    prefill_bootstrap_s: float = 0.0060,
+    prefill_waiting_s: float = 0.0250,
+    prefill_forward_s: float = 0.0400,
+    kv_transfer_s: float = 0.0090,
+    decode_prepare_s: float = 0.0007,
+    decode_bootstrap_s: float = 0.0050,
+    decode_waiting_s: float = 0.0030,
+    decode_steps: Sequence[float] = (0.011,) * 9,
+    return_s: float = 0.0015,
+    prompt_tokens: int = 420,
+    cached_tokens: int = 128,
+    prefill_rid: str = "9f2c4e1a77d04b0c8d61e3a5b2f0c9d1",
+    decode_rid: str = "2b7e0d93c1a84f56a0e4d7c2b9f1a368",
+    parent: tuple[bytes, bytes] | None = (bytes.fromhex("4bf92f3577b34da6a3ce929d0e0e4736"),
+                                          bytes.fromhex("00f067aa0ba902b7")),
+    t0_ns: int = T0_NS,
+    seed: str = "sglang-pd",
+) -> ExportTraceServiceRequest:
+    """One request served by an SGLang prefill server and an SGLang decode server (PD disaggregation).
+
+    From the sglang 0.5.23 wheel (paths under ``python/sglang/srt/``, lines of that wheel):
+
+    * Each server's TokenizerManager makes its **own root** (``init_trace_ctx``,
+      ``observability/req_time_stats.py:288-310``, ``role=self.disagg_mode_str()``, which is
+      ``"prefill"`` / ``"decode"``, :260-268); ``trace_req_start`` names it ``f"{role} Req {rid[:8]}"``
+      and puts ``rid``, ``module="sglang::request"`` and ``bootstrap_room=str(hex(room))`` on it
+      (``observability/trace.py:546-579``, the attribute at :566-567). Its parent is the context
+      extracted from the HTTP request's headers (``managers/tokenizer_manager.py:3805-3815``,
+      ``trace.py:558-560``): when the router in front forwards the caller's ``traceparent`` to both
+      servers, the two roots are **siblings in one trace** [I: the router's propagation is not in the
+      wheel]. The ``rid`` is each server's own unless the caller set one, so the two roots are paired by
+      ``bootstrap_room``: the request's own field, which the PD router sets to one value on both copies
+      and each tokenizer passes to ``init_trace_ctx`` (``managers/tokenizer_manager.py:3816-3844``).
+    * Thread spans: ``PrefillTokenizer`` / ``DecodeTokenizer`` (``entrypoints/http_server.py:325-330``),
+      ``Prefill Scheduler`` / ``Decode Scheduler`` (``managers/scheduler.py:6352-6357``).
+    * Prefill server stages: ``tokenize``, ``api_server_dispatch``, ``prefill_prepare`` (scheduler
+      receipt → bootstrap queue, ``req_time_stats.py:1033-1039``), ``prefill_bootstrap`` (bootstrap
+      queue → waiting queue: ``set_wait_queue_entry_time`` in PREFILL mode, :776-800),
+      ``prefill_waiting`` (waiting queue → forward, :802-826), ``prefill_forward`` (→ prefill result,
+      :854-882), ``prefill_transfer_kv_cache`` (KV transfer queue entry → KV sent, :1045-1053;
+      ``disaggregation/prefill.py:1074,1235``). **That is the KV transfer SGLang marks.**
+    * Decode server stages: ``tokenize``, ``api_server_dispatch``, ``decode_prepare`` (receipt →
+      pre-allocation queue, :1055-1061), ``decode_bootstrap`` (→ transfer queue, :1063-1073),
+      ``decode_transferred`` (transfer queue → waiting queue: it waits for the prefill server's queue,
+      prefill and transfer, so it is no transfer time; PD branch of :776-800, ``disaggregation/decode.py:
+      1875,2776``), ``decode_waiting`` (waiting queue → forward: the decode side's queue, :815-817),
+      ``decode_forward`` (forward → completion, started at :819-824, ended by ``set_completion_time``
+      :947-952) with a ``decode_loop`` per step under it.
+    * The prefill server produces one token (finish reason ``length``, [I]); the decode server's root
+      carries the answer's tokens, finish reason and latencies (attributes as in the unified capture,
+      ``sglang/README.md``).
+
+    Timeline (seconds from t0; both servers receive the request at t0): each tokenizes and dispatches;
+    prefill: prepare, bootstrap, waiting, forward, KV transfer; decode: prepare, bootstrap, then
+    ``decode_transferred`` until the KV has arrived (the prefill's transfer end), waiting, forward
+    (``decode_steps``), ``return_s`` back to the tokenizer. Counts as ONE request.
+    """
+    trace = parent[0] if parent else trace_id(seed, bits64=True)
+    sid = lambda key: span_id(f"{seed}:{key}")  # noqa: E731
+    spans_p: list[Span] = []
+    spans_d: list[Span] = []
+
+    def sp(out: list[Span], name: str, key: str, parent_sid: bytes | None, start: float, end: float,
+           attrs: Mapping[str, Any] | None = None, status: int = Status.StatusCode.STATUS_CODE_UNSET) -> None:
+        out.append(make_span(name, trace=trace, sid=sid(key), parent=parent_sid, kind=INTERNAL,
+                             start_ns=ns(t0_ns, start), end_ns=ns(t0_ns, end), attrs=attrs, status_code=status))
+
+    tok_end = tokenize_s
+    disp_end = tok_end + dispatch_s
+    # prefill server
+    p_prep_end = disp_end + prefill_prepare_s
+    p_boot_end = p_prep_end + prefill_bootstrap_s
+    p_wait_end = p_boot_end + prefill_waiting_s
+    p_fwd_end = p_wait_end + prefill_forward_s
+    kv_end = p_fwd_end + kv_transfer_s
+    p_first = p_fwd_end + return_s  # the prefill tokenizer gets its one token
+    p_finish = kv_end + return_s
+    # decode server
+    d_prep_end = disp_end + decode_prepare_s
+    d_boot_end = d_prep_end + decode_bootstrap_s
+    d_transferred_end = kv_end + 0.0002  # KV arrived: into the waiting queue
+    d_wait_end = d_transferred_end + decode_waiting_s
+    t = d_wait_end
+    loops = []
+    for i, step in enumerate(decode_steps):
+        loops.append((i, t, t + step))
+        t += step
+    d_fwd_end = t
+    d_first = loops[0][2] + return_s if loops else d_fwd_end + return_s
+    d_finish = d_fwd_end + return_s
+    completion = len(loops) + 1  # the first token came with the KV (SGLang's decode forward emits the rest)
+
+    def root_attrs(rid: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"rid": rid, "module": "sglang::request"}
+        if room is not None:
+            out["bootstrap_room"] = str(hex(room))
+        return out
+
+    def finish_attrs(rid: str, tokens: int, reason: str, first: float, end: float) -> dict[str, Any]:
+        return {"gen_ai.usage.completion_tokens": tokens, "gen_ai.usage.prompt_tokens": prompt_tokens,
+                "gen_ai.usage.cached_tokens": cached_tokens if reason == "length" else 0,
+                "gen_ai.request.id": rid, "gen_ai.request.max_tokens": 256, "gen_ai.response.model": model,
+                "gen_ai.response.finish_reasons": json.dumps([reason]),
+                "gen_ai.latency.time_to_first_token": first, "gen_ai.latency.e2e": end,
+                "gen_ai.latency.time_in_model_decode": end - first,
+                "gen_ai.latency.time_in_model_inference": end - disp_end,
+                "gen_ai.latency.time_in_model_prefill": first - disp_end}
+
+    parent_sid = parent[1] if parent else None
+    host = "(host:5e1f0c0f | pid:{})"
+    # --- prefill server
+    sp(spans_p, f"prefill Req {prefill_rid[:8]}", "p-root", parent_sid, 0.0, p_finish,
+       {**root_attrs(prefill_rid), **finish_attrs(prefill_rid, 1, "length", p_first, p_finish)})
+    sp(spans_p, "PrefillTokenizer" + host.format(5101), "p-tok", sid("p-root"), 0.0, disp_end,
+       {"host_id": "5e1f0c0ffee04b1d", "pid": 5101, "thread_label": "PrefillTokenizer"})
+    sp(spans_p, "tokenize", "p-tokenize", sid("p-tok"), 0.0, tok_end)
+    sp(spans_p, "api_server_dispatch", "p-dispatch", sid("p-tok"), tok_end, disp_end)
+    sp(spans_p, "Prefill Scheduler [TP 0] " + host.format(5102), "p-sched", sid("p-root"), disp_end, kv_end,
+       {"tp_rank": 0, "host_id": "5e1f0c0ffee04b1d", "pid": 5102, "thread_label": "Prefill Scheduler"})
+    sp(spans_p, "prefill_prepare", "p-prepare", sid("p-sched"), disp_end, p_prep_end)
+    sp(spans_p, "prefill_bootstrap", "p-bootstrap", sid("p-sched"), p_prep_end, p_boot_end)
+    sp(spans_p, "prefill_waiting", "p-waiting", sid("p-sched"), p_boot_end, p_wait_end)
+    sp(spans_p, "prefill_forward", "p-forward", sid("p-sched"), p_wait_end, p_fwd_end)
+    sp(spans_p, "prefill_transfer_kv_cache", "p-kv", sid("p-sched"), p_fwd_end, kv_end)
+    # --- decode server
+    sp(spans_d, f"decode Req {decode_rid[:8]}", "d-root", parent_sid, 0.0, d_finish,
+       {**root_attrs(decode_rid), **finish_attrs(decode_rid, completion, "stop", d_first, d_finish)})
+    sp(spans_d, "DecodeTokenizer" + host.format(6101), "d-tok", sid("d-root"), 0.0, disp_end,
+       {"host_id": "77aa01c2d3e4f5a6", "pid": 6101, "thread_label": "DecodeTokenizer"})
+    sp(spans_d, "tokenize", "d-tokenize", sid("d-tok"), 0.0, tok_end)
+    sp(spans_d, "api_server_dispatch", "d-dispatch", sid("d-tok"), tok_end, disp_end)
+    sp(spans_d, "Decode Scheduler [TP 0] " + host.format(6102), "d-sched", sid("d-root"), disp_end, d_fwd_end,
+       {"tp_rank": 0, "host_id": "77aa01c2d3e4f5a6", "pid": 6102, "thread_label": "Decode Scheduler"})
+    sp(spans_d, "decode_prepare", "d-prepare", sid("d-sched"), disp_end, d_prep_end)
+    sp(spans_d, "decode_bootstrap", "d-bootstrap", sid("d-sched"), d_prep_end, d_boot_end)
+    sp(spans_d, "decode_transferred", "d-transferred", sid("d-sched"), d_boot_end, d_transferred_end)
+    sp(spans_d, "decode_waiting", "d-waiting", sid("d-sched"), d_transferred_end, d_wait_end)
+    sp(spans_d, "decode_forward", "d-forward", sid("d-sched"), d_wait_end, d_fwd_end)
+    for i, start, end in loops:
+        sp(spans_d, "decode_loop", f"d-loop-{i}", sid("d-forward"), start, end, {"decode_ct": i})
+    resource = {"telemetry.sdk.language": "python", "telemetry.sdk.name": "opentelemetry"}
+    return request(resource_spans({**resource, "service.name": "sglang-prefill"}, "sglang server", spans_p),
+                   resource_spans({**resource, "service.name": "sglang-decode"}, "sglang server", spans_d))
+
+
+# ---------------------------------------------------------------------------
 # malformed / partial variants
 # ---------------------------------------------------------------------------
 def mutate(req: ExportTraceServiceRequest) -> ExportTraceServiceRequest:
@@ -1068,4 +1226,5 @@ BUILDERS = {
     "trtllm_serve_disaggregated": trtllm_serve_disaggregated,
     "dynamo_request": dynamo_request,
     "llmd_disaggregated": llmd_disaggregated,
+    "sglang_pd_request": sglang_pd_request,
 }

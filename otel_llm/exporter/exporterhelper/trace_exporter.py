@@ -112,7 +112,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from otel_llm import __version__
-from otel_llm.config import OtlpTraceExporter
+from otel_llm.exporter.otlp.config import OtlpTraceExporter
 
 log = logging.getLogger(__name__)
 
@@ -623,21 +623,15 @@ class TraceExporter:
         queue = settings.sending_queue
         self._num_consumers = queue.num_consumers
         self.capacity = queue.queue_size if queue.enabled else queue.num_consumers
+        # The on-disk queue is opened (and locked) by start(): building an exporter touches no file.
         self._disk: _DiskQueue | None = None
-        if queue.storage:
-            if queue.enabled:
-                self._disk = _DiskQueue(Path(queue.storage))
-            else:
-                log.warning("exporter %s: sending_queue.storage is ignored because sending_queue.enabled is false", name)
-        try:
-            self._transport: _GrpcTransport | _HttpTransport = (
-                _GrpcTransport(settings) if protocol == "grpc" else _HttpTransport(settings))
-        except BaseException:
-            if self._disk is not None:
-                self._disk.close()
-            raise
-        self._first_seq = self._disk.next_seq if self._disk is not None else 1
-        self._next_seq = self._first_seq
+        self._storage = Path(queue.storage) if queue.storage and queue.enabled else None
+        if queue.storage and not queue.enabled:
+            log.warning("exporter %s: sending_queue.storage is ignored because sending_queue.enabled is false", name)
+        self._transport: _GrpcTransport | _HttpTransport = (
+            _GrpcTransport(settings) if protocol == "grpc" else _HttpTransport(settings))
+        self._first_seq = 1
+        self._next_seq = 1
 
         self._cond = threading.Condition()
         self._pending: deque[_Item] = deque()
@@ -687,6 +681,10 @@ class TraceExporter:
                 raise RuntimeError(f"exporter {self.name} already started")
             if self._shutdown_started:
                 raise RuntimeError(f"exporter {self.name} is shut down")
+        if self._storage is not None:
+            self._disk = _DiskQueue(self._storage)  # OSError (the lock is held elsewhere, not writable): not started
+            self._first_seq = self._next_seq = self._disk.next_seq
+        with self._cond:
             self._started = True
         if self._disk is not None:
             items, corrupt = self._disk.load(self._first_seq)

@@ -61,7 +61,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from otel_llm import __version__
-from otel_llm.config import OtlpMetricsExporter
+from otel_llm.exporter.otlp_metrics.config import OtlpMetricsExporter
 from otel_llm.processor.llm_metrics.metrics.definitions import SEGMENT_METRIC
 from otel_llm.processor.llm_metrics.metrics.families import Family, HistogramSeries
 from otel_llm.processor.llm_metrics.metrics.recorder import MetricsRecorder

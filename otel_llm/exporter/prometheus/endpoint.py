@@ -14,9 +14,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.openmetrics import exposition as openmetrics
 
-from otel_llm.config import PrometheusExporter
+from otel_llm.exporter.prometheus.config import PrometheusExporter
 from otel_llm.internal.httpserver import BackgroundHTTPServer, QuietHandler
 from otel_llm.internal.security import TokenCheck
+from otel_llm.webview import WebView
 from otel_llm.exporter.store.sqlite import SORT_COLUMNS, StoreError, StoreReader
 
 _TRACE_PATH = re.compile(r"^/api/traces/([0-9a-fA-F]{1,32})$")
@@ -42,6 +43,7 @@ class _Handler(QuietHandler):
     store: ClassVar[StoreReader | None]
     not_ready: ClassVar[Callable[[], str | None] | None]  # a reason while a part cannot do its job
     token: ClassVar[TokenCheck]
+    webview: ClassVar[WebView | None] = None  # /, /ui/..., /login, /static/..., /api/ui/... (otel_llm/webview)
 
     def _json(self, status: int, payload: Any) -> None:
         self.send_body(status, json.dumps(payload).encode(), "application/json")
@@ -84,7 +86,9 @@ class _Handler(QuietHandler):
     def do_GET(self) -> None:
         parsed = urllib.parse.urlsplit(self.path)
         path = parsed.path
-        if path not in ("/healthz", "/readyz") and not self.token.allows(self.headers.get("Authorization")):
+        if self.webview is not None and self.webview.handles(path):
+            self.webview.handle(self, self.command, self.path)  # its own auth: the bearer token or a login cookie
+        elif path not in ("/healthz", "/readyz") and not self.token.allows(self.headers.get("Authorization")):
             self.send_body(401, b"missing or wrong bearer token\n", "text/plain", {"WWW-Authenticate": "Bearer"})
         elif path.startswith("/api/"):
             self._api(path, urllib.parse.parse_qs(parsed.query))
@@ -106,13 +110,24 @@ class _Handler(QuietHandler):
 
     do_HEAD = do_GET
 
+    def do_POST(self) -> None:  # only the web view's /login and /logout; everything else is read-only
+        if self.webview is not None and self.webview.handles(urllib.parse.urlsplit(self.path).path):
+            self.webview.handle(self, "POST", self.path)
+        else:
+            self.send_body(405, b"read-only; try GET\n", "text/plain", {"Allow": "GET, HEAD"})
+
 
 class PrometheusEndpoint:
     def __init__(self, settings: PrometheusExporter, registry: CollectorRegistry, ready: threading.Event,
-                 store: StoreReader | None = None, not_ready: Callable[[], str | None] | None = None) -> None:
+                 store: StoreReader | None = None, not_ready: Callable[[], str | None] | None = None,
+                 config: Any = None, service: Any = None) -> None:
+        """``config`` and ``service`` (the whole ``Config`` and the running ``Service``) feed the web
+        view's overview (SLO thresholds) and status page; without them it shows less."""
+        token = TokenCheck(settings.auth)
+        self.webview = WebView(settings.web, registry, store, token, config, service) if settings.web.enabled else None
         handler = type("PrometheusHandler", (_Handler,), {"registry": registry, "ready": ready, "store": store,
                                                           "not_ready": staticmethod(not_ready) if not_ready else None,
-                                                          "token": TokenCheck(settings.auth)})
+                                                          "token": token, "webview": self.webview})
         self._server = BackgroundHTTPServer(settings.endpoint, handler, "prometheus")
 
     @property
@@ -121,6 +136,10 @@ class PrometheusEndpoint:
 
     def start(self) -> None:
         self._server.start()
+        if self.webview is not None:
+            self.webview.start()
 
     def stop(self) -> None:
+        if self.webview is not None:
+            self.webview.stop()
         self._server.stop()

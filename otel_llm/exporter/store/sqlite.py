@@ -647,11 +647,13 @@ class StoreReader:
 
     def list_requests(self, *, model: str | None = None, outcome: str | None = None, sort: str = "start",
                       limit: int = 50, since_unix_ns: int | None = None, until_unix_ns: int | None = None,
-                      service: str | None = None) -> list[dict[str, Any]]:
+                      service: str | None = None, engine: str | None = None, policy: str | None = None,
+                      offset: int = 0, ascending: bool = False) -> list[dict[str, Any]]:
         if sort not in SORT_COLUMNS:
             raise ValueError(f"sort must be one of {', '.join(SORT_COLUMNS)}")
         where, params = [], []
-        for column, value in (("model", model), ("outcome", outcome), ("service_name", service)):
+        for column, value in (("model", model), ("outcome", outcome), ("service_name", service),
+                              ("engine_kind", engine), ("policy", policy)):
             if value:
                 where.append(f"{column} = ?")
                 params.append(value)
@@ -666,11 +668,36 @@ class StoreReader:
             params.append(until_unix_ns)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         column = SORT_COLUMNS[sort]
-        query = (f"SELECT {', '.join(SUMMARY_COLUMNS)} FROM requests {clause} "
-                 f"ORDER BY {column} IS NULL, {column} DESC LIMIT ?")
+        direction = "ASC" if ascending else "DESC"
+        if sort == "start":  # walks the start-time index: no sort, whatever the store's size or the offset
+            order = f"{column} {direction}, trace_id {direction}, span_id {direction}"
+        else:  # one pass over the table beats index lookups per matching row (``+``: no index for the filters)
+            order = f"{column} IS NULL, {column} {direction}, trace_id, span_id"
+            clause = clause.replace("WHERE model =", "WHERE +model =").replace(" AND model =", " AND +model =")
+            clause = clause.replace("start_time_unix_nano >=", "+start_time_unix_nano >=").replace(
+                "start_time_unix_nano <", "+start_time_unix_nano <")
+        query = f"SELECT {', '.join(SUMMARY_COLUMNS)} FROM requests {clause} ORDER BY {order} LIMIT ? OFFSET ?"
         with self._connection() as connection:
-            rows = connection.execute(query, (*params, max(1, min(limit, 10_000)))).fetchall()
+            rows = connection.execute(query, (*params, max(1, min(limit, 10_000)), max(0, offset))).fetchall()
         return [_summary(row) for row in rows]
+
+    def distinct(self, column: str, limit: int = 1000) -> list[str]:
+        """The values a summary column takes (for filters), most frequent first."""
+        if column not in ("model", "engine_kind", "outcome", "policy", "service_name", "operation"):
+            raise ValueError(f"no filter on {column}")
+        with self._connection() as connection:
+            rows = connection.execute(f"SELECT {column} FROM requests WHERE {column} IS NOT NULL GROUP BY {column} "
+                                      f"ORDER BY COUNT(*) DESC LIMIT ?", (limit,)).fetchall()
+        return [row[0] for row in rows]
+
+    def stats(self) -> dict[str, Any]:
+        """Stored traces and requests, the oldest trace's storage time, bytes on disk (with the WAL)."""
+        with self._connection() as connection:
+            traces, oldest = connection.execute("SELECT COUNT(*), MIN(stored_at) FROM traces").fetchone()
+            requests = connection.execute("SELECT COUNT(*) FROM requests").fetchone()[0]
+        size = sum(p.stat().st_size for p in (self.path, self.path.with_name(self.path.name + "-wal")) if p.exists())
+        return {"path": str(self.path), "traces": traces, "requests": requests, "oldest_stored_at": oldest,
+                "size_bytes": size}
 
     def get_trace(self, trace_id: str) -> dict[str, Any] | None:
         trace_id = trace_id.lower()

@@ -9,6 +9,7 @@ guessed; what is derived from other numbers, in ``segments_derived``.
   ``prefill_forward``, decode = ``decode_forward`` or its ``decode_loop``s, preprocess = the
   tokenizer's stages, kv_transfer = the PD transfer stages). Without them (sglang#38210), only the
   root's attributes: ``time_in_model_prefill`` holds the queue, so one ``queue_and_prefill`` interval.
+  Prefill/decode disaggregated: a prefill and a decode root with one ``bootstrap_room``, one request.
 - **Triton**: ``InferRequest`` with its model spans and their ``compute`` children; an ensemble or a
   BLS request is one request. Compute is reported whole (for the TensorRT-LLM backend it is the
   executor's queue + prefill + decode): no prefill/decode split.
@@ -27,7 +28,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Status
 from otel_llm.pdata.observation import EngineKind, MalformedSpan, Part
 from otel_llm.pdata.records import Outcome, RequestRecord, Segment
 from otel_llm.processor.llm_metrics.segments import build_segments, derive_timings
-from otel_llm.processor.tail_sampling.assembler import BufferedSpan, PendingTrace
+from otel_llm.pdata.spans import BufferedSpan, PendingTrace
 
 _ERROR = Status.STATUS_CODE_ERROR
 MAX_PARTS = 4096  # spans looked at below one root: a hostile trace stays cheap
@@ -151,6 +152,88 @@ def sglang(record: RequestRecord, root: BufferedSpan, trace: PendingTrace) -> No
             break
     record.inference_s = (record.prefill_s + record.decode_s
                           if record.prefill_s is not None and record.decode_s is not None else None)
+    _tpot(record)
+    segments.sort(key=lambda s: s.start_unix_ns)
+    _tail(record, segments, end)
+    record.segments_missing = tuple(missing)
+
+
+def _sglang_stages(trace: PendingTrace, root: BufferedSpan) -> tuple[dict[str, list[BufferedSpan]], bool]:
+    """The stage spans below an SGLang root by stage name (each list by start), and whether a thread span
+    below it was closed with status ERROR (an abort while queued)."""
+    below = descendants(trace, root)
+    stages: dict[str, list[BufferedSpan]] = {}
+    for span in _parts(below, Part.SGLANG_STAGE):
+        assert span.observation is not None
+        stages.setdefault(str(span.observation.mark("stage")), []).append(span)
+    for spans in stages.values():
+        spans.sort(key=lambda s: s.start_unix_ns)
+    return stages, any(span.status_code == _ERROR for span in below)
+
+
+_PD_PREFILL_PRE = ("tokenize", "api_server_dispatch", "prefill_prepare", "prefill_bootstrap")
+
+
+def sglang_disaggregated(record: RequestRecord, decode_root: BufferedSpan, prefill_root: BufferedSpan,
+                         trace: PendingTrace) -> None:
+    """One PD-disaggregated SGLang request from its two roots (tests/support/engine_fixtures.py
+    ``sglang_pd_request``): the record is the decode root's (the answer: first token, tokens, finish reason,
+    model); queue and prefill are the prefill server's ``prefill_waiting`` / ``prefill_forward``; the KV
+    transfer is the prefill server's ``prefill_transfer_kv_cache``; the decode server's ``decode_waiting`` is
+    its ``decode_queue`` and its ``decode_forward`` the decode. Its ``decode_transferred`` is not used: it
+    waits for the prefill server's whole queue and prefill, so it is no transfer time. Starts with whichever
+    server received the request first."""
+    d_obs, p_obs = decode_root.observation, prefill_root.observation
+    assert d_obs is not None and p_obs is not None
+    p_stages, p_error = _sglang_stages(trace, prefill_root)
+    d_stages, d_error = _sglang_stages(trace, decode_root)
+    if record.outcome == Outcome.UNKNOWN and (p_error or d_error):
+        record.outcome = Outcome.ABORT
+        record.error_type = record.error_type or "aborted"
+    start = min(decode_root.start_unix_ns, prefill_root.start_unix_ns)
+    d_start = decode_root.start_unix_ns
+    end = d_start + _ns(record.e2e_s) if record.e2e_s is not None else decode_root.end_unix_ns
+    record.start_unix_ns = start
+    record.e2e_s = (end - start) / 1e9
+    if record.ttft_s is not None:
+        record.ttft_s = (d_start + _ns(record.ttft_s) - start) / 1e9
+    segments: list[Segment] = []
+    missing: list[str] = []
+    pre = [s for name in _PD_PREFILL_PRE for s in p_stages.get(name, ())]
+    if pre:
+        pre_end = max(s.end_unix_ns for s in pre)
+        if pre_end > start:
+            segments.append(Segment("preprocess", start, pre_end))
+    waiting, forward = p_stages.get("prefill_waiting"), p_stages.get("prefill_forward")
+    record.queue_s = record.prefill_s = None
+    if waiting and forward:
+        record.queue_s = sum(_seconds(s) for s in waiting)
+        segments.append(Segment("queue", waiting[0].start_unix_ns, waiting[-1].end_unix_ns))
+        record.prefill_s = sum(_seconds(s) for s in forward)
+        segments.append(Segment("prefill", forward[0].start_unix_ns, forward[-1].end_unix_ns))
+    else:
+        missing += ["queue", "prefill"]  # the prefill server's scheduler spans are lost (sglang#38210)
+    kv = p_stages.get("prefill_transfer_kv_cache")
+    if kv:
+        segments.append(Segment(KV_TRANSFER, kv[0].start_unix_ns, kv[-1].end_unix_ns))
+    else:
+        missing.append(KV_TRANSFER)
+    d_waiting = d_stages.get("decode_waiting")
+    if d_waiting:
+        segments.append(Segment("decode_queue", d_waiting[0].start_unix_ns, d_waiting[-1].end_unix_ns))
+    decode_spans = d_stages.get("decode_forward") or d_stages.get("decode_loop")
+    if decode_spans:
+        record.decode_s = sum(_seconds(s) for s in decode_spans)
+        segments.append(Segment("decode", decode_spans[0].start_unix_ns, decode_spans[-1].end_unix_ns))
+    else:
+        record.decode_s = None
+        missing.append("decode")
+    record.inference_s = (record.prefill_s + record.decode_s
+                          if record.prefill_s is not None and record.decode_s is not None else None)
+    if record.prompt_tokens is None:
+        record.prompt_tokens = p_obs.prompt_tokens
+    if p_obs.cached_tokens:  # the prefix cache is the prefill server's
+        record.cached_tokens = p_obs.cached_tokens
     _tpot(record)
     segments.sort(key=lambda s: s.start_unix_ns)
     _tail(record, segments, end)

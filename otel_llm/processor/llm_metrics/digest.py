@@ -35,8 +35,9 @@ from otel_llm.processor.llm_metrics.adapters.engines import classify
 from otel_llm.pdata.observation import EngineObservation, MalformedSpan
 from otel_llm.processor.llm_metrics.requests import adjusted_count
 from otel_llm.processor.llm_metrics.segments import derive_timings
-from otel_llm.processor.tail_sampling.assembler import FIRST_TOKEN_EVENT, BufferedSpan, Origin
-from otel_llm.config import Config
+from otel_llm.pdata.spans import FIRST_TOKEN_EVENT, BufferedSpan, Origin
+from otel_llm.processor.llm_metrics.config import LlmMetricsProcessor
+from otel_llm.processor.redaction.config import RedactionProcessor
 from otel_llm.internal.runtime import name_process, tune_gc
 
 log = logging.getLogger(__name__)
@@ -101,9 +102,7 @@ class DigestSettings:
     first_token_events: frozenset[str]
 
 
-def digest_settings(config: Config) -> DigestSettings:
-    metrics = config.processors.llm_metrics
-    redaction = config.processors.redaction
+def digest_settings(metrics: LlmMetricsProcessor, redaction: RedactionProcessor) -> DigestSettings:
     edge_attributes = tuple(metrics.edge_time_to_first_token.attributes)
     return DigestSettings(
         limits=AttributeLimits(redaction.max_attributes_per_span, redaction.max_attribute_value_bytes),

@@ -26,7 +26,7 @@ from otel_llm.pdata.observation import EngineKind, EngineObservation, MalformedS
 from otel_llm.processor.llm_metrics import composite
 from otel_llm.pdata.records import Outcome, RequestRecord, Side, Source
 from otel_llm.processor.llm_metrics.segments import build_segments, derive_timings
-from otel_llm.processor.tail_sampling.assembler import FIRST_TOKEN_EVENT, BufferedSpan, PendingTrace
+from otel_llm.pdata.spans import FIRST_TOKEN_EVENT, BufferedSpan, PendingTrace
 
 _SERVER = Span.SPAN_KIND_SERVER
 _ERROR = Status.STATUS_CODE_ERROR
@@ -483,7 +483,10 @@ def _read_composite(record: RequestRecord, buffered: BufferedSpan, obs: EngineOb
     kind = obs.engine_kind
     finish: str | None = None
     if kind == EngineKind.SGLANG:
-        composite.sglang(record, buffered, trace)
+        if partner is not None:
+            composite.sglang_disaggregated(record, buffered, partner, trace)
+        else:
+            composite.sglang(record, buffered, trace)
     elif kind == EngineKind.TRITON:
         composite.triton(record, buffered, trace)
     elif kind == EngineKind.DYNAMO:
@@ -511,6 +514,29 @@ def _pair_disaggregated(engines: list[BufferedSpan]) -> dict[bytes, BufferedSpan
             context, generation = sorted(pair, key=lambda span: span.start_unix_ns)
             partners[generation.span_id] = context
     return partners
+
+
+def _pair_sglang_pd(engines: list[BufferedSpan]) -> dict[bytes, BufferedSpan]:
+    """SGLang's prefill/decode disaggregation: each server's tokenizer makes its own root, ``"prefill Req …"``
+    and ``"decode Req …"``, both with the router's ``bootstrap_room`` (sglang 0.5.23 observability/trace.py:
+    564-569; tests/support/engine_fixtures.py ``sglang_pd_request``). The decode root (the answer) carries the
+    request; the prefill root with the same room is its partner. Read from the spans' bytes, and only when a
+    trace holds more than one SGLang root."""
+    roots = [span for span in engines if span.observation is not None
+             and span.observation.engine_kind == EngineKind.SGLANG and not span.observation.part]
+    if len(roots) < 2:
+        return {}
+    by_room: dict[str, dict[str, BufferedSpan]] = {}
+    for span in roots:
+        parsed = Span.FromString(span.payload)
+        role = parsed.name.split(" Req ", 1)[0] if " Req " in parsed.name else ""
+        if role not in ("prefill", "decode"):
+            continue
+        room = next((a.value.string_value or str(a.value.int_value) for a in parsed.attributes
+                     if a.key == "bootstrap_room"), "")
+        if room:
+            by_room.setdefault(room, {}).setdefault(role, span)
+    return {pair["decode"].span_id: pair["prefill"] for pair in by_room.values() if len(pair) == 2}
 
 
 _HOLDING_KINDS = frozenset({EngineKind.DYNAMO, EngineKind.LLM_D})
@@ -611,6 +637,7 @@ def records_of_trace(trace: PendingTrace, settings: RecordSettings,
                      if e.observation is not None and e.observation.engine_kind not in _HOLDING_KINDS]
             absorbed.update(e.span_id for e in inner)
         partners = _pair_disaggregated(engines)
+        partners.update(_pair_sglang_pd(engines))
         absorbed.update(span.span_id for span in partners.values())
     for buffered in engines:
         if buffered.span_id in absorbed:

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from otel_llm.config import MemoryLimiterProcessor
+from otel_llm.processor.memory_limiter.config import MemoryLimiterProcessor
 
 log = logging.getLogger(__name__)
 _PAGE = os.sysconf("SC_PAGE_SIZE")

@@ -18,7 +18,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
 from otel_llm.pdata.records import RequestRecord, Segment, Side, Source
-from otel_llm.processor.tail_sampling.assembler import BufferedSpan
+from otel_llm.pdata.spans import BufferedSpan
 
 SCOPE_NAME = "otel-llm"
 SEGMENT_ATTRIBUTE = "otel_llm.segment"

@@ -12,141 +12,20 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Protocol
 
-from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
-from opentelemetry.proto.resource.v1.resource_pb2 import Resource
-
-from otel_llm.pdata.observation import EngineObservation
+from otel_llm.pdata.spans import FIRST_TOKEN_EVENT, MAX_ANCESTRY, BufferedSpan, Origin, PendingTrace
+from otel_llm.pdata.traces import CompletedTrace, Remembered, TraceConsumer
 
 
-@dataclass(slots=True, frozen=True)
-class Origin:
-    """Where a span came from: one standalone copy per resource and scope of a request."""
+class Counted(Protocol):
+    def inc(self, amount: float = 1) -> None: ...
 
-    resource: Resource
-    scope: InstrumentationScope
-    service_name: str
-    # The resource's string attributes, read once per request rather than once per request record
-    # (model mapping and dimensions fall back to them).
-    resource_strings: dict[str, str]
+__all__ = ["FIRST_TOKEN_EVENT", "MAX_ANCESTRY", "AssemblySettings", "BufferedSpan", "Origin", "PendingTrace",
+           "TraceAssembler"]
 
 
-# The time of a configured first-token event on a SERVER span, kept among its attributes.
-FIRST_TOKEN_EVENT = "\x00first_token_event_unix_ns"
-
-
-@dataclass(slots=True)
-class BufferedSpan:
-    """What a trace holds of one span until its decision: the few fields assembly reads, and the
-    span itself as bytes, parsed again only if the trace is kept. Holding protobuf messages instead
-    would pin each whole export request in memory and give the garbage collector ~3x the objects."""
-
-    trace_id: bytes
-    span_id: bytes
-    parent_span_id: bytes
-    kind: int
-    status_code: int
-    start_unix_ns: int
-    end_unix_ns: int
-    trace_state: str
-    payload: bytes  # the span as received (attributes possibly truncated to the configured limits)
-    origin: Origin  # shared by every span of one resource and scope in a request
-    attrs: tuple[Any, ...]  # (key, value, key, value, ...) of only the keys assembly reads; () otherwise
-    observation: EngineObservation | None = None  # validated by its adapter and derive_timings
-
-    @property
-    def resource(self) -> Resource:
-        return self.origin.resource
-
-    @property
-    def scope(self) -> InstrumentationScope:
-        return self.origin.scope
-
-    @property
-    def service_name(self) -> str:
-        return self.origin.service_name
-
-    @property
-    def is_engine(self) -> bool:
-        """An engine's own request span (not a GenAI span that may turn out to be a gateway)."""
-        observation = self.observation
-        return observation is not None and not observation.may_be_gateway and not observation.part
-
-    def attr(self, key: str) -> Any:
-        attrs = self.attrs
-        for index in range(0, len(attrs), 2):  # a handful of entries: a flat tuple beats a dict's 200+ bytes
-            if attrs[index] == key:
-                return attrs[index + 1]
-        return None
-
-
-# How many ancestors a readiness check or an assembly walks at most: a cycle in hostile input must
-# not hang the pipeline, and a deeper chain is not a gateway path.
-MAX_ANCESTRY = 64
-
-
-@dataclass(slots=True)
-class PendingTrace:
-    trace_id: bytes
-    first_seen: float
-    spans: dict[bytes, BufferedSpan] = field(default_factory=dict)
-    has_engine_span: bool = False
-    ready_at: float | None = None
-    # Readiness, kept incrementally so a span's cost does not depend on the trace's size: engine
-    # spans whose ancestor chain stops at a span not (yet) here, by that missing span's id, with
-    # how many ancestors were found below it; and how many engine spans are not rooted (waiting
-    # or too deep/cyclic to ever be). Most pending traces wait for one parent: that waiter takes
-    # three slots, and a dict is made only for a second one (a dict, a list and a tuple would
-    # cost ~310 B per trace held).
-    wait_key: bytes | None = None
-    wait_span: BufferedSpan | None = None
-    wait_found: int = 0
-    waiting: dict[bytes, list[tuple[BufferedSpan, int]]] | None = None
-    unrooted: int = 0
-
-    def add_waiter(self, missing: bytes, engine_span: BufferedSpan, found: int) -> None:
-        if self.waiting is None:
-            if self.wait_key is None:
-                self.wait_key, self.wait_span, self.wait_found = missing, engine_span, found
-                return
-            assert self.wait_span is not None
-            self.waiting = {self.wait_key: [(self.wait_span, self.wait_found)]}
-            self.wait_key = self.wait_span = None
-        self.waiting.setdefault(missing, []).append((engine_span, found))
-
-    def pop_waiters(self, arrived: bytes) -> list[tuple[BufferedSpan, int]] | None:
-        if self.wait_key is not None:
-            if self.wait_key != arrived:
-                return None
-            assert self.wait_span is not None
-            waiter = [(self.wait_span, self.wait_found)]
-            self.wait_key = self.wait_span = None
-            return waiter
-        return self.waiting.pop(arrived, None) if self.waiting else None
-
-    def ancestors(self, span: BufferedSpan) -> list[BufferedSpan]:
-        """Buffered ancestors of ``span``, nearest first; stops at the first one not (yet) here."""
-        chain: list[BufferedSpan] = []
-        parent = span.parent_span_id
-        seen = 0
-        while parent and seen < MAX_ANCESTRY:  # a cycle in hostile input must not hang the pipeline
-            buffered = self.spans.get(parent)
-            if buffered is None:
-                break
-            chain.append(buffered)
-            parent = buffered.parent_span_id
-            seen += 1
-        return chain
-
-    def is_rooted(self, span: BufferedSpan) -> bool:
-        chain = self.ancestors(span)
-        top = chain[-1] if chain else span
-        return not top.parent_span_id
-
-
-# Why a trace was completed: "ready", "decision_wait", "memory_limit", "memory_pressure", "shutdown".
 CompletionReason = str
 
 
@@ -160,25 +39,24 @@ class AssemblySettings:
 
 
 class TraceAssembler:
-    """Thread-safe: receivers add spans from their threads; a ticker completes traces."""
+    """Thread-safe: receivers add spans from their threads; a ticker completes traces. A completed
+    trace, and a late span of a decided one, goes to ``next`` (the first stage of the chain)."""
 
     def __init__(
         self,
         settings: AssemblySettings,
-        on_complete: Callable[[PendingTrace, CompletionReason], None],
-        on_late_span: Callable[[BufferedSpan, object], None],
+        next: TraceConsumer,  # noqa: A002 - the Collector's name for the next consumer
         clock: Callable[[], float] = time.monotonic,
-        on_spans_dropped: Callable[[str, int], None] | None = None,
+        spans_dropped: Counted | None = None,  # spans past max_spans_per_trace
     ) -> None:
-        self._settings = settings
-        self._on_complete = on_complete
-        self._on_late_span = on_late_span
+        self.settings = settings
+        self._next = next
         self._clock = clock
-        self._on_spans_dropped = on_spans_dropped  # (reason, count), called outside the lock
+        self._spans_dropped = spans_dropped
         self._pending: OrderedDict[bytes, PendingTrace] = OrderedDict()
         self._ready: dict[bytes, float] = {}
-        # trace id -> the sampler's decision (None until decided), so late spans follow it
-        self._decided: OrderedDict[bytes, object] = OrderedDict()
+        # trace id -> what the sampler decided (None until decided), so late spans follow it
+        self._decided: OrderedDict[bytes, Remembered | None] = OrderedDict()
         self._lock = threading.Lock()
         self.spans_dropped_over_trace_limit = 0
         self.completions: dict[str, int] = {}
@@ -189,7 +67,7 @@ class TraceAssembler:
 
     def add_batch(self, spans: list[BufferedSpan]) -> None:
         completed: list[tuple[PendingTrace, str]] = []
-        late: list[tuple[BufferedSpan, object]] = []
+        late: list[tuple[BufferedSpan, Remembered | None]] = []
         dropped = 0
         with self._lock:
             now = self._clock()
@@ -203,11 +81,11 @@ class TraceAssembler:
                         continue
                     trace = PendingTrace(trace_id, now)
                     self._pending[trace_id] = trace
-                    if len(self._pending) > self._settings.max_traces:
+                    if len(self._pending) > self.settings.max_traces:
                         oldest = self._pop_oldest()
                         touched.pop(oldest.trace_id, None)
                         completed.append((oldest, "memory_limit"))
-                if len(trace.spans) >= self._settings.max_spans_per_trace:
+                if len(trace.spans) >= self.settings.max_spans_per_trace:
                     dropped += 1
                     continue
                 buffered.trace_id = trace.trace_id  # one bytes object per trace, not one per span
@@ -216,10 +94,12 @@ class TraceAssembler:
             for trace in touched.values():
                 self._update_readiness(trace, now)
             self.spans_dropped_over_trace_limit += dropped
-        if dropped and self._on_spans_dropped is not None:
-            self._on_spans_dropped("max_spans_per_trace", dropped)
-        for buffered, decision in late:
-            self._on_late_span(buffered, decision)
+        if dropped and self._spans_dropped is not None:
+            self._spans_dropped.inc(dropped)
+        for buffered, remembered in late:
+            # None: the trace is being completed right now, its decision not yet remembered.
+            single = PendingTrace(buffered.trace_id, 0.0, {buffered.span_id: buffered})
+            self._next.consume(CompletedTrace(single, "late", prior=remembered, late=True))
         for trace, reason in completed:
             self._complete(trace, reason)
 
@@ -262,7 +142,7 @@ class TraceAssembler:
         if not trace.has_engine_span or trace.unrooted:
             return
         if trace.ready_at is None:
-            trace.ready_at = now + self._settings.grace_s
+            trace.ready_at = now + self.settings.grace_s
             self._ready[trace.trace_id] = trace.ready_at
 
     def _pop_oldest(self) -> PendingTrace:
@@ -273,13 +153,13 @@ class TraceAssembler:
 
     def _remember(self, trace_id: bytes) -> None:
         self._decided[trace_id] = None
-        if len(self._decided) > self._settings.decided_cache_size:
+        if len(self._decided) > self.settings.decided_cache_size:
             self._decided.popitem(last=False)
 
-    def remember_decision(self, trace_id: bytes, decision: object) -> None:
+    def remember_decision(self, trace_id: bytes, remembered: Remembered) -> None:
         with self._lock:
             if trace_id in self._decided:
-                self._decided[trace_id] = decision
+                self._decided[trace_id] = remembered
 
     def tick(self) -> int:
         """Complete every trace whose time has come; returns how many."""
@@ -292,7 +172,7 @@ class TraceAssembler:
                     del self._ready[trace_id]
                     self._remember(trace_id)
                     due.append((trace, "ready"))
-            deadline = now - self._settings.decision_wait_s
+            deadline = now - self.settings.decision_wait_s
             while self._pending:
                 trace = next(iter(self._pending.values()))
                 if trace.first_seen > deadline:
@@ -320,4 +200,4 @@ class TraceAssembler:
 
     def _complete(self, trace: PendingTrace, reason: str) -> None:
         self.completions[reason] = self.completions.get(reason, 0) + 1
-        self._on_complete(trace, reason)
+        self._next.consume(CompletedTrace(trace, reason))

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from otel_llm.pdata.records import RequestRecord
-from otel_llm.processor.tail_sampling.assembler import PendingTrace
-from otel_llm.config import ProbabilisticPolicyConfig, SlowestPolicyConfig, TailSamplingProcessor
+from otel_llm.pdata.traces import DROP, Decision
+from otel_llm.pdata.spans import PendingTrace
+from otel_llm.processor.tail_sampling.config import ProbabilisticPolicyConfig, SlowestPolicyConfig, TailSamplingProcessor
 from otel_llm.processor.tail_sampling.policies import (
     ErrorsPolicy,
     Policy,
@@ -15,17 +14,6 @@ from otel_llm.processor.tail_sampling.policies import (
     SloPolicy,
     SlowestPolicy,
 )
-
-
-@dataclass(slots=True, frozen=True)
-class Decision:
-    keep: bool
-    policy: str = ""  # the first policy that matched, stamped on kept spans
-    threshold: str = ""  # OTel ``th`` of the probability the trace was kept with ("0" = always)
-    rate_limited: bool = False
-
-
-DROP = Decision(False)
 
 
 def build_policies(config: TailSamplingProcessor) -> list[Policy]:

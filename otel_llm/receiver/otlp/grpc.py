@@ -36,7 +36,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from otel_llm.config import GrpcProtocol, split_endpoint
+from otel_llm.confmap import split_endpoint
+from otel_llm.receiver.otlp.config import GrpcProtocol
 from otel_llm.receiver.otlp.admission import Admitter
 from otel_llm.internal.security import TokenCheck, read_bytes
 

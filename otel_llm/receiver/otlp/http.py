@@ -18,7 +18,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from otel_llm.config import HttpProtocol
+from otel_llm.receiver.otlp.config import HttpProtocol
 from otel_llm.internal.httpserver import BackgroundHTTPServer, ConnectionLimits, QuietHandler
 from otel_llm.receiver.otlp.admission import BYTES_IN_FLIGHT, RETRY_AFTER_S, SHUTTING_DOWN, Admitter
 from otel_llm.receiver.otlp.otlpjson import OtlpJsonError, parse_otlp_json

@@ -37,7 +37,7 @@ from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from otel_llm.config import OtlpReceiver
+from otel_llm.receiver.otlp.config import OtlpReceiver
 from otel_llm.receiver.otlp.intake_log import IntakeLogShared, IntakeLogSettings, IntakeLogWriter
 from otel_llm.internal.runtime import name_process
 from otel_llm.receiver.otlp.admission import (

@@ -1,0 +1,40 @@
+"""``exporters.prometheus``: the pull endpoint, /metrics, /healthz, /readyz and the store's /api (in the defaults)."""
+
+from __future__ import annotations
+
+from otel_llm.component import CreateSettings, Factory, Host, Kind, Signal
+from otel_llm.exporter.prometheus.config import PrometheusExporter
+from otel_llm.exporter.prometheus.endpoint import PrometheusEndpoint
+
+
+class PrometheusComponent:
+    """Serves the registry every component writes its telemetry to, so it is not in a signal's
+    pipeline of kept traces: it runs when configured (and, with pipelines, when a pipeline lists it)."""
+
+    def __init__(self, name: str, config: PrometheusExporter) -> None:
+        self.name = name
+        self.config = config
+        self.endpoint: PrometheusEndpoint | None = None
+
+    @property
+    def port(self) -> int:
+        return self.endpoint.port if self.endpoint is not None else 0
+
+    def start(self, host: Host) -> None:
+        store = host.component("exporters.store")
+        self.endpoint = PrometheusEndpoint(self.config, host.registry, host.ready,
+                                           store.reader() if store is not None else None,
+                                           not_ready=store.problem if store is not None else None,
+                                           config=host.config, service=host)
+        self.endpoint.start()
+
+    def shutdown(self, grace_s: float) -> None:
+        if self.endpoint is not None:
+            self.endpoint.stop()
+
+
+def create(config: PrometheusExporter, settings: CreateSettings) -> PrometheusComponent:
+    return PrometheusComponent(settings.name, config)
+
+
+FACTORY = Factory("prometheus", Kind.EXPORTER, PrometheusExporter, create, in_defaults=True, signal=Signal.TRACES)

@@ -1,0 +1,90 @@
+"""``processors.llm_metrics``: which namings, label limits, model names, extra dimensions, edge TTFT."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import re
+
+from otel_llm.confmap import ConfigError, Duration, PositiveInt
+
+
+@dataclass(frozen=True)
+class Namings:
+    vllm: bool = True
+    gen_ai: bool = True
+
+
+@dataclass(frozen=True)
+class ResourceModelRuleConfig:
+    attribute: str = "service.name"
+    values: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelNameConfig:
+    from_resource: list[ResourceModelRuleConfig] = field(default_factory=list)
+    default: str = ""  # empty: no model label value is made up
+
+
+@dataclass(frozen=True)
+class DimensionConfig:
+    name: str = ""
+    attribute: str = ""
+    values: list[str] = field(default_factory=list)
+    other: str = "other"
+
+
+@dataclass(frozen=True)
+class EdgeTtftConfig:
+    attributes: list[str] = field(default_factory=lambda: ["gen_ai.server.time_to_first_token"])
+    events: list[str] = field(default_factory=lambda: ["gen_ai.first_token", "first_token"])
+
+
+@dataclass(frozen=True)
+class LlmMetricsProcessor:
+    namings: Namings = field(default_factory=Namings)
+    max_model_len: PositiveInt = 131072
+    series_limit: PositiveInt = 2000
+    default_operation_name: str = "chat"
+    max_latency: Duration = 86400.0
+    model_name: ModelNameConfig = field(default_factory=ModelNameConfig)
+    dimensions: list[DimensionConfig] = field(default_factory=list)
+    edge_time_to_first_token: EdgeTtftConfig = field(default_factory=EdgeTtftConfig)
+
+    BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
+        "max_model_len": (1, 1 << 30),
+        "series_limit": (1, 10_000_000),
+        "max_latency": (0.001, 365 * 86400.0),
+    }
+
+    def validate(self, path: str) -> None:
+        seen: set[str] = set()
+        reserved: set[str] = set()
+        for i, dim in enumerate(self.dimensions):
+            where = f"{path}.dimensions[{i}]"
+            if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", dim.name):
+                raise ConfigError(f"{where}.name", f"must be a Prometheus label name, got {dim.name!r}")
+            if dim.name in seen:
+                raise ConfigError(f"{where}.name", f"duplicate dimension {dim.name!r}")
+            if dim.name.startswith("__") or dim.name in (reserved := reserved or _reserved_label_names()):
+                raise ConfigError(f"{where}.name",
+                                  f"{dim.name!r} is a label the metrics have already (or Prometheus reserves)")
+            seen.add(dim.name)
+            if not dim.attribute:
+                raise ConfigError(f"{where}.attribute", "required")
+            if not dim.values:
+                raise ConfigError(f"{where}.values", "required: the allow-list of label values (anything else becomes 'other')")
+
+
+def _reserved_label_names() -> set[str]:
+    """Label names the metric namings use already, and Prometheus's own: a dimension named like one
+    would give series with a duplicate label, which Prometheus rejects with the whole scrape."""
+    from otel_llm.processor.llm_metrics.metrics import definitions
+
+    names = {"le", "quantile", "segment", "finished_reason"}
+    for naming in (definitions.genai_naming(), definitions.genai_client_naming(), definitions.own_naming(),
+                   definitions.vllm_naming(1)):
+        names.update(definitions.prometheus_label_name(n) for n in naming.label_names)
+    return names

@@ -1,0 +1,97 @@
+"""The ``llm_metrics`` stage of the completion chain: a trace's request records, recorded into both
+namings' families once the trace's decision is known (exemplars link kept traces only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from otel_llm.pdata.records import RequestRecord
+from otel_llm.pdata.traces import CompletedTrace, TraceConsumer
+from otel_llm.processor.llm_metrics.config import LlmMetricsProcessor
+from otel_llm.processor.llm_metrics.metrics.definitions import (
+    genai_client_naming,
+    genai_naming,
+    own_naming,
+    vllm_naming,
+)
+from otel_llm.processor.llm_metrics.metrics.recorder import MetricsRecorder
+from otel_llm.processor.llm_metrics.requests import Dimension, RecordSettings, ResourceModelRule, records_of_trace
+from otel_llm.receiver.otlp.intake_log import IntakeLogKeeper
+from otel_llm.service.telemetry import SelfTelemetry
+
+
+def record_settings(metrics: LlmMetricsProcessor) -> RecordSettings:
+    return RecordSettings(
+        resource_model_rules=tuple(ResourceModelRule(r.attribute, dict(r.values)) for r in metrics.model_name.from_resource),
+        default_model=metrics.model_name.default,
+        default_operation=metrics.default_operation_name,
+        edge_ttft_attributes=tuple(metrics.edge_time_to_first_token.attributes),
+        dimensions=tuple(Dimension(d.name, d.attribute, frozenset(d.values), d.other) for d in metrics.dimensions),
+        max_latency_s=metrics.max_latency,
+    )
+
+
+def recorder_of(metrics: LlmMetricsProcessor) -> MetricsRecorder:
+    namings = []
+    if metrics.namings.vllm:
+        namings.append(vllm_naming(metrics.max_model_len))
+    if metrics.namings.gen_ai:
+        namings.append(genai_naming())
+        namings.append(genai_client_naming())
+    namings.append(own_naming())
+    return MetricsRecorder(namings, tuple(d.name for d in metrics.dimensions), metrics.series_limit)
+
+
+class LlmMetricsStage:
+    def __init__(self, config: LlmMetricsProcessor, telemetry: SelfTelemetry, next: TraceConsumer,  # noqa: A002
+                 intake_log: IntakeLogKeeper | None = None) -> None:
+        self.settings = record_settings(config)
+        self.recorder = recorder_of(config)
+        self._next = next
+        self._telemetry = telemetry
+        self.intake_log = intake_log
+        # Labelled children looked up once: per-record telemetry must cost well under a microsecond.
+        self._rejected: dict[str, Any] = {}
+        self._assembled: dict[tuple[str, str], Any] = {}
+
+    def consume(self, completed: CompletedTrace) -> None:
+        prior = completed.prior
+        malformed: list[str] = []  # requests whose spans could not make one (counted, not measured)
+        if completed.late:
+            (span,) = completed.trace.spans.values()
+            records = records_of_trace(completed.trace, self.settings, malformed) if span.is_engine else []
+            measure = span.is_engine and not (prior is not None and span.span_id in prior.measured)
+            if measure:
+                # Before the decision is journaled, so a replay after a crash does not measure it again.
+                if prior is not None:
+                    prior.measured.add(span.span_id)
+                elif self.intake_log is not None:
+                    self.intake_log.measured_late(span.trace_id, span.span_id)
+            to_record = records if measure else []
+            count_malformed = measure
+        else:
+            records = records_of_trace(completed.trace, self.settings, malformed)
+            to_record = records if prior is None else [r for r in records if r.span_id not in prior.measured]
+            count_malformed = prior is None
+        completed.records = records
+        self._next.consume(completed)
+        if count_malformed:
+            for reason in malformed:
+                self._telemetry.spans_malformed.labels(reason).inc()
+        # Metrics count every request whatever the decision; only exemplars follow it.
+        kept = completed.decision is not None and completed.decision.keep
+        for record in to_record:
+            self._record(record, kept)
+
+    def _record(self, record: RequestRecord, with_exemplars: bool) -> None:
+        for reason in record.rejected:
+            child = self._rejected.get(reason)
+            if child is None:
+                child = self._rejected[reason] = self._telemetry.values_rejected.labels(reason)
+            child.inc()
+        key = (record.engine_kind, record.outcome)
+        child = self._assembled.get(key)
+        if child is None:
+            child = self._assembled[key] = self._telemetry.requests_assembled.labels(record.engine_kind, record.outcome)
+        child.inc()
+        self.recorder.record(record, with_exemplars)

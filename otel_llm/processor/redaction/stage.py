@@ -1,0 +1,60 @@
+"""The ``redaction`` stage: a kept trace, its content removed and its segment spans synthesized,
+handed to every kept-trace consumer (the exporters of the pipeline)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from otel_llm.component import KeptTraceConsumer
+from otel_llm.pdata.records import KeptTrace, RequestRecord, Side
+from otel_llm.pdata.traces import CompletedTrace
+from otel_llm.processor.redaction.config import RedactionProcessor
+from otel_llm.processor.redaction.synthesis import NO_REDACTION, Redaction, RedactionCounts, kept_trace_request
+from otel_llm.service.telemetry import SelfTelemetry
+
+
+def redaction_of(config: RedactionProcessor) -> Redaction:
+    if config.allow_content:
+        return NO_REDACTION
+    extra_globs = [k for k in config.additional_blocked_keys if "*" in k]
+    extra_prefixes = [k for k in config.additional_blocked_keys if "*" not in k]
+    return Redaction(
+        key_prefixes=tuple(config.blocked_key_prefixes + extra_prefixes),
+        key_patterns=tuple(config.blocked_key_patterns + extra_globs),
+        event_names=frozenset(config.blocked_event_names),
+        max_free_text_bytes=config.max_free_text_bytes,
+        allowed_keys=frozenset(config.allowed_keys),
+    )
+
+
+def one_per_request(records: list[RequestRecord]) -> list[RequestRecord]:
+    """The records a store row is written for: a client record joined to a server record is the
+    same request, described once (by the server record, which carries the client overhead)."""
+    return [r for r in records if r.side == Side.SERVER or not r.joined_span_id]
+
+
+class RedactionStage:
+    def __init__(self, config: RedactionProcessor, telemetry: SelfTelemetry,
+                 consumers: Sequence[KeptTraceConsumer]) -> None:
+        self.redaction = redaction_of(config)
+        self._consumers = list(consumers)
+        self._dropped = {c.name: telemetry.kept_traces_dropped.labels(c.name) for c in self._consumers}
+        self._redacted: dict[str, Any] = {reason: telemetry.attributes_redacted.labels(reason)
+                                          for reason in ("content_key", "free_text", "content_event")}
+
+    def consume(self, completed: CompletedTrace) -> None:
+        decision = completed.decision
+        if decision is None or not decision.keep or not self._consumers:
+            return
+        redacted = RedactionCounts()
+        request, spans = kept_trace_request(completed.spans, completed.records, decision.policy, decision.threshold,
+                                            self.redaction, redacted)
+        for reason, count in (("content_key", redacted.content_keys), ("free_text", redacted.free_text),
+                              ("content_event", redacted.content_events)):
+            if count:
+                self._redacted[reason].inc(count)
+        kept = KeptTrace(request, spans, one_per_request(completed.records), decision.policy)
+        for consumer in self._consumers:
+            if not consumer.consume(kept):
+                self._dropped[consumer.name].inc()

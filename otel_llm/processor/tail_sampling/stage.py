@@ -1,0 +1,64 @@
+"""The ``tail_sampling`` decision stage: the first matching policy keeps a trace; the decision is
+remembered in the buffer's decision cache (late spans follow it) and journaled by the intake log."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from otel_llm.pdata.traces import DROP, KEEP_UNSAMPLED, CompletedTrace, Decision, Remembered, TraceConsumer
+from otel_llm.processor.tail_sampling.assembler import TraceAssembler
+from otel_llm.processor.tail_sampling.sampler import TailSampler
+from otel_llm.receiver.otlp.intake_log import IntakeLogKeeper
+from otel_llm.service.telemetry import SelfTelemetry
+
+
+class DecisionStage:
+    """``sampler`` None: tail_sampling is not in the pipeline, and every trace goes on (no policy named)."""
+
+    def __init__(self, sampler: TailSampler | None, assembler: TraceAssembler, telemetry: SelfTelemetry,
+                 next: TraceConsumer, intake_log: IntakeLogKeeper | None = None) -> None:  # noqa: A002
+        self._sampler = sampler
+        self._assembler = assembler
+        self._telemetry = telemetry
+        self._next = next
+        self.intake_log = intake_log
+        self._counters: dict[tuple[str, bool, bool], Any] = {}
+
+    def consume(self, completed: CompletedTrace) -> None:
+        prior = completed.prior
+        if completed.late:
+            # A late span follows its trace's decision; one whose trace is being completed right now is not kept.
+            completed.decision = prior.decision if prior is not None else DROP
+            if prior is not None:
+                self._journal(completed.trace_id, prior)
+        else:
+            if prior is not None:
+                decision = prior.decision
+            elif self._sampler is not None:
+                decision = self._sampler.decide(completed.trace, completed.records)
+            else:
+                decision = KEEP_UNSAMPLED
+            measured = {r.span_id for r in completed.records}
+            if prior is not None:
+                measured |= prior.measured
+            remembered = Remembered(decision, measured)
+            self._assembler.remember_decision(completed.trace_id, remembered)
+            if prior is None:
+                self._count(decision)
+            self._journal(completed.trace_id, remembered)
+            completed.decision = decision
+        self._next.consume(completed)
+
+    def _journal(self, trace_id: bytes, remembered: Remembered) -> None:
+        if self.intake_log is not None:
+            decision = remembered.decision
+            self.intake_log.decided(trace_id, decision.keep, decision.rate_limited, decision.policy,
+                                     decision.threshold, remembered.measured)
+
+    def _count(self, decision: Decision) -> None:
+        key = (decision.policy, decision.keep, decision.rate_limited)
+        child = self._counters.get(key)
+        if child is None:
+            outcome = "kept" if decision.keep else ("rate_limited" if decision.rate_limited else "dropped")
+            child = self._counters[key] = self._telemetry.sampling_decisions.labels(decision.policy or "none", outcome)
+        child.inc()

@@ -1,0 +1,183 @@
+"""A bounded ring of snapshots of the cumulative histogram and outcome counters ``/metrics``
+serves, summed per (model, engine). A window's numbers are the newest counts minus those of the
+snapshot taken at the window's start (``increase`` without extrapolation); "since start" subtracts
+nothing. Every percentile is computed from the merged, subtracted buckets."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from array import array
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+log = logging.getLogger(__name__)
+
+# (key, title, vllm naming, gen_ai naming): the latency families the overview shows.
+LATENCY_METRICS: tuple[tuple[str, str, str, str | None], ...] = (
+    ("ttft", "TTFT", "vllm:time_to_first_token_seconds", "gen_ai_server_time_to_first_token_seconds"),
+    ("tpot", "TPOT", "vllm:request_time_per_output_token_seconds", "gen_ai_server_time_per_output_token_seconds"),
+    ("e2e", "e2e", "vllm:e2e_request_latency_seconds", "gen_ai_server_request_duration_seconds"),
+    ("queue", "queue", "vllm:request_queue_time_seconds", None),
+    ("gateway_overhead", "gateway overhead", "otel_llm_gateway_overhead_seconds", None),
+)
+OUTCOMES_FAMILY = "vllm:request_success"  # counter; samples vllm:request_success_total{finished_reason}
+GENAI_DURATION = "gen_ai_server_request_duration_seconds"
+MAX_GROUPS = 500  # (model, engine) pairs kept per snapshot; the families' own series caps come first
+
+Group = tuple[str, str]  # (model, engine)
+
+
+@dataclass
+class Snapshot:
+    time: float  # Unix seconds
+    # (family, group) -> cumulative bucket counts in bound order, then count (requests for outcomes)
+    histograms: dict[tuple[str, Group], array] = field(default_factory=dict)
+    outcomes: dict[tuple[Group, str], float] = field(default_factory=dict)  # (group, finished_reason) -> total
+
+    def groups(self) -> set[Group]:
+        return {g for _, g in self.histograms} | {g for g, _ in self.outcomes}
+
+
+def _group_of(labels: dict[str, str], vllm: bool) -> Group:
+    if vllm:
+        return labels.get("model_name", ""), labels.get("engine_kind", "")
+    model = labels.get("gen_ai_response_model") or labels.get("gen_ai_request_model") or ""
+    return model, labels.get("gen_ai_provider_name", "")
+
+
+class History:
+    """Takes a snapshot every ``interval_s`` and keeps ``history_s`` of them."""
+
+    def __init__(self, registry: CollectorRegistry, interval_s: float, history_s: float) -> None:
+        self.registry = registry
+        self.interval_s = interval_s
+        self.history_s = history_s
+        self.bounds: dict[str, tuple[float, ...]] = {}  # family -> upper bounds, +Inf last
+        self.naming: dict[str, str] = {}  # metric key -> the family the numbers come from
+        self.started = time.time()
+        self._ring: deque[Snapshot] = deque(maxlen=max(2, int(math.ceil(history_s / interval_s)) + 1))
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- collection ------------------------------------------------------------------------
+
+    def take(self) -> Snapshot:
+        """A snapshot of the registry now (also used, unstored, as the newest point of a query)."""
+        wanted = {vllm for _, _, vllm, _ in LATENCY_METRICS} | {g for _, _, _, g in LATENCY_METRICS if g}
+        snapshot = Snapshot(time.time())
+        bucket_rows: dict[tuple[str, Group], dict[float, float]] = {}
+        genai_outcomes: dict[tuple[Group, str], float] = {}
+        for family in self.registry.collect():
+            name = family.name
+            if name == OUTCOMES_FAMILY:
+                for sample in family.samples:
+                    if sample.name.endswith("_total"):
+                        key = (_group_of(sample.labels, True), sample.labels.get("finished_reason", "unknown"))
+                        snapshot.outcomes[key] = snapshot.outcomes.get(key, 0.0) + sample.value
+                continue
+            if name not in wanted:
+                continue
+            vllm = not name.startswith("gen_ai_")
+            for sample in family.samples:
+                if sample.name == name + "_bucket":
+                    group = _group_of(sample.labels, vllm)
+                    row = bucket_rows.setdefault((name, group), {})
+                    bound = float(sample.labels["le"])
+                    row[bound] = row.get(bound, 0.0) + sample.value
+                elif sample.name == name + "_count" and name == GENAI_DURATION:
+                    error = sample.labels.get("error_type", "")
+                    key = (_group_of(sample.labels, False), error or "ok")
+                    genai_outcomes[key] = genai_outcomes.get(key, 0.0) + sample.value
+        for (name, group), row in bucket_rows.items():
+            bounds = self.bounds.get(name)
+            if bounds is None or len(bounds) != len(row):
+                bounds = self.bounds[name] = tuple(sorted(row))
+            if len(snapshot.histograms) < MAX_GROUPS * len(wanted):
+                snapshot.histograms[(name, group)] = array("d", (row.get(b, 0.0) for b in bounds))
+        if not snapshot.outcomes and genai_outcomes:  # vllm naming off: outcomes from error.type
+            snapshot.outcomes = genai_outcomes
+        for key, vllm, genai in ((k, v, g) for k, _, v, g in LATENCY_METRICS):
+            self.naming[key] = vllm if vllm in self.bounds or genai is None or genai not in self.bounds else genai
+        return snapshot
+
+    def record(self) -> None:
+        snapshot = self.take()
+        with self._lock:
+            self._ring.append(snapshot)
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="webview-history", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.interval_s):
+            try:
+                self.record()
+            except Exception:  # noqa: BLE001 - a failed snapshot must not stop the next ones
+                log.exception("web view: metrics snapshot failed")
+
+    def snapshots(self) -> list[Snapshot]:
+        with self._lock:
+            return list(self._ring)
+
+    def base_for(self, now: float, window_s: float | None, ring: list[Snapshot]) -> Snapshot | None:
+        """The newest snapshot at or before ``now - window`` (None: subtract nothing, i.e. since start)."""
+        if window_s is None:
+            return None
+        cut = now - window_s
+        base = None
+        for snapshot in ring:
+            if snapshot.time <= cut + 1e-6:
+                base = snapshot
+            else:
+                break
+        return base
+
+
+def delta(new: Snapshot, old: Snapshot | None, name: str, group: Group) -> array | None:
+    counts = new.histograms.get((name, group))
+    if counts is None:
+        return None
+    if old is None:
+        return counts
+    before = old.histograms.get((name, group))
+    if before is None or len(before) != len(counts):
+        return counts
+    # A counter that went down was reset (a restart cannot happen in-process; kept for safety).
+    return array("d", (c - b if c >= b else c for c, b in zip(counts, before)))
+
+
+def outcome_delta(new: Snapshot, old: Snapshot | None, group: Group) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for (g, reason), value in new.outcomes.items():
+        if g != group:
+            continue
+        before = old.outcomes.get((g, reason), 0.0) if old is not None else 0.0
+        out[reason] = value - before if value >= before else value
+    return out
+
+
+def finite(value: float) -> float | None:
+    return value if isinstance(value, float) and math.isfinite(value) else None
+
+
+def groups_of(snapshots: Iterable[Snapshot]) -> list[Group]:
+    seen: set[Group] = set()
+    for snapshot in snapshots:
+        seen |= snapshot.groups()
+    return sorted(seen)
+
+

@@ -1,0 +1,123 @@
+"""``/api/ui/overview``: per (model, engine), over a window, request rate, error and abort ratio and
+p50/p95/p99 of each latency family, plus small time series, the SLO thresholds and the PromQL."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from otel_llm.webview.history import (LATENCY_METRICS, Group, History, Snapshot, delta, finite, groups_of,
+                                      outcome_delta)
+from otel_llm.webview.quantile import quantile_of_counts
+
+WINDOWS: dict[str, float | None] = {"5m": 300.0, "15m": 900.0, "1h": 3600.0, "start": None}
+QUANTILES = (0.5, 0.95, 0.99)
+MAX_POINTS = 120
+
+
+def slo_thresholds(config: Any) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """The strictest limit per metric over every ``slo`` policy, and per-model overrides."""
+    overall: dict[str, float] = {}
+    per_model: dict[str, dict[str, float]] = {}
+    sampling = getattr(getattr(config, "processors", None), "tail_sampling", None)
+    for policy in getattr(sampling, "policies", None) or []:
+        slo = getattr(policy, "slo", None)
+        if getattr(policy, "type", "") != "slo" or slo is None:
+            continue
+        for metric, limit in slo.thresholds.items():
+            overall[metric] = min(limit, overall.get(metric, limit))
+        for model, limits in slo.per_model.items():
+            mine = per_model.setdefault(model, {})
+            for metric, limit in limits.items():
+                mine[metric] = min(limit, mine.get(metric, limit))
+    return overall, per_model
+
+
+def _promql(family: str, q: float, window: str, by: str) -> str:
+    rng = "[5m]" if window == "start" else f"[{window}]"
+    inner = f"sum by (le, {by}) (rate({family}_bucket{rng}))"
+    return f"histogram_quantile({q}, {inner})"
+
+
+def metric_catalogue(history: History) -> list[dict[str, Any]]:
+    out = []
+    for key, title, vllm, genai in LATENCY_METRICS:
+        out.append({"key": key, "title": title, "vllm_name": vllm, "gen_ai_name": genai,
+                    "source": history.naming.get(key, vllm)})
+    return out
+
+
+def _quantiles(counts: Any, bounds: tuple[float, ...]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {"count": counts[-1] if counts is not None and len(counts) else 0.0}
+    for q in QUANTILES:
+        out[f"p{round(q * 100)}"] = finite(quantile_of_counts(q, bounds, counts)) if counts is not None else None
+    return out
+
+
+def overview(history: History, config: Any, window: str) -> dict[str, Any]:
+    if window not in WINDOWS:
+        raise ValueError(f"window must be one of {', '.join(WINDOWS)}")
+    window_s = WINDOWS[window]
+    current = history.take()
+    ring = history.snapshots()
+    now = current.time
+    base = history.base_for(now, window_s, ring)
+    span_s = now - (base.time if base is not None else history.started)
+    overall, per_model = slo_thresholds(config)
+    # the chart's points: ring snapshots inside the window (all of it for "since start"), then now
+    start_t = base.time if base is not None else -1.0
+    points: list[Snapshot] = [s for s in ring if s.time >= start_t] + [current]
+    if base is None:
+        points = [Snapshot(history.started)] + points
+    if len(points) > MAX_POINTS + 1:  # thin out evenly, keeping the first and the newest
+        step = math.ceil((len(points) - 1) / MAX_POINTS)
+        keep = list(range(len(points) - 1, -1, -step))[::-1]
+        points = [points[i] for i in ([0] + keep if keep[0] != 0 else keep)]
+    groups = []
+    for group in groups_of([current]):
+        groups.append(_group(history, current, base, points, group, span_s, overall, per_model))
+    return {
+        "window": window, "window_seconds": span_s, "now": now, "started": history.started,
+        "snapshot_interval": history.interval_s, "history_seconds": history.history_s,
+        "metrics": metric_catalogue(history),
+        "outcomes_metric": {"vllm_name": "vllm:request_success_total",
+                            "gen_ai_name": "gen_ai_server_request_duration_seconds_count (error_type)"},
+        "slo": overall, "groups": groups,
+    }
+
+
+def _group(history: History, current: Snapshot, base: Snapshot | None, points: list[Snapshot], group: Group,
+           span_s: float, overall: dict[str, float], per_model: dict[str, dict[str, float]]) -> dict[str, Any]:
+    model, engine = group
+    outcomes = outcome_delta(current, base, group)
+    requests = sum(outcomes.values())
+    errors = outcomes.get("error", 0.0) + sum(v for k, v in outcomes.items() if k not in
+                                              ("stop", "length", "abort", "error", "unknown", "ok"))
+    metrics: dict[str, Any] = {}
+    series: dict[str, Any] = {"t": [p.time for p in points[1:]], "rate": []}
+    for a, b in zip(points, points[1:]):
+        dt = b.time - a.time
+        series["rate"].append(sum(outcome_delta(b, a, group).values()) / dt if dt > 0 else None)
+    slo = {**overall, **per_model.get(model, {})}
+    for key, _, _, _ in LATENCY_METRICS:
+        family = history.naming.get(key)
+        bounds = history.bounds.get(family or "")
+        counts = delta(current, base, family, group) if family and bounds else None
+        if counts is None:
+            continue
+        metrics[key] = _quantiles(counts, bounds)
+        lines: dict[str, list[float | None]] = {"p50": [], "p95": [], "p99": []}
+        for a, b in zip(points, points[1:]):
+            step = delta(b, a if a.histograms else None, family, group)
+            q = _quantiles(step, bounds)
+            for name in lines:
+                lines[name].append(q[name])
+        series[key] = lines
+    return {
+        "model": model, "engine": engine, "requests": requests,
+        "rate": requests / span_s if span_s > 0 else None,
+        "error_ratio": errors / requests if requests else None,
+        "abort_ratio": outcomes.get("abort", 0.0) / requests if requests else None,
+        "outcomes": outcomes, "metrics": metrics, "series": series,
+        "slo": {k: v for k, v in slo.items() if k in metrics or k in {m[0] for m in LATENCY_METRICS}},
+    }
