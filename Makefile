@@ -43,7 +43,9 @@ peers:
 	@collector-config/peers.sh build
 	@deploy/helm/helm.sh path >/dev/null
 
+# The type check first ([tool.mypy] in pyproject.toml: strict on the component packages); a type error fails the target.
 test: $(TSTAMP) services peers
+	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP) peers

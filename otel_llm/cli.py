@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Any
 
 from otel_llm import __version__
 from otel_llm.config import ConfigError, check_certificates, load_config, parse_duration
@@ -93,7 +94,7 @@ class ApiReader:
     def __init__(self, base_url: str) -> None:
         self.base_url = base_url.rstrip("/")
 
-    def _get(self, path: str) -> dict:  # type: ignore[type-arg]
+    def _get(self, path: str) -> dict[str, Any]:
         import json
         import urllib.error
         import urllib.request
@@ -106,13 +107,13 @@ class ApiReader:
                 return {}
             raise ValueError(json.loads(err.read() or b"{}").get("error", str(err))) from None
 
-    def list_requests(self, **query: object) -> list[dict]:  # type: ignore[type-arg]
+    def list_requests(self, **query: object) -> list[dict[str, Any]]:
         import urllib.parse
 
         params = {k.replace("_unix_ns", ""): v for k, v in query.items() if v is not None}
         return self._get("/api/traces?" + urllib.parse.urlencode(params)).get("traces", [])
 
-    def get_trace(self, trace_id: str) -> dict | None:  # type: ignore[type-arg]
+    def get_trace(self, trace_id: str) -> dict[str, Any] | None:
         return self._get(f"/api/traces/{trace_id}") or None
 
 

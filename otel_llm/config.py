@@ -86,7 +86,7 @@ def _section(kind: Kind) -> type:
     fields: list[tuple[str, Any, Any]] = []
     for name, factory in factories(kind).items():
         default = field(default_factory=factory.config_class) if factory.in_defaults else None
-        fields.append((name, factory.config_class | None, default))  # type: ignore[operator]
+        fields.append((name, factory.config_class | None, default))
     return dataclasses.make_dataclass(kind.value.capitalize(), fields, frozen=True)
 
 
@@ -133,9 +133,9 @@ class Service:
 @dataclass(frozen=True)
 class Config:
     # Sections built from the component folders (``_section``): a type checker sees Any.
-    receivers: Receivers = field(default_factory=Receivers)  # type: ignore[valid-type]
-    processors: Processors = field(default_factory=Processors)  # type: ignore[valid-type]
-    exporters: Exporters = field(default_factory=Exporters)  # type: ignore[valid-type]
+    receivers: Receivers = field(default_factory=Receivers)
+    processors: Processors = field(default_factory=Processors)
+    exporters: Exporters = field(default_factory=Exporters)
     service: Service = field(default_factory=Service)
 
     def configured(self, kind: Kind) -> dict[str, Any]:

@@ -39,7 +39,7 @@ def _duration(text: str) -> float:
     return value
 
 
-def add_simulate_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     scenarios = "; ".join(f"{s.name}: {s.description}" for s in SCENARIOS.values())
     parser = sub.add_parser(
         "simulate",

@@ -18,7 +18,7 @@ no ``llm.openai.messages``/``llm.openai.choices``): the simulator carries no pro
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -230,7 +230,7 @@ class ProxyTimes:
 
 
 def _span(tracer: trace.Tracer, name: str, parent: Context, interval: tuple[int, int],
-          attributes: dict[str, AttributeValue] | None = None, kind: SpanKind = SpanKind.INTERNAL,
+          attributes: Mapping[str, AttributeValue] | None = None, kind: SpanKind = SpanKind.INTERNAL,
           status: Status | None = None) -> trace.Span:
     span = tracer.start_span(name, context=parent, kind=kind, attributes=attributes, start_time=interval[0])
     if status is not None:

@@ -35,7 +35,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry
 
 from otel_llm.config import OtlpTraceExporter, config_from_dict
-from otel_llm.exporter.exporterhelper.trace_exporter import GRPC_METHOD, TraceExporter
+from otel_llm.exporter.exporterhelper.queued_exporter import TraceExporter
+from otel_llm.exporter.exporterhelper.transport import GRPC_METHOD
 from otel_llm_simulate.emitters import RequestTiming, emit_vllm_v1, engine_tracer_provider
 from tests.support.ports import free_port
 
@@ -500,7 +501,7 @@ CHILD = textwrap.dedent("""
     import json, sys, threading
     from prometheus_client import CollectorRegistry
     from tests.test_otlp_trace_exporter import build_request, settings
-    from otel_llm.exporter.exporterhelper.trace_exporter import TraceExporter
+    from otel_llm.exporter.exporterhelper.queued_exporter import TraceExporter
 
     protocol, endpoint, storage = sys.argv[1:4]
     exporter = TraceExporter("otlp", protocol, settings(protocol, endpoint, queue_size=5, storage=storage),

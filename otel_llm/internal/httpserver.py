@@ -13,6 +13,7 @@ goes to ``ConnectionLimits.on_refused`` with its reason, before the client sees 
 from __future__ import annotations
 
 import errno
+import io
 import logging
 import socket
 import ssl
@@ -256,7 +257,9 @@ class QuietHandler(BaseHTTPRequestHandler):
             return
         if not self._phase:
             # Between keep-alive requests: idle (the socket timeout) until the next one's first byte.
-            if not self.rfile.peek(1):
+            rfile = self.rfile
+            assert isinstance(rfile, io.BufferedReader)  # StreamRequestHandler's rbufsize -1: buffered
+            if not rfile.peek(1):
                 self.close_connection = True
                 return
             self._arm()

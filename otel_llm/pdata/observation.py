@@ -67,7 +67,7 @@ class EngineObservation:
     # Non-empty: the span is a part of a request read from its root at assembly (a ``Part`` value).
     part: str = ""
     # (key, value, ...) a root or part carries for assembly: event times (unix ns), a few attribute values.
-    marks: tuple = ()
+    marks: tuple[object, ...] = ()
     # The engine's prefill/decode are derived from other numbers, not measured (trtllm-serve).
     derived: tuple[str, ...] = ()
 

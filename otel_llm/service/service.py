@@ -169,9 +169,8 @@ class Service:
                     self.telemetry.spans_dropped.labels("receiver_exit").inc(lost)
         if "pipeline" in started:
             self.pipeline.shutdown()  # every pending trace decided and handed to the exporters
-        store = self.components.get("exporters.store")
         if "exporters.store" in started:
-            store.shutdown(grace)
+            self.components["exporters.store"].shutdown(grace)
         if self.intake_log is not None and "intake_log" in started:
             self.intake_log.close()  # what was handled leaves the log; anything else is replayed next time
         # The metrics exporters after the pipeline (their final push has every decided request),

@@ -13,7 +13,6 @@ from array import array
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -104,8 +103,9 @@ class History:
                 snapshot.histograms[(name, group)] = array("d", (row.get(b, 0.0) for b in bounds))
         if not snapshot.outcomes and genai_outcomes:  # vllm naming off: outcomes from error.type
             snapshot.outcomes = genai_outcomes
-        for key, vllm, genai in ((k, v, g) for k, _, v, g in LATENCY_METRICS):
-            self.naming[key] = vllm if vllm in self.bounds or genai is None or genai not in self.bounds else genai
+        for metric, vllm_name, genai_name in ((k, v, g) for k, _, v, g in LATENCY_METRICS):
+            self.naming[metric] = (vllm_name if vllm_name in self.bounds or genai_name is None
+                                   or genai_name not in self.bounds else genai_name)
         return snapshot
 
     def record(self) -> None:

@@ -102,7 +102,9 @@ def _group(history: History, current: Snapshot, base: Snapshot | None, points: l
     for key, _, _, _ in LATENCY_METRICS:
         family = history.naming.get(key)
         bounds = history.bounds.get(family or "")
-        counts = delta(current, base, family, group) if family and bounds else None
+        if not family or not bounds:
+            continue
+        counts = delta(current, base, family, group)
         if counts is None:
             continue
         metrics[key] = _quantiles(counts, bounds)

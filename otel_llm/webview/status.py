@@ -40,7 +40,8 @@ def mask(value: Any, key: str = "") -> Any:
 def effective_config(config: Any) -> Any:
     if config is None:
         return {}
-    data = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
+    is_instance = dataclasses.is_dataclass(config) and not isinstance(config, type)
+    data = dataclasses.asdict(config) if is_instance else dict(config)
     return mask(data)
 
 

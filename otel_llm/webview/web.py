@@ -221,8 +221,9 @@ class WebView:
         try:
             limit = int(arg("limit") or 50)
             offset = int(arg("offset") or 0)
-            since = int(arg("since")) if arg("since") else None
-            until = int(arg("until")) if arg("until") else None
+            since_arg, until_arg = arg("since"), arg("until")
+            since = int(since_arg) if since_arg else None
+            until = int(until_arg) if until_arg else None
         except ValueError:
             raise ValueError("limit, offset, since and until are integers (since/until: Unix ns)") from None
         if not 1 <= limit <= 500 or not 0 <= offset <= 1_000_000:

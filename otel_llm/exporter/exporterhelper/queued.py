@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from otel_llm.component import Host
 from otel_llm.exporter.exporterhelper.batcher import ExportBatcher
-from otel_llm.exporter.exporterhelper.trace_exporter import TraceExporter
+from otel_llm.exporter.exporterhelper.queued_exporter import TraceExporter
 from otel_llm.exporter.otlp.config import OtlpTraceExporter
 from otel_llm.pdata.records import KeptTrace
 

@@ -56,15 +56,18 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from otel_llm import __version__
 from otel_llm.exporter.otlp_metrics.config import OtlpMetricsExporter
 from otel_llm.processor.llm_metrics.metrics.definitions import SEGMENT_METRIC
-from otel_llm.processor.llm_metrics.metrics.families import Family, HistogramSeries
+from otel_llm.processor.llm_metrics.metrics.families import Family, HistogramFamily
 from otel_llm.processor.llm_metrics.metrics.recorder import MetricsRecorder
+
+if TYPE_CHECKING:  # the SDK is imported when an exporter is built
+    from opentelemetry.sdk.metrics.export import MetricExporter
 
 log = logging.getLogger(__name__)
 
@@ -110,10 +113,9 @@ def take_snapshot(recorder: MetricsRecorder) -> Snapshot:
     snapshot = Snapshot(time.time_ns())
 
     def hist(name: str, unit: str, description: str, bounds: tuple[float, ...], label_names: tuple[str, ...],
-             family: Family, genai: bool) -> None:
+             family: HistogramFamily, genai: bool) -> None:
         series = {}
         for key, s in family.series.items():
-            assert isinstance(s, HistogramSeries)
             series[key] = (tuple(s.counts), s.total, s.count,
                            {i: (e.trace_id, e.span_id, e.value, e.timestamp) for i, e in s.exemplars.items()})
         snapshot.histograms.append(_HistogramSnapshot(name, unit, description, bounds, label_names, genai, series))
@@ -127,7 +129,7 @@ def take_snapshot(recorder: MetricsRecorder) -> Snapshot:
             for counter in bound.counters:
                 names = bound.label_names + (("finished_reason",) if counter.spec.by_outcome else ())
                 snapshot.sums.append(_SumSnapshot(counter.spec.name, counter.spec.unit, counter.spec.description,
-                                                  names, genai, dict(counter.family.series)))  # type: ignore[arg-type]
+                                                  names, genai, dict(counter.family.series)))
         hist(SEGMENT_METRIC.name, SEGMENT_METRIC.unit, SEGMENT_METRIC.description, recorder.segments.bounds,
              recorder.segment_label_names, recorder.segments, False)
     return snapshot
@@ -187,6 +189,8 @@ def build_metrics_data(snapshot: Snapshot, previous: Snapshot | None, start_ns: 
                                       trace_id=int(trace_id, 16))
                              for _, (trace_id, span_id, value, ts) in sorted(exemplars.items())
                              if trace_id and span_id and ts > since_s]
+            # min/max None: not known from buckets. The SDK annotates them float, but its OTLP encoder
+            # passes them to the protobuf message, where None leaves the optional fields unset.
             data_points.append(HistogramDataPoint(
                 attributes=_attributes(h.label_names, key), start_time_unix_nano=start, time_unix_nano=now,
                 count=int(round(count)), sum=float(total), bucket_counts=[int(round(c)) for c in counts],
@@ -241,7 +245,7 @@ class _Metrics:
                                 ["exporter"], registry=registry)
 
 
-def _sdk_exporter(settings: OtlpMetricsExporter) -> Any:
+def _sdk_exporter(settings: OtlpMetricsExporter) -> MetricExporter:
     from grpc import Compression as GrpcCompression
 
     gzip = settings.compression == "gzip"
@@ -279,7 +283,7 @@ def _sdk_exporter(settings: OtlpMetricsExporter) -> Any:
 
 class MetricsPushExporter:
     def __init__(self, name: str, settings: OtlpMetricsExporter, recorder: MetricsRecorder,
-                 registry: CollectorRegistry, sdk_exporter: Any = None) -> None:
+                 registry: CollectorRegistry, sdk_exporter: MetricExporter | None = None) -> None:
         self.name = name
         self.settings = settings
         self.recorder = recorder

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 from otel_llm.confmap import Endpoint
 from otel_llm.configtls import BearerAuth, check_server_security

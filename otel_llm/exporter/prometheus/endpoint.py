@@ -33,7 +33,10 @@ def encode_metrics(registry: CollectorRegistry, accept: str) -> tuple[bytes, str
     """
     encoder, content_type = choose_encoder(accept)
     if content_type.startswith("application/openmetrics-text"):
-        return openmetrics.generate_latest(registry, escaping=openmetrics.ALLOWUTF8), content_type
+        # prometheus_client's openmetrics exposition has no annotations (generate_latest returns bytes).
+        escaping = openmetrics.ALLOWUTF8
+        body: bytes = openmetrics.generate_latest(registry, escaping=escaping)  # type: ignore[no-untyped-call]
+        return body, content_type
     return encoder(registry), content_type
 
 
@@ -41,7 +44,7 @@ class _Handler(QuietHandler):
     registry: ClassVar[CollectorRegistry]
     ready: ClassVar[threading.Event]
     store: ClassVar[StoreReader | None]
-    not_ready: ClassVar[Callable[[], str | None] | None]  # a reason while a part cannot do its job
+    not_ready: ClassVar[staticmethod[[], str | None] | None]  # a reason while a part cannot do its job
     token: ClassVar[TokenCheck]
     webview: ClassVar[WebView | None] = None  # /, /ui/..., /login, /static/..., /api/ui/... (otel_llm/webview)
 
@@ -114,7 +117,10 @@ class _Handler(QuietHandler):
         if self.webview is not None and self.webview.handles(urllib.parse.urlsplit(self.path).path):
             self.webview.handle(self, "POST", self.path)
         else:
-            self.send_body(405, b"read-only; try GET\n", "text/plain", {"Allow": "GET, HEAD"})
+            # The body is not read: the connection closes after the answer, so no byte of it is
+            # taken for the next request.
+            self.close_connection = True
+            self.send_body(405, b"read-only; try GET\n", "text/plain", {"Allow": "GET, HEAD", "Connection": "close"})
 
 
 class PrometheusEndpoint:

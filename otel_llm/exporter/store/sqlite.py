@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +130,7 @@ class _Kept:
 class _Written:
     new_traces: int = 0
     spans: int = 0
-    unstorable: list[_Kept] | None = None
+    unstorable: list[_Kept] = field(default_factory=list)
 
 
 def _span_rows(request: ExportTraceServiceRequest) -> Iterator[tuple[Any, ...]]:
@@ -410,7 +410,7 @@ class TraceStore:
         self._commits.inc()
         self._stored_traces.inc(written.new_traces)
         self._written_spans.inc(written.spans)
-        self._count_dropped(written.unstorable or [], "unstorable")
+        self._count_dropped(written.unstorable, "unstorable")
         if self._problem is not None:
             log.warning("trace store %s persists again", self.path)
             self._problem = self._failure = None
@@ -487,7 +487,7 @@ class TraceStore:
         skipped (and counted once the batch commits), the others are written. An error that says the
         store itself cannot persist (disk full, I/O, corruption) aborts the whole batch."""
         now = time.time()
-        written = _Written(unstorable=[])
+        written = _Written()
         connection.execute("BEGIN")
         try:
             for item in kept:
@@ -651,15 +651,16 @@ class StoreReader:
                       offset: int = 0, ascending: bool = False) -> list[dict[str, Any]]:
         if sort not in SORT_COLUMNS:
             raise ValueError(f"sort must be one of {', '.join(SORT_COLUMNS)}")
-        where, params = [], []
+        where: list[str] = []
+        params: list[str | int] = []
         for column, value in (("model", model), ("outcome", outcome), ("service_name", service),
                               ("engine_kind", engine), ("policy", policy)):
             if value:
                 where.append(f"{column} = ?")
                 params.append(value)
-        for name, value in (("since", since_unix_ns), ("until", until_unix_ns)):
-            if value is not None and not -_INT64_MAX - 1 <= value <= _INT64_MAX:
-                raise ValueError(f"{name} must be a Unix time in nanoseconds (a signed 64-bit integer), got {value}")
+        for name, bound in (("since", since_unix_ns), ("until", until_unix_ns)):
+            if bound is not None and not -_INT64_MAX - 1 <= bound <= _INT64_MAX:
+                raise ValueError(f"{name} must be a Unix time in nanoseconds (a signed 64-bit integer), got {bound}")
         if since_unix_ns is not None:
             where.append("start_time_unix_nano >= ?")
             params.append(since_unix_ns)

@@ -146,9 +146,9 @@ def sglang(record: RequestRecord, root: BufferedSpan, trace: PendingTrace) -> No
         record.decode_s = None
         missing.append("decode")
     for name in _KV_STAGES:
-        spans = stages.get(name)
-        if spans:
-            segments.append(Segment(KV_TRANSFER, spans[0].start_unix_ns, spans[-1].end_unix_ns))
+        stage_spans = stages.get(name)
+        if stage_spans:
+            segments.append(Segment(KV_TRANSFER, stage_spans[0].start_unix_ns, stage_spans[-1].end_unix_ns))
             break
     record.inference_s = (record.prefill_s + record.decode_s
                           if record.prefill_s is not None and record.decode_s is not None else None)
@@ -375,6 +375,7 @@ def dynamo(record: RequestRecord, root: BufferedSpan, trace: PendingTrace,
     missing = ["queue", "prefill"]
     record.queue_s = record.prefill_s = record.inference_s = None
     record.decode_s = None
+    first_worker: BufferedSpan | None
     if disaggregated:
         prefill, decode = workers.get("prefill"), workers.get("decode")
         if prefill is None or decode is None:

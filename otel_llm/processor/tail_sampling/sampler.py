@@ -26,11 +26,11 @@ def build_policies(config: TailSamplingProcessor) -> list[Policy]:
             policies.append(SloPolicy(dict(policy.slo.thresholds), {m: dict(v) for m, v in policy.slo.per_model.items()},
                                       name=policy.name))
         elif policy.type == "slowest":
-            block = policy.slowest or SlowestPolicyConfig()
-            policies.append(SlowestPolicy(list(block.metrics), block.quantile, block.window, name=policy.name))
+            slowest = policy.slowest or SlowestPolicyConfig()
+            policies.append(SlowestPolicy(list(slowest.metrics), slowest.quantile, slowest.window, name=policy.name))
         elif policy.type == "probabilistic":
-            block = policy.probabilistic or ProbabilisticPolicyConfig()
-            policies.append(ProbabilisticPolicy(block.sampling_percentage / 100.0, name=policy.name))
+            probabilistic = policy.probabilistic or ProbabilisticPolicyConfig()
+            policies.append(ProbabilisticPolicy(probabilistic.sampling_percentage / 100.0, name=policy.name))
     return policies
 
 

@@ -22,11 +22,12 @@ PROTOCOLS = ("grpc", "http")
 # ``too_many_connections`` (HTTP, past max_connections); ``fd_limit`` (an accept that failed for
 # want of file descriptors or memory, one per failed attempt); ``incomplete_body`` (HTTP, a body
 # shorter than its Content-Length or a chunked body cut off).
-REQUEST_REFUSALS = ("unauthenticated", "malformed", "too_large", "not_found", "unsupported_media_type",
-                    "no_content_length", "unsupported_encoding", "too_many_requests",
-                    QUEUE_FULL, MEMORY_LIMIT, SHUTTING_DOWN, "header_timeout", "read_timeout",
-                    "too_many_connections", "fd_limit", "incomplete_body", "other")
-SPAN_REFUSALS = ("invalid_id", QUEUE_FULL, MEMORY_LIMIT, SHUTTING_DOWN)
+REQUEST_REFUSALS: tuple[str, ...] = (
+    "unauthenticated", "malformed", "too_large", "not_found", "unsupported_media_type",
+    "no_content_length", "unsupported_encoding", "too_many_requests",
+    QUEUE_FULL, MEMORY_LIMIT, SHUTTING_DOWN, "header_timeout", "read_timeout",
+    "too_many_connections", "fd_limit", "incomplete_body", "other")
+SPAN_REFUSALS: tuple[str, ...] = ("invalid_id", QUEUE_FULL, MEMORY_LIMIT, SHUTTING_DOWN)
 # The crash-safe intake (receivers/intake_log.py, opt-in): its log is full (until the pipeline has
 # handled what it holds), or cannot be written. Retryable: nothing of the request was taken.
 INTAKE_LOG_FULL, INTAKE_LOG_ERROR = "intake_log_full", "intake_log_error"

@@ -48,7 +48,7 @@ PROTOCOL = "grpc"
 
 
 @dataclass(frozen=True)
-class _RpcStatus(grpc.Status):  # type: ignore[misc]
+class _RpcStatus(grpc.Status):
     code: grpc.StatusCode
     details: str
     trailing_metadata: tuple[tuple[str, bytes], ...]
@@ -107,6 +107,7 @@ class OtlpGrpcReceiver:
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
         # The sweeper cancels a read older than read_timeout (cheaper per call than a timer each).
         task = asyncio.current_task()
+        assert task is not None  # grpc.aio runs each call's handler in a task of its own
         waiting = self._waiting
         waiting[task] = self._loop_time()
         try:

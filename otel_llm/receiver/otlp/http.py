@@ -355,13 +355,15 @@ class _Handler(QuietHandler):
 
 class OtlpHttpReceiver:
     def __init__(self, settings: HttpProtocol, admitter: Admitter) -> None:
+        # The handler class's state, kept here too: ``type()`` builds a class mypy knows only as ``type``.
+        self._in_progress = RequestsInProgress()
+        self._stopping = threading.Event()
         handler = type("OtlpHttpHandler", (_Handler,), {
             "admitter": admitter, "max_body": settings.max_request_body_size, "token": TokenCheck(settings.auth),
             "in_flight": BytesInFlight(settings.max_bytes_in_flight),
             "slots": threading.BoundedSemaphore(settings.max_concurrent_requests),
-            "in_progress": RequestsInProgress(), "stopping": threading.Event(), "timeout": settings.idle_timeout})
+            "in_progress": self._in_progress, "stopping": self._stopping, "timeout": settings.idle_timeout})
         tls = server_ssl_context(settings.tls) if settings.tls is not None else None
-        self._handler = handler
         limits = ConnectionLimits(max_connections=settings.max_connections,
                                   header_timeout_s=settings.read_header_timeout,
                                   request_timeout_s=settings.read_timeout,
@@ -378,16 +380,16 @@ class OtlpHttpReceiver:
 
     @property
     def requests_in_progress(self) -> int:
-        return self._handler.in_progress.count
+        return self._in_progress.count
 
     def refuse_new(self) -> None:
         """From now on, requests that have not started are refused (``shutting_down``, retryable)."""
-        self._handler.stopping.set()
+        self._stopping.set()
 
     def stop(self, grace_s: float = 0.0) -> None:
         """Refuse new requests, close the listener, and give those in progress ``grace_s`` to finish."""
         self.refuse_new()
         self._server.stop()
-        if not self._handler.in_progress.wait_none(grace_s):
+        if not self._in_progress.wait_none(grace_s):
             log.warning("OTLP/HTTP: %d requests still in progress after the %.1fs grace; "
                         "what they admit from now on is refused", self.requests_in_progress, grace_s)

@@ -316,13 +316,19 @@ def run_receiver_process(args: ReceiverArgs, state: IntakeState, counters: Recei
         os._exit(1)
     forwarder = Forwarder(state, counters, data, intake_log)
     forwarder.start()
-    grpc_receiver = OtlpGrpcReceiver(args.otlp.protocols.grpc, forwarder) if args.grpc else None
+    # args.grpc / args.http: the service saw that protocol configured (service/processes.py).
+    protocols = args.otlp.protocols
+    grpc_receiver = None
+    if args.grpc:
+        assert protocols.grpc is not None
+        grpc_receiver = OtlpGrpcReceiver(protocols.grpc, forwarder)
     http_receiver = None
     try:
         if grpc_receiver is not None:
             grpc_receiver.start()
         if args.http:
-            http_receiver = OtlpHttpReceiver(args.otlp.protocols.http, forwarder)
+            assert protocols.http is not None
+            http_receiver = OtlpHttpReceiver(protocols.http, forwarder)
             http_receiver.start()
     except (OSError, ValueError) as exc:
         forwarder.event(event="error", message=str(exc))

@@ -11,7 +11,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar as PromExemplar
 
 from otel_llm.processor.llm_metrics.metrics.definitions import SEGMENT_METRIC, prometheus_label_name, prometheus_metric_name
-from otel_llm.processor.llm_metrics.metrics.families import Family, HistogramSeries
+from otel_llm.processor.llm_metrics.metrics.families import CounterFamily, Family, HistogramFamily
 from otel_llm.processor.llm_metrics.metrics.recorder import MetricsRecorder
 
 OVERFLOW_LABELS = {"otel_llm_overflow": "true"}
@@ -69,14 +69,13 @@ def exposed_name(name: str, unit: str = "s") -> str:
 
 
 def _histogram(name: str, unit: str, doc: str, bounds: tuple[float, ...], label_names: tuple[str, ...],
-               family: Family) -> Metric:
+               family: HistogramFamily) -> Metric:
     metric_name = exposed_name(name, unit)
     word = _unit_word(unit)
     base = metric_name[: -len(word) - 1] if word and metric_name.endswith("_" + word) else metric_name
     metric = Metric(base, doc, "histogram", word)
     les = [_le(b) for b in bounds] + ["+Inf"]
     for key, series in family.series.items():
-        assert isinstance(series, HistogramSeries)
         labels = _labels(label_names, key)
         cumulative = 0.0
         for index, le in enumerate(les):
@@ -93,8 +92,8 @@ def _histogram(name: str, unit: str, doc: str, bounds: tuple[float, ...], label_
     return metric
 
 
-def _counter(name: str, doc: str, label_names: tuple[str, ...], family: Family) -> Metric:
+def _counter(name: str, doc: str, label_names: tuple[str, ...], family: CounterFamily) -> Metric:
     metric = Metric(name, doc, "counter")
     for key, value in family.series.items():
-        metric.add_sample(name + "_total", _labels(label_names, key), value)  # type: ignore[arg-type]
+        metric.add_sample(name + "_total", _labels(label_names, key), value)
     return metric

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 Key = tuple[str, ...]
+V = TypeVar("V")  # a series' state: HistogramSeries, or a counter's float
 
 
 @dataclass(slots=True, frozen=True)
@@ -28,7 +30,7 @@ class HistogramSeries:
     exemplars: dict[int, Exemplar] = field(default_factory=dict)
 
 
-class Family:
+class Family(Generic[V]):
     """Series keyed by label values, capped at ``limit`` distinct keys plus one overflow series."""
 
     __slots__ = ("name", "limit", "series", "overflowed")
@@ -38,7 +40,7 @@ class Family:
     def __init__(self, name: str, limit: int) -> None:
         self.name = name
         self.limit = limit
-        self.series: dict[Key, object] = {}
+        self.series: dict[Key, V] = {}
         self.overflowed = 0
 
     def _admit(self, key: Key) -> Key:
@@ -48,7 +50,7 @@ class Family:
         return self.OVERFLOW
 
 
-class HistogramFamily(Family):
+class HistogramFamily(Family[HistogramSeries]):
     __slots__ = ("bounds",)
 
     def __init__(self, name: str, bounds: tuple[float, ...], limit: int) -> None:
@@ -63,14 +65,14 @@ class HistogramFamily(Family):
             if series is None:
                 series = self.series[key] = HistogramSeries([0.0] * (len(self.bounds) + 1))
         index = bisect_left(self.bounds, value)  # le semantics: value == bound falls in that bucket
-        series.counts[index] += weight  # type: ignore[attr-defined]
-        series.total += value * weight  # type: ignore[attr-defined]
-        series.count += weight  # type: ignore[attr-defined]
+        series.counts[index] += weight
+        series.total += value * weight
+        series.count += weight
         if exemplar is not None:
-            series.exemplars[index] = exemplar  # type: ignore[attr-defined]
+            series.exemplars[index] = exemplar
 
 
-class CounterFamily(Family):
+class CounterFamily(Family[float]):
     __slots__ = ()
 
     def add(self, key: Key, amount: float) -> None:
@@ -78,4 +80,4 @@ class CounterFamily(Family):
         if current is None:
             key = self._admit(key)
             current = self.series.get(key, 0.0)
-        self.series[key] = current + amount  # type: ignore[operator]
+        self.series[key] = current + amount
