@@ -136,6 +136,9 @@ def build_segments(start_unix_ns: int, t: Timings) -> tuple[Segment, ...]:
         segments.append(Segment("prefill", prefill_start, first_token))
         cursor = first_token
     if t.decode_s is not None and t.ttft_s is not None:
+        if not segments:
+            # Nothing before the first token is known (no queue/prefill): decode still starts at it.
+            cursor = start_unix_ns + _ns(t.ttft_s)
         segments.append(Segment("decode", cursor, cursor + _ns(t.decode_s)))
         cursor += _ns(t.decode_s)
     if t.e2e_s is not None:

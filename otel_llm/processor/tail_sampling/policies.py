@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from otel_llm.pdata.records import Outcome, RequestRecord, Side
-from otel_llm.processor.tail_sampling.assembler import PendingTrace
+from otel_llm.pdata.spans import PendingTrace
 from otel_llm.processor.tail_sampling.quantiles import RollingQuantile
 
 METRICS: dict[str, Callable[[RequestRecord], float | None]] = {
@@ -144,13 +144,16 @@ class ProbabilisticPolicy(Policy):
 class TokenBucket:
     def __init__(self, per_second: float, clock: Callable[[], float]) -> None:
         self.per_second = per_second
-        self.tokens = per_second
+        # A burst of one second's worth, and never less than one token: below 1/s (e.g. 0.2, one trace
+        # every 5 s) a bucket capped at ``per_second`` could never hold the token a trace takes.
+        self.capacity = max(per_second, 1.0)
+        self.tokens = self.capacity
         self._clock = clock
         self._last = clock()
 
     def take(self) -> bool:
         now = self._clock()
-        self.tokens = min(self.per_second, self.tokens + (now - self._last) * self.per_second)
+        self.tokens = min(self.capacity, self.tokens + (now - self._last) * self.per_second)
         self._last = now
         if self.tokens >= 1.0:
             self.tokens -= 1.0

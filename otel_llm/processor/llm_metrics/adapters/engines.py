@@ -290,8 +290,6 @@ def _sglang(span: Span, attrs: AttrMap) -> EngineObservation:
     is_error, error_type = _error_of(span, attrs)
     reasons = get_str_list(attrs, "gen_ai.response.finish_reasons")
     finish = reasons[0] if reasons else None
-    if finish == "abort" and not is_error:
-        is_error, error_type = False, None
     ttft = _number(attrs, _LAT + "time_to_first_token")
     decode = _number(attrs, _LAT + "time_in_model_decode")
     completion = _first_count(attrs, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens")

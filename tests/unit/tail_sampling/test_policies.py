@@ -1,0 +1,349 @@
+"""The sampling policies and the rate limit on their own, with an injected clock.
+
+Traces are built from real OTLP spans (their status is what the errors policy reads); request records
+carry the latencies put in here. Expected decisions follow from those inputs and the policy's
+definition (DESIGN.md, the tail sampling section), never from running the code first.
+"""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+
+from otel_llm.pdata.records import Outcome, RequestRecord, Side
+from otel_llm.processor.tail_sampling.assembler import BufferedSpan, Origin, PendingTrace
+from otel_llm.processor.tail_sampling.policies import (
+    ErrorsPolicy,
+    Policy,
+    ProbabilisticPolicy,
+    RateLimit,
+    SloPolicy,
+    SlowestPolicy,
+    TokenBucket,
+    encode_threshold,
+    randomness_of,
+    threshold_for,
+)
+from tests.support import engine_fixtures as F
+
+ORIGIN = Origin(Resource(), InstrumentationScope(name="test"), "svc", {})
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def record(model: str = "m", *, ttft: float | None = None, e2e: float | None = None, tpot: float | None = None,
+           queue: float | None = None, gateway_overhead: float | None = None, outcome: str = Outcome.STOP,
+           side: str = Side.SERVER) -> RequestRecord:
+    return RequestRecord(trace_id=b"\x01" * 16, span_id=b"\x02" * 8, engine_kind="vllm", adapter="vllm_v1",
+                         service_name="s", model=model, model_source="test", request_model=model,
+                         response_model=model, operation_name="chat", provider_name="vllm", outcome=outcome,
+                         side=side, ttft_s=ttft, e2e_s=e2e, tpot_s=tpot, queue_s=queue,
+                         gateway_overhead_s=gateway_overhead)
+
+
+def trace(*statuses: int, trace_id: bytes = b"\x01" * 16) -> PendingTrace:
+    """A pending trace holding one OTLP span per status given."""
+    pending = PendingTrace(trace_id, 0.0)
+    for i, status in enumerate(statuses):
+        span = F.make_span(f"s{i}", trace=trace_id, sid=F.span_id(f"s{i}"), parent=None, kind=Span.SPAN_KIND_SERVER,
+                           start_ns=1, end_ns=2, status_code=status)
+        pending.spans[span.span_id] = BufferedSpan(
+            span.trace_id, span.span_id, span.parent_span_id, span.kind, span.status.code, span.start_time_unix_nano,
+            span.end_time_unix_nano, span.trace_state, span.SerializeToString(), ORIGIN, ())
+    return pending
+
+
+def test_policy_base_is_abstract():
+    with pytest.raises(NotImplementedError):
+        Policy().matches(trace(), [])
+
+
+def test_default_names():
+    assert ErrorsPolicy().name == "errors"
+    assert SloPolicy({}).name == "slo"
+    assert SlowestPolicy(["ttft"], 0.99, 60).name == "slowest"
+    assert ProbabilisticPolicy(0.5).name == "probabilistic"
+
+
+# --- errors ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("outcome", [Outcome.ERROR, Outcome.ABORT])
+def test_errors_policy_keeps_failed_requests(outcome):
+    assert ErrorsPolicy().matches(trace(Status.STATUS_CODE_OK), [record(outcome=outcome)]) is True
+
+
+def test_errors_policy_keeps_a_span_with_error_status():
+    assert ErrorsPolicy().matches(trace(Status.STATUS_CODE_OK, Status.STATUS_CODE_ERROR), [record()]) is True
+    assert ErrorsPolicy().matches(trace(Status.STATUS_CODE_ERROR), []) is True
+
+
+def test_errors_policy_drops_healthy_traces():
+    assert ErrorsPolicy().matches(trace(Status.STATUS_CODE_OK, Status.STATUS_CODE_UNSET), [record()]) is False
+    assert ErrorsPolicy().matches(trace(), [record(outcome=Outcome.LENGTH)]) is False
+
+
+# --- slo ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("metric,field", [("ttft", "ttft"), ("tpot", "tpot"), ("e2e", "e2e"), ("queue", "queue"),
+                                          ("gateway_overhead", "gateway_overhead")])
+def test_slo_on_every_metric(metric, field):
+    policy = SloPolicy({metric: 1.0})
+    assert policy.matches(trace(), [record(**{field: 1.5})]) is True
+    assert policy.matches(trace(), [record(**{field: 1.0})]) is False  # at the threshold is within the SLO
+    assert policy.matches(trace(), [record(**{field: 0.5})]) is False
+    assert policy.matches(trace(), [record()]) is False  # no value: nothing to compare
+
+
+def test_slo_ignores_client_records_and_checks_every_record():
+    policy = SloPolicy({"e2e": 1.0})
+    assert policy.matches(trace(), [record(e2e=5.0, side=Side.CLIENT)]) is False
+    assert policy.matches(trace(), [record(e2e=0.5), record(e2e=5.0)]) is True
+
+
+def test_slo_per_model_override_keeps_the_other_defaults():
+    policy = SloPolicy({"ttft": 1.0, "e2e": 10.0}, {"big": {"ttft": 3.0}})
+    assert policy.matches(trace(), [record("big", ttft=2.0)]) is False
+    assert policy.matches(trace(), [record("big", ttft=2.0, e2e=11.0)]) is True
+    assert policy.matches(trace(), [record("small", ttft=2.0)]) is True
+
+
+# --- slowest ----------------------------------------------------------------------------------------------
+
+
+def test_slowest_keeps_per_model_quantiles():
+    """Two models at different speeds: each is judged against its own traffic."""
+    clock = Clock()
+    policy = SlowestPolicy(["ttft"], 0.9, window_s=600, clock=clock)
+    for i in range(300):
+        policy.matches(trace(), [record("fast", ttft=0.1 + (i % 10) * 0.001)])
+        policy.matches(trace(), [record("slow", ttft=1.0 + (i % 10) * 0.01)])
+    assert policy.matches(trace(), [record("fast", ttft=0.3)]) is True  # 3x fast's, far below slow's
+    assert policy.matches(trace(), [record("slow", ttft=0.9)]) is False  # slow's usual is slower
+
+
+def test_slowest_first_request_and_new_extremes_are_kept():
+    policy = SlowestPolicy(["ttft"], 0.99, window_s=600, clock=Clock())
+    assert policy.matches(trace(), [record(ttft=0.2)]) is True  # nothing seen before
+    for _ in range(100):
+        policy.matches(trace(), [record(ttft=0.2)])
+    assert policy.matches(trace(), [record(ttft=0.2)]) is False
+    assert policy.matches(trace(), [record(ttft=0.5)]) is True
+
+
+def test_slowest_skips_failed_client_and_valueless_records():
+    policy = SlowestPolicy(["ttft"], 0.5, window_s=600, clock=Clock())
+    assert policy.matches(trace(), [record(ttft=1.0, outcome=Outcome.ABORT)]) is False
+    assert policy.matches(trace(), [record(ttft=1.0, side=Side.CLIENT)]) is False
+    assert policy.matches(trace(), [record(ttft=None)]) is False
+    assert policy.matches(trace(), [record(ttft=1.0)]) is True  # still the first one it learns from
+
+
+def test_slowest_learns_every_metric_of_every_record():
+    policy = SlowestPolicy(["ttft", "e2e"], 0.5, window_s=600, clock=Clock())
+    for _ in range(50):
+        policy.matches(trace(), [record(ttft=0.1, e2e=1.0), record(ttft=0.1, e2e=1.0)])
+    assert policy.matches(trace(), [record(ttft=0.1, e2e=1.0)]) is False
+    assert policy.matches(trace(), [record(ttft=0.1, e2e=3.0)]) is True  # e2e alone is slow
+    assert policy.matches(trace(), [record(ttft=0.1, e2e=1.0), record(ttft=0.5, e2e=1.0)]) is True
+
+
+def test_slowest_model_limit_shares_one_window_past_it():
+    """``max_models`` bounds memory: past it, new models share one window per metric."""
+    policy = SlowestPolicy(["ttft", "e2e"], 0.5, window_s=600, max_models=1, clock=Clock())
+    for _ in range(50):
+        policy.matches(trace(), [record("a", ttft=0.1, e2e=0.1)])
+    for _ in range(50):
+        policy.matches(trace(), [record("b", ttft=1.0, e2e=1.0)])
+    assert policy.matches(trace(), [record("a", ttft=0.5, e2e=0.05)]) is True  # a keeps its own ttft window
+    assert policy.matches(trace(), [record("a", ttft=0.05, e2e=0.5)]) is True  # ... and its own e2e window
+    # c's first request is judged against the shared window b filled, not kept as a first
+    assert policy.matches(trace(), [record("c", ttft=0.5, e2e=0.5)]) is False
+
+
+def test_slowest_window_forgets_old_traffic():
+    clock = Clock()
+    policy = SlowestPolicy(["ttft"], 0.5, window_s=60, clock=clock)
+    for _ in range(50):
+        policy.matches(trace(), [record(ttft=5.0)])
+    assert policy.matches(trace(), [record(ttft=1.0)]) is False
+    clock.now += 200  # the window has passed
+    assert policy.matches(trace(), [record(ttft=1.0)]) is True
+
+
+# --- probabilistic --------------------------------------------------------------------------------------
+
+
+def _with_randomness(value: int) -> bytes:
+    return b"\xaa" * 9 + value.to_bytes(7, "big")
+
+
+def test_probabilistic_threshold_is_inclusive():
+    policy = ProbabilisticPolicy(0.25)
+    threshold = round(0.75 * 2**56)  # W3C level 2: keep when the 56 random bits are >= (1 - rate) * 2^56
+    assert policy.threshold == threshold and policy.th == "c"
+    assert policy.matches(trace(trace_id=_with_randomness(threshold)), []) is True
+    assert policy.matches(trace(trace_id=_with_randomness(threshold - 1)), []) is False
+    assert policy.matches(trace(trace_id=_with_randomness(2**56 - 1)), []) is True
+
+
+def test_randomness_is_the_rightmost_56_bits():
+    assert randomness_of(bytes(range(16))) == int.from_bytes(bytes(range(9, 16)), "big")
+    assert randomness_of(b"\xff" * 9 + b"\x00" * 7) == 0
+
+
+@pytest.mark.parametrize("rate,th", [(1.0, "0"), (0.5, "8"), (0.25, "c"), (0.125, "e")])
+def test_thresholds_encode_as_otel_th(rate, th):
+    assert encode_threshold(threshold_for(rate)) == th
+
+
+def test_keep_all_and_keep_none():
+    assert ProbabilisticPolicy(1.0).matches(trace(trace_id=b"\x00" * 16), []) is True
+    assert ProbabilisticPolicy(0.0).matches(trace(trace_id=b"\xff" * 16), []) is False
+
+
+# --- token bucket and rate limit ----------------------------------------------------------------------------
+
+
+def test_token_bucket_burst_then_refill_over_time():
+    clock = Clock()
+    bucket = TokenBucket(2.0, clock)
+    assert [bucket.take() for _ in range(3)] == [True, True, False]  # starts full: a burst of 2
+    clock.now += 0.25  # half a token
+    assert bucket.take() is False
+    clock.now += 0.25  # one token in all
+    assert bucket.take() is True
+    assert bucket.take() is False
+    clock.now += 100.0  # idle: refills to its capacity, not beyond
+    assert [bucket.take() for _ in range(3)] == [True, True, False]
+
+
+def test_token_bucket_at_one_per_second():
+    clock = Clock()
+    bucket = TokenBucket(1.0, clock)
+    assert bucket.take() is True
+    assert bucket.take() is False
+    clock.now += 0.5
+    assert bucket.take() is False
+    clock.now += 0.5  # exactly one token again
+    assert bucket.take() is True
+    assert bucket.take() is False
+
+
+def test_token_bucket_clock_going_nowhere_adds_nothing():
+    clock = Clock()
+    bucket = TokenBucket(3.0, clock)
+    assert [bucket.take() for _ in range(4)] == [True, True, True, False]
+    assert bucket.take() is False
+
+
+def test_errors_bypass_the_rate_limit():
+    clock = Clock()
+    limit = RateLimit(1.0, 1.0, applies_to=["slo", "slowest"], clock=clock)
+    assert limit.allow("slo", [record()]) is True
+    assert limit.allow("slo", [record()]) is False
+    assert limit.allow("slowest", [record()]) is False
+    for _ in range(5):
+        assert limit.allow("errors", [record()]) is True
+
+
+def test_overall_limit_with_refill():
+    clock = Clock()
+    limit = RateLimit(2.0, 0.0, applies_to=["slo"], clock=clock)
+    assert [limit.allow("slo", [record(f"m{i}")]) for i in range(3)] == [True, True, False]
+    clock.now += 0.5
+    assert limit.allow("slo", [record("other")]) is True
+    assert limit.allow("slo", [record("other")]) is False
+
+
+def test_per_model_limit_alone_does_not_block_other_models():
+    clock = Clock()
+    limit = RateLimit(0.0, 1.0, applies_to=["slo"], clock=clock)  # no overall limit
+    assert limit.allow("slo", [record("a")]) is True
+    assert limit.allow("slo", [record("a")]) is False  # a's own budget is spent
+    assert limit.allow("slo", [record("b")]) is True  # b has its own
+    assert limit.allow("slo", []) is True  # a trace without records counts as one "model"
+    assert limit.allow("slo", []) is False
+    clock.now += 1.0
+    assert limit.allow("slo", [record("a")]) is True
+
+
+def test_per_model_and_overall_limits_together():
+    clock = Clock()
+    limit = RateLimit(2.0, 1.0, applies_to=["slo"], clock=clock)
+    assert limit.allow("slo", [record("a")]) is True
+    assert limit.allow("slo", [record("a")]) is False  # per model, the overall budget untouched
+    assert limit.allow("slo", [record("b")]) is True
+    assert limit.allow("slo", [record("c")]) is False  # overall spent
+
+
+def test_per_model_limit_reads_the_first_record():
+    limit = RateLimit(0.0, 1.0, applies_to=["slo"], clock=Clock())
+    assert limit.allow("slo", [record("a"), record("b")]) is True
+    assert limit.allow("slo", [record("b")]) is True
+    assert limit.allow("slo", [record("a"), record("c")]) is False
+
+
+def test_per_model_buckets_are_bounded():
+    limit = RateLimit(0.0, 1.0, applies_to=["slo"], max_models=1, clock=Clock())
+    assert limit.allow("slo", [record("a")]) is True  # a has its own bucket
+    assert limit.allow("slo", [record("b")]) is True  # past the bound: b and c share one
+    assert limit.allow("slo", [record("c")]) is False
+    assert limit.allow("slo", [record("a")]) is False
+
+
+def test_no_limits_allow_everything():
+    limit = RateLimit(0.0, 0.0, applies_to=["slo"], clock=Clock())
+    assert all(limit.allow("slo", [record()]) is True for _ in range(10))
+
+
+def test_overall_limit_of_one_per_second():
+    clock = Clock()
+    limit = RateLimit(1.0, 0.0, applies_to=["slo"], clock=clock)
+    assert limit.allow("slo", [record("a")]) is True
+    assert limit.allow("slo", [record("b")]) is False
+    clock.now += 1.0
+    assert limit.allow("slo", [record("c")]) is True
+
+
+def test_default_model_bounds_are_a_thousand():
+    """Defaults: 1000 models get their own bucket and windows; the next ones share one."""
+    limit = RateLimit(0.0, 1.0, applies_to=["slo"], clock=Clock())
+    assert all(limit.allow("slo", [record(f"m{i}")]) for i in range(1000))
+    assert limit.allow("slo", [record("m1000")]) is True  # the shared bucket's one token
+    assert limit.allow("slo", [record("m1001")]) is False
+    policy = SlowestPolicy(["ttft"], 0.5, window_s=600, clock=Clock())
+    assert all(policy.matches(trace(), [record(f"m{i}", ttft=1.0)]) for i in range(1000))  # each its first
+    assert policy.matches(trace(), [record("m1000", ttft=1.0)]) is True  # the shared window's first
+    assert policy.matches(trace(), [record("m1001", ttft=1.0)]) is False  # judged against m1000's
+
+
+def test_token_bucket_below_one_per_second():
+    """0.2/s is one trace every 5 s (a valid rate_limit value): the bucket must still hold one token."""
+    clock = Clock()
+    bucket = TokenBucket(0.2, clock)
+    assert bucket.take() is True
+    clock.now += 4.0
+    assert bucket.take() is False
+    clock.now += 1.0  # 5 s after the first
+    assert bucket.take() is True
+    clock.now += 60.0  # a long idle still gives a burst of one, not twelve
+    assert [bucket.take() for _ in range(2)] == [True, False]
+
+
+def test_per_model_limit_below_one_per_second():
+    clock = Clock()
+    limit = RateLimit(0.0, 0.5, applies_to=["slo"], clock=clock)
+    assert limit.allow("slo", [record("a")]) is True
+    assert limit.allow("slo", [record("a")]) is False
+    clock.now += 2.0
+    assert limit.allow("slo", [record("a")]) is True
