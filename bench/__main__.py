@@ -47,7 +47,8 @@ from bench.workload import RESOURCE_MODELS, generate
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 LOOPBACK = "127.0.0.1"
-TARGETS = {"ratio": 0.5, "rss_per_buffered_span_bytes": 1536, "export_p99_ms": 10.0}
+TARGETS = {"ratio": 0.5, "rss_per_buffered_span_bytes": 1536, "export_p99_ms": 10.0,
+           "cpu_vs_floor": 2.5, "export_p99_vs_baseline": 1.5}  # the last two: issue 17
 
 
 def log(message: str = "") -> None:
@@ -665,7 +666,17 @@ def main(argv: list[str] | None = None) -> int:
     budget = (floor.budget_beyond_floor_us(floor_us, base_cpu_us, sender_us, len(os.sched_getaffinity(0)),
                                            TARGETS["ratio"] * b_sps)
               if ceiling and b_sps else None)
-    results["summary"] = {"ratio": ratio, "pipeline_spans_per_s": p_sps, "baseline_spans_per_s": b_sps,
+    # Issue 17's figures: the pipeline's CPU per span (server process tree, gRPC saturated) against the
+    # floor's (complete: every step of bench/floor.py), and its Export p99 against the baseline sink's,
+    # both measured in this run.
+    cpu_us = cpu_per_million(pipe.get("grpc_saturate", {}))
+    floor_total_us = floor_us.get("per request") if floor_us else None
+    cpu_vs_floor = cpu_us / floor_total_us if cpu_us and floor_total_us else None
+    base_p99 = base.get("grpc_paced", {}).get("latency_all_calls", {}).get("p99_ms")
+    p99_vs_base = p99 / base_p99 if p99 is not None and base_p99 else None
+    results["summary"] = {"ratio": ratio, "cpu_us_per_span": cpu_us, "floor_us_per_span": floor_total_us,
+                          "cpu_vs_floor": cpu_vs_floor, "baseline_export_p99_ms": base_p99,
+                          "export_p99_vs_baseline": p99_vs_base, "pipeline_spans_per_s": p_sps, "baseline_spans_per_s": b_sps,
                           "ratio_ceiling_pure_python": ceiling / b_sps if ceiling and b_sps else None,
                           "ratio_ceiling_one_pipeline_process": one_process / b_sps if one_process and b_sps else None,
                           "us_per_span_beyond_floor_at_target": budget,
@@ -686,7 +697,10 @@ def main(argv: list[str] | None = None) -> int:
         (f"at ratio {TARGETS['ratio']}: CPU us/span left beyond the floor", budget, "(info)", None, 2),
         ("throughput ratio pipeline/baseline, HTTP", results["summary"]["http_ratio"], "(info)", None, 2),
         ("CPU-s per M spans, gRPC: baseline", base_cpu_us, "(info)", None, 1),
-        ("CPU-s per M spans, gRPC: pipeline", cpu_per_million(pipe.get("grpc_saturate", {})), "(info)", None, 1),
+        ("CPU-s per M spans, gRPC: pipeline", cpu_us, "(info)", None, 1),
+        ("floor, CPU us per span (bench/floor.py, complete)", floor_total_us, "(info)", None, 2),
+        ("pipeline CPU per span / floor's", cpu_vs_floor, f"<= {TARGETS['cpu_vs_floor']}",
+         cpu_vs_floor is not None and cpu_vs_floor <= TARGETS["cpu_vs_floor"], 2),
         ("RSS per buffered span, bytes", per_span, f"<= {TARGETS['rss_per_buffered_span_bytes']}",
          per_span is not None and per_span <= TARGETS["rss_per_buffered_span_bytes"], 0),
         ("peak RSS (VmHWM), MiB: baseline", base.get("hwm_kib", 0) / 1024 if base.get("hwm_kib") else None, "(info)", None, 0),
@@ -696,6 +710,8 @@ def main(argv: list[str] | None = None) -> int:
         (f"Export p99 at {args.rate:.0f} spans/s, gRPC, ms", p99, f"<= {TARGETS['export_p99_ms']}"
          + ("" if not paced or paced.get("keeps_up") else " (and keep up: it did NOT)"),
          p99 is not None and p99 <= TARGETS["export_p99_ms"] and bool(paced.get("keeps_up")), 2),
+        ("Export p99, pipeline / baseline (same run)", p99_vs_base, f"<= {TARGETS['export_p99_vs_baseline']}",
+         p99_vs_base is not None and p99_vs_base <= TARGETS["export_p99_vs_baseline"], 2),
         ("with adapter_process: throughput ratio, gRPC", split_sps / b_sps if split_sps and b_sps else None,
          "(info)", None, 3),
         (f"with adapter_process: Export p99 at {args.rate:.0f} spans/s, ms", split_p99, "(info)", None, 2),
@@ -710,6 +726,9 @@ def main(argv: list[str] | None = None) -> int:
     results["summary"].update(peer)
     log(f"RESULT ratio={fmt(ratio, 3)} pipeline_spans_per_s={fmt(p_sps, 0)} baseline_spans_per_s={fmt(b_sps, 0)} "
         f"rss_per_buffered_span_bytes={fmt(per_span, 0)} export_p99_ms={fmt(p99, 2)} "
+        f"cpu_us_per_span={fmt(cpu_us, 2)} floor_us_per_span={fmt(floor_total_us, 2)} "
+        f"cpu_vs_floor={fmt(cpu_vs_floor, 2)} baseline_export_p99_ms={fmt(base_p99, 2)} "
+        f"export_p99_vs_baseline={fmt(p99_vs_base, 2)} "
         f"collector_spans_per_s={fmt(peer['collector_spans_per_s'], 0)} "
         f"collector_cpu_s_per_mspans={fmt(peer['collector_cpu_s_per_mspans'], 1)} "
         f"cpu_vs_collector={fmt(peer['cpu_vs_collector'], 2)}")

@@ -1,0 +1,213 @@
+"""The pipeline's hot path in one process, one thread, no sockets: CPU µs per span of each stage.
+
+``python -m bench.hotpath`` builds the same ``otel-llm serve`` the bench runs (``bench.__main__``'s
+config: the real config loader, factories and ``Pipeline``; the store started in a temp directory),
+then feeds the bench's batches (``bench.workload.generate(32, seed=1)``, re-stamped with a new trace-id
+epoch every pass so no id repeats) through:
+
+- ``parse+adapter``: ``ExportTraceServiceRequest.ParseFromString`` and the adapter stage (``digest.py``),
+  what ``Pipeline.buffer`` does before the buffer;
+- ``buffer``: ``TraceAssembler.add_batch``;
+- ``completion``: ``TraceAssembler.tick`` once the grace has passed (the assembler's clock is moved
+  forward, not waited for): the whole chain, records, decision, metrics, redaction, the store's queue.
+
+Each figure is ``time.process_time()`` over a pass divided by the pass's spans, median of ``--passes``
+(the GC tuned as the server tunes it, so its pauses are counted where they fall). ``--split`` also
+times the completion chain's parts alone on one pass's completed traces (records, decision, metrics
+recording). ``--profile N`` prints cProfile's top ``N`` functions of one more pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from bench.workload import generate, stamp
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def build(workdir: Path) -> tuple[Any, _Clock]:
+    import json
+
+    from otel_llm.config import config_from_dict
+    from otel_llm.internal.runtime import tune_gc
+    from otel_llm.service.service import Service
+
+    from bench.__main__ import pipeline_config
+
+    path = pipeline_config(workdir, "hotpath", 0, 0, 0, {"decision_wait": "10s", "grace": "1s"})
+    data = json.loads(path.read_text())
+    data["receivers"]["otlp"]["protocols"] = {"grpc": {"endpoint": "127.0.0.1:0"}}
+    service = Service(config_from_dict(data))
+    store = service.components.get("exporters.store")
+    if store is not None:
+        store.start(service.host)
+    clock = _Clock()
+    service.pipeline.assembler._clock = clock
+    tune_gc()
+    return service, clock
+
+
+def run_pass(pipeline: Any, clock: _Clock, payloads: list[bytes]) -> dict[str, float]:
+    from otel_llm.processor.llm_metrics.digest import digest_in_process
+
+    settings = pipeline.digest_settings
+    assembler = pipeline.assembler
+    process_time = time.process_time
+    digest_s = buffer_s = 0.0
+    for payload in payloads:
+        t0 = process_time()
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(payload)
+        spans, counts = digest_in_process(request, settings)
+        t1 = process_time()
+        assembler.add_batch(spans)
+        t2 = process_time()
+        digest_s += t1 - t0
+        buffer_s += t2 - t1
+    clock.now += 1.5  # past the grace: every rooted trace is due
+    t0 = process_time()
+    assembler.tick()
+    _wait_store(pipeline)  # the store's writer thread: its CPU is the completion's too
+    completion_s = process_time() - t0
+    return {"parse+adapter": digest_s, "buffer": buffer_s, "completion": completion_s}
+
+
+def _wait_store(pipeline: Any) -> None:
+    for consumer in pipeline.consumers:
+        wait = getattr(consumer, "wait_written", None)
+        if wait is not None:
+            wait()
+
+
+def split_completion(pipeline: Any, clock: _Clock, payloads: list[bytes]) -> dict[str, float]:
+    """The completion chain's parts alone, on the traces one pass completes (CPU s for the pass)."""
+    from otel_llm.processor.llm_metrics.digest import digest_in_process
+    from otel_llm.processor.llm_metrics.requests import records_of_trace
+
+    captured: list[Any] = []
+    entry = pipeline.assembler._next
+    pipeline.assembler._next = type("Capture", (), {"consume": staticmethod(captured.append)})()
+    for payload in payloads:
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(payload)
+        pipeline.assembler.add_batch(digest_in_process(request, pipeline.digest_settings)[0])
+    clock.now += 1.5
+    pipeline.assembler.tick()
+    pipeline.assembler._next = entry
+    metrics = pipeline.metrics
+    sampler = pipeline.decision._sampler
+    out: dict[str, float] = {}
+    t0 = time.process_time()
+    all_records = [records_of_trace(c.trace, metrics.settings, []) for c in captured]
+    out["records_of_trace"] = time.process_time() - t0
+    t0 = time.process_time()
+    for c, records in zip(captured, all_records):
+        sampler.decide(c.trace, records)
+    out["decide"] = time.process_time() - t0
+    recorder = metrics.recorder
+    t0 = time.process_time()
+    for records in all_records:
+        for record in records:
+            recorder.record(record, False)
+    out["recorder.record"] = time.process_time() - t0
+    t0 = time.process_time()
+    for records in all_records:
+        for record in records:
+            metrics._record(record, False)
+    out["stage._record (telemetry+record)"] = time.process_time() - t0
+    t0 = time.process_time()
+    for c in captured:
+        entry.consume(c)
+    _wait_store(pipeline)
+    out["whole chain on these traces"] = time.process_time() - t0
+    kept = [c for c in captured if c.decision is not None and c.decision.keep]
+    t0 = time.process_time()
+    for c in kept:
+        pipeline.redaction.consume(c)
+    _wait_store(pipeline)
+    out[f"redaction+store again ({len(kept)} kept)"] = time.process_time() - t0
+    out["_traces"] = len(captured)
+    out["_records"] = sum(len(r) for r in all_records)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.hotpath", description=__doc__.split("\n")[0])
+    parser.add_argument("--passes", type=int, default=7)
+    parser.add_argument("--batches", type=int, default=32)
+    parser.add_argument("--split", action="store_true", help="time the completion chain's parts alone")
+    parser.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile's top N of one more pass")
+    parser.add_argument("--sort", default="tottime")
+    parser.add_argument("--no-gc", action="store_true", help="experiment: the cyclic GC disabled")
+    args = parser.parse_args(argv)
+    batches = generate(args.batches, seed=1)
+    spans = sum(b.spans for b in batches)
+    traces = sum(b.traces for b in batches)
+    with tempfile.TemporaryDirectory(prefix="otel-llm-hotpath-") as tmp:
+        service, clock = build(Path(tmp))
+        pipeline = service.pipeline
+        if args.no_gc:
+            import gc
+            gc.disable()
+        epoch = 1
+        results: list[dict[str, float]] = []
+        for index in range(args.passes + 1):  # the first pass warms up (caches, series, quantiles)
+            payloads = [stamp(b, epoch) for b in batches]
+            epoch += 1
+            figures = run_pass(pipeline, clock, payloads)
+            if index:
+                results.append(figures)
+        print(f"{spans} spans, {traces} traces per pass, {args.passes} passes (+1 warm-up); "
+              f"CPU us per span, median [min-max]")
+        total = []
+        for stage in ("parse+adapter", "buffer", "completion"):
+            values = [r[stage] / spans * 1e6 for r in results]
+            print(f"  {stage:16} {statistics.median(values):7.2f}  [{min(values):.2f}-{max(values):.2f}]")
+        total = [sum(r.values()) / spans * 1e6 for r in results]
+        print(f"  {'total':16} {statistics.median(total):7.2f}  [{min(total):.2f}-{max(total):.2f}]"
+              f"  ({statistics.median(total) * spans / traces:.1f} us per trace)")
+        if args.split:
+            payloads = [stamp(b, epoch) for b in batches]
+            epoch += 1
+            parts = split_completion(pipeline, clock, payloads)
+            n_traces, n_records = parts.pop("_traces"), parts.pop("_records")
+            print(f"  completion parts alone ({n_traces:.0f} traces, {n_records:.0f} records): "
+                  "us per span / per trace / per record")
+            for name, seconds in parts.items():
+                print(f"    {name:34} {seconds / spans * 1e6:6.2f} / {seconds / n_traces * 1e6:6.2f} / "
+                      f"{seconds / max(n_records, 1) * 1e6:6.2f}")
+        if args.profile:
+            payloads = [stamp(b, epoch) for b in batches]
+            profiler = cProfile.Profile(time.process_time)
+            profiler.enable()
+            run_pass(pipeline, clock, payloads)
+            profiler.disable()
+            out = io.StringIO()
+            pstats.Stats(profiler, stream=out).sort_stats(args.sort).print_stats(args.profile)
+            print(out.getvalue())
+        store = service.components.get("exporters.store")
+        if store is not None:
+            store.shutdown(2.0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
