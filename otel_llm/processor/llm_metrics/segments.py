@@ -7,7 +7,7 @@ so every rule of DESIGN.md §4 is testable on its own.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from otel_llm.pdata.observation import EngineObservation, MalformedSpan
 from otel_llm.pdata.records import Segment
@@ -19,10 +19,10 @@ REL_TOLERANCE = 0.01
 MAX_TOKENS_PER_REQUEST = 100_000_000
 
 
-@dataclass(slots=True, frozen=True)
-class Timings:
+class Timings(NamedTuple):
     """The engine's numbers, validated, with what follows from them. Derived again at completion
-    rather than stored on each buffered span: arithmetic is cheaper than ~100 bytes per span."""
+    rather than stored on each buffered span: arithmetic is cheaper than ~100 bytes per span. A
+    named tuple: built three times per request, and a frozen dataclass's ``__init__`` costs ~4x."""
 
     ttft_s: float | None
     e2e_s: float | None
@@ -48,6 +48,10 @@ def _check(name: str, value: float | None, max_latency_s: float) -> None:
         raise MalformedSpan("absurd_latency", f"{name} = {value} > {max_latency_s}")
 
 
+_INF = math.inf
+_CHECKED = ("ttft_s", "e2e_s", "queue_s", "prefill_s", "decode_s", "inference_s", "preprocess_s", "tpot_s")
+
+
 def validate_tokens(obs: EngineObservation) -> None:
     for name, value in (("prompt_tokens", obs.prompt_tokens), ("completion_tokens", obs.completion_tokens)):
         if value is not None and not 0 <= value <= MAX_TOKENS_PER_REQUEST:
@@ -61,12 +65,18 @@ def derive_timings(obs: EngineObservation, max_latency_s: float) -> Timings:
     clock; the difference between the two families is the API server's own time (preprocess
     before the queue, postprocess after the last token).
     """
-    for name in ("ttft_s", "e2e_s", "queue_s", "prefill_s", "decode_s", "inference_s", "preprocess_s", "tpot_s"):
-        _check(name, getattr(obs, name), max_latency_s)
-    validate_tokens(obs)
-
     ttft, e2e, queue, prefill, decode = obs.ttft_s, obs.e2e_s, obs.queue_s, obs.prefill_s, obs.decode_s
     inference, preprocess = obs.inference_s, obs.preprocess_s
+    # One comparison per value on the common path (NaN fails it, infinity is excluded); the first
+    # value that fails is then reported by the checks below, in their order.
+    for value in (ttft, e2e, queue, prefill, decode, inference, preprocess, obs.tpot_s):
+        if value is not None and not (0.0 <= value <= max_latency_s and value != _INF):
+            for name in _CHECKED:
+                _check(name, getattr(obs, name), max_latency_s)
+    prompt, completion = obs.prompt_tokens, obs.completion_tokens
+    if (prompt is not None and not 0 <= prompt <= MAX_TOKENS_PER_REQUEST) or \
+            (completion is not None and not 0 <= completion <= MAX_TOKENS_PER_REQUEST):
+        validate_tokens(obs)
     tolerance = ABS_TOLERANCE_S + REL_TOLERANCE * (e2e or 0.0)
 
     if inference is None and prefill is not None and decode is not None:
@@ -95,10 +105,6 @@ def derive_timings(obs: EngineObservation, max_latency_s: float) -> Timings:
     return Timings(ttft, e2e, queue, prefill, decode, inference, preprocess, postprocess, tpot)
 
 
-def _ns(seconds: float) -> int:
-    return round(seconds * 1e9)
-
-
 def build_segments(start_unix_ns: int, t: Timings) -> tuple[Segment, ...]:
     """Segments laid end to end from the engine span's start (the request's arrival).
 
@@ -108,9 +114,9 @@ def build_segments(start_unix_ns: int, t: Timings) -> tuple[Segment, ...]:
     segments: list[Segment] = []
     cursor = start_unix_ns
     if t.ttft_s is not None and t.queue_s is not None and t.prefill_s is not None:
-        first_token = start_unix_ns + _ns(t.ttft_s)
-        prefill_start = first_token - _ns(t.prefill_s)
-        queue_start = prefill_start - _ns(t.queue_s)
+        first_token = start_unix_ns + round(t.ttft_s * 1e9)
+        prefill_start = first_token - round(t.prefill_s * 1e9)
+        queue_start = prefill_start - round(t.queue_s * 1e9)
         if queue_start > cursor:
             segments.append(Segment("preprocess", cursor, queue_start))
         queue_start = max(queue_start, cursor)
@@ -120,17 +126,17 @@ def build_segments(start_unix_ns: int, t: Timings) -> tuple[Segment, ...]:
     elif t.queue_s is not None and t.preprocess_s is not None:
         # TGI: validation, queue, then one inference interval without a first-token mark.
         if t.preprocess_s > 0:
-            segments.append(Segment("preprocess", cursor, cursor + _ns(t.preprocess_s)))
-            cursor += _ns(t.preprocess_s)
-        segments.append(Segment("queue", cursor, cursor + _ns(t.queue_s)))
-        cursor += _ns(t.queue_s)
+            segments.append(Segment("preprocess", cursor, cursor + round(t.preprocess_s * 1e9)))
+            cursor += round(t.preprocess_s * 1e9)
+        segments.append(Segment("queue", cursor, cursor + round(t.queue_s * 1e9)))
+        cursor += round(t.queue_s * 1e9)
         if t.inference_s is not None:
-            segments.append(Segment("inference", cursor, cursor + _ns(t.inference_s)))
-            cursor += _ns(t.inference_s)
+            segments.append(Segment("inference", cursor, cursor + round(t.inference_s * 1e9)))
+            cursor += round(t.inference_s * 1e9)
     elif t.ttft_s is not None and t.prefill_s is not None:
         # SGLang has no queue attribute: everything before prefill is queue + tokenization.
-        first_token = start_unix_ns + _ns(t.ttft_s)
-        prefill_start = max(first_token - _ns(t.prefill_s), cursor)
+        first_token = start_unix_ns + round(t.ttft_s * 1e9)
+        prefill_start = max(first_token - round(t.prefill_s * 1e9), cursor)
         if prefill_start > cursor:
             segments.append(Segment("queue", cursor, prefill_start))
         segments.append(Segment("prefill", prefill_start, first_token))
@@ -138,11 +144,11 @@ def build_segments(start_unix_ns: int, t: Timings) -> tuple[Segment, ...]:
     if t.decode_s is not None and t.ttft_s is not None:
         if not segments:
             # Nothing before the first token is known (no queue/prefill): decode still starts at it.
-            cursor = start_unix_ns + _ns(t.ttft_s)
-        segments.append(Segment("decode", cursor, cursor + _ns(t.decode_s)))
-        cursor += _ns(t.decode_s)
+            cursor = start_unix_ns + round(t.ttft_s * 1e9)
+        segments.append(Segment("decode", cursor, cursor + round(t.decode_s * 1e9)))
+        cursor += round(t.decode_s * 1e9)
     if t.e2e_s is not None:
-        end = start_unix_ns + _ns(t.e2e_s)
+        end = start_unix_ns + round(t.e2e_s * 1e9)
         if end > cursor and segments:
             segments.append(Segment("postprocess", cursor, end))
     return tuple(segments)

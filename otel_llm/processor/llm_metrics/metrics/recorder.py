@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_left
 from dataclasses import dataclass
 
 from otel_llm.pdata.records import RequestRecord
 from otel_llm.processor.llm_metrics.metrics.definitions import SEGMENT_METRIC, CounterSpec, HistogramSpec, Naming
-from otel_llm.processor.llm_metrics.metrics.families import CounterFamily, Exemplar, HistogramFamily, Key
+from otel_llm.processor.llm_metrics.metrics.families import (
+    CounterFamily,
+    Exemplar,
+    HistogramFamily,
+    HistogramSeries,
+    Key,
+)
 
 
 @dataclass(slots=True)
@@ -57,53 +64,148 @@ def _bind(naming: Naming, dimension_names: tuple[str, ...], series_limit: int) -
     return BoundNaming(naming, label_names, histograms, counters, list(exposed.values()))
 
 
+class _Plan:
+    """One naming's observations, resolved for the recording loop: per histogram (value, success
+    only, per step, bounds, family, fixed label value), per counter (value, by outcome, family), and
+    a cache from a record's label key to the series each histogram observes into (``None`` until its
+    first observation, so a series exists only once observed, as before)."""
+
+    __slots__ = ("bound", "labels", "hists", "counters", "cache", "cache_limit")
+
+    def __init__(self, bound: BoundNaming, series_limit: int) -> None:
+        self.bound = bound
+        self.labels = bound.naming.labels
+        self.hists = tuple((h.spec.value, h.spec.success_only, h.spec.per_step, h.family.bounds, h.family,
+                            h.key_suffix) for h in bound.histograms)
+        self.counters = tuple((c.spec.value, c.spec.by_outcome, c.family) for c in bound.counters)
+        self.cache: dict[Key, list[HistogramSeries | None]] = {}
+        # The cache only saves lookups: bounded whatever the label keys (a hostile flood clears it).
+        self.cache_limit = 4 * series_limit + 64
+
+
+def _series_of(family: HistogramFamily, key: Key) -> HistogramSeries:
+    """The series ``key`` observes into: its own, or the overflow series once the cap is full (the
+    caller counts each observation that goes there in ``family.overflowed``)."""
+    series = family.series.get(key)
+    if series is None:
+        if len(family.series) >= family.limit:
+            key = family.OVERFLOW
+        series = family.series.get(key)
+        if series is None:
+            series = family.series[key] = HistogramSeries([0.0] * (len(family.bounds) + 1))
+    return series  # type: ignore[return-value]
+
+
 class MetricsRecorder:
     def __init__(self, namings: list[Naming], dimension_names: tuple[str, ...], series_limit: int) -> None:
         self.dimension_names = dimension_names
         self.namings = [_bind(naming, dimension_names, series_limit) for naming in namings]
         self._by_side: dict[str, list[BoundNaming]] = {}
+        self._plans: dict[str, tuple[_Plan, ...]] = {}
         for bound in self.namings:
             self._by_side.setdefault(bound.naming.side, []).append(bound)
+        for side, bounds in self._by_side.items():
+            self._plans[side] = tuple(_Plan(bound, series_limit) for bound in bounds)
         self.segments = HistogramFamily(SEGMENT_METRIC.name, SEGMENT_METRIC.buckets, series_limit)
         self.segment_label_names = ("model_name", "engine_kind", "service_name", "segment") + dimension_names
+        self._segment_cache: dict[Key, dict[str, tuple[HistogramSeries, bool]]] = {}
+        self._segment_cache_limit = 4 * series_limit + 64
         self.lock = threading.Lock()
         self.requests_recorded = 0
 
     def record(self, record: RequestRecord, with_exemplars: bool = False) -> None:
-        """Observe ``record`` in every naming of its side; ``with_exemplars`` only for traces the sampler kept."""
+        """Observe ``record`` in every naming of its side; ``with_exemplars`` only for traces the sampler kept.
+
+        One loop for every naming: a label key is built once per naming and record, the series it
+        observes into are looked up once per key (``_Plan.cache``), and an observation is a bucket
+        index by ``bisect`` and three additions (``HistogramFamily.observe``'s arithmetic, inlined)."""
         weight = record.weight
         succeeded = record.succeeded
         trace_id = record.trace_id.hex() if with_exemplars else ""
         span_id = record.span_id.hex() if with_exemplars else ""
-        now = time.time()
+        now = time.time() if with_exemplars else 0.0
+        dimensions = record.dimensions
         with self.lock:
             self.requests_recorded += 1
-            for bound in self._by_side.get(record.side, ()):
-                key: Key = bound.naming.labels(record) + record.dimensions
-                for hist in bound.histograms:
-                    if hist.spec.success_only and not succeeded:
+            for plan in self._plans.get(record.side, ()):
+                key: Key = plan.labels(record) + dimensions
+                slots = plan.cache.get(key)
+                if slots is None:
+                    if len(plan.cache) >= plan.cache_limit:
+                        plan.cache.clear()
+                    # [series per histogram..., whether it is the overflow series per histogram...]
+                    slots = plan.cache[key] = [None] * len(plan.hists) + [False] * len(plan.hists)
+                count = len(plan.hists)
+                position = -1
+                for value_of, success_only, per_step, bounds, family, suffix in plan.hists:
+                    position += 1
+                    if success_only and not succeeded:
                         continue
-                    if hist.spec.per_step is not None:
-                        for step in hist.spec.per_step(record):
-                            hist.family.observe(key + hist.key_suffix if hist.key_suffix else key, step, weight,
-                                                Exemplar(trace_id, span_id, step, now) if with_exemplars else None)
+                    if per_step is None:
+                        value = value_of(record)
+                        if value is None:
+                            continue
+                        series = slots[position]
+                        if series is None:
+                            series = self._resolve(slots, position, count, family, key + suffix if suffix else key)
+                        index = bisect_left(bounds, value)  # le semantics: value == bound falls in that bucket
+                        series.counts[index] += weight
+                        series.total += value * weight
+                        series.count += weight
+                        if slots[count + position]:
+                            family.overflowed += 1
+                        if with_exemplars:
+                            series.exemplars[index] = Exemplar(trace_id, span_id, value, now)
                         continue
-                    value = hist.spec.value(record)
-                    if value is not None:
-                        exemplar = Exemplar(trace_id, span_id, value, now) if with_exemplars else None
-                        hist.family.observe(key + hist.key_suffix if hist.key_suffix else key, value, weight,
-                                            exemplar)
-                for counter in bound.counters:
-                    amount = counter.spec.value(record)
+                    for value in per_step(record):
+                        series = slots[position]
+                        if series is None:
+                            series = self._resolve(slots, position, count, family, key + suffix if suffix else key)
+                        index = bisect_left(bounds, value)
+                        series.counts[index] += weight
+                        series.total += value * weight
+                        series.count += weight
+                        if slots[count + position]:
+                            family.overflowed += 1
+                        if with_exemplars:
+                            series.exemplars[index] = Exemplar(trace_id, span_id, value, now)
+                for value_of, by_outcome, family in plan.counters:
+                    amount = value_of(record)
                     if amount is None:
                         continue
-                    counter.family.add(key + (record.outcome,) if counter.spec.by_outcome else key, amount * weight)
+                    family.add(key + (record.outcome,) if by_outcome else key, amount * weight)
             if record.segments:
                 base = (record.model, record.engine_kind, record.service_name)
+                cache_key = base + dimensions
+                by_name = self._segment_cache.get(cache_key)
+                if by_name is None:
+                    if len(self._segment_cache) >= self._segment_cache_limit:
+                        self._segment_cache.clear()
+                    by_name = self._segment_cache[cache_key] = {}
+                family = self.segments
+                bounds = family.bounds
                 for segment in record.segments:
-                    duration = segment.duration_s
-                    exemplar = Exemplar(trace_id, span_id, duration, now) if with_exemplars else None
-                    self.segments.observe(base + (segment.name,) + record.dimensions, duration, weight, exemplar)
+                    name = segment.name
+                    duration = (segment.end_unix_ns - segment.start_unix_ns) / 1e9
+                    resolved = by_name.get(name)
+                    if resolved is None:
+                        series = _series_of(family, base + (name,) + dimensions)
+                        resolved = by_name[name] = (series, series is family.series.get(family.OVERFLOW))
+                    series, overflow = resolved
+                    index = bisect_left(bounds, duration)
+                    series.counts[index] += weight
+                    series.total += duration * weight
+                    series.count += weight
+                    if overflow:
+                        family.overflowed += 1
+                    if with_exemplars:
+                        series.exemplars[index] = Exemplar(trace_id, span_id, duration, now)
+
+    @staticmethod
+    def _resolve(slots: list, position: int, count: int, family: HistogramFamily, key: Key) -> HistogramSeries:
+        series = slots[position] = _series_of(family, key)
+        slots[count + position] = series is family.series.get(family.OVERFLOW)
+        return series
 
     def families(self) -> list[HistogramFamily | CounterFamily]:
         out: list[HistogramFamily | CounterFamily] = [self.segments]
