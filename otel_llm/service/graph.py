@@ -120,6 +120,7 @@ class _Entry:
         self.telemetry = telemetry
         self.next: TraceConsumer | None = None
         self.intake_log: IntakeLogKeeper | None = None
+        self._completed: dict[str, object] = {}  # reason -> labelled child, looked up once
 
     def consume(self, completed: CompletedTrace) -> None:
         assert self.next is not None
@@ -127,7 +128,10 @@ class _Entry:
         if completed.late:
             telemetry.late_spans.inc()
         else:
-            telemetry.traces_completed.labels(completed.reason).inc()
+            child = self._completed.get(completed.reason)
+            if child is None:
+                child = self._completed[completed.reason] = telemetry.traces_completed.labels(completed.reason)
+            child.inc()  # type: ignore[attr-defined]
             journal = self.intake_log.prior.get(completed.trace_id) if self.intake_log is not None else None
             if journal is not None:
                 completed.prior = Remembered(Decision(journal.keep, journal.policy, journal.threshold,

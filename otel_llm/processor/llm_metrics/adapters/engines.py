@@ -73,6 +73,8 @@ def _count(attrs: AttrMap, key: str) -> int | None:
 
 def _first(attrs: AttrMap, *keys: str) -> str | None:
     for key in keys:
+        if key not in attrs:
+            continue
         value = get_str(attrs, key)
         if value:
             return value
@@ -354,7 +356,7 @@ def _tgi(span: Span, attrs: AttrMap) -> EngineObservation | None:
 
 def _genai(span: Span, attrs: AttrMap) -> EngineObservation:
     is_error, error_type = _error_of(span, attrs)
-    reasons = get_str_list(attrs, "gen_ai.response.finish_reasons")
+    reasons = get_str_list(attrs, "gen_ai.response.finish_reasons") if "gen_ai.response.finish_reasons" in attrs else []
     return EngineObservation(
         engine_kind=EngineKind.GENAI,
         adapter="genai",
@@ -363,14 +365,14 @@ def _genai(span: Span, attrs: AttrMap) -> EngineObservation:
         ttft_s=_first_number(attrs, "gen_ai.response.time_to_first_chunk", "gen_ai.server.time_to_first_token"),
         prompt_tokens=_first_count(attrs, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens"),
         completion_tokens=_first_count(attrs, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens"),
-        max_tokens=_count(attrs, "gen_ai.request.max_tokens"),
-        request_model=get_str(attrs, "gen_ai.request.model"),
-        response_model=get_str(attrs, "gen_ai.response.model"),
+        max_tokens=_count(attrs, "gen_ai.request.max_tokens") if "gen_ai.request.max_tokens" in attrs else None,
+        request_model=get_str(attrs, "gen_ai.request.model") if "gen_ai.request.model" in attrs else None,
+        response_model=get_str(attrs, "gen_ai.response.model") if "gen_ai.response.model" in attrs else None,
         finish_reason=reasons[0] if reasons else None,
-        operation_name=get_str(attrs, "gen_ai.operation.name"),
+        operation_name=get_str(attrs, "gen_ai.operation.name") if "gen_ai.operation.name" in attrs else None,
         provider_name=_first(attrs, "gen_ai.provider.name", "gen_ai.system"),
-        server_address=get_str(attrs, "server.address"),
-        server_port=get_str(attrs, "server.port"),
+        server_address=get_str(attrs, "server.address") if "server.address" in attrs else None,
+        server_port=get_str(attrs, "server.port") if "server.port" in attrs else None,
         is_error=is_error,
         error_type=error_type,
         may_be_gateway=True,
@@ -378,11 +380,21 @@ def _genai(span: Span, attrs: AttrMap) -> EngineObservation:
 
 
 def _first_number(attrs: AttrMap, *keys: str) -> float | None:
-    return next((value for value in (_number(attrs, key) for key in keys) if value is not None), None)
+    for key in keys:  # a loop, not a generator: this runs for every GenAI span
+        if key in attrs:
+            value = _number(attrs, key)
+            if value is not None:
+                return value
+    return None
 
 
 def _first_count(attrs: AttrMap, *keys: str) -> int | None:
-    return next((value for value in (_count(attrs, key) for key in keys) if value is not None), None)
+    for key in keys:
+        if key in attrs:
+            value = _count(attrs, key)
+            if value is not None:
+                return value
+    return None
 
 
 # GenAI semconv span names are "{gen_ai.operation.name} {model}".
