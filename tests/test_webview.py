@@ -4,15 +4,14 @@ spans: every page loads without console errors, the overview's p99 is what a rea
 computes from the same /metrics, the waterfall's bars are as long as the spans, filters and sorting
 show what the API says, hostile span strings are text, and without the token there is no data.
 
-Screenshots go to tests/artifacts/webview/ (gitignored); with WEBVIEW_DOCS_SCREENSHOTS=1 they are
-also copied to docs/webview/ for the README."""
+Screenshots go to tests/artifacts/webview/ (gitignored). The README's docs/webview/*.png come from a
+realistic run instead (no hostile payloads): docs/webview/make_screenshots.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-import os
-import shutil
 import time
 import urllib.error
 import urllib.request
@@ -113,10 +112,31 @@ def _waterfall_trace(server: RunningServer) -> str:
     return holder["trace_id"]
 
 
+def _run_over_intervals(the_plan: Any, server: RunningServer, parts: int = 8, pause_s: float = 0.3) -> int:
+    """Send ``the_plan`` in ``parts`` batches ``pause_s`` apart, so its requests are measured over
+    several snapshot intervals (the charts' points) rather than all inside one. Each batch gets
+    its own id seeds: the same seed again would repeat the first batch's trace and span ids."""
+    order = the_plan.send_order()
+    size = math.ceil(len(order) / parts)
+    sent = 0
+    for part in range(parts):
+        chunk = tuple(order[part * size:(part + 1) * size])
+        if not chunk:
+            break
+        members = tuple(dataclasses.replace(m, id_seed=m.id_seed + 7919 * part) for m in the_plan.members)
+        result = run_plan(dataclasses.replace(the_plan, requests=chunk, members=members),
+                          otlp_exporter_factory(f"127.0.0.1:{server.grpc_port}", "grpc"), realtime=False)
+        assert not result.spans_failed
+        sent += result.requests_sent
+        time.sleep(pause_s)
+    return sent
+
+
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory) -> Any:
-    """One server, fed once: the simulator's steady fleet (with errors and aborts), the waterfall
-    trace and the hostile trace; every trace decided and stored before the tests look."""
+    """One server, fed once: the simulator's steady fleet (with errors and aborts) in eight batches
+    over a few seconds (several consecutive 500 ms snapshot intervals), the waterfall trace and the
+    hostile trace; every trace decided and stored before the tests look."""
     tmp = tmp_path_factory.mktemp("webview")
     server = start_server(str(tmp / "store"), {
         "processors": {"tail_sampling": {"policies": POLICIES, "decision_wait": "2s"}},
@@ -127,16 +147,16 @@ def fleet(tmp_path_factory) -> Any:
     try:
         the_plan = plan("errors", seed=16, rate=6.0, duration_s=20.0, start_ns=time.time_ns() - 20 * 10**9,
                         max_requests=120)
-        result = run_plan(the_plan, otlp_exporter_factory(f"127.0.0.1:{server.grpc_port}", "grpc"), realtime=False)
-        assert result.requests_sent >= 100 and not result.spans_failed
+        sent = _run_over_intervals(the_plan, server)
+        assert sent >= 100
         waterfall = _waterfall_trace(server)
         hostile = _hostile_trace(server)
         server.wait_until(lambda s: s.value("otel_llm_traces_in_memory") == 0
-                          and s.value("otel_llm_requests_assembled_total") >= result.requests_sent, 30,
+                          and s.value("otel_llm_requests_assembled_total") >= sent, 30,
                           "every trace decided")
         assert server.service.store is not None and server.service.store.flush(10)
         yield {"server": server, "prometheus": prometheus, "waterfall": waterfall, "hostile": hostile,
-               "sent": result.requests_sent}
+               "sent": sent}
     finally:
         prometheus.stop()
         server.stop()
@@ -156,15 +176,7 @@ def _open(driver: Any, url: str, loads: int = 1) -> None:
 
 
 def _shot(driver: Any, name: str) -> None:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    height = driver.execute_script("return Math.min(2400, document.documentElement.scrollHeight)")
-    driver.set_window_size(1400, max(900, int(height)))
-    driver.save_screenshot(str(ARTIFACTS / f"{name}.png"))
-    driver.set_window_size(1400, 1000)
-    if os.environ.get("WEBVIEW_DOCS_SCREENSHOTS") == "1":
-        docs = ROOT / "docs" / "webview"
-        docs.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ARTIFACTS / f"{name}.png", docs / f"{name}.png")
+    browser.screenshot(driver, ARTIFACTS / f"{name}.png")
 
 
 def _css(driver: Any, selector: str) -> list[Any]:
@@ -203,6 +215,66 @@ def test_every_page_loads_without_console_errors(fleet, driver):
     assert {s.get_attribute("data-section") for s in _css(driver, "section.telemetry")} >= {"intake", "sampling", "store"}
     assert '"tail_sampling"' in driver.find_element("id", "config").text
     _shot(driver, "status")
+    assert browser.console_errors(driver) == []
+
+
+def _served_groups(server: RunningServer) -> set[tuple[str, str]]:
+    """(model_name, engine_kind) of every vllm:request_success_total series that counted requests."""
+    out = set()
+    for (name, labels), value in server.scrape().samples.items():
+        if name == "vllm:request_success_total" and value > 0:
+            d = dict(labels)
+            out.add((d.get("model_name", ""), d.get("engine_kind", "")))
+    return out
+
+
+def test_overview_has_a_card_per_served_model_and_engine_only(fleet, driver):
+    """A card is a (model, engine) that served requests: never a pair made up from another family's
+    labels (the gen_ai families' ``gen_ai_provider_name`` is empty on a gateway-only record and
+    names another engine than ``engine_kind`` for some), never a card with 0 requests or a "?"."""
+    server = fleet["server"]
+    served = _served_groups(server)
+    data = _api(server, "/api/ui/overview?window=start")
+    assert {(g["model"], g["engine"]) for g in data["groups"]} == served
+    assert all(g["requests"] > 0 for g in data["groups"])
+    _open(driver, server.metrics_url + "/?window=start")
+    cards = driver.execute_script(
+        "return [...document.querySelectorAll('section.group')].map(c => [c.dataset.model, c.dataset.engine,"
+        " c.querySelector('h2').textContent, Number(c.querySelector('[data-stat=requests]').dataset.value)])")
+    assert {(model, engine) for model, engine, _, _ in cards} == served
+    for model, engine, title, requests in cards:
+        assert requests > 0, (model, engine)
+        assert not title.rstrip().endswith("?"), title
+        assert title.split()[-1] == engine or (not engine and title == model), title
+
+
+def test_latency_charts_draw_each_interval_with_observations(fleet, driver):
+    """The fleet was measured over several snapshot intervals: the small latency charts draw a line
+    through the per-interval p50/p95/p99 (not only the SLO line), with gaps where an interval saw
+    no request."""
+    server = fleet["server"]
+    data = _api(server, "/api/ui/overview?window=start")
+    group = max((g for g in data["groups"] if g["model"] == "llama-3.1-8b-instruct"), key=lambda g: g["requests"])
+    for key in ("ttft", "e2e"):
+        p99 = group["series"][key]["p99"]
+        assert len(p99) == len(group["series"]["t"])
+        assert sum(v is not None for v in p99) >= 2, (key, p99)
+        assert all(v is None or v > 0 for v in p99)
+    _open(driver, server.metrics_url + "/?window=start")
+
+    def points(key: str, series: str) -> int:
+        d = driver.execute_script(
+            "const card = [...document.querySelectorAll('section.group')].find(c => c.dataset.model === arguments[0]"
+            " && c.dataset.engine === arguments[1]);"
+            "const path = card && card.querySelector(`svg.chart[data-metric=\"${arguments[2]}\"]"
+            " path.line[data-series=\"${arguments[3]}\"]`);"
+            "return path ? path.getAttribute('d') : '';", group["model"], group["engine"], key, series)
+        return len([c for c in d if c in "ML"])
+
+    for key in ("ttft", "e2e"):
+        for series in ("p50", "p95", "p99"):
+            assert points(key, series) >= 2, f"{key} {series}: a line through at least two intervals"
+    assert _css(driver, "svg.chart line.slo"), "the SLO thresholds are still drawn in"
     assert browser.console_errors(driver) == []
 
 
@@ -267,6 +339,11 @@ def test_waterfall_bar_widths_are_proportional_to_span_durations(fleet, driver):
     colours = {seg: row.find_element("css selector", ".bar").value_of_css_property("background-color")
                for row, (seg, _, _) in zip(rows, measured) if seg}
     assert len(set(colours.values())) == len(colours), f"one colour per segment: {colours}"
+    # the time axis: round values, every label on one line (none wraps at the right edge)
+    ticks = driver.execute_script("return [...document.querySelectorAll('.wf-axis .tick')].map(t => "
+                                  "[t.textContent, t.getBoundingClientRect().height, t.getClientRects().length])")
+    assert [t[0] for t in ticks] == ["0", "500 ms", "1 s", "1.5 s", "2 s"], ticks
+    assert all(height == ticks[0][1] and rects == 1 for _, height, rects in ticks), ticks
 
 
 def _rows(driver: Any) -> list[str]:

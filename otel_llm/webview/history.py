@@ -41,7 +41,11 @@ class Snapshot:
     outcomes: dict[tuple[Group, str], float] = field(default_factory=dict)  # (group, finished_reason) -> total
 
     def groups(self) -> set[Group]:
-        return {g for _, g in self.histograms} | {g for g, _ in self.outcomes}
+        """The (model, engine) pairs that have requests: the outcome counter's, which counts every
+        request the latency families observe. A histogram series alone never makes a group: the
+        two namings label engines differently (``engine_kind`` vs ``gen_ai.provider.name``, empty
+        on a gateway-only record), so their pairs need not be ones that served anything."""
+        return {g for (g, _), value in self.outcomes.items() if value > 0}
 
 
 def _group_of(labels: dict[str, str], vllm: bool) -> Group:
@@ -98,14 +102,18 @@ class History:
         for (name, group), row in bucket_rows.items():
             bounds = self.bounds.get(name)
             if bounds is None or len(bounds) != len(row):
-                bounds = self.bounds[name] = tuple(sorted(row))
-            if len(snapshot.histograms) < MAX_GROUPS * len(wanted):
-                snapshot.histograms[(name, group)] = array("d", (row.get(b, 0.0) for b in bounds))
-        if not snapshot.outcomes and genai_outcomes:  # vllm naming off: outcomes from error.type
-            snapshot.outcomes = genai_outcomes
+                self.bounds[name] = tuple(sorted(row))
         for metric, vllm_name, genai_name in ((k, v, g) for k, _, v, g in LATENCY_METRICS):
             self.naming[metric] = (vllm_name if vllm_name in self.bounds or genai_name is None
                                    or genai_name not in self.bounds else genai_name)
+        # Only the families the numbers come from are kept: the other naming's series would be
+        # grouped by other labels (and cost memory for nothing).
+        used = set(self.naming.values())
+        for (name, group), row in bucket_rows.items():
+            if name in used and len(snapshot.histograms) < MAX_GROUPS * len(used):
+                snapshot.histograms[(name, group)] = array("d", (row.get(b, 0.0) for b in self.bounds[name]))
+        if not snapshot.outcomes and genai_outcomes:  # vllm naming off: outcomes from error.type
+            snapshot.outcomes = genai_outcomes
         return snapshot
 
     def record(self) -> None:

@@ -5,6 +5,7 @@ Manager never runs. Console messages come from ``goog:loggingPrefs``."""
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import time
 from collections.abc import Callable
@@ -21,9 +22,7 @@ def available() -> str | None:
     for path in (CHROMIUM, CHROMEDRIVER):
         if not Path(path).exists():
             return f"{path} missing: `make services` installs Debian's chromium and chromium-driver"
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("selenium") is None:
         return "selenium missing: pip install -e '.[test]'"
     return None
 
@@ -44,6 +43,17 @@ def chromium(width: int = 1400, height: int = 1000) -> Any:
     driver = webdriver.Chrome(service=service, options=options)
     driver.set_page_load_timeout(20)
     return driver
+
+
+def screenshot(driver: Any, path: Path, width: int = 1400, max_height: int = 2400) -> Path:
+    """The whole page (up to ``max_height`` CSS pixels tall) as a PNG at ``path``; the window is
+    put back to ``width`` x 1000 afterwards."""
+    height = int(driver.execute_script("return document.documentElement.scrollHeight"))
+    driver.set_window_size(width, max(900, min(max_height, height)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(path))
+    driver.set_window_size(width, 1000)
+    return path
 
 
 def console_errors(driver: Any) -> list[dict[str, Any]]:

@@ -56,6 +56,15 @@
     if (a < 100) return v.toFixed(a < 10 ? 3 : 2) + " s";
     return v.toFixed(0) + " s";
   }
+  function niceStep(raw) {  // 1, 2, 2.5 or 5 times a power of ten, at least raw
+    if (!(raw > 0) || !isFinite(raw)) return 1;
+    const p = Math.pow(10, Math.floor(Math.log10(raw)));
+    for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= raw * (1 - 1e-9)) return m * p;
+    return 10 * p;
+  }
+  function tickLabel(v) {  // secs() without trailing zeros: "1 s", "1.5 s", "500 ms"
+    return secs(v).replace(/\.(\d*?)0+(?= )/, (m, d) => (d ? "." + d : ""));
+  }
   function pct(v) { return (typeof v === "number" && isFinite(v)) ? (v * 100).toFixed(2) + " %" : "—"; }
   function num(v, digits) {
     if (typeof v !== "number" || !isFinite(v)) return "—";
@@ -92,7 +101,9 @@
   function setLive(text) { document.getElementById("live").textContent = text; }
 
   // --- charts (inline SVG) ---------------------------------------------------------------------
-  function chart(title, t, lines, slo, unit) {
+  // One SVG per metric: a line per series through consecutive points; a value without a neighbour
+  // (an interval with observations between two without) is a dot; an interval with none is a gap.
+  function chart(title, key, t, lines, slo, unit) {
     const W = 320, H = 90, P = 4;
     const values = [];
     for (const line of lines) for (const v of line.values) if (typeof v === "number" && isFinite(v)) values.push(v);
@@ -103,16 +114,23 @@
     const t0 = t.length ? t[0] : 0, t1 = t.length ? t[t.length - 1] : 1;
     const x = (ti) => P + (t1 > t0 ? (ti - t0) / (t1 - t0) : 1) * (W - 2 * P);
     const y = (v) => H - P - (v / max) * (H - 2 * P);
-    const svg = s("svg", {viewBox: `0 0 ${W} ${H}`, class: "chart", role: "img", "aria-label": title});
+    const svg = s("svg", {viewBox: `0 0 ${W} ${H}`, class: "chart", role: "img", "aria-label": title, "data-metric": key});
     svg.appendChild(s("rect", {x: 0, y: 0, width: W, height: H, class: "chart-bg"}));
     for (const line of lines) {
-      let d = "", pen = false;
+      const runs = [];
+      let run = null;
       line.values.forEach((v, i) => {
-        if (typeof v !== "number" || !isFinite(v)) { pen = false; return; }
-        d += (pen ? " L" : " M") + x(t[i]).toFixed(1) + " " + y(v).toFixed(1);
-        pen = true;
+        if (typeof v !== "number" || !isFinite(v) || typeof t[i] !== "number") { run = null; return; }
+        if (!run) runs.push(run = []);
+        run.push([x(t[i]), y(v)]);
       });
-      if (d) svg.appendChild(s("path", {d: d.trim(), class: "line " + line.cls}));
+      const d = runs.filter((r) => r.length > 1)
+        .map((r) => r.map(([px, py], i) => (i ? "L" : "M") + px.toFixed(1) + " " + py.toFixed(1)).join(" ")).join(" ");
+      if (d) svg.appendChild(s("path", {d: d, class: "line " + line.cls, "data-series": line.label}));
+      for (const r of runs) {
+        if (r.length === 1) svg.appendChild(s("circle", {cx: r[0][0].toFixed(1), cy: r[0][1].toFixed(1), r: 2,
+          class: "dot " + line.cls, "data-series": line.label}));
+      }
     }
     if (typeof slo === "number") {
       svg.appendChild(s("line", {x1: P, x2: W - P, y1: y(slo), y2: y(slo), class: "slo"}));
@@ -160,8 +178,8 @@
     for (const m of data.metrics) byKey[m.key] = m;
     for (const g of data.groups) {
       const card = h("section", {class: "card group", "data-model": g.model, "data-engine": g.engine});
-      card.appendChild(h("h2", {}, h("span", {class: "model", text: g.model || "(no model)"}), " ",
-        h("span", {class: "engine", text: g.engine || "?"})));
+      card.appendChild(h("h2", {}, h("span", {class: "model", text: g.model || "(no model)"}),
+        g.engine ? " " : null, g.engine ? h("span", {class: "engine", text: g.engine}) : null));
       const sel = `{model_name=${promString(g.model)}, engine_kind=${promString(g.engine)}}`;
       const rng = data.window === "start" ? "5m" : data.window;
       card.appendChild(h("div", {class: "stats"},
@@ -201,11 +219,11 @@
       table.appendChild(body);
       card.appendChild(table);
       const charts = h("div", {class: "charts"});
-      charts.appendChild(chart("request rate", g.series.t, [{cls: "rate", label: "req/s", values: g.series.rate}], undefined, " req/s"));
+      charts.appendChild(chart("request rate", "rate", g.series.t, [{cls: "rate", label: "req/s", values: g.series.rate}], undefined, " req/s"));
       for (const key of Object.keys(g.metrics)) {
         const sr = g.series[key];
         if (!sr) continue;
-        charts.appendChild(chart((byKey[key] || {}).title || key, g.series.t,
+        charts.appendChild(chart((byKey[key] || {}).title || key, key, g.series.t,
           [{cls: "p50", label: "p50", values: sr.p50}, {cls: "p95", label: "p95", values: sr.p95},
             {cls: "p99", label: "p99", values: sr.p99}], g.slo ? g.slo[key] : undefined, "s"));
       }
@@ -381,9 +399,11 @@
     const wf = clear(document.getElementById("waterfall"));
     const axis = h("div", {class: "wf-row wf-axis"}, h("div", {class: "wf-name", text: "span"}));
     const ticks = h("div", {class: "wf-track"});
-    for (let i = 0; i <= 4; i++) {
-      const tick = h("span", {class: "tick", text: secs((total * i / 4) / 1e9)});
-      tick.style.left = (i * 25) + "%";
+    const step = niceStep(total / 1e9 / 5);  // three to six ticks at round values
+    for (let i = 0; i * step <= total / 1e9 * (1 + 1e-9); i++) {
+      const at = i * step * 1e9 / total;
+      const tick = h("span", {class: "tick", text: tickLabel(i * step)});
+      tick.style.left = (at * 100) + "%";
       ticks.appendChild(tick);
     }
     axis.appendChild(ticks);

@@ -6,6 +6,7 @@ import threading
 import time
 from bisect import bisect_left
 from dataclasses import dataclass
+from typing import Any
 
 from otel_llm.pdata.records import RequestRecord
 from otel_llm.processor.llm_metrics.metrics.definitions import SEGMENT_METRIC, CounterSpec, HistogramSpec, Naming
@@ -78,7 +79,8 @@ class _Plan:
         self.hists = tuple((h.spec.value, h.spec.success_only, h.spec.per_step, h.family.bounds, h.family,
                             h.key_suffix) for h in bound.histograms)
         self.counters = tuple((c.spec.value, c.spec.by_outcome, c.family) for c in bound.counters)
-        self.cache: dict[Key, list[HistogramSeries | None]] = {}
+        # Per key: the series of each histogram (None until first observed), then whether each is the overflow series.
+        self.cache: dict[Key, list[Any]] = {}
         # The cache only saves lookups: bounded whatever the label keys (a hostile flood clears it).
         self.cache_limit = 4 * series_limit + 64
 
@@ -93,7 +95,7 @@ def _series_of(family: HistogramFamily, key: Key) -> HistogramSeries:
         series = family.series.get(key)
         if series is None:
             series = family.series[key] = HistogramSeries([0.0] * (len(family.bounds) + 1))
-    return series  # type: ignore[return-value]
+    return series
 
 
 class MetricsRecorder:
@@ -169,11 +171,11 @@ class MetricsRecorder:
                             family.overflowed += 1
                         if with_exemplars:
                             series.exemplars[index] = Exemplar(trace_id, span_id, value, now)
-                for value_of, by_outcome, family in plan.counters:
+                for value_of, by_outcome, counter_family in plan.counters:
                     amount = value_of(record)
                     if amount is None:
                         continue
-                    family.add(key + (record.outcome,) if by_outcome else key, amount * weight)
+                    counter_family.add(key + (record.outcome,) if by_outcome else key, amount * weight)
             if record.segments:
                 base = (record.model, record.engine_kind, record.service_name)
                 cache_key = base + dimensions
