@@ -9,6 +9,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY otel_llm ./otel_llm
+# The simulator is a package of its own beside the server; the compose demo runs it from this image.
+COPY otel_llm_simulate ./otel_llm_simulate
 RUN pip install . && rm -rf /src
 
 # 4317 OTLP/gRPC, 4318 OTLP/HTTP, 9464 /metrics /healthz /readyz

@@ -689,3 +689,18 @@ def test_dashboard_and_rules_on_a_real_prometheus_over_sharded_replicas(make_ser
         prom.stop()
         engine.stop()
         dcgm.stop()
+
+
+def test_the_image_copies_every_package_the_project_installs():
+    """`pip install .` in the image installs what the build context has: a package pyproject.toml
+    lists but the Dockerfile does not copy is silently missing (the compose demo runs `simulate`)."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    patterns = project["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")
+                if any(p.parent.name == pattern.rstrip("*") for pattern in patterns)}
+    assert {"otel_llm", "otel_llm_simulate"} <= packages
+    copied = {line.split()[1] for line in (ROOT / "Dockerfile").read_text(encoding="utf-8").splitlines()
+              if line.startswith("COPY ")}
+    assert packages <= copied, f"not copied into the image: {sorted(packages - copied)}"
