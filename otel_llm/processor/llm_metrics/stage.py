@@ -74,14 +74,16 @@ class LlmMetricsStage:
             to_record = records if prior is None else [r for r in records if r.span_id not in prior.measured]
             count_malformed = prior is None
         completed.records = records
-        self._next.consume(completed)
-        if count_malformed:
-            for reason in malformed:
-                self._telemetry.spans_malformed.labels(reason).inc()
-        # Metrics count every request whatever the decision; only exemplars follow it.
-        kept = completed.decision is not None and completed.decision.keep
-        for record in to_record:
-            self._record(record, kept)
+        try:
+            self._next.consume(completed)
+        finally:  # a stage or an exporter that fails downstream loses its kept trace, not the metrics
+            if count_malformed:
+                for reason in malformed:
+                    self._telemetry.spans_malformed.labels(reason).inc()
+            # Metrics count every request whatever the decision; only exemplars follow it.
+            kept = completed.decision is not None and completed.decision.keep
+            for record in to_record:
+                self._record(record, kept)
 
     def _record(self, record: RequestRecord, with_exemplars: bool) -> None:
         for reason in record.rejected:

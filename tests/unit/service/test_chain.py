@@ -198,6 +198,7 @@ def test_a_failing_stage_is_counted_and_the_next_trace_still_completes():
     chain.buffer(request.SerializeToString(), digested=False)
     chain.assembler.drain()
     assert sample(registry, "otel_llm_spans_dropped_total", reason="assembly_error") == len(spans_of(request))
+    assert chain.recorder is not None and chain.recorder.requests_recorded == 1  # the metrics are not lost with it
     second = request_of("gateway_vllm.json")
     for span in spans_of(second):
         span.trace_id = bytes.fromhex("ab" * 16)
