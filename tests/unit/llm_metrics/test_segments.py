@@ -315,3 +315,34 @@ def test_timings_are_immutable_and_slotted():
     with pytest.raises(AttributeError):  # a frozen dataclass or a named tuple: either refuses
         t.e2e_s = 2.0  # type: ignore[misc]
     assert not hasattr(t, "__dict__")
+
+
+def test_long_requests_are_exact_to_the_nanosecond():
+    """Minutes-long requests (a long decode): every boundary is the sum of the durations, to the ns."""
+    ttft, q, p, d, e2e = 30.0, 12.0, 9.0, 400.0, 431.0
+    assert waterfall(obs(ttft_s=ttft, e2e_s=e2e, queue_s=q, prefill_s=p, decode_s=d)) == [
+        ("preprocess", 0, ns(ttft) - ns(p) - ns(q)),
+        ("queue", ns(ttft) - ns(p) - ns(q), ns(ttft) - ns(p)),
+        ("prefill", ns(ttft) - ns(p), ns(ttft)),
+        ("decode", ns(ttft), ns(ttft) + ns(d)),
+        ("postprocess", ns(ttft) + ns(d), ns(e2e)),
+    ]
+    assert waterfall(obs(EngineKind.SGLANG, ttft_s=ttft, prefill_s=p, decode_s=d, e2e_s=e2e)) == [
+        ("queue", 0, ns(ttft) - ns(p)),
+        ("prefill", ns(ttft) - ns(p), ns(ttft)),
+        ("decode", ns(ttft), ns(ttft) + ns(d)),
+        ("postprocess", ns(ttft) + ns(d), ns(e2e)),
+    ]
+    assert waterfall(obs(ttft_s=ttft, e2e_s=e2e, decode_s=d)) == [
+        ("decode", ns(ttft), ns(ttft) + ns(d)), ("postprocess", ns(ttft) + ns(d), ns(e2e))]
+
+
+def test_the_first_bad_value_names_the_reason_whatever_the_good_ones_before_it():
+    # A zero and the maximum itself are valid: the reason is the later value's, not theirs.
+    assert reason(obs(ttft_s=0.0, e2e_s=MAX * 2)) == "absurd_latency"
+    assert reason(obs(ttft_s=MAX, e2e_s=math.nan)) == "nan_latency"
+    assert reason(obs(prompt_tokens=0, completion_tokens=-1)) == "absurd_token_count"
+    # Every latency invalid at once is still refused.
+    nan = math.nan
+    assert reason(obs(ttft_s=nan, e2e_s=nan, queue_s=nan, prefill_s=nan, decode_s=nan, inference_s=nan,
+                      preprocess_s=nan, tpot_s=nan)) == "nan_latency"
