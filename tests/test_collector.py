@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from otel_llm_simulate.runner import otlp_exporter_factory, run_plan
-from otel_llm_simulate.scenarios import Plan, plan
+from otel_llm_simulate.scenarios import DEFAULT_MODELS, Plan, plan
 from tests.support.collector import CollectorProcess, otlp_exporter, validate_config
 from tests.support.otelllm import Scrape, ServerProcess
 
@@ -346,7 +346,11 @@ def test_rolling_restart_of_a_replica_under_load_loses_nothing(tmp_path):
             server.start()
         otelcol.start()
         # A real-time fleet: ~15 requests/s for 25 s, sent as they end, so the restart happens under load.
-        p = plan("steady", seed=41, rate=15.0, duration_s=25.0, start_ns=time.time_ns())
+        # Engines whose request is one process's spans: a disaggregated request (Dynamo, llm-d) whose
+        # workers' exports straddle the restart is split between the old and the new process, and each
+        # half is measured on its own (a limitation the README's scale-out section states).
+        p = plan("steady", seed=41, rate=15.0, duration_s=25.0, start_ns=time.time_ns(),
+                 models=[m for m in DEFAULT_MODELS if m.engine not in ("dynamo", "llm-d")])
         n = len(p.requests)
         result: dict = {}
         sender = threading.Thread(target=lambda: result.update(
