@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from otel_llm.component import Factory, Kind, Signal, factories
+from otel_llm.component import Kind, Signal, factories
 from otel_llm.confmap import (
     MAX_DURATION_S,
     MAX_INT,
@@ -347,7 +347,3 @@ def load_config(path: str | Path | None) -> Config:
     except yaml.YAMLError as exc:
         raise ConfigError("", f"{path} is not valid YAML: {exc}") from None
     return config_from_dict(data)
-
-
-def factory_of(kind: Kind, name: str) -> Factory[Any]:
-    return factories(kind)[name]
