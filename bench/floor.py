@@ -10,7 +10,7 @@ design can reach on this machine.
 The steps, timed cumulatively so the report shows where the floor goes:
 
 1. ``keyed parse``: ``ParseFromString`` into a schema where ``Span.attributes`` is a map (see
-   ``_keyed_attributes_request``; the stock schema's ``parse``, the baseline sink's whole work, is
+   ``otel_llm.pdata.otlp_view``, the adapter stage's schema; the stock schema's ``parse``, the baseline sink's whole work, is
    timed too, for reference);
 2. ``span fields``: each span's trace id, span id, parent, name, kind, status and times (what
    assembly into requests needs);
@@ -39,12 +39,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import Message
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.trace.v1 import trace_pb2
 
 from bench.workload import Batch
+from otel_llm.pdata.otlp_view import ExportTraceServiceRequest as ExportTraceServiceView
 from otel_llm.processor.llm_metrics.metrics.definitions import genai_naming, vllm_naming
 
 _LAT = "gen_ai.latency."
@@ -75,49 +74,10 @@ def _histograms() -> list[_Histogram]:
 _COUNTERS = len(vllm_naming(max_model_len=32768).counters)
 
 
-def _keyed_attributes_request() -> type[Message]:
-    """``ExportTraceServiceRequest`` with ``Span.attributes`` as ``map<string, AnyValue>``.
-
-    A map entry has the wire shape of ``KeyValue`` (key = 1, value = 2), so the same bytes parse,
-    and finding a key is a lookup in C instead of a walk over the attributes from Python: the
-    cheapest way to the engine attributes known here (parsing costs a little more).
-    """
-    name = "otel_llm_bench_floor.proto"
-    pool = descriptor_pool.Default()
-    try:
-        return message_factory.GetMessageClass(pool.FindMessageTypeByName("otel_llm_bench_floor.Request"))
-    except KeyError:
-        pass
-    file = descriptor_pb2.FileDescriptorProto()
-    trace_pb2.DESCRIPTOR.CopyToProto(file)
-    original, package = f".{file.package}.", ".otel_llm_bench_floor."
-    file.name, file.package = name, package.strip(".")
-    field = descriptor_pb2.FieldDescriptorProto
-
-    def rename(message: descriptor_pb2.DescriptorProto) -> None:
-        for each in message.field:
-            if each.type_name.startswith(original):
-                each.type_name = package + each.type_name[len(original):]
-        for nested in message.nested_type:
-            rename(nested)
-
-    for message in file.message_type:
-        rename(message)
-        if message.name == "Span":
-            entry = message.nested_type.add(name="AttributesEntry")
-            entry.options.map_entry = True
-            entry.field.add(name="key", number=1, type=field.TYPE_STRING, label=field.LABEL_OPTIONAL)
-            entry.field.add(name="value", number=2, type=field.TYPE_MESSAGE, label=field.LABEL_OPTIONAL,
-                            type_name=".opentelemetry.proto.common.v1.AnyValue")
-            next(f for f in message.field if f.name == "attributes").type_name = package + "Span.AttributesEntry"
-    request = file.message_type.add(name="Request")
-    request.field.add(name="resource_spans", number=1, type=field.TYPE_MESSAGE, label=field.LABEL_REPEATED,
-                      type_name=package + "ResourceSpans")
-    pool.Add(file)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("otel_llm_bench_floor.Request"))
-
-
-KeyedRequest = _keyed_attributes_request()
+# ``Span.attributes`` as ``map<string, AnyValue>``: the same bytes parse, and finding a key is a lookup
+# in C instead of a walk over the attributes from Python. otel-llm's adapter stage reads requests
+# through this schema too (``proto/otel_llm/view/v1/trace_view.proto``).
+KeyedRequest = ExportTraceServiceView
 _KEYS = tuple(sorted(VLLM_V1_KEYS))
 
 

@@ -19,7 +19,6 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otel_llm.component import KeptTraceConsumer
 from otel_llm.pdata.traces import CompletedTrace, Decision, Remembered, TraceConsumer
@@ -258,9 +257,7 @@ class Pipeline:
         if digested:
             spans, counts = decode(data)
         else:
-            request = ExportTraceServiceRequest()
-            request.ParseFromString(data)  # decoded once already in the receiver process
-            spans, counts = digest_in_process(request, self.digest_settings)
+            spans, counts = digest_in_process(data, self.digest_settings)  # parsed once already in the receiver process
         telemetry = self.telemetry
         if counts.truncated:
             telemetry.spans_truncated.inc(counts.truncated)

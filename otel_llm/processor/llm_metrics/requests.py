@@ -304,8 +304,14 @@ def join_engine(engine: BufferedSpan, trace: PendingTrace, index: _TraceIndex, g
     servers, client = _split(ancestors)
     if siblings:
         servers = [span for span in siblings if span.kind == _SERVER] + servers
-    elif not servers or genai_in_trace == sum(1 for span in ancestors if is_genai(span)):
-        return Joined(ancestors, servers, client)
+    else:
+        genai_above = 0
+        for span in ancestors:
+            observed = span.observation
+            if observed is not None and observed.may_be_gateway:  # is_genai, inlined
+                genai_above += 1
+        if not servers or genai_in_trace == genai_above:
+            return Joined(ancestors, servers, client)
     # A gateway's own GenAI spans (LiteLLM's litellm_request under its proxy span) are not above the
     # engine span but beside it: they name the model and are the gateway's call out.
     below: list[BufferedSpan] = []
@@ -546,11 +552,19 @@ def _join_server_side(record: RequestRecord, obs: EngineObservation, joined: Joi
                       rejected: list[str]) -> None:
     if record.outcome == Outcome.UNKNOWN and not obs.finish_reason:
         # vLLM V1 reports no finish reason; the client or gateway that got the response does.
-        reason = next((span.observation.finish_reason for span in joined.lookup
-                       if span.observation is not None and span.observation.finish_reason), None)
+        reason = None
+        for span in joined.lookup:  # loops, not generators, on this per-request path
+            observed = span.observation
+            if observed is not None and observed.finish_reason:
+                reason = observed.finish_reason
+                break
         if reason:
             record.outcome = _FINISH_REASONS.get(reason.lower(), Outcome.UNKNOWN)
-    failed_gateway = next((g for g in joined.servers if g.status_code == _ERROR), None)
+    failed_gateway = None
+    for gateway in joined.servers:
+        if gateway.status_code == _ERROR:
+            failed_gateway = gateway
+            break
     if failed_gateway is not None and record.outcome != Outcome.ERROR:
         # The client got an error from the edge: that is the request's outcome, whatever the engine saw.
         record.outcome = Outcome.ERROR

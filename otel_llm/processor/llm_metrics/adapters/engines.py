@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
+from otel_llm.pdata.otlp_view import Span as ViewSpan
 from otel_llm.pdata.attributes import AttrMap, attribute_map, get_float, get_int, get_str, get_str_list
 from otel_llm.processor.llm_metrics.adapters.durations import parse_rust_duration
 from otel_llm.pdata.observation import EngineKind, EngineObservation, MalformedSpan, Part
@@ -121,7 +122,13 @@ def _finish_reason(attrs: AttrMap) -> str | None:
     value = attrs.get("gen_ai.response.finish_reasons")
     if value is None:
         return None
-    if value.WhichOneof("value") == "string_value":
+    kind = value.WhichOneof("value")
+    if kind == "array_value":  # the first string of the array, without a list of them all
+        for item in value.array_value.values:
+            if item.WhichOneof("value") == "string_value":
+                return item.string_value
+        return None
+    if kind == "string_value":
         text = value.string_value
         if text in _FINISH_CACHE:
             return _FINISH_CACHE[text]
@@ -290,8 +297,7 @@ def _is_true(attrs: AttrMap, key: str) -> bool:
 
 def _sglang(span: Span, attrs: AttrMap) -> EngineObservation:
     is_error, error_type = _error_of(span, attrs)
-    reasons = get_str_list(attrs, "gen_ai.response.finish_reasons")
-    finish = reasons[0] if reasons else None
+    finish = _finish_reason(attrs)
     ttft = _number(attrs, _LAT + "time_to_first_token")
     decode = _number(attrs, _LAT + "time_in_model_decode")
     completion = _first_count(attrs, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens")
@@ -356,7 +362,7 @@ def _tgi(span: Span, attrs: AttrMap) -> EngineObservation | None:
 
 def _genai(span: Span, attrs: AttrMap) -> EngineObservation:
     is_error, error_type = _error_of(span, attrs)
-    reasons = get_str_list(attrs, "gen_ai.response.finish_reasons") if "gen_ai.response.finish_reasons" in attrs else []
+    finish = _finish_reason(attrs)
     return EngineObservation(
         engine_kind=EngineKind.GENAI,
         adapter="genai",
@@ -368,7 +374,7 @@ def _genai(span: Span, attrs: AttrMap) -> EngineObservation:
         max_tokens=_count(attrs, "gen_ai.request.max_tokens") if "gen_ai.request.max_tokens" in attrs else None,
         request_model=get_str(attrs, "gen_ai.request.model") if "gen_ai.request.model" in attrs else None,
         response_model=get_str(attrs, "gen_ai.response.model") if "gen_ai.response.model" in attrs else None,
-        finish_reason=reasons[0] if reasons else None,
+        finish_reason=finish,
         operation_name=get_str(attrs, "gen_ai.operation.name") if "gen_ai.operation.name" in attrs else None,
         provider_name=_first(attrs, "gen_ai.provider.name", "gen_ai.system"),
         server_address=get_str(attrs, "server.address") if "server.address" in attrs else None,
@@ -433,7 +439,8 @@ def classify(span: Span) -> tuple[EngineObservation | None, AttrMap]:
     if kind == _SPAN_KIND_INTERNAL and name in SGLANG_STAGES:
         # No attribute is read: the stage's name and interval are what assembly needs.
         return _part(EngineKind.SGLANG, "sglang_stage", Part.SGLANG_STAGE, ("stage", name)), _NO_ATTRS
-    attrs = attribute_map(span.attributes)
+    # The adapter stage reads spans through ``otlp_view``, whose attributes are already a map.
+    attrs = span.attributes if type(span) is ViewSpan else attribute_map(span.attributes)
     if name == VLLM_SPAN_NAME and kind == _SPAN_KIND_SERVER:
         if _E2E not in attrs:
             raise MalformedSpan("missing_latency", "llm_request span without gen_ai.latency.e2e")
