@@ -267,6 +267,10 @@ def saturate_phase(load: Load, server: Server, batches: Path, protocol: str, war
         f"call p50/p99 {fmt(res['latency']['p50_ms'], 1)}/{fmt(res['latency']['p99_ms'], 1)} ms, "
         f"refused {res['refused']}, errors {res['errors']}"
         + (f", first error {res['first_error']}" if res.get("first_error") else ""))
+    by_process = res.get("server_cpu_s_by_process") or {}
+    if len(by_process) > 1 and res.get("spans"):
+        log("    CPU-s per M spans by process: " + ", ".join(
+            f"{name} {seconds / res['spans'] * 1e6:.1f}" for name, seconds in sorted(by_process.items())))
     return res
 
 

@@ -76,6 +76,19 @@ def proc_cpu_seconds(pid: int) -> float:
     return total
 
 
+def proc_cpu_seconds_by_process(pid: int) -> dict[str, float]:
+    """``{"<comm>": seconds}`` (utime + stime) over ``pid`` and its live child processes."""
+    out: dict[str, float] = {}
+    for member in process_tree(pid):
+        try:
+            with open(f"/proc/{member}/comm", encoding="utf-8") as f:
+                name = f.read().strip()
+            out[name] = out.get(name, 0.0) + _one_cpu_seconds(member)
+        except OSError:
+            pass
+    return out
+
+
 def _one_status_kib(pid: int, key: str) -> int:
     with open(f"/proc/{pid}/status", encoding="ascii") as f:
         for line in f:
@@ -233,6 +246,7 @@ class Windowed:
         self.metrics_url = metrics_url
         self.counters: dict[str, dict[str, float]] = {}
         self.marks: dict[str, float] = {}
+        self.by_process: dict[str, dict[str, float]] = {}
         self._thread = threading.Thread(target=self._run, args=(start, end), daemon=True)
         self._thread.start()
 
@@ -246,6 +260,7 @@ class Windowed:
         self.marks[f"{name}_self_cpu"] = self_cpu_seconds()
         if self.server_pid:
             self.marks[f"{name}_server_cpu"] = proc_cpu_seconds(self.server_pid)
+            self.by_process[name] = proc_cpu_seconds_by_process(self.server_pid)
 
     def _run(self, start: float, end: float) -> None:
         time.sleep(max(0.0, start - time.perf_counter()))
@@ -264,6 +279,9 @@ class Windowed:
         }
         if self.server_pid:
             out["server_cpu_s"] = m["end_server_cpu"] - m["start_server_cpu"]
+            before, after = self.by_process.get("start", {}), self.by_process.get("end", {})
+            out["server_cpu_s_by_process"] = {name: seconds - before.get(name, 0.0)  # type: ignore[assignment]
+                                              for name, seconds in after.items()}
         start, end = self.counters.get("start", {}), self.counters.get("end", {})
         accepted = "otel_llm_receiver_accepted_spans_total"
         queued = "otel_llm_intake_queued_spans"
