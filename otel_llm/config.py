@@ -122,10 +122,10 @@ class Pipelines:
 class Service:
     pipelines: Pipelines = field(default_factory=Pipelines)
     shutdown_grace: Duration = 30.0
-    # The engine adapters in a process of their own, by default: the per-span work on two cores
-    # (~1.5x the spans/s at saturation on 2 cores for the same CPU per span), for ~1-2 ms more Export
-    # p99 there (bench/README.md). ``false`` for one core, or the lowest Export latency.
-    adapter_process: bool = True
+    # The engine adapters in a process of their own: the per-span work on two cores, ~1.3x the
+    # spans/s at saturation on 2 cores for ~1.2x the CPU per span (bench/README.md, issue 17's runs).
+    # Off by default: a fleet pays per core, and scales out behind the load balancer instead.
+    adapter_process: bool = False
 
     BOUNDS = {"shutdown_grace": (0.0, 3600.0)}
 

@@ -1,9 +1,9 @@
 """The ingest processes, seen from the pipeline process: receivers (→ adapters) → here.
 
-``otel-llm serve`` runs three processes, two with ``service.adapter_process: false``:
+``otel-llm serve`` runs two processes, three with ``service.adapter_process: true``:
 
 - ``otel-llm-recv`` (``receiver/otlp/process.py``): OTLP/gRPC and OTLP/HTTP; answers Export calls.
-- ``otel-llm-adapt`` (``processor/llm_metrics/digest.py``), unless turned off: decodes each admitted request, runs the
+- ``otel-llm-adapt`` (``processor/llm_metrics/digest.py``), optional: decodes each admitted request, runs the
   engine adapters, and sends on what the trace buffer keeps of each span.
 - this one, ``otel-llm``: (the adapters,) trace assembly, metrics, sampling, store, exporters,
   ``/metrics`` and the API.

@@ -3,12 +3,12 @@
 Per span: attribute limits, the engine adapter (``classify``) and its validation
 (``derive_timings``), the few attributes assembly reads, and the span's own bytes.
 
-By default (``service.adapter_process: true``) the stage runs in a process of its own
-(``otel-llm-adapt``, see ``run_adapter_process``) between the receivers and the pipeline process,
-so its ~10 µs per span and the pipeline's completion work (~19 µs per span) use two cores; its
-output crosses the pipe as ``marshal`` data (plain tuples, no pickled classes), and ``decode``
-rebuilds ``BufferedSpan`` objects on the other side (~1.6 µs per span). With ``false`` it runs on
-the pipeline process's worker thread (``digest_in_process``). Figures: ``bench/hotpath.py``.
+By default the stage runs on the pipeline process's worker thread (``digest_in_process``). With
+``service.adapter_process: true`` it runs in a process of its own (``otel-llm-adapt``, see
+``run_adapter_process``) between the receivers and the pipeline process, so its ~10 µs per span and
+the pipeline's completion work (~19 µs per span) use two cores; its output then crosses the pipe as
+``marshal`` data (plain tuples, no pickled classes), and ``decode`` rebuilds ``BufferedSpan``
+objects on the other side (~1.6 µs per span). Figures: ``bench/hotpath.py``, ``bench/README.md``.
 """
 
 from __future__ import annotations
