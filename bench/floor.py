@@ -9,9 +9,9 @@ design can reach on this machine.
 
 The steps, timed cumulatively so the report shows where the floor goes:
 
-1. ``keyed parse``: ``ParseFromString`` into a schema where ``Span.attributes`` is a map (see
-   ``otel_llm.pdata.otlp_view``, the adapter stage's schema; the stock schema's ``parse``, the baseline sink's whole work, is
-   timed too, for reference);
+1. ``keyed parse``: ``ParseFromString`` into a schema where ``Span.attributes`` is a map
+   (``otel_llm.pdata.otlp_view``, the adapter stage's schema; the stock schema's ``parse``, the
+   baseline sink's whole work, is timed too, for reference);
 2. ``span fields``: each span's trace id, span id, parent, name, kind, status and times (what
    assembly into requests needs);
 3. ``engine attributes``: look up the vLLM V1 keys (``shared/research/engine-spans.md``) in each

@@ -19,7 +19,6 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-
 from otel_llm.component import KeptTraceConsumer
 from otel_llm.pdata.traces import CompletedTrace, Decision, Remembered, TraceConsumer
 from otel_llm.processor.llm_metrics.config import LlmMetricsProcessor
