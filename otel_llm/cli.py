@@ -132,6 +132,22 @@ def _traces(args: argparse.Namespace) -> int:
     return 0
 
 
+def _summary(args: argparse.Namespace) -> int:
+    import urllib.request
+
+    from otel_llm.traceview import render_summary, summarize
+
+    try:
+        with urllib.request.urlopen(args.api.rstrip("/") + "/metrics", timeout=30) as response:
+            text = response.read().decode("utf-8", "replace")
+        rows = summarize(text)
+    except (OSError, ValueError) as exc:
+        print(f"otel-llm: {exc}", file=sys.stderr)
+        return 1
+    sys.stdout.write(render_summary(rows))
+    return 0
+
+
 def _trace(args: argparse.Namespace) -> int:
     from otel_llm.exporter.store.sqlite import StoreError
     from otel_llm.traceview import render_waterfall
@@ -179,6 +195,11 @@ def build_parser(simulate: bool = True) -> argparse.ArgumentParser:
     trace.add_argument("trace_id", help="32 hex digits")
     trace.add_argument("--width", type=int, default=60, help="bar width in characters")
     trace.set_defaults(func=_trace)
+    summary = sub.add_parser("summary", help="per service: requests counted, spans refused and intervals not "
+                             "measurable, with reasons (from a running otel-llm's /metrics)")
+    summary.add_argument("--api", default="http://127.0.0.1:9464",
+                         help="the otel-llm whose /metrics to read (default: %(default)s)")
+    summary.set_defaults(func=_summary)
     if simulate:
         try:
             from otel_llm_simulate.cli import add_simulate_parser

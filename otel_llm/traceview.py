@@ -13,12 +13,18 @@ TABLE_COLUMNS = [
 ]
 
 
+def terminal_safe(text: str) -> str:
+    """A string from a span, for a terminal: control characters (escape sequences, newlines) shown
+    as escapes, never interpreted."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _cell(key: str, value: Any) -> str:
     if value is None:
         return "-"
     if key.endswith("_s"):
         return f"{value * 1000:.1f}"
-    return str(value)
+    return terminal_safe(str(value))
 
 
 def render_table(rows: list[dict[str, Any]]) -> str:
@@ -100,3 +106,52 @@ def render_waterfall(trace: dict[str, Any], width: int = 60) -> str:
         status = "  ERROR" if span.get("status_code") == 2 else ""
         lines.append(f"{label} |{bar.ljust(width)}| {duration:10.1f} ms{status}")
     return "\n".join(lines) + "\n"
+
+
+REQUESTS_FAMILY = "vllm:request_success_total"
+UNMEASURED_FAMILY = "otel_llm_service_unmeasured_total"
+NOT_MEASURABLE = "not_measurable_"
+
+
+def summarize(exposition: str) -> list[dict[str, Any]]:
+    """Per service, from a /metrics text: the requests counted (by engine) and what was not measured,
+    with reasons: spans refused as malformed, and derived intervals not measurable."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    services: dict[str, dict[str, Any]] = {}
+
+    def entry(service: str) -> dict[str, Any]:
+        return services.setdefault(service, {"service": service, "engines": set(), "requests": 0.0,
+                                             "refused": {}, "not_measurable": {}})
+
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name == REQUESTS_FAMILY:
+                row = entry(labels.get("service_name", ""))
+                row["requests"] += sample.value
+                row["engines"].add(labels.get("engine_kind", ""))
+            elif sample.name == UNMEASURED_FAMILY and sample.value:
+                row = entry(labels.get("service_name", ""))
+                reason = labels.get("reason", "")
+                if reason.startswith(NOT_MEASURABLE):
+                    row["not_measurable"][reason[len(NOT_MEASURABLE):]] = sample.value
+                else:
+                    row["refused"][reason] = sample.value
+    return [{**row, "engines": sorted(row["engines"])} for _, row in sorted(services.items())]
+
+
+def _reasons(counts: dict[str, float]) -> str:
+    return ", ".join(f"{terminal_safe(reason)} {count:g}" for reason, count in sorted(counts.items())) or "-"
+
+
+def render_summary(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "no requests counted yet\n"
+    lines = [f"{'SERVICE':<28}  {'ENGINE':<8}  {'REQUESTS':>8}  {'REFUSED':>7}  {'REFUSED BY REASON':<30}  NOT MEASURABLE"]
+    for row in rows:
+        refused = sum(row["refused"].values())
+        service = terminal_safe(row["service"]) or "(none)"
+        lines.append(f"{service[:28]:<28}  {(','.join(row['engines']) or '-')[:8]:<8}  {row['requests']:>8g}  "
+                     f"{refused:>7g}  {_reasons(row['refused'])[:30]:<30}  {_reasons(row['not_measurable'])}")
+    return "\n".join(line.rstrip() for line in lines) + "\n"

@@ -8,6 +8,8 @@ import json
 import math
 import os
 import random
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -185,7 +187,6 @@ def test_invalid_ids_are_rejected_as_partial_success(server):
         ({"e2e": math.inf}, "infinite_latency"),
         ({"queue": -0.5}, "negative_latency"),
         ({"decode": 1e30, "e2e": 1e30}, "absurd_latency"),
-        ({"queue": 5.0}, "inconsistent_latency"),  # queue + prefill > ttft
         ({"ttft": 3.0}, "inconsistent_latency"),  # ttft > e2e
     ],
 )
@@ -235,3 +236,53 @@ def test_resource_attributes_are_bounded_like_span_attributes(make_server):
     scrape = server.wait_for_requests(3)
     assert scrape.value("otel_llm_spans_truncated_total") == 3
     assert scrape.value("vllm:request_success_total", model_name="fat-resource") == 3
+
+
+def _with_service(request: ExportTraceServiceRequest, service: str) -> ExportTraceServiceRequest:
+    kv = request.resource_spans[0].resource.attributes.add()
+    kv.key, kv.value.string_value = "service.name", service
+    return request
+
+
+def test_two_clocks_leave_an_interval_not_measurable_and_the_request_counted(server):
+    """A live vLLM's TTFT and e2e are the API server's timestamps, decode the engine core's: their
+    difference (postprocess) is negative for about half of real requests. The request is measured with
+    every value the engine reported; the derived interval is not measurable, counted per service."""
+    # e2e - ttft - decode = 2.6 - 0.5 - 2.2 = -0.1 s; queue + prefill 0.6 > ttft 0.5: preprocess -0.1 s
+    grpc_raw(server, _with_service(vllm_request_proto(queue=0.2, prefill=0.4, decode=2.2), "two-clocks")
+             .SerializeToString())
+    grpc_raw(server, _with_service(vllm_request_proto(ttft=3.0), "broken").SerializeToString())  # TTFT after e2e
+    scrape = server.wait_until(lambda s: s.value("otel_llm_requests_assembled_total") == 1
+                               and s.value("otel_llm_spans_malformed_total") == 1, what="one measured, one refused")
+    labels = {"model_name": "two-clocks", "service_name": "two-clocks"}
+    assert scrape.value("vllm:e2e_request_latency_seconds_sum", **labels) == 2.6
+    assert scrape.value("vllm:request_decode_time_seconds_sum", **labels) == 2.2
+    assert scrape.value("vllm:request_queue_time_seconds_sum", **labels) == 0.2
+    assert scrape.value("vllm:time_to_first_token_seconds_sum", **labels) == 0.5
+    assert scrape.value("otel_llm_service_unmeasured_total", service_name="two-clocks",
+                        reason="not_measurable_postprocess") == 1
+    assert scrape.value("otel_llm_service_unmeasured_total", service_name="two-clocks",
+                        reason="not_measurable_preprocess") == 1
+    assert scrape.value("otel_llm_service_unmeasured_total", service_name="broken", reason="inconsistent_latency") == 1
+    assert scrape.value("otel_llm_spans_malformed_total", reason="inconsistent_latency") == 1
+    # Neither segment is drawn or observed for that request; the others are.
+    assert scrape.value("otel_llm_request_segment_seconds_count", segment="postprocess") == 0
+    assert scrape.value("otel_llm_request_segment_seconds_count", segment="decode") == 1
+
+    # Where users look: the CLI summary lists, per service, what was counted and what was not.
+    out = subprocess.run([sys.executable, "-m", "otel_llm", "summary", "--api", server.metrics_url],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = {line.split()[0]: line for line in out.stdout.splitlines()[1:]}
+    assert lines["two-clocks"].split()[1:4] == ["vllm", "1", "0"]
+    assert "postprocess 1" in lines["two-clocks"] and "preprocess 1" in lines["two-clocks"]
+    assert lines["broken"].split()[1:5] == ["-", "0", "1", "inconsistent_latency"]
+
+
+def test_summary_shows_hostile_service_names_inert(server):
+    grpc_raw(server, _with_service(vllm_request_proto(), "evil\x1b[2J\nname").SerializeToString())
+    server.wait_for_requests(1)
+    out = subprocess.run([sys.executable, "-m", "otel_llm", "summary", "--api", server.metrics_url],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "\x1b" not in out.stdout and len(out.stdout.splitlines()) == 2, out.stdout
+    assert "evil\\x1b[2J\\nname" in out.stdout

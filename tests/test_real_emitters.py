@@ -273,16 +273,18 @@ def test_litellm_proxy_in_front_of_vllm_is_the_requests_gateway(make_server, nam
 
 
 def test_nothing_made_up_in_exported_spans_rows_or_labels(make_server):
-    """vLLM V1 names no model and a gateway-only request no provider: neither is invented (issue 11)."""
+    """vLLM V1 names no model and a gateway-only request no provider: neither is invented (issue 11). The
+    engine's model label is its service name (README: model_name.from_service_name), never written into
+    its span as a request model."""
     server = make_server({"processors": KEEP_ALL})
     alone = vllm_batch(1)  # vLLM V1 with no gateway, no model attribute, no resource mapping
     gateway_only = gateway_batch(engine=False)  # a GenAI SERVER span: gen_ai.request.model, no provider
     for request in (alone, gateway_only):
         assert post(server, request) == 200
     scrape = server.wait_for_requests(2)
-    assert scrape.value("vllm:request_success_total", model_name="", engine_kind="vllm") == 1
-    assert scrape.value("gen_ai_server_request_duration_seconds_count", gen_ai_request_model="",
-                        gen_ai_provider_name="vllm") == 1
+    assert scrape.value("vllm:request_success_total", model_name="raw", engine_kind="vllm", service_name="raw") == 1
+    assert scrape.value("gen_ai_server_request_duration_seconds_count", gen_ai_request_model="raw",
+                        gen_ai_response_model="", gen_ai_provider_name="vllm") == 1
     assert scrape.value("gen_ai_server_request_duration_seconds_count", gen_ai_provider_name="") == 1  # gateway-only
     server.wait_until(lambda s: s.value("otel_llm_traces_in_memory") == 0, what="both traces decided")
     server.service.store.flush()
@@ -292,9 +294,9 @@ def test_nothing_made_up_in_exported_spans_rows_or_labels(make_server):
     engine_span = next(s for s in reader.get_trace(engine_trace)["spans"] if s["name"] == "llm_request")  # type: ignore[index]
     assert "gen_ai.request.model" not in engine_span["attributes"]
     assert engine_span["attributes"]["gen_ai.provider.name"] == "vllm"  # the engine that emitted it
-    assert engine_span["attributes"]["otel_llm.model_source"] == "none"
+    assert engine_span["attributes"]["otel_llm.model_source"] == "resource:service.name"
     gateway_span = reader.get_trace(gateway_trace)["spans"][0]  # type: ignore[index]
     assert "gen_ai.provider.name" not in gateway_span["attributes"]
     assert gateway_span["attributes"]["gen_ai.request.model"] == "absurd-model"  # observed, so kept
     rows = {row["trace_id"]: row for row in reader.list_requests()}
-    assert rows[engine_trace]["model"] in ("", None)
+    assert rows[engine_trace]["model"] == "raw"

@@ -95,6 +95,9 @@ class RequestRecord:
     # Segments the engine does not report for this request (e.g. SGLang's queue and prefill when its
     # scheduler spans are missing), and those derived from other numbers rather than measured.
     segments_missing: tuple[str, ...] = ()
+    # Derived intervals that came out negative for this request (two processes, two clocks): not
+    # measurable, so not observed; the request is measured with everything else.
+    not_measurable: tuple[str, ...] = ()
     segments_derived: tuple[str, ...] = ()
     cached_tokens: int | None = None
     itl_s: tuple[float, ...] = ()  # per-step inter-token latencies (vLLM token events)

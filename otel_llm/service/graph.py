@@ -264,8 +264,9 @@ class Pipeline:
             telemetry.spans_passed_through.inc(counts.passed_through)
         for adapter, count in counts.matched.items():
             self._matched.labels(adapter).inc(count)
-        for reason, count in counts.malformed.items():
+        for (reason, service), count in counts.malformed.items():
             self._malformed.labels(reason).inc(count)
+            telemetry.count_unmeasured(service, reason, count)
         if spans:
             self.assembler.add_batch(spans)
 

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from otel_llm.receiver.otlp.process import ReceiverCounters
+
+
+# Distinct services in ``otel_llm_service_unmeasured_total`` before the rest share one label value.
+MAX_UNMEASURED_SERVICES = 200
+MAX_SERVICE_LABEL_CHARS = 128
+OTHER_SERVICES = "_other"
 
 
 class ReceiverCountersCollector(Collector):
@@ -74,3 +82,28 @@ class SelfTelemetry:
             "the request is counted without them.", ["reason"], registry=registry)
         self.spans_truncated = Counter(
             "otel_llm_spans_truncated", "Spans whose attributes were cut to the configured limits.", registry=registry)
+        # What could not be measured, per service, next to the requests it counted (the web view's
+        # cards and `otel-llm summary` show it). Service names come from spans: bounded in number and length.
+        self.service_unmeasured = Counter(
+            "otel_llm_service_unmeasured", "By service: engine spans refused as malformed (reason: why) and "
+            "requests with a derived interval not measurable (reason: not_measurable_<interval>).",
+            ["service_name", "reason"], registry=registry)
+        self._unmeasured: dict[tuple[str, str], Any] = {}  # (service, reason) -> child; a cache
+        self._unmeasured_services: set[str] = set()  # label values admitted, at most MAX_UNMEASURED_SERVICES
+        self._unmeasured_lock = threading.Lock()
+
+    def count_unmeasured(self, service_name: str, reason: str, amount: int = 1) -> None:
+        key = (service_name, reason)
+        child = self._unmeasured.get(key)
+        if child is None:
+            with self._unmeasured_lock:
+                label = service_name[:MAX_SERVICE_LABEL_CHARS]
+                if label not in self._unmeasured_services:
+                    if len(self._unmeasured_services) < MAX_UNMEASURED_SERVICES:
+                        self._unmeasured_services.add(label)
+                    else:
+                        label = OTHER_SERVICES
+                if len(self._unmeasured) >= 64 * MAX_UNMEASURED_SERVICES:
+                    self._unmeasured.clear()  # hostile service names: the cache restarts, the counter keeps its children
+                child = self._unmeasured[key] = self.service_unmeasured.labels(label, reason)
+        child.inc(amount)

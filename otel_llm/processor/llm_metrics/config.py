@@ -25,6 +25,9 @@ class ResourceModelRuleConfig:
 @dataclass(frozen=True)
 class ModelNameConfig:
     from_resource: list[ResourceModelRuleConfig] = field(default_factory=list)
+    # A bare vLLM's spans carry no model: the service name its user set (OTEL_SERVICE_NAME) is the
+    # one name for the deployment they chose; the SDK's "unknown_service..." placeholder never is.
+    from_service_name: bool = True
     default: str = ""  # empty: no model label value is made up
 
 
@@ -47,7 +50,7 @@ class LlmMetricsProcessor:
     namings: Namings = field(default_factory=Namings)
     max_model_len: PositiveInt = 131072
     series_limit: PositiveInt = 2000
-    default_operation_name: str = "chat"
+    default_operation_name: str = ""
     max_latency: Duration = 86400.0
     model_name: ModelNameConfig = field(default_factory=ModelNameConfig)
     dimensions: list[DimensionConfig] = field(default_factory=list)

@@ -120,7 +120,7 @@ class DigestCounts:
     """Per request, so that a labelled counter is touched once per request, not once per span."""
 
     matched: dict[str, int]  # adapter -> spans
-    malformed: dict[str, int]  # reason -> spans
+    malformed: dict[tuple[str, str], int]  # (reason, service name) -> spans
     passed_through: int = 0
     truncated: int = 0
 
@@ -149,7 +149,7 @@ def _digest(data: RequestData, settings: DigestSettings, portable: bool) -> tupl
     kept_keys = settings.kept_attribute_keys
     first_token_events = settings.first_token_events
     matched: dict[str, int] = {}
-    malformed: dict[str, int] = {}
+    malformed: dict[tuple[str, str], int] = {}
     passed_through = truncated = 0
     origins: list[Any] = []
     spans: list[Any] = []
@@ -192,7 +192,8 @@ def _digest(data: RequestData, settings: DigestSettings, portable: bool) -> tupl
                         if span.trace_state:
                             adjusted_count(span.trace_state)  # a weight nobody sane chose is malformed
                 except MalformedSpan as exc:
-                    malformed[exc.reason] = malformed.get(exc.reason, 0) + 1
+                    refusal = (exc.reason, service_name)
+                    malformed[refusal] = malformed.get(refusal, 0) + 1
                     observation, attrs = None, {}
                     passed_through += 1
                 else:

@@ -92,7 +92,8 @@ class Dimension:
 class RecordSettings:
     resource_model_rules: tuple[ResourceModelRule, ...] = ()
     default_model: str = ""
-    default_operation: str = "chat"
+    default_operation: str = ""
+    model_from_service_name: bool = False
     edge_ttft_attributes: tuple[str, ...] = ("gen_ai.server.time_to_first_token",)
     dimensions: tuple[Dimension, ...] = ()
     max_latency_s: float = 86400.0  # the bound every duration goes through, from any source
@@ -381,9 +382,20 @@ def _resolve_model(own: EngineObservation, lookup: list[BufferedSpan], resource_
             return raw, f"resource:{rule.attribute}", raw, ""
         if raw in rule.values:
             return rule.values[raw], f"resource:{rule.attribute}", rule.values[raw], ""
-    if settings.default_model:
-        return settings.default_model, Source.DEFAULT, "", ""
     return "", NO_MODEL_SOURCE, "", ""
+
+
+def _fallback_model(own: EngineObservation, resource_attr: dict[str, str], settings: RecordSettings) -> tuple[str, str]:
+    """When nothing observed names the model (after the request's other parts were read): the
+    engine's service name, then the configured default. The model label only: not a request model
+    anything said, so never written into a span."""
+    if settings.model_from_service_name and own.engine_kind != EngineKind.GENAI:  # an engine's span, not an app's
+        service = resource_attr.get("service.name")
+        if service and not service.startswith("unknown_service"):
+            return service, "resource:service.name"
+    if settings.default_model:
+        return settings.default_model, Source.DEFAULT
+    return "", NO_MODEL_SOURCE
 
 
 def _outcome(obs: EngineObservation) -> str:
@@ -470,6 +482,7 @@ def build_record(buffered: BufferedSpan, joined: Joined, settings: RecordSetting
     record.prefill_s, record.decode_s, record.inference_s, record.tpot_s = (
         t.prefill_s, t.decode_s, t.inference_s, t.tpot_s)
     record.cached_tokens, record.itl_s, record.segments_derived = obs.cached_tokens, obs.itl_s, obs.derived
+    record.not_measurable = t.not_measurable
     if side == Side.SERVER:
         record.segments = build_segments(buffered.start_unix_ns, t)
         if trace is not None:
@@ -480,6 +493,8 @@ def build_record(buffered: BufferedSpan, joined: Joined, settings: RecordSetting
         record.e2e_s = _span_seconds(buffered, settings, rejected)
     if side == Side.SERVER:
         _join_server_side(record, obs, joined, settings, rejected)
+    if not record.model:
+        record.model, record.model_source = _fallback_model(obs, buffered.origin.resource_strings, settings)
     record.rejected = tuple(rejected)
     return record
 
@@ -617,7 +632,7 @@ def _client_record(buffered: BufferedSpan, trace: PendingTrace, served: RequestR
 
 
 def records_of_trace(trace: PendingTrace, settings: RecordSettings,
-                     malformed: list[str] | None = None) -> list[RequestRecord]:
+                     malformed: list[tuple[str, str]] | None = None) -> list[RequestRecord]:
     """Server records (engine requests, then gateway-only requests), then client records.
 
     A request whose spans cannot make one (composite.py) gives no record; its reason is appended to
@@ -663,7 +678,7 @@ def records_of_trace(trace: PendingTrace, settings: RecordSettings,
                                         partner=partners.get(buffered.span_id), inner=inner))
         except MalformedSpan as exc:
             if malformed is not None:
-                malformed.append(exc.reason)
+                malformed.append((exc.reason, buffered.service_name))
     if server_genai:
         # A GenAI SERVER span with another below it is that one's gateway, not a request of its own.
         for buffered in server_genai:

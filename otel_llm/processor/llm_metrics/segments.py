@@ -33,6 +33,9 @@ class Timings(NamedTuple):
     preprocess_s: float | None
     postprocess_s: float | None
     tpot_s: float | None
+    # Derived intervals that came out negative (the engine's numbers come from two processes and
+    # clocks): not measurable for this request, counted, never a reason to drop it.
+    not_measurable: tuple[str, ...] = ()
 
 
 def _check(name: str, value: float | None, max_latency_s: float) -> None:
@@ -61,17 +64,32 @@ def validate_tokens(obs: EngineObservation) -> None:
 def derive_timings(obs: EngineObservation, max_latency_s: float) -> Timings:
     """Validate the engine's numbers and derive what follows from them; ``obs`` is not changed.
 
-    vLLM measures TTFT and e2e on the wall clock and queue/prefill/decode on the engine's monotonic
-    clock; the difference between the two families is the API server's own time (preprocess
-    before the queue, postprocess after the last token).
+    What the engine measured is refused only when it is impossible on any clock (NaN, negative,
+    absurd, TTFT after e2e: both taken by one process). What is *derived* from numbers that two
+    processes took on two clocks can come out negative without anything being wrong: vLLM's TTFT
+    and e2e are the API server's timestamps as it dequeues outputs, queue/prefill/decode the engine
+    core's (tests/testdata/engines/FACTS.md), so preprocess = ttft - queue - prefill and postprocess
+    = e2e - ttft - decode carry the change in the API server's lag, negative for about half of a
+    live server's requests. Such an interval is not measurable for that request (``not_measurable``),
+    and the request is measured with everything else.
     """
     ttft, e2e, queue, prefill, decode = obs.ttft_s, obs.e2e_s, obs.queue_s, obs.prefill_s, obs.decode_s
     inference, preprocess = obs.inference_s, obs.preprocess_s
+    not_measurable: tuple[str, ...] = ()
+    if obs.derived:
+        # An adapter's derived prefill/decode (trtllm-serve: prefill = ttft - queue) is checked as
+        # derived: negative is not measurable, not malformed.
+        if prefill is not None and "prefill" in obs.derived and prefill < 0:
+            prefill, not_measurable = None, not_measurable + ("prefill",)
+        if decode is not None and "decode" in obs.derived and decode < 0:
+            decode, not_measurable = None, not_measurable + ("decode",)
     # One comparison per value on the common path (NaN fails it, infinity is excluded); the first
     # value that fails is then reported by the checks below, in their order.
     for value in (ttft, e2e, queue, prefill, decode, inference, preprocess, obs.tpot_s):
         if value is not None and not (0.0 <= value <= max_latency_s and value != _INF):
             for name in _CHECKED:
+                if name in ("prefill_s", "decode_s") and name[:-2] in not_measurable:
+                    continue
                 _check(name, getattr(obs, name), max_latency_s)
     prompt, completion = obs.prompt_tokens, obs.completion_tokens
     if (prompt is not None and not 0 <= prompt <= MAX_TOKENS_PER_REQUEST) or \
@@ -86,23 +104,28 @@ def derive_timings(obs: EngineObservation, max_latency_s: float) -> Timings:
     if preprocess is None and ttft is not None and queue is not None and prefill is not None:
         preprocess = ttft - queue - prefill
         if preprocess < -tolerance:
-            raise MalformedSpan("inconsistent_latency", f"queue {queue} + prefill {prefill} > ttft {ttft}")
-        preprocess = max(preprocess, 0.0)
+            preprocess, not_measurable = None, not_measurable + ("preprocess",)
+        else:
+            preprocess = max(preprocess, 0.0)
     postprocess = None
     if e2e is not None and ttft is not None and decode is not None:
         postprocess = e2e - ttft - decode
         if postprocess < -tolerance:
-            raise MalformedSpan("inconsistent_latency", f"ttft {ttft} + decode {decode} > e2e {e2e}")
-        postprocess = max(postprocess, 0.0)
+            postprocess, not_measurable = None, not_measurable + ("postprocess",)
+        else:
+            postprocess = max(postprocess, 0.0)
     elif e2e is not None:
         known = sum(v for v in (preprocess, queue, inference) if v is not None)
         if known > e2e + tolerance:
-            raise MalformedSpan("inconsistent_latency", f"segments sum {known} > e2e {e2e}")
+            not_measurable += ("postprocess",)
 
     tpot = obs.tpot_s
-    if tpot is None and decode is not None and obs.completion_tokens is not None and obs.completion_tokens > 1:
-        tpot = decode / (obs.completion_tokens - 1)
-    return Timings(ttft, e2e, queue, prefill, decode, inference, preprocess, postprocess, tpot)
+    if tpot is None and decode is not None and obs.completion_tokens is not None:
+        # vLLM's definition (v1/metrics/stats.py): decode / (tokens - 1), and 0 for a request of at
+        # most one output token, which vLLM observes too.
+        tokens = obs.completion_tokens
+        tpot = decode / (tokens - 1) if tokens > 1 else 0.0
+    return Timings(ttft, e2e, queue, prefill, decode, inference, preprocess, postprocess, tpot, not_measurable)
 
 
 def build_segments(start_unix_ns: int, t: Timings) -> tuple[Segment, ...]:

@@ -24,6 +24,7 @@ def record_settings(metrics: LlmMetricsProcessor) -> RecordSettings:
     return RecordSettings(
         resource_model_rules=tuple(ResourceModelRule(r.attribute, dict(r.values)) for r in metrics.model_name.from_resource),
         default_model=metrics.model_name.default,
+        model_from_service_name=metrics.model_name.from_service_name,
         default_operation=metrics.default_operation_name,
         edge_ttft_attributes=tuple(metrics.edge_time_to_first_token.attributes),
         dimensions=tuple(Dimension(d.name, d.attribute, frozenset(d.values), d.other) for d in metrics.dimensions),
@@ -56,7 +57,7 @@ class LlmMetricsStage:
 
     def consume(self, completed: CompletedTrace) -> None:
         prior = completed.prior
-        malformed: list[str] = []  # requests whose spans could not make one (counted, not measured)
+        malformed: list[tuple[str, str]] = []  # (reason, service) of requests whose spans could not make one
         if completed.late:
             (span,) = completed.trace.spans.values()
             records = records_of_trace(completed.trace, self.settings, malformed) if span.is_engine else []
@@ -78,8 +79,9 @@ class LlmMetricsStage:
             self._next.consume(completed)
         finally:  # a stage or an exporter that fails downstream loses its kept trace, not the metrics
             if count_malformed:
-                for reason in malformed:
+                for reason, service in malformed:
                     self._telemetry.spans_malformed.labels(reason).inc()
+                    self._telemetry.count_unmeasured(service, reason)
             # Metrics count every request whatever the decision; only exemplars follow it.
             kept = completed.decision is not None and completed.decision.keep
             for record in to_record:
@@ -91,6 +93,8 @@ class LlmMetricsStage:
             if child is None:
                 child = self._rejected[reason] = self._telemetry.values_rejected.labels(reason)
             child.inc()
+        for interval in record.not_measurable:
+            self._telemetry.count_unmeasured(record.service_name, "not_measurable_" + interval)
         key = (record.engine_kind, record.outcome)
         child = self._assembled.get(key)
         if child is None:

@@ -71,6 +71,8 @@ def enrich(span: Span, record: RequestRecord, policy: str) -> None:
         _set(span, "otel_llm.segments_missing", ",".join(record.segments_missing))
     if record.segments_derived:
         _set(span, "otel_llm.segments_derived", ",".join(record.segments_derived))
+    if record.not_measurable:
+        _set(span, "otel_llm.not_measurable", ",".join(record.not_measurable))
     if record.gateway_overhead_s is not None:
         _set(span, "otel_llm.gateway_overhead", record.gateway_overhead_s)
     if record.client_overhead_s is not None:

