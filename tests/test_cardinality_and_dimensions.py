@@ -98,3 +98,38 @@ def test_series_cap_holds_when_a_key_first_seen_failing_succeeds_later():
     assert len(ttft.series) == 2 + 1  # the cap plus the overflow series
     assert sum(series.count for series in ttft.series.values()) == 3  # b, c, and a's success: none lost
     assert ttft.overflowed == 1  # a's success
+
+
+def test_token_buckets_follow_each_models_max_model_len(make_server):
+    """vLLM builds its token buckets from each server's max_model_len (build_1_2_5_buckets); one fleet
+    serves models with different context lengths."""
+    from tests.support.captures import post
+    from tests.support.payloads import vllm_batch
+
+    server = make_server({"processors": {"llm_metrics": {"max_model_len": 8192,
+                                                          "max_model_len_by_model": {"short": 1024}}}})
+    assert post(server, vllm_batch(2, model="short")) == 200
+    assert post(server, vllm_batch(3, model="long")) == 200
+    scrape = server.wait_for_requests(5)
+    # vLLM's build_1_2_5_buckets(1024) and (8192): 1, 2, 5, ... up to the last not above max_model_len
+    short = ["1.0", "2.0", "5.0", "10.0", "20.0", "50.0", "100.0", "200.0", "500.0", "1000.0", "+Inf"]
+    long = short[:-1] + ["2000.0", "5000.0", "+Inf"]
+    for family in ("vllm:request_prompt_tokens", "vllm:request_generation_tokens"):
+        assert list(scrape.buckets(family, model_name="short")) == short
+        assert list(scrape.buckets(family, model_name="long")) == long
+    # 100 prompt tokens each (the payload's): the 100 bucket holds them, on either bucket set
+    assert scrape.buckets("vllm:request_prompt_tokens", model_name="short")["100.0"] == 2
+    assert scrape.buckets("vllm:request_prompt_tokens", model_name="long")["100.0"] == 3
+    assert scrape.buckets("vllm:request_generation_tokens", model_name="long")["50.0"] == 0  # 51 tokens
+    assert scrape.buckets("vllm:request_generation_tokens", model_name="long")["100.0"] == 3
+
+
+def test_max_model_len_by_model_refuses_a_bad_length(tmp_path):
+    import subprocess
+    import sys
+
+    config = tmp_path / "c.yaml"
+    config.write_text("processors:\n  llm_metrics:\n    max_model_len_by_model:\n      m: 0\n")
+    out = subprocess.run([sys.executable, "-m", "otel_llm", "validate", str(config)], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "processors.llm_metrics.max_model_len_by_model.m" in out.stderr + out.stdout

@@ -87,8 +87,8 @@ class _HistogramSnapshot:
     bounds: tuple[float, ...]
     label_names: tuple[str, ...]
     genai: bool
-    # key -> (per-bucket counts incl. +Inf, sum, count, {bucket index: (trace_id, span_id, value, ts)})
-    series: dict[Key, tuple[tuple[float, ...], float, float, dict[int, tuple[str, str, float, float]]]]
+    # key -> (per-bucket counts incl. +Inf, sum, count, {bucket index: (trace_id, span_id, value, ts)}, its bounds)
+    series: dict[Key, tuple[tuple[float, ...], float, float, dict[int, tuple[str, str, float, float]], tuple[float, ...]]]
 
 
 @dataclass
@@ -117,7 +117,8 @@ def take_snapshot(recorder: MetricsRecorder) -> Snapshot:
         series = {}
         for key, s in family.series.items():
             series[key] = (tuple(s.counts), s.total, s.count,
-                           {i: (e.trace_id, e.span_id, e.value, e.timestamp) for i, e in s.exemplars.items()})
+                           {i: (e.trace_id, e.span_id, e.value, e.timestamp) for i, e in s.exemplars.items()},
+                           s.bounds or bounds)
         snapshot.histograms.append(_HistogramSnapshot(name, unit, description, bounds, label_names, genai, series))
 
     with recorder.lock:
@@ -176,9 +177,9 @@ def build_metrics_data(snapshot: Snapshot, previous: Snapshot | None, start_ns: 
     for h in snapshot.histograms:
         old = before_h.get(h.name, {})
         data_points = []
-        for key, (counts, total, count, exemplars) in h.series.items():
+        for key, (counts, total, count, exemplars, series_bounds) in h.series.items():
             if key in old:
-                old_counts, old_total, old_count, _ = old[key]
+                old_counts, old_total, old_count, _, _ = old[key]
                 counts = tuple(c - o for c, o in zip(counts, old_counts))
                 total, count = total - old_total, count - old_count
                 if count <= 0:
@@ -194,7 +195,7 @@ def build_metrics_data(snapshot: Snapshot, previous: Snapshot | None, start_ns: 
             data_points.append(HistogramDataPoint(
                 attributes=_attributes(h.label_names, key), start_time_unix_nano=start, time_unix_nano=now,
                 count=int(round(count)), sum=float(total), bucket_counts=[int(round(c)) for c in counts],
-                explicit_bounds=list(h.bounds), min=None, max=None, exemplars=sdk_exemplars))  # type: ignore[arg-type]
+                explicit_bounds=list(series_bounds), min=None, max=None, exemplars=sdk_exemplars))  # type: ignore[arg-type]
         if data_points:
             points += len(data_points)
             metrics[h.genai].append(Metric(h.name, h.description, h.unit,

@@ -49,6 +49,8 @@ class EdgeTtftConfig:
 class LlmMetricsProcessor:
     namings: Namings = field(default_factory=Namings)
     max_model_len: PositiveInt = 131072
+    # model label -> that model's max_model_len: its token histograms get vLLM's buckets for it.
+    max_model_len_by_model: dict[str, int] = field(default_factory=dict)
     series_limit: PositiveInt = 2000
     default_operation_name: str = ""
     max_latency: Duration = 86400.0
@@ -63,6 +65,11 @@ class LlmMetricsProcessor:
     }
 
     def validate(self, path: str) -> None:
+        low, high = self.BOUNDS["max_model_len"]
+        for model, length in self.max_model_len_by_model.items():
+            if isinstance(length, bool) or not isinstance(length, int) or not low <= length <= high:
+                raise ConfigError(f"{path}.max_model_len_by_model.{model}",
+                                  f"must be an integer between {int(low)} and {int(high)}, got {length!r}")
         seen: set[str] = set()
         reserved: set[str] = set()
         for i, dim in enumerate(self.dimensions):

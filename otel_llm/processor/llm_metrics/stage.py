@@ -35,7 +35,7 @@ def record_settings(metrics: LlmMetricsProcessor) -> RecordSettings:
 def recorder_of(metrics: LlmMetricsProcessor) -> MetricsRecorder:
     namings = []
     if metrics.namings.vllm:
-        namings.append(vllm_naming(metrics.max_model_len))
+        namings.append(vllm_naming(metrics.max_model_len, metrics.max_model_len_by_model))
     if metrics.namings.gen_ai:
         namings.append(genai_naming())
         namings.append(genai_client_naming())

@@ -58,6 +58,8 @@ class HistogramSpec:
     # observations (``gen_ai.client.token.usage`` by ``gen_ai.token.type``); same-named specs share a family.
     fixed_label: tuple[str, str] | None = None
     per_step: Values | None = None  # observed once per value instead of ``value``
+    # (model label, buckets) pairs whose series use their own buckets (vLLM's token buckets per max_model_len)
+    buckets_by_model: tuple[tuple[str, tuple[float, ...]], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +107,9 @@ def tokens_buckets(max_model_len: int) -> tuple[float, ...]:
     return build_1_2_5_buckets(max_model_len)
 
 
-def vllm_naming(max_model_len: int) -> Naming:
+def vllm_naming(max_model_len: int, max_model_len_by_model: dict[str, int] | None = None) -> Naming:
     tokens = tokens_buckets(max_model_len)
+    per_model = tuple((model, tokens_buckets(length)) for model, length in sorted((max_model_len_by_model or {}).items()))
     return Naming(
         key="vllm",
         label_names=("model_name", "engine_kind", "service_name"),
@@ -134,9 +137,9 @@ def vllm_naming(max_model_len: int) -> Naming:
                           "Histogram of time spent in RUNNING phase for request.",
                           REQUEST_LATENCY_BUCKETS, lambda r: r.inference_s),
             HistogramSpec("vllm:request_prompt_tokens", "{token}", "Number of prefill tokens processed.",
-                          tokens, lambda r: r.prompt_tokens),
+                          tokens, lambda r: r.prompt_tokens, buckets_by_model=per_model),
             HistogramSpec("vllm:request_generation_tokens", "{token}", "Number of generation tokens processed.",
-                          tokens, lambda r: r.completion_tokens),
+                          tokens, lambda r: r.completion_tokens, buckets_by_model=per_model),
         ),
         counters=(
             CounterSpec("vllm:prompt_tokens", "{token}", "Number of prefill tokens processed.", lambda r: r.prompt_tokens),

@@ -74,9 +74,10 @@ def _histogram(name: str, unit: str, doc: str, bounds: tuple[float, ...], label_
     word = _unit_word(unit)
     base = metric_name[: -len(word) - 1] if word and metric_name.endswith("_" + word) else metric_name
     metric = Metric(base, doc, "histogram", word)
-    les = [_le(b) for b in bounds] + ["+Inf"]
+    family_les = [_le(b) for b in bounds] + ["+Inf"]
     for key, series in family.series.items():
         labels = _labels(label_names, key)
+        les = [_le(b) for b in series.bounds] + ["+Inf"] if series.bounds else family_les
         cumulative = 0.0
         for index, le in enumerate(les):
             cumulative += series.counts[index]

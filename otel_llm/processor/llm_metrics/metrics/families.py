@@ -28,6 +28,8 @@ class HistogramSeries:
     total: float = 0.0
     count: float = 0.0
     exemplars: dict[int, Exemplar] = field(default_factory=dict)
+    # Its own upper bounds where they differ from the family's (a model's max_model_len); () = the family's.
+    bounds: tuple[float, ...] = ()
 
 
 class Family(Generic[V]):
@@ -51,11 +53,19 @@ class Family(Generic[V]):
 
 
 class HistogramFamily(Family[HistogramSeries]):
-    __slots__ = ("bounds",)
+    __slots__ = ("bounds", "bounds_by_model")
 
-    def __init__(self, name: str, bounds: tuple[float, ...], limit: int) -> None:
+    def __init__(self, name: str, bounds: tuple[float, ...], limit: int,
+                 bounds_by_model: dict[str, tuple[float, ...]] | None = None) -> None:
         super().__init__(name, limit)
         self.bounds = bounds
+        # A series whose first label (the model) is here gets these bounds (vLLM's token buckets
+        # follow each model's max_model_len).
+        self.bounds_by_model = bounds_by_model or {}
+
+    def new_series(self, key: Key) -> HistogramSeries:
+        own = self.bounds_by_model.get(key[0], ()) if self.bounds_by_model and key else ()
+        return HistogramSeries([0.0] * (len(own or self.bounds) + 1), bounds=own)
 
     def observe(self, key: Key, value: float, weight: float = 1.0, exemplar: Exemplar | None = None) -> None:
         series = self.series.get(key)
@@ -63,8 +73,8 @@ class HistogramFamily(Family[HistogramSeries]):
             key = self._admit(key)
             series = self.series.get(key)
             if series is None:
-                series = self.series[key] = HistogramSeries([0.0] * (len(self.bounds) + 1))
-        index = bisect_left(self.bounds, value)  # le semantics: value == bound falls in that bucket
+                series = self.series[key] = self.new_series(key)
+        index = bisect_left(series.bounds or self.bounds, value)  # le semantics: value == bound falls in that bucket
         series.counts[index] += weight
         series.total += value * weight
         series.count += weight

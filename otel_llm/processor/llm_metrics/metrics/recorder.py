@@ -59,7 +59,8 @@ def _bind(naming: Naming, dimension_names: tuple[str, ...], series_limit: int) -
         if shared is None:
             extra = (spec.fixed_label[0],) if spec.fixed_label else ()
             shared = exposed[spec.name] = ExposedHistogram(
-                spec, HistogramFamily(spec.name, spec.buckets, series_limit), label_names + extra)
+                spec, HistogramFamily(spec.name, spec.buckets, series_limit, dict(spec.buckets_by_model)),
+                label_names + extra)
         histograms.append(_BoundHistogram(spec, shared.family, (spec.fixed_label[1],) if spec.fixed_label else ()))
     counters = [_BoundCounter(c, CounterFamily(c.name, series_limit)) for c in naming.counters]
     return BoundNaming(naming, label_names, histograms, counters, list(exposed.values()))
@@ -94,7 +95,7 @@ def _series_of(family: HistogramFamily, key: Key) -> HistogramSeries:
             key = family.OVERFLOW
         series = family.series.get(key)
         if series is None:
-            series = family.series[key] = HistogramSeries([0.0] * (len(family.bounds) + 1))
+            series = family.series[key] = family.new_series(key)
     return series
 
 
@@ -150,7 +151,8 @@ class MetricsRecorder:
                         series = slots[position]
                         if series is None:
                             series = self._resolve(slots, position, count, family, key + suffix if suffix else key)
-                        index = bisect_left(bounds, value)  # le semantics: value == bound falls in that bucket
+                        # le semantics: value == bound falls in that bucket
+                        index = bisect_left(series.bounds or bounds, value)
                         series.counts[index] += weight
                         series.total += value * weight
                         series.count += weight
@@ -163,7 +165,7 @@ class MetricsRecorder:
                         series = slots[position]
                         if series is None:
                             series = self._resolve(slots, position, count, family, key + suffix if suffix else key)
-                        index = bisect_left(bounds, value)
+                        index = bisect_left(series.bounds or bounds, value)
                         series.counts[index] += weight
                         series.total += value * weight
                         series.count += weight
