@@ -542,3 +542,35 @@ def test_history_windows_subtract_snapshots(fleet):
     assert sum(g["requests"] for g in everything["groups"]) >= fleet["sent"] * 0.5
     assert sum(g["requests"] for g in recent["groups"]) == 0
     assert all(g["metrics"]["ttft"]["p99"] is None for g in recent["groups"] if "ttft" in g["metrics"])
+
+
+def test_cards_show_per_service_what_was_refused_or_not_measurable(tmp_path, driver):
+    """Issue 23: a card said "102 requests, 0.00 % errors" while 26 of its 128 spans had been refused.
+    Each card now lists, per service behind it, the spans refused and the intervals not measurable;
+    a service whose every span was refused has no card, so it is listed on its own."""
+    from tests.test_bad_input import _with_service, grpc_raw, vllm_request_proto
+
+    server = start_server(str(tmp_path / "store"), {"exporters": {"prometheus": {"web": WEB}}})
+    try:
+        # two clocks (postprocess -0.1 s): measured, postprocess not measurable; TTFT after e2e: refused
+        grpc_raw(server, _with_service(vllm_request_proto(decode=2.2), "two-clocks").SerializeToString())
+        grpc_raw(server, _with_service(vllm_request_proto(ttft=3.0), "two-clocks").SerializeToString())
+        grpc_raw(server, _with_service(vllm_request_proto(ttft=3.0), "<b>gone</b>").SerializeToString())
+        server.wait_until(lambda s: s.value("otel_llm_requests_assembled_total") == 1
+                          and s.value("otel_llm_spans_malformed_total") == 2, what="one measured, two refused")
+        data = _api(server, "/api/ui/overview?window=start")
+        (card,) = data["groups"]
+        assert (card["model"], card["requests"]) == ("two-clocks", 1)
+        assert card["unmeasured"] == {"two-clocks": {"not_measurable_postprocess": 1, "inconsistent_latency": 1}}
+        assert data["unmeasured_elsewhere"] == {"<b>gone</b>": {"inconsistent_latency": 1}}
+        _open(driver, server.metrics_url + "/?window=start")
+        shown = driver.execute_script(
+            "return [...document.querySelectorAll('p.unmeasured')].map(p => [p.closest('section').dataset.model || '',"
+            " p.dataset.service, p.dataset.refused, p.textContent])")
+        assert sorted(shown) == [
+            ["", "<b>gone</b>", "1", "service <b>gone</b>: 1 spans refused (inconsistent_latency 1)"],
+            ["two-clocks", "two-clocks", "1",
+             "service two-clocks: 1 spans refused (inconsistent_latency 1) · not measurable: postprocess 1"]]
+        assert not _css(driver, "p.unmeasured b")  # the hostile name is text, not markup
+    finally:
+        server.stop()

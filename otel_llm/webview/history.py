@@ -27,6 +27,7 @@ LATENCY_METRICS: tuple[tuple[str, str, str, str | None], ...] = (
     ("gateway_overhead", "gateway overhead", "otel_llm_gateway_overhead_seconds", None),
 )
 OUTCOMES_FAMILY = "vllm:request_success"  # counter; samples vllm:request_success_total{finished_reason}
+UNMEASURED_FAMILY = "otel_llm_service_unmeasured"  # counter; {service_name, reason}
 GENAI_DURATION = "gen_ai_server_request_duration_seconds"
 MAX_GROUPS = 500  # (model, engine) pairs kept per snapshot; the families' own series caps come first
 
@@ -39,6 +40,10 @@ class Snapshot:
     # (family, group) -> cumulative bucket counts in bound order, then count (requests for outcomes)
     histograms: dict[tuple[str, Group], array] = field(default_factory=dict)
     outcomes: dict[tuple[Group, str], float] = field(default_factory=dict)  # (group, finished_reason) -> total
+    # Totals since start, for the cards: the services behind each group, and per service what was not
+    # measured (spans refused, intervals not measurable) by reason.
+    services: dict[Group, set[str]] = field(default_factory=dict)
+    unmeasured: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def groups(self) -> set[Group]:
         """The (model, engine) pairs that have requests: the outcome counter's, which counts every
@@ -83,8 +88,17 @@ class History:
             if name == OUTCOMES_FAMILY:
                 for sample in family.samples:
                     if sample.name.endswith("_total"):
-                        key = (_group_of(sample.labels, True), sample.labels.get("finished_reason", "unknown"))
+                        group = _group_of(sample.labels, True)
+                        key = (group, sample.labels.get("finished_reason", "unknown"))
                         snapshot.outcomes[key] = snapshot.outcomes.get(key, 0.0) + sample.value
+                        if sample.value > 0:
+                            snapshot.services.setdefault(group, set()).add(sample.labels.get("service_name", ""))
+                continue
+            if name == UNMEASURED_FAMILY:
+                for sample in family.samples:
+                    if sample.name.endswith("_total") and sample.value > 0:
+                        reasons = snapshot.unmeasured.setdefault(sample.labels.get("service_name", ""), {})
+                        reasons[sample.labels.get("reason", "")] = sample.value
                 continue
             if name not in wanted:
                 continue

@@ -76,6 +76,7 @@ def overview(history: History, config: Any, window: str) -> dict[str, Any]:
     groups = []
     for group in groups_of([current]):
         groups.append(_group(history, current, base, points, group, span_s, overall, per_model))
+    on_cards = set().union(*current.services.values()) if current.services else set()
     return {
         "window": window, "window_seconds": span_s, "now": now, "started": history.started,
         "snapshot_interval": history.interval_s, "history_seconds": history.history_s,
@@ -83,6 +84,9 @@ def overview(history: History, config: Any, window: str) -> dict[str, Any]:
         "outcomes_metric": {"vllm_name": "vllm:request_success_total",
                             "gen_ai_name": "gen_ai_server_request_duration_seconds_count (error_type)"},
         "slo": overall, "groups": groups,
+        # Services with spans refused or intervals not measurable that no card shows (every span refused).
+        "unmeasured_elsewhere": {service: reasons for service, reasons in sorted(current.unmeasured.items())
+                                 if service not in on_cards},
     }
 
 
@@ -117,6 +121,9 @@ def _group(history: History, current: Snapshot, base: Snapshot | None, points: l
         series[key] = lines
     return {
         "model": model, "engine": engine, "requests": requests,
+        # Per service behind this card, since start: spans refused and intervals not measurable, by reason.
+        "unmeasured": {service: current.unmeasured[service] for service in sorted(current.services.get(group, ()))
+                       if service in current.unmeasured},
         "rate": requests / span_s if span_s > 0 else None,
         "error_ratio": errors / requests if requests else None,
         "abort_ratio": outcomes.get("abort", 0.0) / requests if requests else None,

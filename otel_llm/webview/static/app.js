@@ -187,6 +187,7 @@
         stat("rate", num(g.rate, 3) + " req/s", "rate", g.rate),
         stat("errors", pct(g.error_ratio), "error_ratio", g.error_ratio),
         stat("aborts", pct(g.abort_ratio), "abort_ratio", g.abort_ratio)));
+      for (const [service, reasons] of Object.entries(g.unmeasured || {})) card.appendChild(unmeasured(service, reasons));
       card.appendChild(h("p", {class: "promql"}, h("span", {class: "muted", text: "rate: "}),
         h("code", {text: `sum(rate(vllm:request_success_total${sel}[${rng}]))`}), " ",
         h("span", {class: "muted", text: "errors: "}),
@@ -230,6 +231,27 @@
       card.appendChild(charts);
       groups.appendChild(card);
     }
+    const elsewhere = Object.entries(data.unmeasured_elsewhere || {});
+    if (elsewhere.length) {
+      const card = h("section", {class: "card not-measured"});
+      card.appendChild(h("h2", {text: "Not measured (no request counted)"}));
+      for (const [service, reasons] of elsewhere) card.appendChild(unmeasured(service, reasons));
+      groups.appendChild(card);
+    }
+  }
+  // What otel-llm could not measure for a service (since start): spans refused, by reason, and
+  // requests with an interval not measurable (two processes' clocks), by interval.
+  function unmeasured(service, reasons) {
+    const refused = [], partial = [];
+    for (const [reason, count] of Object.entries(reasons)) {
+      if (reason.startsWith("not_measurable_")) partial.push(`${reason.slice(15)} ${num(count)}`);
+      else refused.push(`${reason} ${num(count)}`);
+    }
+    const total = Object.entries(reasons).filter(([r]) => !r.startsWith("not_measurable_")).reduce((a, [, c]) => a + c, 0);
+    return h("p", {class: "unmeasured", "data-service": service, "data-refused": String(total)},
+      h("span", {class: "muted", text: "service "}), h("code", {text: service || "(none)"}),
+      h("span", {text: `: ${num(total)} spans refused` + (refused.length ? ` (${refused.join(", ")})` : "")}),
+      partial.length ? h("span", {text: ` · not measurable: ${partial.join(", ")}`}) : null);
   }
   function stat(label, text, key, value) {
     return h("div", {class: "stat", "data-stat": key, "data-value": typeof value === "number" ? String(value) : ""},
