@@ -28,7 +28,7 @@ from otel_llm.processor.llm_metrics.stage import LlmMetricsStage
 from otel_llm.processor.memory_limiter.config import MemoryLimiterProcessor
 from otel_llm.processor.memory_limiter.limiter import MemoryLimiter
 from otel_llm.processor.redaction.config import RedactionProcessor
-from otel_llm.processor.redaction.stage import RedactionStage
+from otel_llm.processor.redaction.stage import RedactionStage, intake_redaction_of
 from otel_llm.processor.tail_sampling.assembler import AssemblySettings, TraceAssembler
 from otel_llm.processor.tail_sampling.config import TailSamplingProcessor
 from otel_llm.processor.tail_sampling.sampler import TailSampler
@@ -179,6 +179,8 @@ class Pipeline:
         self._entry.next = self.metrics if self.metrics is not None else self.decision
         self.digest_settings = digest_settings(metrics if isinstance(metrics, LlmMetricsProcessor)
                                                else LlmMetricsProcessor(), redaction)
+        # receivers.otlp.intake_log: content removed before a request is written (None: allow_content)
+        self.intake_redaction = intake_redaction_of(redaction, self.digest_settings.kept_attribute_keys)
         self._malformed = telemetry.spans_malformed
         self._matched = telemetry.spans_engine
         self._stop = threading.Event()

@@ -3,6 +3,7 @@ handed to every kept-trace consumer (the exporters of the pipeline)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +31,18 @@ def redaction_of(config: RedactionProcessor) -> Redaction:
         metadata_keys=METADATA_KEYS,
         url_keys=URL_KEYS,
     )
+
+
+def intake_redaction_of(config: RedactionProcessor, read_keys: Sequence[str]) -> Redaction | None:
+    """The same rules for the intake log (``receivers.otlp.intake_log``), applied in the receiver
+    process to every admitted request before it is written, so no content is ever on its disk; the
+    keys the pipeline reads from spans after intake (``read_keys``: dimensions, edge TTFT) are added
+    to the allowlist. ``None`` with ``allow_content``."""
+    redaction = redaction_of(config)
+    if redaction is NO_REDACTION:
+        return None
+    extra = tuple(k for k in read_keys if k not in redaction.allowed_keys)
+    return dataclasses.replace(redaction, allowed_keys=redaction.allowed_keys | frozenset(extra))
 
 
 def one_per_request(records: list[RequestRecord]) -> list[RequestRecord]:
