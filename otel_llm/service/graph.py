@@ -162,6 +162,7 @@ class Pipeline:
             AssemblySettings(
                 decision_wait_s=buffer_config.decision_wait,
                 grace_s=buffer_config.grace,
+                max_open_call_wait_s=buffer_config.max_open_call_wait,
                 max_traces=buffer_config.num_traces,
                 max_spans_per_trace=buffer_config.max_spans_per_trace,
                 decided_cache_size=buffer_config.decision_cache_size,
@@ -170,6 +171,7 @@ class Pipeline:
             spans_dropped=telemetry.spans_dropped.labels("max_spans_per_trace"),
         )
         telemetry.traces_in_memory.set_function(self.assembler.__len__)
+        telemetry.traces_held_open_calls.set_function(lambda: self.assembler.held_traces)
         self.redaction = RedactionStage(redaction, telemetry, self.consumers)
         self.decision = DecisionStage(TailSampler(sampling) if isinstance(sampling, TailSamplingProcessor) else None,
                                       self.assembler, telemetry, self.redaction)
@@ -287,7 +289,7 @@ class Pipeline:
                         started = time.monotonic()
                         self.assembler.tick()
                         if self.intake_log is not None:
-                            self.intake_log.ticked(started)
+                            self.intake_log.ticked(started, self.assembler.held_since())
                         self._flush(True)
                     except Exception:  # a bug in one trace must not stop every later decision
                         log.exception("trace completion failed")

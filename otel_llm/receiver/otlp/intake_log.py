@@ -518,11 +518,16 @@ class IntakeLogKeeper:
         if self._journal_buffer:  # late spans measured, traces completed early (num_traces)
             self.flush_journal()
 
-    def ticked(self, started: float) -> None:
+    def ticked(self, started: float, held_since: float | None = None) -> None:
         """A tick that started at ``started`` has completed every trace first seen ``decision_wait``
-        before it: every request processed by then is handled once its kept traces are written."""
+        before it, except those held for a call in flight (``processors.tail_sampling.max_open_call_wait``),
+        the oldest first seen at ``held_since``: every request processed before both is handled once
+        its kept traces are written."""
         self.flush_journal()
-        self._advance(started - self._decision_wait_s)
+        cutoff = started - self._decision_wait_s
+        if held_since is not None:
+            cutoff = min(cutoff, held_since - 1e-6)  # a request touching it was processed after it was seen
+        self._advance(cutoff)
 
     def _advance(self, cutoff: float) -> None:
         marks = self._marks

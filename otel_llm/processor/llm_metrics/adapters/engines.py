@@ -85,7 +85,19 @@ def _first(attrs: AttrMap, *keys: str) -> str | None:
 def _error_of(span: Span, attrs: AttrMap) -> tuple[bool, str | None]:
     if span.status.code != _STATUS_ERROR:
         return False, None
-    return True, get_str(attrs, "error.type") or "_OTHER"
+    return True, get_str(attrs, "error.type") or _exception_type(span) or "_OTHER"
+
+
+def _exception_type(span: Span) -> str | None:
+    """The class name of the last ``exception`` event's ``exception.type`` (Logfire records
+    ``openai.RateLimitError`` there and sets no ``error.type``): ``RateLimitError``, the name the
+    official openai-v2 instrumentation and Logfire's own streaming span give ``error.type``."""
+    for event in reversed(span.events):
+        if event.name == "exception":
+            for kv in event.attributes:
+                if kv.key == "exception.type" and kv.value.string_value:
+                    return kv.value.string_value.rsplit(".", 1)[-1]
+    return None
 
 
 def _token_events(span: Span) -> tuple[float | None, tuple[float, ...]]:
