@@ -21,7 +21,8 @@ SIGKILL (an OOM kill, a node drain that does not wait) loses every request ackno
   counted. A write error refuses the same way (``intake_log_error``) after cutting the partial record.
 - **Truncated once handled.** The pipeline process (``IntakeLogKeeper``) tracks each record: it is
   *handled* once processed and ``decision_wait`` has passed since (by then the assembler has decided
-  every trace it touched: a trace is decided ``decision_wait`` after it was first seen at the latest)
+  every trace it touched: a trace is decided ``decision_wait`` after it was first seen at the latest,
+  unless held for a call in flight: then nothing processed after its first span is handled until it is)
   and the store has written every kept trace decided up to then (``TraceStore.flush``). The handled
   prefix is persisted in ``checkpoint``; segments wholly below it are deleted.
 - **Exactly-once for metrics.** A request usually holds spans of traces decided long before the
