@@ -105,6 +105,8 @@ class TraceAssembler:
                     dropped += 1
                     continue
                 buffered.trace_id = trace.trace_id  # one bytes object per trace, not one per span
+                if buffered.is_engine:
+                    trace.engine_seen_at = now
                 self._insert(trace, buffered)
                 touched[trace_id] = trace
             for trace in touched.values():
@@ -198,7 +200,10 @@ class TraceAssembler:
                 trace = next(iter(self._pending.values()))
                 if trace.first_seen > deadline:
                     break
-                in_flight = holding and _call_in_flight(trace)
+                # Held while nothing was measured yet (the engine's request is in flight too), or
+                # for decision_wait after its engine span came (its caller's span follows it).
+                in_flight = holding and (not trace.engine_seen_at or trace.engine_seen_at > deadline) \
+                    and _call_in_flight(trace)
                 if in_flight and trace.first_seen > open_deadline:
                     # Its caller's span has not arrived: held, looked at again once the traces
                     # seen after it are due (so at most decision_wait past the limit).

@@ -69,7 +69,8 @@ class TailSamplingProcessor:
     grace: Duration = 1.0
     # A trace holding a CLIENT span whose parent has not arrived (a call still in flight: a GenAI
     # client span ends after the HTTP span under it, a stream after minutes) is held past
-    # decision_wait until that parent comes, at most this long after it was first seen. 0: off.
+    # decision_wait until that parent comes: while no engine span came, and decision_wait after one
+    # did; at most this long after it was first seen. 0: off.
     max_open_call_wait: Duration = 600.0
     num_traces: PositiveInt = 50_000
     max_spans_per_trace: PositiveInt = 10_000

@@ -107,13 +107,27 @@ def test_a_stream_longer_than_decision_wait_is_held_and_measured_joined():
 def test_a_held_trace_is_decided_at_its_limit():
     chain, registry, store, clock = chain_with_clock(max_open_call_wait=60.0)
     call = Call("limit")
-    chain.buffer(call.http.SerializeToString(), digested=False)
-    chain.buffer(call.engine.SerializeToString(), digested=False)
+    chain.buffer(call.http.SerializeToString(), digested=False)  # and nothing else ever comes
     clock.now += 59.0
     assert chain.assembler.tick() == 0
     clock.now += 2.0
     assert chain.assembler.tick() == 1
     assert sample(registry, "otel_llm_traces_completed_total", reason="max_open_call_wait") == 1
+    assert chain.recorder is not None and chain.recorder.requests_recorded == 0
+    chain.shutdown(timeout_s=5)
+
+
+def test_once_its_engine_span_came_a_trace_waits_decision_wait_for_the_caller():
+    chain, registry, store, clock = chain_with_clock(max_open_call_wait=600.0)
+    call = Call("no-caller")
+    chain.buffer(call.http.SerializeToString(), digested=False)
+    clock.now += STREAM_S
+    chain.buffer(call.engine.SerializeToString(), digested=False)  # the GenAI client span never comes
+    clock.now += DECISION_WAIT - 0.5
+    assert chain.assembler.tick() == 0
+    clock.now += 1.0
+    assert chain.assembler.tick() == 1
+    assert sample(registry, "otel_llm_traces_completed_total", reason="decision_wait") == 1
     assert chain.recorder is not None and chain.recorder.requests_recorded == 1  # the engine, alone
     chain.shutdown(timeout_s=5)
 
