@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Installs the application-side instrumentations the live matrix runs (tests/test_live_instrumentations.py),
+# once, each group in its own virtualenv in a cache outside the repository (like tests/live/engines.sh):
+# their OpenTelemetry SDK pins conflict with each other and with the project's test extras.
+#
+#   logfire   Pydantic Logfire 5.4.0 (logfire-sdk 5.4.0, its httpx extra for trace propagation) on
+#             openai 3.57.0, from PyPI, exact versions.
+#
+#   tests/live/instrumentations.sh build [group]   install what is missing; a no-op when installed
+#   tests/live/instrumentations.sh path group      print the virtualenv's python (installed or not)
+#
+# The cache is ${OTEL_LLM_INSTRUMENTATIONS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/otel-llm/instrumentations}/<group>/r<RECIPE>/
+# (RECIPE below: bump it when a pin changes). ~1 min cold, 0 s warm.
+set -euo pipefail
+
+cache="${OTEL_LLM_INSTRUMENTATIONS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/otel-llm/instrumentations}"
+RECIPE=1
+declare -A PINS=(
+  [logfire]="logfire[httpx]==5.4.0 logfire-sdk==5.4.0 openai==3.57.0"
+)
+
+venv_dir() { echo "$cache/$1/r$RECIPE"; }
+
+build_group() {
+  local group="$1" dir lock started
+  [ -n "${PINS[$group]:-}" ] || { echo "instrumentations: unknown group $group" >&2; return 2; }
+  dir="$(venv_dir "$group")"
+  [ -f "$dir/.installed" ] && return 0
+  mkdir -p "$cache"
+  lock="$cache/.$group.lock"
+  exec {fd}>"$lock"
+  flock "$fd"
+  if [ ! -f "$dir/.installed" ]; then
+    started=$(date +%s)
+    echo "instrumentations: installing $group (${PINS[$group]}) into $dir"
+    rm -rf "$dir"
+    python3 -m venv "$dir"
+    # shellcheck disable=SC2086
+    "$dir/bin/pip" install --quiet ${PINS[$group]}
+    "$dir/bin/pip" freeze > "$dir/versions.txt"
+    touch "$dir/.installed"
+    echo "instrumentations: $group installed in $(( $(date +%s) - started )) s"
+  fi
+  flock -u "$fd"
+}
+
+case "${1:-}" in
+  build)
+    shift
+    groups=("$@")
+    [ ${#groups[@]} -gt 0 ] || groups=("${!PINS[@]}")
+    for g in "${groups[@]}"; do build_group "$g"; done
+    ;;
+  path)
+    echo "$(venv_dir "$2")/bin/python"
+    ;;
+  *)
+    echo "usage: $0 build [group...] | path group" >&2; exit 2
+    ;;
+esac

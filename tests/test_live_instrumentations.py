@@ -1,0 +1,139 @@
+"""The instrumentation matrix, live: each instrumentation installed at its pinned version in its own
+cached virtualenv (``tests/live/instrumentations.sh``), run as its users run it with the real
+``openai`` client against the local OpenAI-compatible upstream of ``tests/testdata/emitters/capture.py``
+(whose prompts, system prompts and completions carry unique markers), its HTTP span's traceparent
+reaching a vLLM V1 engine span emitted behind the upstream. otel-llm runs with its store, its intake
+log and an OTLP/HTTP exporter with an on-disk queue to a peer that keeps every body.
+
+Per instrumentation: every call counted once on the client side with what the client saw (tokens,
+the error's class), each engine request once on the server side, and not one marker byte on any
+disk otel-llm wrote or in what its exporter sent. Logfire 5.4: ``instrument_openai(version=1)``
+and the default ``version=2``."""
+
+from __future__ import annotations
+
+import http.server
+import importlib.util
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from otel_llm_simulate.emitters import RequestTiming, emit_vllm_v1, engine_tracer_provider
+from tests.support.captures import CAPTURES
+
+LIVE = Path(__file__).parent / "live"
+CALLS = ["chat", "stream", "err500", "err400"]
+KEEP_ALL = {"decision_wait": "2s", "grace": "100ms",
+            "policies": [{"name": "all", "type": "probabilistic", "probabilistic": {"sampling_percentage": 100}}]}
+
+
+def _capture() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("emitter_capture_live", CAPTURES / "capture.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _python(group: str) -> str:
+    script = str(LIVE / "instrumentations.sh")
+    built = subprocess.run([script, "build", group], capture_output=True, text=True, timeout=900)
+    assert built.returncode == 0, built.stderr[-3000:]
+    return subprocess.run([script, "path", group], capture_output=True, text=True, check=True).stdout.strip()
+
+
+class _Sink(http.server.BaseHTTPRequestHandler):
+    bodies: list[bytes] = []
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.bodies.append(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_logfire_live(make_server, tmp_path, version):
+    python = _python("logfire")
+    capture = _capture()
+    upstream, upstream_port = capture.serve(capture.UpstreamHandler)
+    sink = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    _Sink.bodies = []
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    try:
+        server = make_server({
+            "receivers": {"otlp": {"intake_log": {}}},
+            "processors": {"tail_sampling": KEEP_ALL},
+            "exporters": {"otlphttp": {"endpoint": f"http://127.0.0.1:{sink.server_address[1]}", "compression": "none",
+                                       "sending_queue": {"storage": str(tmp_path / "queue")}}},
+        })
+        capture.STATE.scenario = f"logfire_v{version}"
+        result_file = tmp_path / "results.json"
+        env = {"PATH": "/usr/bin:/bin", "OTLP": f"http://127.0.0.1:{server.http_port}",
+               "UPSTREAM": f"http://127.0.0.1:{upstream_port}", "LF_VERSION": str(version), "RESULTS": str(result_file),
+               "PROMPT_MARKER": capture.PROMPT_MARKER, "SYSTEM_MARKER": capture.SYSTEM_MARKER,
+               "OTEL_RESOURCE_ATTRIBUTES": "", "LOGFIRE_SEND_TO_LOGFIRE": "false"}
+        child = subprocess.run([python, str(LIVE / "logfire_child.py"), *CALLS], env=env, capture_output=True,
+                               text=True, timeout=120)
+        assert child.returncode == 0, child.stderr[-3000:]
+        outcome = json.loads(result_file.read_text())
+        results = outcome["results"]
+        assert outcome["versions"] == {"logfire": "5.4.0", "openai": "3.57.0"}
+        assert [r["ok"] for r in results] == [True, True, False, False]
+        assert [r["error"] for r in results[2:]] == ["InternalServerError", "BadRequestError"]
+        # Behind the upstream: vLLM's span for each call that reached it with a traceparent.
+        with capture.STATE.lock:
+            reached = [u for u in capture.STATE.upstream if u["scenario"] == capture.STATE.scenario]
+        assert len(reached) == len(CALLS) and all(u["traceparent"] for u in reached)
+        answered = [u for u in reached if u["status"] == 200]
+        provider = engine_tracer_provider("vllm-v1", server.exporter("http"), service_name="vllm-behind-logfire")
+        for u in answered:
+            emit_vllm_v1(provider, RequestTiming(time.time_ns() - 50_000_000, 0.001, 0.001, 0.002, 0.004, completion_tokens=capture.COMPLETION_TOKENS),
+                         request_id=f"lf-{u['seq']}", traceparent_headers={"traceparent": u["traceparent"]})
+        provider.shutdown()
+
+        calls, failed = len(results), sum(1 for r in results if not r["ok"])
+        scrape = server.wait_until(
+            lambda s: s.value("gen_ai_client_operation_duration_seconds_count") >= calls
+            and s.value("vllm:request_success_total") >= len(answered)
+            and s.value("otel_llm_traces_in_memory") == 0, timeout_s=60, what="every live call decided")
+        # Client side: each call once, the errors named by class (Logfire's exception event), not _OTHER.
+        assert scrape.value("gen_ai_client_operation_duration_seconds_count") == calls
+        assert scrape.value("gen_ai_client_operation_duration_seconds_count", error_type="InternalServerError") == 1
+        assert scrape.value("gen_ai_client_operation_duration_seconds_count", error_type="BadRequestError") == 1
+        assert scrape.value("gen_ai_client_operation_duration_seconds_count", error_type="_OTHER") == 0
+        # Tokens as the client saw them: the non-streamed call's; Logfire's CLIENT span of a stream
+        # ends when create() returns and carries none (README: Logfire's row).
+        assert scrape.value("gen_ai_client_token_usage_sum", gen_ai_token_type="output") == results[0]["tokens"]
+        # Server side: each engine request once, joined to its client span (an overhead measured, or,
+        # where Logfire's span ended before the engine's request did, counted as not measurable).
+        assert scrape.value("vllm:request_success_total") == len(answered) == calls - failed
+        joined = scrape.value("otel_llm_client_overhead_seconds_count") + \
+            scrape.value("otel_llm_values_rejected_total", reason="negative_client_overhead")
+        assert joined == len(answered)
+        server.wait_until(lambda s: s.value("otel_llm_exporter_sent_spans_total") > 0, timeout_s=30,
+                          what="the exporter sent")
+        server.service.store.flush()
+    finally:
+        upstream.shutdown()
+        sink.shutdown()
+    markers = [m.encode() for m in capture.MARKERS.values()]
+    files = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "results.json"]
+    assert any(p.name.endswith(".wal") for p in files)
+    hits = {str(p): [m for m in markers if m in p.read_bytes()] for p in files}
+    hits.update({f"peer body {i}": [m for m in markers if m in b] for i, b in enumerate(_Sink.bodies)})
+    assert _Sink.bodies and not {k: v for k, v in hits.items() if v}
+    print(f"logfire v{version}: calls {calls}, client records "
+          f"{scrape.value('gen_ai_client_operation_duration_seconds_count'):g}, server records "
+          f"{scrape.value('vllm:request_success_total'):g}, marker bytes found 0 in {len(files)} files and "
+          f"{len(_Sink.bodies)} exported bodies")
