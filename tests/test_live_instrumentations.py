@@ -8,7 +8,8 @@ log and an OTLP/HTTP exporter with an on-disk queue to a peer that keeps every b
 Per instrumentation: every call counted once on the client side with what the client saw (tokens,
 the error's class), each engine request once on the server side, and not one marker byte on any
 disk otel-llm wrote or in what its exporter sent. Logfire 5.4: ``instrument_openai(version=1)``
-and the default ``version=2``."""
+and the default ``version=2``; openai-agents 0.24 with Logfire's ``instrument_openai_agents()`` and
+with OpenInference's openai-agents instrumentation 2.6.0."""
 
 from __future__ import annotations
 
@@ -137,3 +138,75 @@ def test_logfire_live(make_server, tmp_path, version):
           f"{scrape.value('gen_ai_client_operation_duration_seconds_count'):g}, server records "
           f"{scrape.value('vllm:request_success_total'):g}, marker bytes found 0 in {len(files)} files and "
           f"{len(_Sink.bodies)} exported bodies")
+
+
+def _marker_hits(tmp_path: Path, markers: list[bytes]) -> dict[str, list[bytes]]:
+    files = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "results.json"]
+    assert any(p.name.endswith(".wal") for p in files)  # the intake log was written
+    hits = {str(p): [m for m in markers if m in p.read_bytes()] for p in files}
+    hits.update({f"peer body {i}": [m for m in markers if m in b] for i, b in enumerate(_Sink.bodies)})
+    assert _Sink.bodies
+    return {k: v for k, v in hits.items() if v}
+
+
+@pytest.mark.parametrize("group", ["logfire", "openinference"])
+def test_openai_agents_live(make_server, tmp_path, group):
+    """An openai-agents run: its system prompt (``instructions``) goes into Logfire's ``events``
+    and ``request_data`` and OpenInference's ``llm.invocation_parameters``, none of which any block
+    list names. Logfire's agents LLM span (INTERNAL ``Chat completion with …``) is the client call,
+    counted once with its tokens (with ``instrument_openai`` too, the CLIENT span inside it is a
+    nested client span, part of the same call); OpenInference's carry no ``gen_ai.*`` and are not
+    counted."""
+    python = _python(group)
+    capture = _capture()
+    upstream, upstream_port = capture.serve(capture.UpstreamHandler)
+    sink = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    _Sink.bodies = []
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    calls = ["agent1", "agent2"]
+    try:
+        server = make_server({
+            "receivers": {"otlp": {"intake_log": {}}},
+            "processors": {"tail_sampling": KEEP_ALL},
+            "exporters": {"otlphttp": {"endpoint": f"http://127.0.0.1:{sink.server_address[1]}", "compression": "none",
+                                       "sending_queue": {"storage": str(tmp_path / "queue")}}},
+        })
+        capture.STATE.scenario = f"agents_{group}"
+        result_file = tmp_path / "results.json"
+        env = {"PATH": "/usr/bin:/bin", "OTLP": f"http://127.0.0.1:{server.http_port}", "GROUP": group,
+               "UPSTREAM": f"http://127.0.0.1:{upstream_port}", "RESULTS": str(result_file),
+               "PROMPT_MARKER": capture.PROMPT_MARKER, "SYSTEM_MARKER": capture.SYSTEM_MARKER,
+               "OPENAI_AGENTS_DISABLE_TRACING": "0", "LOGFIRE_SEND_TO_LOGFIRE": "false"}
+        child = subprocess.run([python, str(LIVE / "agents_child.py"), *calls], env=env, capture_output=True,
+                               text=True, timeout=180)
+        assert child.returncode == 0, child.stderr[-3000:]
+        results = json.loads(result_file.read_text())["results"]
+        assert [r["ok"] for r in results] == [True, True], results
+        with capture.STATE.lock:
+            reached = [u for u in capture.STATE.upstream if u["scenario"] == capture.STATE.scenario]
+        assert len(reached) == len(calls)  # one LLM call per run
+        scrape = server.wait_until(lambda s: s.value("otel_llm_receiver_accepted_spans_total") > 0
+                                   and s.value("otel_llm_traces_in_memory") == 0
+                                   and s.value("otel_llm_exporter_sent_spans_total") > 0, timeout_s=60,
+                                   what="every run decided and exported")
+        expected = len(calls) if group == "logfire" else 0
+        server.wait_until(lambda s: s.value("gen_ai_client_operation_duration_seconds_count") >= expected,
+                          timeout_s=30, what="the agents' LLM calls counted")
+        scrape = server.scrape()
+        assert scrape.value("gen_ai_client_operation_duration_seconds_count") == expected
+        # The content went over the wire to otel-llm (and was removed before the intake log): text under
+        # keys no list names, at least the system prompt and the prompt of each run.
+        assert scrape.value("otel_llm_intake_log_attributes_redacted_total", reason="not_allowed") >= 2 * len(calls)
+        if group == "logfire":
+            assert scrape.value("gen_ai_client_token_usage_sum", gen_ai_token_type="output") == \
+                len(calls) * capture.COMPLETION_TOKENS
+        server.service.store.flush()
+    finally:
+        upstream.shutdown()
+        sink.shutdown()
+    markers = [m.encode() for m in capture.MARKERS.values()]
+    assert not _marker_hits(tmp_path, markers)
+    print(f"openai-agents + {group}: calls {len(calls)}, client records "
+          f"{scrape.value('gen_ai_client_operation_duration_seconds_count'):g}, server records 0 (no engine behind the "
+          f"agents' calls: no propagation), spans {scrape.value('otel_llm_receiver_accepted_spans_total'):g}, "
+          f"redacted at intake {scrape.value('otel_llm_intake_log_attributes_redacted_total'):g}, marker bytes found 0")

@@ -3,8 +3,11 @@
 # once, each group in its own virtualenv in a cache outside the repository (like tests/live/engines.sh):
 # their OpenTelemetry SDK pins conflict with each other and with the project's test extras.
 #
-#   logfire   Pydantic Logfire 5.4.0 (logfire-sdk 5.4.0, its httpx extra for trace propagation) on
-#             openai 3.57.0, from PyPI, exact versions.
+#   logfire        Pydantic Logfire 5.4.0 (logfire-sdk 5.4.0, its httpx extra for trace propagation) on
+#                  openai 3.57.0 and openai-agents 0.24.0.
+#   openinference  Arize OpenInference: openinference-instrumentation-openai 0.1.66 and -openai-agents
+#                  2.6.0 on openai 3.57.0 and openai-agents 0.24.0, the OTel SDK and its OTLP/HTTP exporter.
+#   From PyPI; each group's resolved versions are written to <venv>/versions.txt.
 #
 #   tests/live/instrumentations.sh build [group]   install what is missing; a no-op when installed
 #   tests/live/instrumentations.sh path group      print the virtualenv's python (installed or not)
@@ -14,9 +17,10 @@
 set -euo pipefail
 
 cache="${OTEL_LLM_INSTRUMENTATIONS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/otel-llm/instrumentations}"
-RECIPE=1
+RECIPE=2
 declare -A PINS=(
-  [logfire]="logfire[httpx]==5.4.0 logfire-sdk==5.4.0 openai==3.57.0"
+  [logfire]="logfire[httpx]==5.4.0 logfire-sdk==5.4.0 openai==3.57.0 openai-agents==0.24.0"
+  [openinference]="openinference-instrumentation-openai==0.1.66 openinference-instrumentation-openai-agents==2.6.0 openai-agents==0.24.0 openai==3.57.0 opentelemetry-sdk opentelemetry-exporter-otlp-proto-http"
 )
 
 venv_dir() { echo "$cache/$1/r$RECIPE"; }

@@ -424,6 +424,12 @@ _NO_ATTRS: AttrMap = {}
 LITELLM_SPAN_NAMES = frozenset({"litellm_request"})
 
 
+# Logfire's openai-agents LLM spans (INTERNAL; their names are Logfire's message templates,
+# logfire/_internal/integrations/openai_agents.py @ 5.4.0: "Responses API with {gen_ai.request.model!r}",
+# "Chat completion with {gen_ai.request.model!r}"): client calls, counted like any GenAI client span.
+LOGFIRE_AGENT_LLM_PREFIXES = ("Responses API", "Chat completion with ")
+
+
 _INTERNAL_NAMES = frozenset({VLLM_SPAN_NAME, *TGI_HANDLER_SPANS, *LITELLM_SPAN_NAMES, *SGLANG_STAGES, DYNAMO_ROOT,
                              DYNAMO_WORKER, *LLMD_PROXY_SPANS})
 
@@ -432,7 +438,8 @@ def _may_be_llm(span: Span, name: str) -> bool:
     """Cheap test on name and kind, so the attributes of plain application spans are never read."""
     if span.kind in (_SPAN_KIND_SERVER, Span.SPAN_KIND_CLIENT):
         return True  # engines' request spans, gateways, GenAI client calls
-    return name in _INTERNAL_NAMES or " Req " in name or name.split(" ", 1)[0] in GENAI_OPERATIONS
+    return (name in _INTERNAL_NAMES or " Req " in name or name.split(" ", 1)[0] in GENAI_OPERATIONS
+            or name.startswith(LOGFIRE_AGENT_LLM_PREFIXES))
 
 
 def _part(kind: str, adapter: str, part: str, marks: tuple) -> EngineObservation:
