@@ -210,3 +210,83 @@ def test_openai_agents_live(make_server, tmp_path, group):
           f"{scrape.value('gen_ai_client_operation_duration_seconds_count'):g}, server records 0 (no engine behind the "
           f"agents' calls: no propagation), spans {scrape.value('otel_llm_receiver_accepted_spans_total'):g}, "
           f"redacted at intake {scrape.value('otel_llm_intake_log_attributes_redacted_total'):g}, marker bytes found 0")
+
+
+# The capture scenarios run live (tests/testdata/emitters/capture.py's children, in the capture group's
+# virtualenv): calls, and how many client records each instrumentation's spans make of them.
+CAPTURE_CALLS = ["chat", "stream", "err500", "err400", "abort"]
+LITELLM_CALLS = ["chat", "stream", "err500", "err400"]  # its capture child has no abort
+MATRIX: dict[str, tuple[list[str], int]] = {
+    # OpenTelemetry's openai-v2 with the httpx instrumentation (its HTTP span carries the traceparent)
+    "openai_v2_httpx": (CAPTURE_CALLS, len(CAPTURE_CALLS)),
+    # OpenLLMetry: injects the traceparent itself
+    "openllmetry_openai": (CAPTURE_CALLS, len(CAPTURE_CALLS)),
+    # OpenInference: no gen_ai.* keys (README), so no client record; no propagation
+    "openinference_openai": (CAPTURE_CALLS, 0),
+    # LiteLLM SDK, its legacy callback as a new user sets it up (content on by default), and its V2
+    # logger with content opted in
+    "litellm_sdk_v1": (LITELLM_CALLS, len(LITELLM_CALLS)),
+    "litellm_sdk_v2_content": (LITELLM_CALLS, len(LITELLM_CALLS)),
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(MATRIX))
+def test_capture_scenarios_live(make_server, tmp_path, scenario):
+    python = _python("capture")
+    capture = _capture()
+    upstream, upstream_port = capture.serve(capture.UpstreamHandler)
+    sink = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    _Sink.bodies = []
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    try:
+        server = make_server({
+            "receivers": {"otlp": {"intake_log": {}}},
+            "processors": {"tail_sampling": KEEP_ALL},
+            "exporters": {"otlphttp": {"endpoint": f"http://127.0.0.1:{sink.server_address[1]}", "compression": "none",
+                                       "sending_queue": {"storage": str(tmp_path / "queue")}}},
+        })
+        capture.STATE.scenario = scenario
+        result_file = tmp_path / "results.json"
+        env = capture.child_env(scenario, f"http://127.0.0.1:{server.http_port}", f"http://127.0.0.1:{upstream_port}",
+                                str(result_file))
+        calls, expected = MATRIX[scenario]
+        env["CAPTURE_CALLS"] = ",".join(calls)
+        child = subprocess.run([python, str(CAPTURES / "capture.py"), "--child", scenario], env=env,
+                               capture_output=True, text=True, timeout=180)
+        assert child.returncode == 0, child.stderr[-3000:]
+        results = json.loads(result_file.read_text())
+        assert [r["call"] for r in results] == calls
+        assert [r["ok"] for r in results] == [True, True] + [False] * (len(calls) - 2), results
+        with capture.STATE.lock:
+            reached = [u for u in capture.STATE.upstream if u["scenario"] == scenario]
+        # vLLM's span behind each answered call that carried a traceparent; a client abort gets none
+        # (vLLM emits no span for an aborted request).
+        answered = [u for u in reached if u["status"] == 200 and u["traceparent"] and not u["call"].startswith("abort")]
+        provider = engine_tracer_provider("vllm-v1", server.exporter("http"), service_name=f"vllm-behind-{scenario}")
+        for u in answered:
+            emit_vllm_v1(provider, RequestTiming(time.time_ns() - 50_000_000, 0.001, 0.001, 0.002, 0.004,
+                                                 completion_tokens=capture.COMPLETION_TOKENS),
+                         request_id=f"{scenario}-{u['seq']}", traceparent_headers={"traceparent": u["traceparent"]})
+        provider.shutdown()
+        scrape = server.wait_until(
+            lambda s: s.value("gen_ai_client_operation_duration_seconds_count") >= expected
+            and s.value("vllm:request_success_total") >= len(answered)
+            and s.value("otel_llm_traces_in_memory") == 0
+            and s.value("otel_llm_exporter_sent_spans_total") > 0, timeout_s=60, what="every live call decided")
+        assert scrape.value("gen_ai_client_operation_duration_seconds_count") == expected
+        assert scrape.value("vllm:request_success_total") == len(answered)
+        if expected:
+            joined = scrape.value("otel_llm_client_overhead_seconds_count") + \
+                scrape.value("otel_llm_values_rejected_total", reason="negative_client_overhead")
+            assert joined == len(answered)
+            assert scrape.value("gen_ai_client_operation_duration_seconds_count", error_type="_OTHER") == 0
+        server.service.store.flush()
+    finally:
+        upstream.shutdown()
+        sink.shutdown()
+    markers = [m.encode() for m in capture.MARKERS.values()]
+    assert not _marker_hits(tmp_path, markers)
+    print(f"{scenario}: calls {len(results)}, client records "
+          f"{scrape.value('gen_ai_client_operation_duration_seconds_count'):g}, server records "
+          f"{scrape.value('vllm:request_success_total'):g} (of {len(reached)} upstream requests, {len(answered)} "
+          f"answered with a traceparent), marker bytes found 0")

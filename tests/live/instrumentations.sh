@@ -7,6 +7,10 @@
 #                  openai 3.57.0 and openai-agents 0.24.0.
 #   openinference  Arize OpenInference: openinference-instrumentation-openai 0.1.66 and -openai-agents
 #                  2.6.0 on openai 3.57.0 and openai-agents 0.24.0, the OTel SDK and its OTLP/HTTP exporter.
+#   capture        the emitter captures' own environment (tests/testdata/emitters/requirements.txt, exact
+#                  pins, --no-deps): OpenLLMetry 0.62.4, OpenInference openai 0.1.66, openai-v2 2.4b0 with
+#                  the httpx instrumentation, LiteLLM 1.110.2, on openai 3.57.0; its scenarios are run by
+#                  tests/testdata/emitters/capture.py --child. Keyed by the requirements file's hash too.
 #   From PyPI; each group's resolved versions are written to <venv>/versions.txt.
 #
 #   tests/live/instrumentations.sh build [group]   install what is missing; a no-op when installed
@@ -23,11 +27,20 @@ declare -A PINS=(
   [openinference]="openinference-instrumentation-openai==0.1.66 openinference-instrumentation-openai-agents==2.6.0 openai-agents==0.24.0 openai==3.57.0 opentelemetry-sdk opentelemetry-exporter-otlp-proto-http"
 )
 
-venv_dir() { echo "$cache/$1/r$RECIPE"; }
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+CAPTURE_REQUIREMENTS="$here/../testdata/emitters/requirements.txt"
+
+venv_dir() {
+  if [ "$1" = capture ]; then
+    echo "$cache/$1/r$RECIPE-$(sha256sum "$CAPTURE_REQUIREMENTS" | cut -c1-12)"
+  else
+    echo "$cache/$1/r$RECIPE"
+  fi
+}
 
 build_group() {
   local group="$1" dir lock started
-  [ -n "${PINS[$group]:-}" ] || { echo "instrumentations: unknown group $group" >&2; return 2; }
+  [ -n "${PINS[$group]:-}" ] || [ "$group" = capture ] || { echo "instrumentations: unknown group $group" >&2; return 2; }
   dir="$(venv_dir "$group")"
   [ -f "$dir/.installed" ] && return 0
   mkdir -p "$cache"
@@ -36,11 +49,15 @@ build_group() {
   flock "$fd"
   if [ ! -f "$dir/.installed" ]; then
     started=$(date +%s)
-    echo "instrumentations: installing $group (${PINS[$group]}) into $dir"
+    echo "instrumentations: installing $group into $dir"
     rm -rf "$dir"
     python3 -m venv "$dir"
-    # shellcheck disable=SC2086
-    "$dir/bin/pip" install --quiet ${PINS[$group]}
+    if [ "$group" = capture ]; then
+      "$dir/bin/pip" install --quiet --no-deps -r "$CAPTURE_REQUIREMENTS"
+    else
+      # shellcheck disable=SC2086
+      "$dir/bin/pip" install --quiet ${PINS[$group]}
+    fi
     "$dir/bin/pip" freeze > "$dir/versions.txt"
     touch "$dir/.installed"
     echo "instrumentations: $group installed in $(( $(date +%s) - started )) s"
@@ -52,7 +69,7 @@ case "${1:-}" in
   build)
     shift
     groups=("$@")
-    [ ${#groups[@]} -gt 0 ] || groups=("${!PINS[@]}")
+    [ ${#groups[@]} -gt 0 ] || groups=("${!PINS[@]}" capture)
     for g in "${groups[@]}"; do build_group "$g"; done
     ;;
   path)
