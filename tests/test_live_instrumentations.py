@@ -290,3 +290,64 @@ def test_capture_scenarios_live(make_server, tmp_path, scenario):
           f"{scrape.value('gen_ai_client_operation_duration_seconds_count'):g}, server records "
           f"{scrape.value('vllm:request_success_total'):g} (of {len(reached)} upstream requests, {len(answered)} "
           f"answered with a traceparent), marker bytes found 0")
+
+
+def test_a_stream_ten_times_longer_than_decision_wait_is_measured_joined(make_server, tmp_path):
+    """openai-v2 with httpx, streaming for 20 s against a 2 s ``decision_wait``: its HTTP span (ended
+    at the response headers) arrives ~20 s before its GenAI client span. The trace is held for the
+    call in flight, so the engine span (it came last here) and the client span are one request:
+    joined, nothing late, measured once on each side."""
+    python = _python("capture")
+    capture = _capture()
+    stream_s = 20.0
+    capture.STREAM_CHUNK_DELAY_S = stream_s / 3  # three content chunks
+    upstream, upstream_port = capture.serve(capture.UpstreamHandler)
+    try:
+        server = make_server({"processors": {"tail_sampling": KEEP_ALL}})
+        scenario = "openai_v2_httpx"
+        capture.STATE.scenario = scenario
+        result_file = tmp_path / "results.json"
+        env = capture.child_env(scenario, f"http://127.0.0.1:{server.http_port}", f"http://127.0.0.1:{upstream_port}",
+                                str(result_file))
+        env["CAPTURE_CALLS"] = "stream"
+        started = time.monotonic()
+        child = subprocess.Popen([python, str(CAPTURES / "capture.py"), "--child", scenario], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = started + 30
+            while True:  # the request reached the upstream: its traceparent is known
+                with capture.STATE.lock:
+                    reached = [u for u in capture.STATE.upstream if u["scenario"] == scenario]
+                if reached or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            assert len(reached) == 1
+            requested = time.monotonic()
+            # vLLM exports its span as the request finishes, just before the stream's last bytes.
+            time.sleep(max(0.0, requested + stream_s - 1.0 - time.monotonic()))
+            provider = engine_tracer_provider("vllm-v1", server.exporter("http"), service_name="vllm-long-stream")
+            emit_vllm_v1(provider, RequestTiming(time.time_ns() - int((stream_s - 1.5) * 1e9), 0.001, 0.001, 0.05,
+                                                 stream_s - 1.6, completion_tokens=capture.COMPLETION_TOKENS),
+                         request_id="long-stream", traceparent_headers={"traceparent": reached[0]["traceparent"]})
+            provider.shutdown()
+            _, stderr = child.communicate(timeout=120)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        assert child.returncode == 0, stderr[-3000:]
+        assert time.monotonic() - started >= stream_s
+        assert [r["ok"] for r in json.loads(result_file.read_text())] == [True]
+        scrape = server.wait_until(
+            lambda s: s.value("gen_ai_client_operation_duration_seconds_count") >= 1
+            and s.value("vllm:request_success_total") >= 1 and s.value("otel_llm_traces_in_memory") == 0,
+            timeout_s=30, what="the long call decided")
+        assert scrape.value("otel_llm_late_spans_total") == 0
+        assert scrape.value("gen_ai_client_operation_duration_seconds_count") == 1
+        assert scrape.value("gen_ai_client_operation_duration_seconds_sum") >= stream_s
+        assert scrape.value("vllm:request_success_total") == 1
+        assert scrape.value("otel_llm_client_overhead_seconds_count") == 1  # joined: the client's view of the engine
+        # ... with the model the client's span observed (vLLM V1 reports none)
+        assert scrape.value("vllm:e2e_request_latency_seconds_count", model_name=capture.RESPONSE_MODEL) == 1
+    finally:
+        upstream.shutdown()
