@@ -232,7 +232,14 @@ MATRIX: dict[str, tuple[list[str], int]] = {
 
 @pytest.mark.parametrize("scenario", sorted(MATRIX))
 def test_capture_scenarios_live(make_server, tmp_path, scenario):
-    python = _python("capture")
+    calls, expected = MATRIX[scenario]
+    _matrix_case(make_server, tmp_path, scenario, "capture", [str(CAPTURES / "capture.py"), "--child", scenario],
+                 {}, calls, expected)
+
+
+def _matrix_case(make_server, tmp_path, scenario: str, group: str, argv: list[str], extra_env: dict[str, str],
+                 calls: list[str], expected: int) -> None:
+    python = _python(group)
     capture = _capture()
     upstream, upstream_port = capture.serve(capture.UpstreamHandler)
     sink = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
@@ -249,10 +256,9 @@ def test_capture_scenarios_live(make_server, tmp_path, scenario):
         result_file = tmp_path / "results.json"
         env = capture.child_env(scenario, f"http://127.0.0.1:{server.http_port}", f"http://127.0.0.1:{upstream_port}",
                                 str(result_file))
-        calls, expected = MATRIX[scenario]
+        env.update(extra_env)
         env["CAPTURE_CALLS"] = ",".join(calls)
-        child = subprocess.run([python, str(CAPTURES / "capture.py"), "--child", scenario], env=env,
-                               capture_output=True, text=True, timeout=180)
+        child = subprocess.run([python, *argv], env=env, capture_output=True, text=True, timeout=180)
         assert child.returncode == 0, child.stderr[-3000:]
         results = json.loads(result_file.read_text())
         assert [r["call"] for r in results] == calls
@@ -286,7 +292,7 @@ def test_capture_scenarios_live(make_server, tmp_path, scenario):
         sink.shutdown()
     markers = [m.encode() for m in capture.MARKERS.values()]
     assert not _marker_hits(tmp_path, markers)
-    print(f"{scenario}: calls {len(results)}, client records "
+    print(f"{group} {scenario}: calls {len(results)}, client records "
           f"{scrape.value('gen_ai_client_operation_duration_seconds_count'):g}, server records "
           f"{scrape.value('vllm:request_success_total'):g} (of {len(reached)} upstream requests, {len(answered)} "
           f"answered with a traceparent), marker bytes found 0")
