@@ -28,6 +28,10 @@ import pytest
 from otel_llm_simulate.emitters import RequestTiming, emit_vllm_v1, engine_tracer_provider
 from tests.support.captures import CAPTURES
 
+# A cold run installs the instrumentations first (tests/live/instrumentations.sh, ~5 min for every
+# group on a loaded machine; `make test` builds them before pytest, so a warm run waits 0 s).
+pytestmark = pytest.mark.timeout(900)
+
 LIVE = Path(__file__).parent / "live"
 CALLS = ["chat", "stream", "err500", "err400"]
 KEEP_ALL = {"decision_wait": "2s", "grace": "100ms",
