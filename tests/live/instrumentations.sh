@@ -24,7 +24,7 @@ cache="${OTEL_LLM_INSTRUMENTATIONS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/otel-llm
 RECIPE=2
 declare -A PINS=(
   [logfire]="logfire[httpx]==5.4.0 logfire-sdk==5.4.0 openai==3.57.0 openai-agents==0.24.0"
-  [openinference]="openinference-instrumentation-openai==0.1.66 openinference-instrumentation-openai-agents==2.6.0 openai-agents==0.24.0 openai==3.57.0 opentelemetry-sdk opentelemetry-exporter-otlp-proto-http"
+  [openinference]="openinference-instrumentation-openai==0.1.66 openinference-instrumentation-openai-agents==2.6.0 openai-agents==0.24.0 openai==3.57.0 opentelemetry-sdk==1.45.2 opentelemetry-exporter-otlp-proto-http==1.45.2"
 )
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
