@@ -139,7 +139,9 @@ def fleet(tmp_path_factory) -> Any:
     hostile trace; every trace decided and stored before the tests look."""
     tmp = tmp_path_factory.mktemp("webview")
     server = start_server(str(tmp / "store"), {
-        "processors": {"tail_sampling": {"policies": POLICIES, "decision_wait": "2s"}},
+        "processors": {"tail_sampling": {"policies": POLICIES, "decision_wait": "2s"},
+                       # the hostile trace's app.* text is shown (as text): the user allowed those keys
+                       "redaction": {"allowed_keys": ["exception.stacktrace", "app.*"]}},
         "exporters": {"prometheus": {"web": WEB}},
     })
     prometheus = PrometheusServer(tmp / "prom", [server.metrics_url.removeprefix("http://")], scrape_interval="1s")

@@ -96,6 +96,7 @@ class PendingTrace:
     wait_found: int = 0
     waiting: dict[bytes, list[tuple[BufferedSpan, int]]] | None = None
     unrooted: int = 0
+    engine_seen_at: float = 0.0  # when its latest engine span arrived (assembler clock); 0: none yet
 
     def add_waiter(self, missing: bytes, engine_span: BufferedSpan, found: int) -> None:
         if self.waiting is None:

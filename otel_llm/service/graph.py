@@ -28,7 +28,7 @@ from otel_llm.processor.llm_metrics.stage import LlmMetricsStage
 from otel_llm.processor.memory_limiter.config import MemoryLimiterProcessor
 from otel_llm.processor.memory_limiter.limiter import MemoryLimiter
 from otel_llm.processor.redaction.config import RedactionProcessor
-from otel_llm.processor.redaction.stage import RedactionStage
+from otel_llm.processor.redaction.stage import RedactionStage, intake_redaction_of
 from otel_llm.processor.tail_sampling.assembler import AssemblySettings, TraceAssembler
 from otel_llm.processor.tail_sampling.config import TailSamplingProcessor
 from otel_llm.processor.tail_sampling.sampler import TailSampler
@@ -162,6 +162,7 @@ class Pipeline:
             AssemblySettings(
                 decision_wait_s=buffer_config.decision_wait,
                 grace_s=buffer_config.grace,
+                max_open_call_wait_s=buffer_config.max_open_call_wait,
                 max_traces=buffer_config.num_traces,
                 max_spans_per_trace=buffer_config.max_spans_per_trace,
                 decided_cache_size=buffer_config.decision_cache_size,
@@ -170,6 +171,7 @@ class Pipeline:
             spans_dropped=telemetry.spans_dropped.labels("max_spans_per_trace"),
         )
         telemetry.traces_in_memory.set_function(self.assembler.__len__)
+        telemetry.traces_held_open_calls.set_function(lambda: self.assembler.held_traces)
         self.redaction = RedactionStage(redaction, telemetry, self.consumers)
         self.decision = DecisionStage(TailSampler(sampling) if isinstance(sampling, TailSamplingProcessor) else None,
                                       self.assembler, telemetry, self.redaction)
@@ -179,6 +181,8 @@ class Pipeline:
         self._entry.next = self.metrics if self.metrics is not None else self.decision
         self.digest_settings = digest_settings(metrics if isinstance(metrics, LlmMetricsProcessor)
                                                else LlmMetricsProcessor(), redaction)
+        # receivers.otlp.intake_log: content removed before a request is written (None: allow_content)
+        self.intake_redaction = intake_redaction_of(redaction, self.digest_settings.kept_attribute_keys)
         self._malformed = telemetry.spans_malformed
         self._matched = telemetry.spans_engine
         self._stop = threading.Event()
@@ -286,7 +290,7 @@ class Pipeline:
                         started = time.monotonic()
                         self.assembler.tick()
                         if self.intake_log is not None:
-                            self.intake_log.ticked(started)
+                            self.intake_log.ticked(started, self.assembler.held_since())
                         self._flush(True)
                     except Exception:  # a bug in one trace must not stop every later decision
                         log.exception("trace completion failed")

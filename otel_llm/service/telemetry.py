@@ -66,6 +66,10 @@ class SelfTelemetry:
             "otel_llm_traces_completed", "Traces completed, by what completed them.", ["reason"], registry=registry)
         self.traces_in_memory = Gauge(
             "otel_llm_traces_in_memory", "Traces buffered awaiting assembly and decision.", registry=registry)
+        self.traces_held_open_calls = Gauge(
+            "otel_llm_traces_held_open_calls", "Traces held past decision_wait because a CLIENT span's parent "
+            "(its caller, a call still in flight) has not arrived (tail_sampling.max_open_call_wait).",
+            registry=registry)
         self.sampling_decisions = Counter(
             "otel_llm_sampling_decisions", "Tail-sampling decisions, by the first matching policy and outcome.",
             ["policy", "decision"], registry=registry)
@@ -75,11 +79,11 @@ class SelfTelemetry:
         self.intake_queued_spans = Gauge(
             "otel_llm_intake_queued_spans", "Spans accepted by a receiver and not yet processed.", registry=registry)
         self.attributes_redacted = Counter(
-            "otel_llm_attributes_redacted", "Span and event attributes removed as prompt or completion content, "
-            "by rule (content_key, free_text, content_event).", ["reason"], registry=registry)
+            "otel_llm_attributes_redacted", "Span, event and link attributes removed or reduced as possible content, "
+            "by rule (not_allowed, url_reduced, content_key, free_text, content_event).", ["reason"], registry=registry)
         self.values_rejected = Counter(
-            "otel_llm_values_rejected", "Durations read at assembly (span times, edge TTFT) that failed validation; "
-            "the request is counted without them.", ["reason"], registry=registry)
+            "otel_llm_values_rejected", "Durations read at assembly (span times, edge TTFT, client and gateway "
+            "overheads) that failed validation; the request is counted without them.", ["reason"], registry=registry)
         self.spans_truncated = Counter(
             "otel_llm_spans_truncated", "Spans whose attributes were cut to the configured limits.", registry=registry)
         # What could not be measured, per service, next to the requests it counted (the web view's

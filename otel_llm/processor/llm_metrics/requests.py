@@ -591,14 +591,24 @@ def _join_server_side(record: RequestRecord, obs: EngineObservation, joined: Joi
         edge_duration = _span_seconds(edge, settings, rejected)
         if measured_by_engine and edge_duration is not None:
             assert record.e2e_s is not None
-            record.gateway_overhead_s = max(edge_duration - record.e2e_s, 0.0)
+            record.gateway_overhead_s = _overhead(edge_duration - record.e2e_s, "negative_gateway_overhead", rejected)
         record.edge_ttft_s = _edge_ttft(edge, settings, rejected)
     if joined.client is not None:
         record.joined_span_id = joined.client.span_id
         client_duration = _span_seconds(joined.client, settings, rejected)
         if measured_by_engine and client_duration is not None:
             assert record.e2e_s is not None
-            record.client_overhead_s = max(client_duration - record.e2e_s, 0.0)
+            record.client_overhead_s = _overhead(client_duration - record.e2e_s, "negative_client_overhead", rejected)
+
+
+def _overhead(value: float, reason: str, rejected: list[str]) -> float | None:
+    """A caller's duration minus the engine's e2e. Negative means the caller's span does not cover
+    the call (Logfire's streaming span ends when create() returns; another host's clock): not
+    measurable for this request, counted, never a made-up 0."""
+    if value >= 0.0:
+        return value
+    rejected.append(reason)
+    return None
 
 
 def _unanswered_record(buffered: BufferedSpan, joined: Joined, settings: RecordSettings) -> RequestRecord:

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from otel_llm.pdata.records import RequestRecord
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from otel_llm.pdata.observation import EngineKind
+from otel_llm.pdata.records import RequestRecord, Side
+from otel_llm.pdata.spans import BufferedSpan
 from otel_llm.pdata.traces import CompletedTrace, TraceConsumer
 from otel_llm.processor.llm_metrics.config import LlmMetricsProcessor
 from otel_llm.processor.llm_metrics.metrics.definitions import (
@@ -43,6 +47,12 @@ def recorder_of(metrics: LlmMetricsProcessor) -> MetricsRecorder:
     return MetricsRecorder(namings, tuple(d.name for d in metrics.dimensions), metrics.series_limit)
 
 
+def _is_client_call(span: BufferedSpan) -> bool:
+    observation = span.observation
+    return (observation is not None and observation.engine_kind == EngineKind.GENAI
+            and span.kind != Span.SPAN_KIND_SERVER)
+
+
 class LlmMetricsStage:
     def __init__(self, config: LlmMetricsProcessor, telemetry: SelfTelemetry, next: TraceConsumer,  # noqa: A002
                  intake_log: IntakeLogKeeper | None = None) -> None:
@@ -60,8 +70,13 @@ class LlmMetricsStage:
         malformed: list[tuple[str, str]] = []  # (reason, service) of requests whose spans could not make one
         if completed.late:
             (span,) = completed.trace.spans.values()
-            records = records_of_trace(completed.trace, self.settings, malformed) if span.is_engine else []
-            measure = span.is_engine and not (prior is not None and span.span_id in prior.measured)
+            # A late engine span is measured alone; so is a late GenAI client span (a call that
+            # outlived its trace's wait), on the client side only: its engine was measured before.
+            client = not span.is_engine and _is_client_call(span)
+            records = records_of_trace(completed.trace, self.settings, malformed) if span.is_engine or client else []
+            if client:
+                records = [r for r in records if r.side == Side.CLIENT]
+            measure = (span.is_engine or bool(records)) and not (prior is not None and span.span_id in prior.measured)
             if measure:
                 # Before the decision is journaled, so a replay after a crash does not measure it again.
                 if prior is not None:

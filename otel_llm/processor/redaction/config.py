@@ -22,6 +22,59 @@ DEFAULT_CONTENT_PREFIXES = [
 # Keys with a provider or other part in the middle: LiteLLM's llm.<provider>.messages / .choices.
 DEFAULT_CONTENT_PATTERNS = ["llm.*.messages*", "llm.*.choices*"]
 
+# Privacy by allowlist: the only span, event and link attribute keys whose *text* (a string, or an
+# array or map) is kept on a stored or exported span. A number or a boolean carries no text and is
+# kept under any key; every other text value is removed (``not_allowed``) unless ``allowed_keys``
+# names its key. So an instrumentation nobody has seen cannot put its prompts on disk under a key
+# no block list names. Three sources, nothing else:
+# 1. The keys otel-llm's adapters read (processor/llm_metrics/adapters/engines.py, requests.py), so a
+#    stored trace still shows what it was measured from.
+METADATA_KEYS_READ = [
+    # GenAI semconv and vLLM / trtllm-serve (whose latencies are numbers: kept anyway)
+    "gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.system", "gen_ai.request.model",
+    "gen_ai.response.model", "gen_ai.response.finish_reasons", "gen_ai.token.type", "gen_ai.request.id",
+    "error.type", "server.address", "http.route", "url.path", "request.outcome",
+    # TGI (durations as text: "1.2ms"), Dynamo, SGLang, Triton, llm-d
+    "total_time", "validation_time", "queue_time", "inference_time", "time_per_token",
+    "model", "target_model", "finish_reason", "disagg_role", "module", "role", "route", "sglang_stage",
+    "triton.model_name", "triton.trace_parent_id",
+    "llm_d.pd_proxy.connector", "llm_d.pd_proxy.prefill", "llm_d.pd_proxy.decode",
+]
+# 2. The OTel semantic conventions' attributes that describe a call, not its content (v1.41.0
+#    registry: gen-ai, http, url, server/client/network, rpc, error/exception, code, thread;
+#    /work/shared/research/genai-semconv.md). Content keys (gen_ai.input.messages, ...system_instructions,
+#    ...tool.definitions, ...tool.call.arguments/result, gen_ai.request.stop_sequences, url.query,
+#    http.*.header.*, user_agent.original) are not here.
+METADATA_KEYS_SEMCONV = [
+    "gen_ai.response.id", "gen_ai.conversation.id", "gen_ai.output.type", "gen_ai.request.encoding_formats",
+    "gen_ai.agent.id", "gen_ai.agent.name", "gen_ai.tool.name", "gen_ai.tool.call.id", "gen_ai.tool.type",
+    "gen_ai.data_source.id", "gen_ai.openai.request.service_tier", "gen_ai.openai.response.service_tier",
+    "gen_ai.openai.response.system_fingerprint", "openai.request.service_tier", "openai.response.service_tier",
+    "openai.response.system_fingerprint",
+    "http.request.method", "http.request.method_original", "http.method", "http.scheme", "http.flavor",
+    "http.host", "server.socket.address",
+    "url.scheme", "url.template", "url.full", "http.url", "http.target",  # the last three reduced: no query, no userinfo
+    "client.address", "network.protocol.name", "network.protocol.version", "network.transport", "network.type",
+    "network.peer.address", "network.local.address", "net.peer.name", "net.host.name", "net.transport",
+    "rpc.system", "rpc.service", "rpc.method", "rpc.grpc.status_code",
+    "exception.type", "exception.message", "exception.stacktrace", "exception.escaped",
+    "otel.status_code", "otel.status_description", "otel.scope.name", "otel.scope.version",
+    "code.function", "code.namespace", "code.filepath", "code.function.name", "code.file.path",
+    "thread.name",
+]
+# 3. Instrumentations' own descriptive keys that are not content (README's emitter table):
+#    OpenInference, OpenLLMetry/Traceloop, LiteLLM, Logfire. Their content keys (llm.input_messages,
+#    llm.invocation_parameters, request_data, response_data, events, raw_input, ...) are not here.
+METADATA_KEYS_INSTRUMENTATIONS = [
+    "openinference.span.kind", "llm.model_name", "llm.provider", "llm.system",
+    "traceloop.span.kind", "traceloop.entity.name", "traceloop.workflow.name", "llm.request.type",
+    "gen_ai.openai.api_base", "litellm.call_id",
+    "logfire.span_type", "logfire.level_name",  # not logfire.msg / msg_template: an f-string puts anything there
+]
+METADATA_KEYS = frozenset(METADATA_KEYS_READ + METADATA_KEYS_SEMCONV + METADATA_KEYS_INSTRUMENTATIONS)
+# The keys whose text is a URL: kept without its query, fragment and userinfo.
+URL_KEYS = frozenset({"url.full", "http.url", "http.target"})
+
 
 
 @dataclass(frozen=True)
@@ -41,6 +94,8 @@ class RedactionProcessor:
     # On a GenAI span (one with a gen_ai./llm./openinference./traceloop. attribute), any text value
     # longer than this is removed unless its key is allowed: content under a key nobody listed. 0: off.
     max_free_text_bytes: int = 512
+    # Your additions to METADATA_KEYS: keys whose text is kept and never removed by the rules above
+    # (an entry with "*" is a glob, any other an exact key).
     allowed_keys: list[str] = field(default_factory=lambda: ["exception.stacktrace"])
     max_attribute_value_bytes: PositiveInt = 16 * 1024  # longer string values are truncated
     max_attributes_per_span: PositiveInt = 256  # further attributes are dropped

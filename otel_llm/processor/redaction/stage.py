@@ -3,14 +3,16 @@ handed to every kept-trace consumer (the exporters of the pipeline)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 from otel_llm.component import KeptTraceConsumer
 from otel_llm.pdata.records import KeptTrace, RequestRecord, Side
 from otel_llm.pdata.traces import CompletedTrace
-from otel_llm.processor.redaction.config import RedactionProcessor
-from otel_llm.processor.redaction.synthesis import NO_REDACTION, Redaction, RedactionCounts, kept_trace_request
+from otel_llm.processor.redaction.config import METADATA_KEYS, URL_KEYS, RedactionProcessor
+from otel_llm.processor.redaction.synthesis import (
+    NO_REDACTION, REDACTION_REASONS, Redaction, RedactionCounts, kept_trace_request)
 from otel_llm.service.telemetry import SelfTelemetry
 
 
@@ -24,8 +26,23 @@ def redaction_of(config: RedactionProcessor) -> Redaction:
         key_patterns=tuple(config.blocked_key_patterns + extra_globs),
         event_names=frozenset(config.blocked_event_names),
         max_free_text_bytes=config.max_free_text_bytes,
-        allowed_keys=frozenset(config.allowed_keys),
+        allowed_keys=frozenset(k for k in config.allowed_keys if "*" not in k),
+        allowed_patterns=tuple(k for k in config.allowed_keys if "*" in k),
+        metadata_keys=METADATA_KEYS,
+        url_keys=URL_KEYS,
     )
+
+
+def intake_redaction_of(config: RedactionProcessor, read_keys: Sequence[str]) -> Redaction | None:
+    """The same rules for the intake log (``receivers.otlp.intake_log``), applied in the receiver
+    process to every admitted request before it is written, so no content is ever on its disk; the
+    keys the pipeline reads from spans after intake (``read_keys``: dimensions, edge TTFT) are added
+    to the allowlist. ``None`` with ``allow_content``."""
+    redaction = redaction_of(config)
+    if redaction is NO_REDACTION:
+        return None
+    extra = tuple(k for k in read_keys if k not in redaction.allowed_keys)
+    return dataclasses.replace(redaction, allowed_keys=redaction.allowed_keys | frozenset(extra))
 
 
 def one_per_request(records: list[RequestRecord]) -> list[RequestRecord]:
@@ -41,7 +58,7 @@ class RedactionStage:
         self._consumers = list(consumers)
         self._dropped = {c.name: telemetry.kept_traces_dropped.labels(c.name) for c in self._consumers}
         self._redacted: dict[str, Any] = {reason: telemetry.attributes_redacted.labels(reason)
-                                          for reason in ("content_key", "free_text", "content_event")}
+                                          for reason in REDACTION_REASONS}
 
     def consume(self, completed: CompletedTrace) -> None:
         decision = completed.decision
@@ -50,8 +67,7 @@ class RedactionStage:
         redacted = RedactionCounts()
         request, spans = kept_trace_request(completed.spans, completed.records, decision.policy, decision.threshold,
                                             self.redaction, redacted)
-        for reason, count in (("content_key", redacted.content_keys), ("free_text", redacted.free_text),
-                              ("content_event", redacted.content_events)):
+        for reason, count in redacted.by_reason():
             if count:
                 self._redacted[reason].inc(count)
         kept = KeptTrace(request, spans, one_per_request(completed.records), decision.policy)

@@ -121,22 +121,52 @@ class RedactionCounts:
     content_keys: int = 0  # attributes removed by a content key rule
     free_text: int = 0  # long text values removed from GenAI spans
     content_events: int = 0  # attributes of content events removed
+    not_allowed: int = 0  # text under a key that is not known metadata (the allowlist)
+    url_reduced: int = 0  # URLs kept without their query, fragment and userinfo
 
     def __iadd__(self, other: RedactionCounts) -> RedactionCounts:
         self.content_keys += other.content_keys
         self.free_text += other.free_text
         self.content_events += other.content_events
+        self.not_allowed += other.not_allowed
+        self.url_reduced += other.url_reduced
         return self
+
+    def by_reason(self) -> tuple[tuple[str, int], ...]:
+        return (("content_key", self.content_keys), ("free_text", self.free_text),
+                ("content_event", self.content_events), ("not_allowed", self.not_allowed),
+                ("url_reduced", self.url_reduced))
+
+
+REDACTION_REASONS = ("content_key", "free_text", "content_event", "not_allowed", "url_reduced")
+_SCALARS = frozenset({"int_value", "double_value", "bool_value", None})
+
+
+def reduced_url(url: str) -> str:
+    """A URL without what can carry content or secrets: userinfo, query and fragment."""
+    cut = min((i for i in (url.find("?"), url.find("#")) if i >= 0), default=len(url))
+    url = url[:cut]
+    scheme_end = url.find("://")
+    if scheme_end >= 0:
+        authority_end = url.find("/", scheme_end + 3)
+        authority_end = len(url) if authority_end < 0 else authority_end
+        at = url.rfind("@", scheme_end + 3, authority_end)
+        if at >= 0:
+            url = url[:scheme_end + 3] + url[at + 1:]
+    return url
 
 
 @dataclass(frozen=True, slots=True)
 class Redaction:
     """Prompt and completion content removed from every span that leaves otel-llm.
 
-    Three rules: keys of known content attributes (prefixes and ``*`` globs, every instrumentation
-    the README lists); attributes of content events; and, for keys nobody listed, any text longer
-    than ``max_free_text_bytes`` on a GenAI span (one with a ``gen_ai.``/``llm.``/... attribute)
-    unless its key is allowed.
+    The allowlist first: on span, event and link attributes, a number or a boolean is kept under
+    any key; text (a string, an array, a map, bytes) only under a key of ``metadata_keys`` (what
+    otel-llm reads, the conventions' non-content keys) or ``allowed_keys`` (exact, or ``*`` globs);
+    a URL without its query and userinfo. So privacy does not depend on anyone having seen the
+    instrumentation. Then, as extra layers, the block lists: keys of known content attributes
+    (prefixes and ``*`` globs), attributes of content events, and any text longer than
+    ``max_free_text_bytes`` on a GenAI span unless its key is allowed.
     """
 
     key_prefixes: tuple[str, ...] = ()
@@ -144,28 +174,52 @@ class Redaction:
     event_names: frozenset[str] = frozenset()
     max_free_text_bytes: int = 0  # 0: no free-text rule
     allowed_keys: frozenset[str] = frozenset()
+    allowed_patterns: tuple[str, ...] = ()  # allowed_keys entries with "*"
+    metadata_keys: frozenset[str] | None = None  # None: no allowlist (allow_content)
+    url_keys: frozenset[str] = frozenset()
     _pattern: re.Pattern[str] | None = field(default=None, init=False, repr=False, compare=False)
+    _allowed_pattern: re.Pattern[str] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.key_patterns:
             regex = "|".join(fnmatch.translate(p) for p in self.key_patterns)
             object.__setattr__(self, "_pattern", re.compile(regex))
+        if self.allowed_patterns:
+            regex = "|".join(fnmatch.translate(p) for p in self.allowed_patterns)
+            object.__setattr__(self, "_allowed_pattern", re.compile(regex))
+
+    def _allowed(self, key: str) -> bool:
+        return key in self.allowed_keys or (self._allowed_pattern is not None
+                                            and self._allowed_pattern.match(key) is not None)
 
     def _blocked(self, key: str) -> bool:
-        if key in self.allowed_keys:
-            return False
         if self.key_prefixes and key.startswith(self.key_prefixes):
             return True
         return self._pattern is not None and self._pattern.match(key) is not None
 
     def _strip(self, attributes: Any, genai: bool, counts: RedactionCounts) -> None:
         limit = self.max_free_text_bytes if genai else 0
+        metadata = self.metadata_keys
         remove: set[int] = set()
         for position, kv in enumerate(attributes):
-            if self._blocked(kv.key):
+            key = kv.key
+            if self._allowed(key):
+                continue
+            if self._blocked(key):
                 counts.content_keys += 1
                 remove.add(position)
-            elif limit and kv.key not in self.allowed_keys and _is_free_text(kv.value, limit):
+                continue
+            if metadata is not None and kv.value.WhichOneof("value") not in _SCALARS:
+                if key not in metadata:
+                    counts.not_allowed += 1
+                    remove.add(position)
+                    continue
+                if key in self.url_keys and kv.value.WhichOneof("value") == "string_value":
+                    url = reduced_url(kv.value.string_value)
+                    if url != kv.value.string_value:
+                        kv.value.string_value = url
+                        counts.url_reduced += 1
+            if limit and _is_free_text(kv.value, limit):
                 counts.free_text += 1
                 remove.add(position)
         if remove:
@@ -183,6 +237,9 @@ class Redaction:
                 del event.attributes[:]
             else:
                 self._strip(event.attributes, genai, counts)
+        if self.metadata_keys is not None:
+            for link in span.links:
+                self._strip(link.attributes, genai, counts)
         return counts
 
 

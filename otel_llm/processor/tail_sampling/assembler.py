@@ -33,9 +33,23 @@ CompletionReason = str
 class AssemblySettings:
     decision_wait_s: float = 10.0
     grace_s: float = 1.0
+    max_open_call_wait_s: float = 0.0  # a trace with a call in flight is held up to this long; 0: off
     max_traces: int = 50_000
     max_spans_per_trace: int = 10_000
     decided_cache_size: int = 100_000
+
+
+_SPAN_KIND_CLIENT = 3  # opentelemetry.proto.trace.v1.Span.SPAN_KIND_CLIENT
+
+
+def _call_in_flight(trace: PendingTrace) -> bool:
+    """A CLIENT span whose parent is not here: the caller's span (a GenAI client span over its HTTP
+    span, an application span over its call) is still open, and ends, and is exported, later."""
+    spans = trace.spans
+    for span in spans.values():
+        if span.kind == _SPAN_KIND_CLIENT and span.parent_span_id and span.parent_span_id not in spans:
+            return True
+    return False
 
 
 class TraceAssembler:
@@ -60,6 +74,8 @@ class TraceAssembler:
         self._lock = threading.Lock()
         self.spans_dropped_over_trace_limit = 0
         self.completions: dict[str, int] = {}
+        # trace id -> first seen, of the traces held past decision_wait for a call in flight
+        self._held: dict[bytes, float] = {}
 
     def __len__(self) -> int:
         with self._lock:
@@ -89,6 +105,8 @@ class TraceAssembler:
                     dropped += 1
                     continue
                 buffered.trace_id = trace.trace_id  # one bytes object per trace, not one per span
+                if buffered.is_engine:
+                    trace.engine_seen_at = now
                 self._insert(trace, buffered)
                 touched[trace_id] = trace
             for trace in touched.values():
@@ -148,6 +166,7 @@ class TraceAssembler:
     def _pop_oldest(self) -> PendingTrace:
         trace_id, trace = self._pending.popitem(last=False)
         self._ready.pop(trace_id, None)
+        self._held.pop(trace_id, None)
         self._remember(trace_id)
         return trace
 
@@ -170,17 +189,44 @@ class TraceAssembler:
                 if ready_at <= now:
                     trace = self._pending.pop(trace_id)
                     del self._ready[trace_id]
+                    self._held.pop(trace_id, None)
                     self._remember(trace_id)
                     due.append((trace, "ready"))
             deadline = now - self.settings.decision_wait_s
+            open_deadline = now - self.settings.max_open_call_wait_s
+            holding = self.settings.max_open_call_wait_s > 0
+            examined_held = 0
             while self._pending:
                 trace = next(iter(self._pending.values()))
                 if trace.first_seen > deadline:
                     break
-                due.append((self._pop_oldest(), "decision_wait"))
+                # Held while nothing was measured yet (the engine's request is in flight too), or
+                # for decision_wait after its engine span came (its caller's span follows it).
+                in_flight = holding and (not trace.engine_seen_at or trace.engine_seen_at > deadline) \
+                    and _call_in_flight(trace)
+                if in_flight and trace.first_seen > open_deadline:
+                    # Its caller's span has not arrived: held, looked at again once the traces
+                    # seen after it are due (so at most decision_wait past the limit).
+                    self._held[trace.trace_id] = trace.first_seen
+                    self._pending.move_to_end(trace.trace_id)
+                    examined_held += 1
+                    if examined_held >= len(self._pending):
+                        break
+                    continue
+                due.append((self._pop_oldest(), "max_open_call_wait" if in_flight else "decision_wait"))
         for trace, reason in due:
             self._complete(trace, reason)
         return len(due)
+
+    def held_since(self) -> float | None:
+        """When the oldest trace held past ``decision_wait`` for a call in flight was first seen
+        (the intake log keeps every request from then on); None when none is held."""
+        with self._lock:
+            return min(self._held.values()) if self._held else None
+
+    @property
+    def held_traces(self) -> int:
+        return len(self._held)
 
     def shed(self, fraction: float = 0.5) -> int:
         """Complete the oldest ``fraction`` of pending traces now (memory pressure)."""

@@ -67,6 +67,11 @@ class RateLimitConfig:
 class TailSamplingProcessor:
     decision_wait: Duration = 10.0
     grace: Duration = 1.0
+    # A trace holding a CLIENT span whose parent has not arrived (a call still in flight: a GenAI
+    # client span ends after the HTTP span under it, a stream after minutes) is held past
+    # decision_wait until that parent comes: while no engine span came, and decision_wait after one
+    # did; at most this long after it was first seen. 0: off.
+    max_open_call_wait: Duration = 600.0
     num_traces: PositiveInt = 50_000
     max_spans_per_trace: PositiveInt = 10_000
     decision_cache_size: PositiveInt = 100_000
@@ -76,6 +81,7 @@ class TailSamplingProcessor:
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
         "decision_wait": (0.0, 86400.0),
         "grace": (0.0, 86400.0),
+        "max_open_call_wait": (0.0, 86400.0),
         "num_traces": (1, 10_000_000),
         "max_spans_per_trace": (1, 10_000_000),
         "decision_cache_size": (1, 100_000_000),

@@ -21,7 +21,8 @@ SIGKILL (an OOM kill, a node drain that does not wait) loses every request ackno
   counted. A write error refuses the same way (``intake_log_error``) after cutting the partial record.
 - **Truncated once handled.** The pipeline process (``IntakeLogKeeper``) tracks each record: it is
   *handled* once processed and ``decision_wait`` has passed since (by then the assembler has decided
-  every trace it touched: a trace is decided ``decision_wait`` after it was first seen at the latest)
+  every trace it touched: a trace is decided ``decision_wait`` after it was first seen at the latest,
+  unless held for a call in flight: then nothing processed after its first span is handled until it is)
   and the store has written every kept trace decided up to then (``TraceStore.flush``). The handled
   prefix is persisted in ``checkpoint``; segments wholly below it are deleted.
 - **Exactly-once for metrics.** A request usually holds spans of traces decided long before the
@@ -124,10 +125,13 @@ class IntakeLogShared:
     reports): the log's size on disk, the last sequence number written, and the writer's counters."""
 
     SIZE, LAST_SEQ, APPENDED_BYTES, APPENDED_REQUESTS, FSYNCS, REFUSED_FULL, REFUSED_ERROR, FSYNC_ERRORS = range(8)
+    # Attributes removed or reduced before writing, by processors.redaction's reasons (REDACTED + i).
+    REDACTED = 8
+    REDACTION_REASONS = ("not_allowed", "url_reduced", "content_key", "free_text", "content_event")
 
     def __init__(self, context: Any) -> None:
         self._lock = context.Lock()
-        self.values = context.RawArray("q", 8)
+        self.values = context.RawArray("q", 8 + len(self.REDACTION_REASONS))
 
     def try_add(self, size: int, max_bytes: int) -> bool:
         """Room for ``size`` more bytes? (An empty log takes any record, so no request is refused forever.)"""
@@ -165,6 +169,9 @@ class IntakeLogSettings:
     segment_bytes: int = 16 << 20
     max_bytes: int = 1 << 30
     start_seq: int = 1  # set by the pipeline process after replay: the writer's first sequence number
+    # processors.redaction's rules (a ``Redaction``), applied by the receiver process to each request
+    # before it is written: no prompt or completion is ever on the log's disk. None: allow_content.
+    redaction: Any = None
 
 
 # --- the receiver process's side: the writer --------------------------------------------------------
@@ -195,6 +202,25 @@ class IntakeLogWriter:
         if settings.fsync == "interval":
             self._thread = threading.Thread(target=self._sync_loop, name="otel-llm-intake-log-sync", daemon=True)
             self._thread.start()
+
+    def redact(self, request: Any) -> bool:
+        """Apply processors.redaction's rules to ``request`` (an ``ExportTraceServiceRequest``) in
+        place, before it is written; whether anything changed (its bytes must then be serialized
+        again). Called outside the append lock: handler threads redact in parallel."""
+        redaction = self._settings.redaction
+        if redaction is None:
+            return False
+        removed: dict[str, int] = {}
+        for resource_spans in request.resource_spans:
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    for reason, count in redaction.apply(span).by_reason():
+                        if count:
+                            removed[reason] = removed.get(reason, 0) + count
+        for reason, count in removed.items():
+            self._shared.add(IntakeLogShared.REDACTED + IntakeLogShared.REDACTION_REASONS.index(reason), count)
+        changed = bool(removed)
+        return changed
 
     def _open_segment(self) -> None:
         path = self._directory / segment_name(self._next_seq)
@@ -467,7 +493,8 @@ class IntakeLogKeeper:
     def receiver_settings(self) -> IntakeLogSettings:
         """What the receiver process's writer needs; its first record follows the last one on disk."""
         return IntakeLogSettings(self.settings.directory, self.settings.fsync, self.settings.fsync_interval_s,
-                                 self.settings.segment_bytes, self.settings.max_bytes, self._next_seq)
+                                 self.settings.segment_bytes, self.settings.max_bytes, self._next_seq,
+                                 self.settings.redaction)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="otel-llm-intake-log", daemon=True)
@@ -492,11 +519,16 @@ class IntakeLogKeeper:
         if self._journal_buffer:  # late spans measured, traces completed early (num_traces)
             self.flush_journal()
 
-    def ticked(self, started: float) -> None:
+    def ticked(self, started: float, held_since: float | None = None) -> None:
         """A tick that started at ``started`` has completed every trace first seen ``decision_wait``
-        before it: every request processed by then is handled once its kept traces are written."""
+        before it, except those held for a call in flight (``processors.tail_sampling.max_open_call_wait``),
+        the oldest first seen at ``held_since``: every request processed before both is handled once
+        its kept traces are written."""
         self.flush_journal()
-        self._advance(started - self._decision_wait_s)
+        cutoff = started - self._decision_wait_s
+        if held_since is not None:
+            cutoff = min(cutoff, held_since - 1e-6)  # a request touching it was processed after it was seen
+        self._advance(cutoff)
 
     def _advance(self, cutoff: float) -> None:
         marks = self._marks
@@ -739,6 +771,13 @@ class IntakeLogCollector:
         refused.add_metric(["full"], shared[s.REFUSED_FULL])
         refused.add_metric(["write_error"], shared[s.REFUSED_ERROR])
         yield refused
+        redacted = CounterMetricFamily("otel_llm_intake_log_attributes_redacted",
+                                       "Attributes removed or reduced (processors.redaction's rules) from admitted "
+                                       "requests before they were written to the intake log, by reason.",
+                                       labels=["reason"])
+        for i, reason in enumerate(s.REDACTION_REASONS):
+            redacted.add_metric([reason], shared[s.REDACTED + i])
+        yield redacted
         yield CounterMetricFamily("otel_llm_intake_log_replayed_requests",
                                   "Requests replayed from the intake log at start.", value=keeper.replayed_requests)
         yield CounterMetricFamily("otel_llm_intake_log_replayed_spans",

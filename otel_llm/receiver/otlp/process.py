@@ -213,6 +213,8 @@ class Forwarder:
         if ids.rejected:
             counters.spans_refused(protocol, "invalid_id", ids.rejected)
             payload = None  # the request changed
+        if accepted and self._intake_log is not None and self._intake_log.redact(request):
+            payload = None  # content removed before it is written: no prompt on the log's disk
         if accepted:
             if payload is None:
                 payload = request.SerializeToString()

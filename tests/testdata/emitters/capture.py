@@ -551,6 +551,15 @@ def _openai_calls(calls: list[str], results: list):
                     base_url=f"http://127.0.0.1:{free_port()}/v1", api_key="sk-fake", max_retries=0, timeout=3
                 )
                 dead.chat.completions.create(model=REQUEST_MODEL, messages=messages_for(call))
+            elif call.startswith("abort"):
+                # The client gives up after the first chunk and closes the stream (a user's cancel).
+                stream = client.chat.completions.create(
+                    model=REQUEST_MODEL, messages=messages_for(call), stream=True, stream_options={"include_usage": True}
+                )
+                next(iter(stream))
+                stream.close()
+                results.append({"call": call, "ok": False, "error": "aborted by the client"})
+                continue
             elif call.startswith("stream"):
                 stream = client.chat.completions.create(
                     model=REQUEST_MODEL,
@@ -849,6 +858,8 @@ CHILDREN = {
 
 def run_child(name: str) -> int:
     spec = SCENARIOS[name]
+    if os.environ.get("CAPTURE_CALLS"):  # the live matrix (tests/test_live_instrumentations.py) picks its calls
+        spec = {**spec, "calls": os.environ["CAPTURE_CALLS"].split(",")}
     if spec["group"] == "d":
         fn = child_openinference if name.startswith("openinference") else child_openllmetry
     else:

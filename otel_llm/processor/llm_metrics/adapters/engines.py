@@ -85,7 +85,19 @@ def _first(attrs: AttrMap, *keys: str) -> str | None:
 def _error_of(span: Span, attrs: AttrMap) -> tuple[bool, str | None]:
     if span.status.code != _STATUS_ERROR:
         return False, None
-    return True, get_str(attrs, "error.type") or "_OTHER"
+    return True, get_str(attrs, "error.type") or _exception_type(span) or "_OTHER"
+
+
+def _exception_type(span: Span) -> str | None:
+    """The class name of the last ``exception`` event's ``exception.type`` (Logfire records
+    ``openai.RateLimitError`` there and sets no ``error.type``): ``RateLimitError``, the name the
+    official openai-v2 instrumentation and Logfire's own streaming span give ``error.type``."""
+    for event in reversed(span.events):
+        if event.name == "exception":
+            for kv in event.attributes:
+                if kv.key == "exception.type" and kv.value.string_value:
+                    return kv.value.string_value.rsplit(".", 1)[-1]
+    return None
 
 
 def _token_events(span: Span) -> tuple[float | None, tuple[float, ...]]:
@@ -424,6 +436,12 @@ _NO_ATTRS: AttrMap = {}
 LITELLM_SPAN_NAMES = frozenset({"litellm_request"})
 
 
+# Logfire's openai-agents LLM spans (INTERNAL; their names are Logfire's message templates,
+# logfire/_internal/integrations/openai_agents.py @ 5.4.0: "Responses API with {gen_ai.request.model!r}",
+# "Chat completion with {gen_ai.request.model!r}"): client calls, counted like any GenAI client span.
+LOGFIRE_AGENT_LLM_PREFIXES = ("Responses API", "Chat completion with ")
+
+
 _INTERNAL_NAMES = frozenset({VLLM_SPAN_NAME, *TGI_HANDLER_SPANS, *LITELLM_SPAN_NAMES, *SGLANG_STAGES, DYNAMO_ROOT,
                              DYNAMO_WORKER, *LLMD_PROXY_SPANS})
 
@@ -432,7 +450,8 @@ def _may_be_llm(span: Span, name: str) -> bool:
     """Cheap test on name and kind, so the attributes of plain application spans are never read."""
     if span.kind in (_SPAN_KIND_SERVER, Span.SPAN_KIND_CLIENT):
         return True  # engines' request spans, gateways, GenAI client calls
-    return name in _INTERNAL_NAMES or " Req " in name or name.split(" ", 1)[0] in GENAI_OPERATIONS
+    return (name in _INTERNAL_NAMES or " Req " in name or name.split(" ", 1)[0] in GENAI_OPERATIONS
+            or name.startswith(LOGFIRE_AGENT_LLM_PREFIXES))
 
 
 def _part(kind: str, adapter: str, part: str, marks: tuple) -> EngineObservation:
