@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
 
-.PHONY: run test bench demo clean services peers engines
+.PHONY: run test bench demo clean services peers engines instrumentations
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,8 +48,14 @@ peers:
 engines:
 	@tests/live/engines.sh build
 
+# The client instrumentations the live matrix runs (tests/live/instrumentations.sh): Logfire, openai-agents,
+# OpenInference, OpenLLMetry, openai-v2, LiteLLM, each group in its own pinned virtualenv under
+# ~/.cache/otel-llm/instrumentations (~5 min cold, 0 s warm).
+instrumentations:
+	@tests/live/instrumentations.sh build
+
 # The type check first ([tool.mypy] in pyproject.toml: strict on the component packages); a type error fails the target.
-test: $(TSTAMP) services peers engines
+test: $(TSTAMP) services peers engines instrumentations
 	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
