@@ -53,6 +53,8 @@ class Handler(Protocol):  # what the endpoint's request handler gives us
     def send_body(self, status: int, body: bytes, content_type: str,
                   headers: dict[str, str] | None = None) -> None: ...
 
+    def body_read(self) -> None: ...
+
 
 class WebView:
     def __init__(self, settings: WebViewConfig, registry: CollectorRegistry, store: Any, token: Any,
@@ -144,6 +146,7 @@ class WebView:
             self._login_page(handler, 413 if length > _MAX_LOGIN_BODY else 400, "The request is not a login form.")
             return
         body = handler.rfile.read(length).decode("utf-8", "replace") if length else ""
+        handler.body_read()  # the read deadline ends with the body
         token = (urllib.parse.parse_qs(body).get("token") or [""])[-1].strip()
         if token and self.token.allows(f"Bearer {token}"):
             session = self.sessions.create()

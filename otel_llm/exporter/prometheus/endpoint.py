@@ -15,7 +15,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.openmetrics import exposition as openmetrics
 
 from otel_llm.exporter.prometheus.config import PrometheusExporter
-from otel_llm.internal.httpserver import BackgroundHTTPServer, QuietHandler
+from otel_llm.internal.httpserver import BackgroundHTTPServer, ConnectionLimits, QuietHandler, refused_connections
 from otel_llm.internal.security import TokenCheck
 from otel_llm.webview import WebView
 from otel_llm.exporter.store.sqlite import SORT_COLUMNS, StoreError, StoreReader
@@ -87,6 +87,7 @@ class _Handler(QuietHandler):
             self._json(503, {"error": str(exc)})
 
     def do_GET(self) -> None:
+        self.body_read()  # no body: the read deadline ends here, a slow answer is not the client's time
         parsed = urllib.parse.urlsplit(self.path)
         path = parsed.path
         if self.webview is not None and self.webview.handles(path):
@@ -134,7 +135,11 @@ class PrometheusEndpoint:
         handler = type("PrometheusHandler", (_Handler,), {"registry": registry, "ready": ready, "store": store,
                                                           "not_ready": staticmethod(not_ready) if not_ready else None,
                                                           "token": token, "webview": self.webview})
-        self._server = BackgroundHTTPServer(settings.endpoint, handler, "prometheus")
+        limits = ConnectionLimits(max_connections=settings.max_connections,
+                                  header_timeout_s=settings.read_header_timeout,
+                                  request_timeout_s=settings.read_timeout, evict_idle=True,
+                                  on_refused=refused_connections(registry, "prometheus"))
+        self._server = BackgroundHTTPServer(settings.endpoint, handler, "prometheus", limits=limits)
 
     @property
     def port(self) -> int:
