@@ -8,6 +8,7 @@ the pages are static files, the data comes as JSON and is put into the page with
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import time
@@ -16,12 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter
 
 from otel_llm.webview.config import WebViewConfig, trace_links
 from otel_llm.webview.history import History
 from otel_llm.webview.overview import overview
-from otel_llm.webview.session import Sessions, session_from
+from otel_llm.webview.session import LoginThrottle, Sessions, session_from
 from otel_llm.webview.status import components_of, effective_config, self_telemetry
 
 STATIC = Path(__file__).parent / "static"
@@ -43,12 +44,17 @@ _TRACE_API = re.compile(r"^/api/ui/trace/([0-9a-fA-F]{1,32})$")
 _FILTER_COLUMNS = {"model": "model", "engine": "engine_kind", "outcome": "outcome", "policy": "policy",
                    "service": "service_name"}
 _MAX_LOGIN_BODY = 4096
+# Lists without an explicit ``until`` end this far past now: a request whose start is years ahead
+# (a broken clock, or a client's lie: 2262) would otherwise top every list and pass "last 5 m".
+FUTURE_SKEW_NS = 10 * 60 * 10**9
+log = logging.getLogger(__name__)
 
 
 class Handler(Protocol):  # what the endpoint's request handler gives us
     headers: Any
     rfile: Any
     command: str
+    client_address: Any
 
     def send_body(self, status: int, body: bytes, content_type: str,
                   headers: dict[str, str] | None = None) -> None: ...
@@ -69,6 +75,11 @@ class WebView:
         self.service = service
         self.history = History(registry, settings.snapshot_interval, settings.history)
         self.sessions = Sessions(settings.session_ttl)
+        self.throttle = LoginThrottle()
+        self.login_failures = Counter("otel_llm_webview_login_failures",
+                                      "Refused logins to the web view: wrong_token, throttled (too many failures "
+                                      "from one address, or from all, within a minute), malformed.",
+                                      ["reason"], registry=registry)
         self._static = {p.name: p.read_bytes() for p in STATIC.iterdir() if p.suffix in _TYPES}
         self._filters_cache: tuple[float, dict[str, list[str]]] | None = None
 
@@ -143,15 +154,26 @@ class WebView:
         except ValueError:
             length = -1
         if not 0 <= length <= _MAX_LOGIN_BODY:
+            self.login_failures.labels("malformed").inc()
             self._login_page(handler, 413 if length > _MAX_LOGIN_BODY else 400, "The request is not a login form.")
             return
         body = handler.rfile.read(length).decode("utf-8", "replace") if length else ""
         handler.body_read()  # the read deadline ends with the body
+        address = str(handler.client_address[0]) if handler.client_address else ""
+        wait = self.throttle.retry_after(address)
+        if wait > 0:
+            self.login_failures.labels("throttled").inc()
+            self._login_page(handler, 429, "Too many failed logins; try again later.",
+                             {"Retry-After": str(max(1, round(wait)))})
+            return
         token = (urllib.parse.parse_qs(body).get("token") or [""])[-1].strip()
         if token and self.token.allows(f"Bearer {token}"):
             session = self.sessions.create()
             self._send(handler, 303, b"", "text/plain", {"Location": "/", "Set-Cookie": self.sessions.set_cookie(session)})
         else:
+            self.throttle.failed(address)
+            self.login_failures.labels("wrong_token").inc()
+            log.warning("web view: failed login from %s", address or "an unknown address")
             self._login_page(handler, 401, "Wrong token.")
 
     def _logout(self, handler: Handler) -> None:
@@ -159,10 +181,11 @@ class WebView:
         self._send(handler, 303, b"", "text/plain",
                    {"Location": "/login" if self.token.enabled else "/", "Set-Cookie": self.sessions.clear_cookie()})
 
-    def _login_page(self, handler: Handler, status: int, message: str) -> None:
+    def _login_page(self, handler: Handler, status: int, message: str,
+                    headers: dict[str, str] | None = None) -> None:
         # ``message`` is one of our own fixed sentences, never request data.
         page = self._static["login.html"].replace(b"<!--message-->", message.encode())
-        self._send(handler, status, page, _TYPES[".html"])
+        self._send(handler, status, page, _TYPES[".html"], headers)
 
     # --- responses -------------------------------------------------------------------------
 
@@ -235,6 +258,8 @@ class WebView:
         if order not in ("asc", "desc"):
             raise ValueError("order is asc or desc")
         sort = arg("sort") or "start"
+        if until is None:
+            until = time.time_ns() + FUTURE_SKEW_NS  # a start time far ahead (a bad clock) must not pin the list
         rows = self.store.list_requests(
             model=arg("model"), engine=arg("engine"), outcome=arg("outcome"), policy=arg("policy"),
             service=arg("service"), sort=sort, limit=limit + 1, offset=offset, ascending=order == "asc",
@@ -262,16 +287,16 @@ class WebView:
             children.setdefault(parent if parent in ids else None, []).append(span)
         ordered: list[dict[str, Any]] = []
         seen: set[str] = set()
-
-        def walk(parent: str | None, depth: int) -> None:
-            for span in children.get(parent, []):
-                if span["span_id"] in seen:
-                    continue
-                seen.add(span["span_id"])
-                ordered.append({**span, "depth": depth,
-                                "segment": (span.get("attributes") or {}).get("otel_llm.segment")})
-                walk(span["span_id"], depth + 1)
-        walk(None, 0)
+        # Depth first, parents before their children, with a stack of its own: a chain of
+        # thousands of spans is as deep as it is long (recursion ended in RecursionError at ~1 000).
+        stack: list[tuple[dict[str, Any], int]] = [(span, 0) for span in reversed(children.get(None, []))]
+        while stack:
+            span, depth = stack.pop()
+            if span["span_id"] in seen:
+                continue
+            seen.add(span["span_id"])
+            ordered.append({**span, "depth": depth, "segment": (span.get("attributes") or {}).get("otel_llm.segment")})
+            stack.extend((child, depth + 1) for child in reversed(children.get(span["span_id"], [])))
         for span in spans:  # cycles: shown flat rather than lost
             if span["span_id"] not in seen:
                 ordered.append({**span, "depth": 0, "segment": (span.get("attributes") or {}).get("otel_llm.segment")})

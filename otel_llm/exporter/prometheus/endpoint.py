@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -18,6 +19,7 @@ from otel_llm.exporter.prometheus.config import PrometheusExporter
 from otel_llm.internal.httpserver import BackgroundHTTPServer, ConnectionLimits, QuietHandler, refused_connections
 from otel_llm.internal.security import TokenCheck
 from otel_llm.webview import WebView
+from otel_llm.webview.web import FUTURE_SKEW_NS
 from otel_llm.exporter.store.sqlite import SORT_COLUMNS, StoreError, StoreReader
 
 _TRACE_PATH = re.compile(r"^/api/traces/([0-9a-fA-F]{1,32})$")
@@ -48,6 +50,12 @@ class _Handler(QuietHandler):
     token: ClassVar[TokenCheck]
     webview: ClassVar[WebView | None] = None  # /, /ui/..., /login, /static/..., /api/ui/... (otel_llm/webview)
 
+    def send_body(self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
+        # Every answer: never sniffed into another type, never cached (request data, live metrics);
+        # the web view's own headers (a static file's max-age) take precedence.
+        super().send_body(status, body, content_type,
+                          {"X-Content-Type-Options": "nosniff", "Cache-Control": "no-store", **(headers or {})})
+
     def _json(self, status: int, payload: Any) -> None:
         self.send_body(status, json.dumps(payload).encode(), "application/json")
 
@@ -67,6 +75,8 @@ class _Handler(QuietHandler):
                 except ValueError:
                     self._json(400, {"error": "since and until are Unix times in nanoseconds (integers)"})
                     return
+                if until_ns is None:  # a start time years ahead must not pin the list
+                    until_ns = time.time_ns() + FUTURE_SKEW_NS
                 rows = self.store.list_requests(
                     model=arg("model"), outcome=arg("outcome"), service=arg("service"), sort=arg("sort") or "start",
                     limit=limit, since_unix_ns=since_ns, until_unix_ns=until_ns)
