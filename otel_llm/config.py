@@ -14,6 +14,7 @@ Collector, a component that no pipeline lists does not run.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,7 @@ __all__ = [
     "OtlpTraceExporter", "PolicyConfig", "PositiveInt", "ProbabilisticPolicyConfig", "PrometheusExporter",
     "RateLimitConfig", "RedactionProcessor", "ResourceModelRuleConfig", "RetryOnFailure", "SendingQueue", "ServerTls",
     "SloPolicyConfig", "SlowestPolicyConfig", "StoreExporter", "TailSamplingProcessor", "check_certificates",
-    "config_from_dict", "default_policies", "format_duration", "intake_log_directory", "load_config", "parse_duration",
+    "config_from_dict", "default_policies", "exposed_without_token", "format_duration", "intake_log_directory", "load_config", "parse_duration",
     "parse_endpoint", "split_endpoint", "_Duration",
 ]
 
@@ -271,6 +272,35 @@ def _files_claimed(config: Config) -> list[tuple[str, str]]:
         out.append(("exporters.store.path", config.exporters.store.path))
     if intake_log_directory(config):
         out.append(("receivers.otlp.intake_log.directory", intake_log_directory(config)))
+    return out
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost: whatever it resolves to, it is a choice
+
+
+def exposed_without_token(config: Config) -> list[str]:
+    """The listeners of the running components that bind beyond loopback and take no bearer token,
+    one sentence each: allowed (a private network may be the user's choice), logged once at start
+    and shown on the Status page."""
+    out: list[str] = []
+    otlp = config.receivers.otlp
+    if otlp is not None and config.runs(Kind.RECEIVER, "otlp"):
+        for name in ("grpc", "http"):
+            protocol = getattr(otlp.protocols, name)
+            if protocol is not None and protocol.auth is None and not _is_loopback(split_endpoint(protocol.endpoint)[0]):
+                out.append(f"receivers.otlp.protocols.{name}.endpoint {protocol.endpoint}: takes spans from any "
+                           "host that reaches it, without a bearer token")
+    prometheus = config.exporters.prometheus
+    if prometheus is not None and config.runs(Kind.EXPORTER, "prometheus") and prometheus.auth is None \
+            and not _is_loopback(split_endpoint(prometheus.endpoint)[0]):
+        out.append(f"exporters.prometheus.endpoint {prometheus.endpoint}: /metrics, /api (request data) and the web "
+                   "view answer any host that reaches them, without a bearer token")
     return out
 
 

@@ -77,7 +77,7 @@ def test_absent_components_in_a_listed_section_are_off():
                                "receivers": {"otlp": {"protocols": {"http": None}}}})
     assert config.exporters.store is None
     assert config.receivers.otlp.protocols.grpc is None
-    assert config.receivers.otlp.protocols.http.endpoint == "0.0.0.0:4318"
+    assert config.receivers.otlp.protocols.http.endpoint == "127.0.0.1:4318"
     config = config_from_dict({"receivers": {"otlp": {"max_queued_spans": 7, "protocols": {"grpc": None}}}})
     assert config.receivers.otlp.max_queued_spans == 7  # options beside the protocols survive their filtering
     with pytest.raises(ConfigError, match="already used"):

@@ -10,7 +10,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from otel_llm.component import CreateSettings, Host, KeptTraceConsumer, Kind, Signal, factories
-from otel_llm.config import Config, ConfigError, check_certificates, intake_log_directory
+from otel_llm.config import Config, ConfigError, check_certificates, exposed_without_token, intake_log_directory
 from otel_llm.exporter.store.exporter import StoreComponent
 from otel_llm.exporter.store.sqlite import TraceStore
 from otel_llm.processor.llm_metrics.metrics.exposition import RecorderCollector
@@ -100,6 +100,10 @@ class Service:
         return self.components.get("exporters.prometheus")
 
     @property
+    def exposed_without_token(self) -> list[str]:
+        return exposed_without_token(self.config)
+
+    @property
     def grpc_port(self) -> int:
         return self.ingest.grpc_port if self.ingest is not None else 0
 
@@ -154,6 +158,8 @@ class Service:
             # Nothing was accepted yet: no grace period to give anyone.
             self.stop(grace_s=0.0)
             raise
+        for exposure in self.exposed_without_token:  # allowed, said once (and on the Status page)
+            log.warning("listening beyond loopback without a token: %s", exposure)
         self.ready.set()
 
     def stop(self, grace_s: float | None = None) -> None:

@@ -319,7 +319,11 @@ class WebView:
             if store_config is not None:
                 store.update({"retention_seconds": store_config.retention,
                               "max_size_bytes": store_config.max_size_mib * 1024 * 1024})
+        from otel_llm.config import Config, exposed_without_token
+
+        exposed = exposed_without_token(self.config) if isinstance(self.config, Config) else []
         return {"components": components_of(self.service), "telemetry": self_telemetry(self.registry),
+                "exposed_without_token": exposed,
                 "store": store, "config": effective_config(self.config), "started": self.history.started}
 
 

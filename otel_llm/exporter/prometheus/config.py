@@ -12,7 +12,7 @@ from otel_llm.webview.config import WebViewConfig
 
 @dataclass(frozen=True)
 class PrometheusExporter:
-    endpoint: Endpoint = "0.0.0.0:9464"  # bind 127.0.0.1:9464 to keep /metrics and /api on loopback
+    endpoint: Endpoint = "127.0.0.1:9464"  # loopback unless set: 0.0.0.0:9464 to be scraped from elsewhere
     auth: BearerAuth | None = None  # required on /metrics and /api/*; /healthz and /readyz stay open
     web: WebViewConfig = field(default_factory=WebViewConfig)  # the web view at /: otel_llm/webview/README.md
     # The listener's limits: open connections (a thread each; more are refused, counted), and the
