@@ -59,6 +59,8 @@ def _serve(args: argparse.Namespace) -> int:
         parts.append(f"OTLP/HTTP :{service.http_port}")
     if service.prometheus is not None:
         parts.append(f"metrics :{service.prometheus.port}/metrics")
+    if service.webview is not None:
+        parts.append(f"web view :{service.webview.port}/")
     print(f"otel-llm {__version__} ready: {', '.join(parts)}", flush=True)
     while not stop.wait(0.5):  # a timed wait lets the main thread run signal handlers promptly
         if service.failed:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from otel_llm.config import config_from_dict, exposed_without_token, split_endpoint
+from otel_llm.config import config_from_dict, exposed_without_token, load_config, split_endpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "a-token-for-the-metrics-port"
@@ -20,15 +20,15 @@ TOKEN = "a-token-for-the-metrics-port"
 
 def test_the_embedded_defaults_listen_on_loopback_only():
     """Before: 0.0.0.0 for OTLP gRPC, OTLP HTTP and the metrics port (web view and /api included)."""
-    config = config_from_dict({})
+    config = load_config(None)
     endpoints = [config.receivers.otlp.protocols.grpc.endpoint, config.receivers.otlp.protocols.http.endpoint,
-                 config.exporters.prometheus.endpoint]
-    assert endpoints == ["127.0.0.1:4317", "127.0.0.1:4318", "127.0.0.1:9464"]
+                 config.exporters.prometheus.endpoint, config.extensions.webview.endpoint]
+    assert endpoints == ["127.0.0.1:4317", "127.0.0.1:4318", "127.0.0.1:9464", "127.0.0.1:9465"]
     assert exposed_without_token(config) == []
 
 
 def _status(server) -> dict:  # noqa: ANN001
-    request = urllib.request.Request(server.metrics_url + "/api/ui/status",
+    request = urllib.request.Request(server.webview_url + "/api/ui/status",
                                      headers={"Authorization": f"Bearer {TOKEN}"})
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.loads(response.read())
@@ -37,20 +37,23 @@ def _status(server) -> dict:  # noqa: ANN001
 def test_listening_beyond_loopback_without_a_token_is_logged_once_and_shown(make_server, caplog):
     caplog.set_level(logging.WARNING, logger="otel_llm.service.service")
     server = make_server({"receivers": {"otlp": {"protocols": {"http": {"endpoint": "0.0.0.0:0"}}}},
-                          "exporters": {"prometheus": {"endpoint": "0.0.0.0:0"}}})
+                          "exporters": {"prometheus": {"endpoint": "0.0.0.0:0"}},
+                          "extensions": {"webview": {"endpoint": "0.0.0.0:0"}}})
     exposed = _status(server)["exposed_without_token"]
-    assert len(exposed) == 2
+    assert len(exposed) == 3
     assert exposed[0].startswith("receivers.otlp.protocols.http.endpoint 0.0.0.0:0")
     assert exposed[1].startswith("exporters.prometheus.endpoint 0.0.0.0:0")
+    assert exposed[2].startswith("extensions.webview.endpoint 0.0.0.0:0")
     logged = [r.getMessage() for r in caplog.records if "beyond loopback without a token" in r.getMessage()]
-    assert len(logged) == 2
+    assert len(logged) == 3
     _status(server)  # reading the page logs nothing more
-    assert len([r for r in caplog.records if "beyond loopback" in r.getMessage()]) == 2
+    assert len([r for r in caplog.records if "beyond loopback" in r.getMessage()]) == 3
 
 
 def test_a_token_or_loopback_says_nothing(make_server, caplog):
     caplog.set_level(logging.WARNING, logger="otel_llm.service.service")
-    server = make_server({"exporters": {"prometheus": {"endpoint": "0.0.0.0:0", "auth": {"bearer_token": TOKEN}}}})
+    server = make_server({"exporters": {"prometheus": {"endpoint": "0.0.0.0:0", "auth": {"bearer_token": TOKEN}}},
+                          "extensions": {"webview": {"endpoint": "0.0.0.0:0", "auth": {"bearer_token": TOKEN}}}})
     assert _status(server)["exposed_without_token"] == []
     assert not [r for r in caplog.records if "beyond loopback" in r.getMessage()]
     for host, expected in (("localhost:1", []), ("[::1]:1", []), ("127.0.0.2:1", []), ("10.0.0.1:1", ["x"])):

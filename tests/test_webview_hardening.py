@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from otel_llm.config import ConfigError, config_from_dict
-from otel_llm.webview.status import MASK, mask
+from otel_llm.extension.webview.status import MASK, mask
 from tests.support.otelllm import RunningServer
 from tests.support.payloads import vllm_batch
 from tests.test_bad_input import grpc_raw
@@ -65,7 +65,7 @@ def test_a_parent_chain_of_1200_spans_renders(make_server):
     engine.parent_span_id = parent
     grpc_raw(server, request.SerializeToString())
     _stored(server, 1)
-    status, _, body = _get(server.metrics_url + f"/api/ui/trace/{trace_id.hex()}")
+    status, _, body = _get(server.webview_url + f"/api/ui/trace/{trace_id.hex()}")
     assert status == 200, body[:300]
     ordered = json.loads(body)["spans"]
     hops = [s for s in ordered if s["name"].startswith("hop-")]
@@ -84,7 +84,7 @@ def test_a_start_time_in_2262_pins_neither_list(make_server):
     _stored(server, 2)
     since = time.time_ns() - 5 * 60 * 10**9
     for path in ("/api/ui/requests", f"/api/ui/requests?since={since}"):
-        rows = json.loads(_get(server.metrics_url + path)[2])["rows"]
+        rows = json.loads(_get(server.webview_url + path)[2])["rows"]
         assert [r["model"] for r in rows] == ["now"], path
     for path in ("/api/traces", f"/api/traces?since={since}"):
         rows = json.loads(_get(server.metrics_url + path)[2])["traces"]
@@ -97,9 +97,10 @@ def test_failed_logins_are_throttled_logged_and_counted(make_server, caplog):
     """Before: /login took 536 guesses a second, none logged or counted. Ten wrong tokens from one
     address in a minute, then it is answered 429 with Retry-After (even with the right token),
     each failure logged, both counted."""
-    server = make_server({"exporters": {"prometheus": {"auth": {"bearer_token": TOKEN}}}})
-    caplog.set_level(logging.WARNING, logger="otel_llm.webview.web")
-    login = server.metrics_url + "/login"
+    server = make_server({"exporters": {"prometheus": {"auth": {"bearer_token": TOKEN}}},
+                          "extensions": {"webview": {"auth": {"bearer_token": TOKEN}}}})
+    caplog.set_level(logging.WARNING, logger="otel_llm.extension.webview.web")
+    login = server.webview_url + "/login"
     statuses = [_get(login, data=f"token=guess-{i}".encode())[0] for i in range(10)]
     assert statuses == [401] * 10
     status, headers, _ = _get(login, data=f"token={TOKEN}".encode())
@@ -136,7 +137,7 @@ def test_status_page_masks_passwords_in_urls_and_api_key_values(make_server):
                                                               "processors": ["llm_metrics", "tail_sampling",
                                                                              "redaction"],
                                                               "exporters": ["store", "prometheus", "otlphttp"]}}}})
-    status, _, body = _get(server.metrics_url + "/api/ui/status")
+    status, _, body = _get(server.webview_url + "/api/ui/status")
     assert status == 200
     assert b"hunter2" not in body
     assert f"https://svc:{MASK}@127.0.0.1:9/otlp" in json.loads(body)["config"]["exporters"]["otlphttp"]["endpoint"]
@@ -144,10 +145,10 @@ def test_status_page_masks_passwords_in_urls_and_api_key_values(make_server):
 
 def test_api_and_metrics_carry_nosniff_and_no_store(server: RunningServer):
     """Before: /api/traces and /metrics had none of the web view's headers."""
-    for path in ("/api/traces", "/metrics", "/api/traces/00ff", "/healthz", "/nothing-here"):
+    for path in ("/api/traces", "/metrics", "/api/traces/00ff", "/healthz", "/nothing-here", "/ui/requests"):
         _, headers, _ = _get(server.metrics_url + path)
         assert headers["X-Content-Type-Options"] == "nosniff", path
         assert headers["Cache-Control"] == "no-store", path
-    _, headers, _ = _get(server.metrics_url + "/static/app.js")
+    _, headers, _ = _get(server.webview_url + "/static/app.js")
     assert headers["Cache-Control"] == "max-age=60"
     assert len([k for k in headers.keys() if k.lower() == "cache-control"]) == 1

@@ -43,7 +43,7 @@ class Service:
         self.ready = threading.Event()
         # Created from the factories, by "kind.name", in pipeline order.
         self.components: dict[str, Any] = {}
-        for kind in (Kind.RECEIVER, Kind.PROCESSOR, Kind.EXPORTER):
+        for kind in (Kind.RECEIVER, Kind.PROCESSOR, Kind.EXPORTER, Kind.EXTENSION):
             for signal in (Signal.TRACES, Signal.METRICS) if kind is Kind.EXPORTER else (Signal.TRACES,):
                 for name in config.running(kind, signal):
                     factory = factories(kind)[name]
@@ -104,6 +104,10 @@ class Service:
         return exposed_without_token(self.config)
 
     @property
+    def webview(self) -> Any:
+        return self.components.get("extensions.webview")
+
+    @property
     def grpc_port(self) -> int:
         return self.ingest.grpc_port if self.ingest is not None else 0
 
@@ -129,6 +133,13 @@ class Service:
             exporters = [p for p in self.components if p.startswith("exporters.")]
             exporters.sort(key=lambda p: p == "exporters.prometheus")
             for path in exporters:
+                try:
+                    self.components[path].start(self.host)
+                except OSError as exc:
+                    raise ComponentStartError(f"{path}: {exc}") from None
+                self._started.append(path)
+            # Extensions (the web view) once the store they read is open.
+            for path in (p for p in self.components if p.startswith("extensions.")):
                 try:
                     self.components[path].start(self.host)
                 except OSError as exc:
@@ -167,6 +178,9 @@ class Service:
         grace = self.config.service.shutdown_grace if grace_s is None else grace_s
         started = self._started
         self.ready.clear()
+        for path in [p for p in started if p.startswith("extensions.")]:
+            self.components[path].shutdown(grace)  # first: they only read what the others hold
+            started.remove(path)
         if self.ingest is not None and "ingest" in started:
             self.ingest.stop(grace)  # returns once everything they admitted is in the intake
             if self.ingest.exited_unexpectedly.is_set():

@@ -18,9 +18,7 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from otel_llm.exporter.prometheus.config import PrometheusExporter
 from otel_llm.internal.httpserver import BackgroundHTTPServer, ConnectionLimits, QuietHandler, refused_connections
 from otel_llm.internal.security import TokenCheck
-from otel_llm.webview import WebView
-from otel_llm.webview.web import FUTURE_SKEW_NS
-from otel_llm.exporter.store.sqlite import SORT_COLUMNS, StoreError, StoreReader
+from otel_llm.exporter.store.sqlite import FUTURE_SKEW_NS, SORT_COLUMNS, StoreError, StoreReader
 
 _TRACE_PATH = re.compile(r"^/api/traces/([0-9a-fA-F]{1,32})$")
 
@@ -48,7 +46,6 @@ class _Handler(QuietHandler):
     store: ClassVar[StoreReader | None]
     not_ready: ClassVar[staticmethod[[], str | None] | None]  # a reason while a part cannot do its job
     token: ClassVar[TokenCheck]
-    webview: ClassVar[WebView | None] = None  # /, /ui/..., /login, /static/..., /api/ui/... (otel_llm/webview)
 
     def send_body(self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
         # Every answer: never sniffed into another type, never cached (request data, live metrics);
@@ -100,9 +97,7 @@ class _Handler(QuietHandler):
         self.body_read()  # no body: the read deadline ends here, a slow answer is not the client's time
         parsed = urllib.parse.urlsplit(self.path)
         path = parsed.path
-        if self.webview is not None and self.webview.handles(path):
-            self.webview.handle(self, self.command, self.path)  # its own auth: the bearer token or a login cookie
-        elif path not in ("/healthz", "/readyz") and not self.token.allows(self.headers.get("Authorization")):
+        if path not in ("/healthz", "/readyz") and not self.token.allows(self.headers.get("Authorization")):
             self.send_body(401, b"missing or wrong bearer token\n", "text/plain", {"WWW-Authenticate": "Bearer"})
         elif path.startswith("/api/"):
             self._api(path, urllib.parse.parse_qs(parsed.query))
@@ -124,27 +119,20 @@ class _Handler(QuietHandler):
 
     do_HEAD = do_GET
 
-    def do_POST(self) -> None:  # only the web view's /login and /logout; everything else is read-only
-        if self.webview is not None and self.webview.handles(urllib.parse.urlsplit(self.path).path):
-            self.webview.handle(self, "POST", self.path)
-        else:
-            # The body is not read: the connection closes after the answer, so no byte of it is
-            # taken for the next request.
-            self.close_connection = True
-            self.send_body(405, b"read-only; try GET\n", "text/plain", {"Allow": "GET, HEAD", "Connection": "close"})
+    def do_POST(self) -> None:  # read-only
+        # The body is not read: the connection closes after the answer, so no byte of it is taken
+        # for the next request.
+        self.close_connection = True
+        self.send_body(405, b"read-only; try GET\n", "text/plain", {"Allow": "GET, HEAD", "Connection": "close"})
 
 
 class PrometheusEndpoint:
     def __init__(self, settings: PrometheusExporter, registry: CollectorRegistry, ready: threading.Event,
-                 store: StoreReader | None = None, not_ready: Callable[[], str | None] | None = None,
-                 config: Any = None, service: Any = None) -> None:
-        """``config`` and ``service`` (the whole ``Config`` and the running ``Service``) feed the web
-        view's overview (SLO thresholds) and status page; without them it shows less."""
+                 store: StoreReader | None = None, not_ready: Callable[[], str | None] | None = None) -> None:
         token = TokenCheck(settings.auth)
-        self.webview = WebView(settings.web, registry, store, token, config, service) if settings.web.enabled else None
         handler = type("PrometheusHandler", (_Handler,), {"registry": registry, "ready": ready, "store": store,
                                                           "not_ready": staticmethod(not_ready) if not_ready else None,
-                                                          "token": token, "webview": self.webview})
+                                                          "token": token})
         limits = ConnectionLimits(max_connections=settings.max_connections,
                                   header_timeout_s=settings.read_header_timeout,
                                   request_timeout_s=settings.read_timeout, evict_idle=True,
@@ -157,10 +145,6 @@ class PrometheusEndpoint:
 
     def start(self) -> None:
         self._server.start()
-        if self.webview is not None:
-            self.webview.start()
 
     def stop(self) -> None:
-        if self.webview is not None:
-            self.webview.stop()
         self._server.stop()

@@ -1,5 +1,5 @@
-"""The web view's HTTP side: the metrics endpoint's handler delegates ``/``, ``/ui/...``,
-``/login``, ``/logout``, ``/static/...`` and ``/api/ui/...`` to ``WebView.handle``.
+"""The web view's HTTP side: its own listener's handler (``extension.py``) delegates ``/``,
+``/ui/...``, ``/login``, ``/logout``, ``/static/...`` and ``/api/ui/...`` to ``WebView.handle``.
 
 Read-only. Every response carries a strict Content-Security-Policy (no inline script or style:
 the pages are static files, the data comes as JSON and is put into the page with ``textContent``).
@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import re
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -19,11 +20,11 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 
-from otel_llm.webview.config import WebViewConfig, trace_links
-from otel_llm.webview.history import History
-from otel_llm.webview.overview import overview
-from otel_llm.webview.session import LoginThrottle, Sessions, session_from
-from otel_llm.webview.status import components_of, effective_config, self_telemetry
+from otel_llm.extension.webview.config import WebViewConfig, trace_links
+from otel_llm.extension.webview.history import History
+from otel_llm.extension.webview.overview import overview
+from otel_llm.extension.webview.session import LoginThrottle, Sessions, session_from
+from otel_llm.extension.webview.status import components_of, effective_config, self_telemetry
 
 STATIC = Path(__file__).parent / "static"
 _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
@@ -44,13 +45,10 @@ _TRACE_API = re.compile(r"^/api/ui/trace/([0-9a-fA-F]{1,32})$")
 _FILTER_COLUMNS = {"model": "model", "engine": "engine_kind", "outcome": "outcome", "policy": "policy",
                    "service": "service_name"}
 _MAX_LOGIN_BODY = 4096
-# Lists without an explicit ``until`` end this far past now: a request whose start is years ahead
-# (a broken clock, or a client's lie: 2262) would otherwise top every list and pass "last 5 m".
-FUTURE_SKEW_NS = 10 * 60 * 10**9
 log = logging.getLogger(__name__)
 
 
-class Handler(Protocol):  # what the endpoint's request handler gives us
+class Handler(Protocol):  # what the listener's request handler gives us
     headers: Any
     rfile: Any
     command: str
@@ -82,6 +80,11 @@ class WebView:
                                       ["reason"], registry=registry)
         self._static = {p.name: p.read_bytes() for p in STATIC.iterdir() if p.suffix in _TYPES}
         self._filters_cache: tuple[float, dict[str, list[str]]] | None = None
+        # The overview per window, computed once for every open tab within half a refresh interval
+        # (one at a time): its cost (a snapshot of the registry, the groups' quantiles) is per
+        # interval, not per tab, and never more than one core's worth beside the scrape.
+        self._overview_cache: dict[str, tuple[float, bytes]] = {}
+        self._overview_lock = threading.Lock()
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -189,6 +192,9 @@ class WebView:
 
     # --- responses -------------------------------------------------------------------------
 
+    def not_found(self, handler: Handler, headers: dict[str, str] | None = None) -> None:
+        self._send(handler, 404, b"not found; the web view is at /\n", "text/plain", headers)
+
     def _send(self, handler: Handler, status: int, body: bytes, content_type: str,
               headers: dict[str, str] | None = None, cache: bool = False) -> None:
         all_headers = dict(SECURITY_HEADERS)
@@ -197,8 +203,11 @@ class WebView:
         handler.send_body(status, body, content_type, all_headers)
 
     def _json(self, handler: Handler, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
-        body = json.dumps(_clean(payload), default=_json_default, allow_nan=False).encode()
-        self._send(handler, status, body, "application/json", headers)
+        self._send(handler, status, self._encode(payload), "application/json", headers)
+
+    @staticmethod
+    def _encode(payload: Any) -> bytes:
+        return json.dumps(_clean(payload), default=_json_default, allow_nan=False).encode()
 
     def _redirect(self, handler: Handler, location: str) -> None:
         self._send(handler, 303, b"", "text/plain", {"Location": location})
@@ -221,7 +230,7 @@ class WebView:
                 self._json(handler, 200, {"refresh_interval": self.settings.refresh_interval,
                                           "auth": bool(self.token.enabled), "store": self.store is not None})
             elif path == "/api/ui/overview":
-                self._json(handler, 200, overview(self.history, self.config, arg("window") or "5m"))
+                self._send(handler, 200, self.overview_body(arg("window") or "5m"), "application/json")
             elif path == "/api/ui/status":
                 self._json(handler, 200, self.status())
             elif self.store is None:
@@ -243,6 +252,17 @@ class WebView:
         except (FileNotFoundError, _store_error()) as exc:
             self._json(handler, 503, {"error": str(exc)})
 
+    def overview_body(self, window: str) -> bytes:
+        """The overview's JSON, encoded once per window and half refresh interval for every tab."""
+        ttl = self.settings.refresh_interval / 2
+        with self._overview_lock:
+            cached = self._overview_cache.get(window)
+            if cached is not None and time.monotonic() - cached[0] < ttl:
+                return cached[1]
+            body = self._encode(overview(self.history, self.config, window))
+            self._overview_cache[window] = (time.monotonic(), body)
+            return body
+
     def requests(self, arg: Callable[[str], str | None]) -> dict[str, Any]:
         try:
             limit = int(arg("limit") or 50)
@@ -259,6 +279,8 @@ class WebView:
             raise ValueError("order is asc or desc")
         sort = arg("sort") or "start"
         if until is None:
+            from otel_llm.exporter.store.sqlite import FUTURE_SKEW_NS
+
             until = time.time_ns() + FUTURE_SKEW_NS  # a start time far ahead (a bad clock) must not pin the list
         rows = self.store.list_requests(
             model=arg("model"), engine=arg("engine"), outcome=arg("outcome"), policy=arg("policy"),
