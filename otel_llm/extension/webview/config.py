@@ -34,8 +34,6 @@ class WebViewConfig:
         "refresh_interval": (0.5, 3600.0),
         "session_ttl": (60.0, 30 * 86400.0),
         "max_connections": (1, 10_000),
-        "read_header_timeout": (0.001, 86_400.0),
-        "read_timeout": (0.001, 86_400.0),
     }
     MAX_SNAPSHOTS: ClassVar[int] = 100_000
 
@@ -57,6 +55,10 @@ def problems(web: WebViewConfig, path: str) -> list[tuple[str, str]]:
         value = getattr(web, key)
         if not low <= value <= high:
             out.append((f"{path}.{key}", f"must be between {low:g}s and {high:g}s, got {value:g}s"))
+    for key in ("read_header_timeout", "read_timeout"):  # 0 would cut every request, .inf is no deadline
+        seconds = getattr(web, key)
+        if not 0.001 <= seconds <= 86_400:
+            out.append((f"{path}.{key}", f"must be between 1ms and 24h, got {seconds!r}"))
     if not out and web.read_header_timeout > web.read_timeout:
         out.append((f"{path}.read_header_timeout", "must not exceed read_timeout"))
     if not out and web.history < web.snapshot_interval:
