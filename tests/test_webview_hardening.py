@@ -152,3 +152,60 @@ def test_api_and_metrics_carry_nosniff_and_no_store(server: RunningServer):
     _, headers, _ = _get(server.webview_url + "/static/app.js")
     assert headers["Cache-Control"] == "max-age=60"
     assert len([k for k in headers.keys() if k.lower() == "cache-control"]) == 1
+
+
+class _ManyGroups:
+    """A collector with ``groups`` (model, engine) pairs of every latency family and the outcome counter."""
+
+    def __init__(self, groups: int) -> None:
+        self.groups = groups
+
+    def collect(self):  # noqa: ANN201
+        from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily
+
+        from otel_llm.extension.webview.history import LATENCY_METRICS
+
+        for _, _, name, _ in LATENCY_METRICS:
+            family = HistogramMetricFamily(name.removesuffix("_seconds"), "h", labels=["model_name", "engine_kind"],
+                                           unit="seconds")
+            for g in range(self.groups):
+                family.add_metric([f"model-{g}", "vllm"], [(str(b), float(i)) for i, b in
+                                                           enumerate([0.1 * k for k in range(1, 21)] + ["+Inf"])],
+                                  sum_value=1.0)
+            yield family
+        outcomes = CounterMetricFamily("vllm:request_success", "c", labels=["model_name", "engine_kind",
+                                                                           "finished_reason"])
+        for g in range(self.groups):
+            outcomes.add_metric([f"model-{g}", "vllm", "stop"], 5.0)
+        yield outcomes
+
+
+def test_the_snapshot_history_is_bounded_in_memory():
+    """Before: 2 000 (model, engine) groups grew the parent 45 -> 416 MiB through the snapshot
+    history (a snapshot of every group every interval, kept for the whole history). The ring now
+    has a byte budget: past it the older half is thinned (its first kept, so every window still
+    has a base); here 30 snapshots of 500 groups stay within an 8 MiB budget."""
+    from prometheus_client import CollectorRegistry
+
+    from otel_llm.extension.webview.history import History, snapshot_bytes
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_ManyGroups(520))
+    budget = 8 * 1024 * 1024
+    history = History(registry, 10.0, 3600.0, budget_bytes=budget)
+    unbounded = History(registry, 10.0, 3600.0, budget_bytes=1 << 62)
+    first = None
+    for i in range(30):
+        history.record()
+        if first is None:
+            first = history.snapshots()[0]
+        if i < 10:
+            unbounded.record()
+    ring = history.snapshots()
+    one = snapshot_bytes(ring[-1])
+    assert len(ring[-1].histograms) == 500 * len({n for n, _ in ring[-1].histograms})  # MAX_GROUPS per family
+    assert history.ring_bytes <= budget and sum(snapshot_bytes(s) for s in ring) == history.ring_bytes
+    assert ring[0] is first  # the oldest is kept: "last 1 h" still subtracts a snapshot from its start
+    assert unbounded.ring_bytes >= 10 * one > budget  # without the budget: linear in the snapshots
+    print(f"\n500 groups: {one / 1024:.0f} KiB a snapshot; 30 snapshots in {history.ring_bytes / 2**20:.1f} MiB "
+          f"({len(ring)} kept) instead of {30 * one / 2**20:.0f} MiB (the default budget: 64 MiB)")
