@@ -67,6 +67,7 @@ bench: $(STAMP) peers
 # at the results, server side and client side, then the server is stopped (also on ^C).
 DEMO_ARGS ?= --scenario burst --rate 8 --duration 60s
 DEMO_API  := http://127.0.0.1:9464
+DEMO_WEB  := http://127.0.0.1:9465
 demo: $(STAMP)
 	@$(BIN)/otel-llm --log-level WARNING serve $(ARGS) & pid=$$!; \
 	trap 'kill -TERM $$pid 2>/dev/null; wait $$pid 2>/dev/null; echo "demo: otel-llm stopped"' EXIT; \
@@ -76,9 +77,9 @@ demo: $(STAMP)
 	  then ready=1; break; fi; \
 	  kill -0 $$pid 2>/dev/null || break; sleep 0.2; \
 	done; \
-	if [ -z "$$ready" ]; then echo "demo: otel-llm did not become ready (are ports 4317, 4318, 9464 free?)"; exit 1; fi; \
+	if [ -z "$$ready" ]; then echo "demo: otel-llm did not become ready (are ports 4317, 4318, 9464, 9465 free?)"; exit 1; fi; \
 	echo; \
-	echo "demo: open the web view at $(DEMO_API)/ (overview, requests, traces, status; it refreshes live)"; \
+	echo "demo: open the web view at $(DEMO_WEB)/ (overview, requests, traces, status; it refreshes live)"; \
 	echo "demo: while the simulator runs, look at $(DEMO_API)/metrics, e.g."; \
 	echo "  curl -s $(DEMO_API)/metrics | grep -E '^vllm:(request_queue_time_seconds_count|request_success_total)'"; \
 	echo "  PromQL (scraping it): histogram_quantile(0.99, sum by (le, model_name) (rate(vllm:time_to_first_token_seconds_bucket[1m])))"; \

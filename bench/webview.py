@@ -19,7 +19,6 @@ import sqlite3
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -101,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from otel_llm.config import config_from_dict
-    from otel_llm.exporter.prometheus.endpoint import PrometheusEndpoint
     from otel_llm.exporter.store.sqlite import DB_NAME, StoreReader
+    from otel_llm.extension.webview.extension import WebViewServer
 
     directory = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="otel-llm-webview-bench-"))
     directory.mkdir(parents=True, exist_ok=True)
@@ -111,10 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         fill(db, args.traces)
         print(f"filled {args.traces} traces ({db.stat().st_size / 2**20:.0f} MiB) in {time.monotonic() - started:.1f} s")
-    config = config_from_dict({"exporters": {"prometheus": {"endpoint": "127.0.0.1:0"}, "store": {"path": str(directory)}}})
+    config = config_from_dict({"exporters": {"prometheus": {"endpoint": "127.0.0.1:0"}, "store": {"path": str(directory)}},
+                               "extensions": {"webview": {"endpoint": "127.0.0.1:0"}}})
     reader = StoreReader(db)
-    endpoint = PrometheusEndpoint(config.exporters.prometheus, CollectorRegistry(), threading.Event(), reader,
-                                  config=config)
+    endpoint = WebViewServer(config.extensions.webview, CollectorRegistry(), reader, config=config)
     endpoint.start()
     base = f"http://127.0.0.1:{endpoint.port}"
     try:

@@ -12,7 +12,7 @@ from typing import Any
 
 from otel_llm import __version__
 from otel_llm.config import ConfigError, check_certificates, load_config, parse_duration
-from otel_llm.internal.runtime import tune_gc
+from otel_llm.internal.runtime import raise_fd_limit, tune_gc
 
 EXIT_CONFIG = 2  # the config cannot run (also what `validate` rejects)
 EXIT_ENVIRONMENT = 1  # the machine refuses it: a port in use, a key that does not match its certificate
@@ -26,6 +26,9 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"otel-llm: invalid config: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    before, after = raise_fd_limit()  # before anything opens a socket; the receiver processes inherit it
+    if after != before:
+        logging.getLogger("otel_llm").info("open file limit raised from %d to %d", before, after)
     # Handlers go in before anything listens, so a SIGTERM right after /readyz turns 200 is a clean stop.
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -56,6 +59,8 @@ def _serve(args: argparse.Namespace) -> int:
         parts.append(f"OTLP/HTTP :{service.http_port}")
     if service.prometheus is not None:
         parts.append(f"metrics :{service.prometheus.port}/metrics")
+    if service.webview is not None:
+        parts.append(f"web view :{service.webview.port}/")
     print(f"otel-llm {__version__} ready: {', '.join(parts)}", flush=True)
     while not stop.wait(0.5):  # a timed wait lets the main thread run signal handlers promptly
         if service.failed:

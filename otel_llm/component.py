@@ -1,6 +1,6 @@
 """What every configured component is, and how the service finds them (the Collector's ``component``).
 
-A component is a folder under ``receiver/``, ``processor/`` or ``exporter/`` whose ``factory.py``
+A component is a folder under ``receiver/``, ``processor/``, ``exporter/`` or ``extension/`` whose ``factory.py``
 defines ``FACTORY``: its YAML key, its config dataclass, whether the embedded defaults include it,
 and a pure ``create``. The service discovers the folders, so adding a component is adding a folder.
 Creating touches nothing outside the object; ``start(host)`` takes ports, files and locks, and an
@@ -31,6 +31,7 @@ class Kind(enum.Enum):
     RECEIVER = "receivers"
     PROCESSOR = "processors"
     EXPORTER = "exporters"
+    EXTENSION = "extensions"  # beside the pipelines (the web view); run when service.extensions lists them
 
     @property
     def package(self) -> str:

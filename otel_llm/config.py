@@ -8,12 +8,15 @@ log's place beside the store. A top-level section that is absent takes its defau
 or ``exporters`` section that is present sets up only the components it lists (a missing
 ``exporters.store`` means no store). Every processor always has a config (its defaults); which
 processors run is ``service.pipelines.traces.processors`` (all four without pipelines). As in the
-Collector, a component that no pipeline lists does not run.
+Collector, a component that no pipeline lists does not run, and ``extensions`` (the web view) run
+only when configured (and, with ``service.extensions``, listed there); the embedded defaults
+configure the web view.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,7 +75,7 @@ __all__ = [
     "OtlpTraceExporter", "PolicyConfig", "PositiveInt", "ProbabilisticPolicyConfig", "PrometheusExporter",
     "RateLimitConfig", "RedactionProcessor", "ResourceModelRuleConfig", "RetryOnFailure", "SendingQueue", "ServerTls",
     "SloPolicyConfig", "SlowestPolicyConfig", "StoreExporter", "TailSamplingProcessor", "check_certificates",
-    "config_from_dict", "default_policies", "format_duration", "intake_log_directory", "load_config", "parse_duration",
+    "config_from_dict", "default_policies", "EMBEDDED_DEFAULTS", "exposed_without_token", "format_duration", "intake_log_directory", "load_config", "parse_duration",
     "parse_endpoint", "split_endpoint", "_Duration",
 ]
 
@@ -94,6 +97,7 @@ def _section(kind: Kind) -> type:
 Receivers: Any = _section(Kind.RECEIVER)
 Processors: Any = _section(Kind.PROCESSOR)
 Exporters: Any = _section(Kind.EXPORTER)
+Extensions: Any = _section(Kind.EXTENSION)
 
 
 # --- service ---------------------------------------------------------------------------------
@@ -126,6 +130,8 @@ class Service:
     # spans/s at saturation on 2 cores for ~1.2x the CPU per span (bench/README.md, issue 17's runs).
     # Off by default: a fleet pays per core, and scales out behind the load balancer instead.
     adapter_process: bool = False
+    # The extensions that run (the Collector's service.extensions); unset: every configured one.
+    extensions: list[str] | None = None
 
     BOUNDS = {"shutdown_grace": (0.0, 3600.0)}
 
@@ -136,6 +142,8 @@ class Config:
     receivers: Receivers = field(default_factory=Receivers)
     processors: Processors = field(default_factory=Processors)
     exporters: Exporters = field(default_factory=Exporters)
+    # Beside the pipelines (the web view): only what the config lists; the embedded defaults list webview.
+    extensions: Extensions = field(default_factory=Extensions)
     service: Service = field(default_factory=Service)
 
     def configured(self, kind: Kind) -> dict[str, Any]:
@@ -149,6 +157,8 @@ class Config:
         pipelines, every configured one (processors in ``DEFAULT_PROCESSOR_ORDER``)."""
         known = factories(kind)
         configured = [n for n in self.configured(kind) if known[n].signal is signal]
+        if kind is Kind.EXTENSION:
+            return configured if self.service.extensions is None else list(self.service.extensions)
         pipelines = self.service.pipelines
         if signal is Signal.METRICS:
             if pipelines.metrics is not None:
@@ -197,8 +207,17 @@ def _validate_pipelines(config: Config) -> None:
                 i = pipelines.traces.exporters.index(name)
                 raise ConfigError(f"service.pipelines.traces.exporters[{i}]",
                                   f"{name!r} is a metrics exporter: list it in service.pipelines.metrics.exporters")
+    extensions = config.service.extensions
+    if extensions is not None:
+        configured_extensions = set(config.configured(Kind.EXTENSION))
+        for i, name in enumerate(extensions):
+            if name not in configured_extensions:
+                raise ConfigError(f"service.extensions[{i}]", f"{name!r} is not configured under extensions "
+                                                              f"(have: {', '.join(sorted(configured_extensions)) or 'none'})")
+            if name in extensions[:i]:
+                raise ConfigError(f"service.extensions[{i}]", f"{name!r} is listed twice")
     if pipelines.traces is not None:
-        for kind in Kind:
+        for kind in (Kind.RECEIVER, Kind.PROCESSOR, Kind.EXPORTER):
             configured = {n for n, f in factories(kind).items()
                           if f.signal is Signal.TRACES and n in config.configured(kind)}
             listed = getattr(pipelines.traces, kind.value)
@@ -274,6 +293,40 @@ def _files_claimed(config: Config) -> list[tuple[str, str]]:
     return out
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost: whatever it resolves to, it is a choice
+
+
+def exposed_without_token(config: Config) -> list[str]:
+    """The listeners of the running components that bind beyond loopback and take no bearer token,
+    one sentence each: allowed (a private network may be the user's choice), logged once at start
+    and shown on the Status page."""
+    out: list[str] = []
+    otlp = config.receivers.otlp
+    if otlp is not None and config.runs(Kind.RECEIVER, "otlp"):
+        for name in ("grpc", "http"):
+            protocol = getattr(otlp.protocols, name)
+            if protocol is not None and protocol.auth is None and not _is_loopback(split_endpoint(protocol.endpoint)[0]):
+                out.append(f"receivers.otlp.protocols.{name}.endpoint {protocol.endpoint}: takes spans from any "
+                           "host that reaches it, without a bearer token")
+    prometheus = config.exporters.prometheus
+    if prometheus is not None and config.runs(Kind.EXPORTER, "prometheus") and prometheus.auth is None \
+            and not _is_loopback(split_endpoint(prometheus.endpoint)[0]):
+        out.append(f"exporters.prometheus.endpoint {prometheus.endpoint}: /metrics and /api (request data) answer "
+                   "any host that reaches them, without a bearer token")
+    webview = config.extensions.webview
+    if webview is not None and config.runs(Kind.EXTENSION, "webview") and webview.auth is None \
+            and not _is_loopback(split_endpoint(webview.endpoint)[0]):
+        out.append(f"extensions.webview.endpoint {webview.endpoint}: the web view (request data, the effective "
+                   "config) answers any host that reaches it, without a bearer token")
+    return out
+
+
 def intake_log_directory(config: Config) -> str:
     """Where ``receivers.otlp.intake_log`` lives: its ``directory``, else beside the store."""
     otlp = config.receivers.otlp
@@ -297,6 +350,11 @@ def config_from_dict(data: Any) -> Config:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError("", f"the config must be a mapping, got {type(data).__name__}")
+    prometheus_raw = (data.get("exporters") or {}).get("prometheus") if isinstance(data.get("exporters"), dict) else None
+    if isinstance(prometheus_raw, dict) and "web" in prometheus_raw:
+        raise ConfigError("exporters.prometheus.web", "the web view is an extension now, on a listener of its own "
+                                                      "(off the scrape path): move this block to extensions.webview "
+                                                      "(endpoint: 127.0.0.1:9465 by default)")
     config: Config = load_dataclass(Config, {k: v for k, v in data.items() if k not in ("receivers", "exporters")}, "")
     for section, cls in (("receivers", Receivers), ("exporters", Exporters)):
         if section not in data:
@@ -332,9 +390,14 @@ def check_certificates(config: Config) -> None:
     _check_certificate_files(places)
 
 
+EMBEDDED_DEFAULTS: dict[str, Any] = {"extensions": {"webview": {}}}  # and every section's defaults
+
+
 def load_config(path: str | Path | None) -> Config:
+    """``path``'s config; None: the embedded defaults (the receivers, processors and exporters in
+    the defaults, and the web view). A config file runs the extensions it configures."""
     if path is None:
-        return config_from_dict({})
+        return config_from_dict(EMBEDDED_DEFAULTS)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:

@@ -106,8 +106,8 @@ def check_server_security(path: str, tls: ServerTls | None, auth: BearerAuth | N
             raise ConfigError(f"{path}.auth.bearer_token_file", f"cannot read: {exc.strerror or exc}") from None
         except UnicodeDecodeError:
             raise ConfigError(f"{path}.auth.bearer_token_file", "not UTF-8 text") from None
-        if not token:
-            raise ConfigError(f"{path}.auth", "the token is empty")
+        if not token.strip():
+            raise ConfigError(f"{path}.auth", "the token is empty" if not token else "the token is only whitespace")
 
 
 def _no_passphrase() -> bytes:

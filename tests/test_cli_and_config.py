@@ -77,7 +77,7 @@ def test_absent_components_in_a_listed_section_are_off():
                                "receivers": {"otlp": {"protocols": {"http": None}}}})
     assert config.exporters.store is None
     assert config.receivers.otlp.protocols.grpc is None
-    assert config.receivers.otlp.protocols.http.endpoint == "0.0.0.0:4318"
+    assert config.receivers.otlp.protocols.http.endpoint == "127.0.0.1:4318"
     config = config_from_dict({"receivers": {"otlp": {"max_queued_spans": 7, "protocols": {"grpc": None}}}})
     assert config.receivers.otlp.max_queued_spans == 7  # options beside the protocols survive their filtering
     with pytest.raises(ConfigError, match="already used"):
@@ -110,7 +110,7 @@ def test_serve_minimal_config_shape_then_sigterm_exits_0(tmp_path):
 
 def test_serve_with_embedded_defaults_is_ready_within_10s(tmp_path):
     """What `make run` starts: no config file, the default ports of DESIGN.md §2."""
-    for port in (4317, 4318, 9464):
+    for port in (4317, 4318, 9464, 9465):
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 pytest.fail(f"port {port} is taken on this machine; the embedded defaults need it")
@@ -120,6 +120,8 @@ def test_serve_with_embedded_defaults_is_ready_within_10s(tmp_path):
         elapsed = wait_ready("http://127.0.0.1:9464/readyz", proc, 10)
         assert elapsed < 10
         assert (tmp_path / "otel-llm-data").is_dir()
+        with urllib.request.urlopen("http://127.0.0.1:9465/api/ui/meta", timeout=5) as response:  # the web view
+            assert response.status == 200
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
     finally:

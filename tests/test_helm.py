@@ -89,7 +89,7 @@ def test_default_render_replicas_services_probes_and_collector(helm, tmp_path):
     pod = sts["spec"]["template"]
     (container,) = pod["spec"]["containers"]
     assert container["args"] == ["serve", "--config", "/etc/otel-llm/config.yaml"]
-    assert _container_ports(container) == PORTS
+    assert _container_ports(container) == PORTS | {"web": 9465}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert container["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
@@ -145,7 +145,7 @@ def test_custom_values_render(helm, tmp_path):
     (container,) = sts["spec"]["template"]["spec"]["containers"]
     assert sts["spec"]["replicas"] == 3
     assert container["image"] == "registry.example.com/otel-llm:2026.12.1"
-    assert _container_ports(container) == PORTS | {"otlp-grpc": 14317}
+    assert _container_ports(container) == PORTS | {"otlp-grpc": 14317, "web": 9465}
     assert container["resources"]["limits"] == {"memory": "4Gi"}
     # No persistence: an emptyDir, no claim templates.
     assert "volumeClaimTemplates" not in sts["spec"]

@@ -447,16 +447,14 @@ def test_out_of_file_descriptors_backs_off_instead_of_spinning(tmp_path: Path):
     process = ServerProcess(tmp_path, {"receivers": {"otlp": {"protocols": {"http": {"read_header_timeout": "120s",
                                                                                      "read_timeout": "120s"}}}}})
     limit = 128
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))  # inherited by otel-llm and its children
-    try:
-        process.start()
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    process.start()
     held: list[socket.socket] = []
     try:
         assert process.process is not None
         receiver = child_processes(process.process.pid)["otel-llm-recv"]
+        # otel-llm raises its soft limit to the hard one at start: lower the receiver's afterwards.
+        _, hard = resource.prlimit(receiver, resource.RLIMIT_NOFILE)
+        resource.prlimit(receiver, resource.RLIMIT_NOFILE, (limit, hard))
         in_use = len(os.listdir(f"/proc/{receiver}/fd"))
         for _ in range(limit - in_use + 20):  # past the limit: the last ones wait in the listen backlog
             held.append(socket.create_connection(("127.0.0.1", process.http_port), timeout=10))

@@ -62,7 +62,7 @@ def _get(url: str, headers: dict[str, str] | None = None, data: bytes | None = N
 
 
 def _api(server: RunningServer, path: str) -> Any:
-    status, _, body = _get(server.metrics_url + path)
+    status, _, body = _get(server.webview_url + path)
     assert status == 200, (path, status, body[:300])
     return json.loads(body)
 
@@ -142,7 +142,7 @@ def fleet(tmp_path_factory) -> Any:
         "processors": {"tail_sampling": {"policies": POLICIES, "decision_wait": "2s"},
                        # the hostile trace's app.* text is shown (as text): the user allowed those keys
                        "redaction": {"allowed_keys": ["exception.stacktrace", "app.*"]}},
-        "exporters": {"prometheus": {"web": WEB}},
+        "extensions": {"webview": WEB},
     })
     prometheus = PrometheusServer(tmp / "prom", [server.metrics_url.removeprefix("http://")], scrape_interval="1s")
     prometheus.start()
@@ -187,7 +187,7 @@ def _css(driver: Any, selector: str) -> list[Any]:
 
 def test_every_page_loads_without_console_errors(fleet, driver):
     server = fleet["server"]
-    base = server.metrics_url
+    base = server.webview_url
     browser.console_errors(driver)  # drop anything from before
     _open(driver, base + "/?window=start")
     groups = _css(driver, "section.group")
@@ -239,7 +239,7 @@ def test_overview_has_a_card_per_served_model_and_engine_only(fleet, driver):
     data = _api(server, "/api/ui/overview?window=start")
     assert {(g["model"], g["engine"]) for g in data["groups"]} == served
     assert all(g["requests"] > 0 for g in data["groups"])
-    _open(driver, server.metrics_url + "/?window=start")
+    _open(driver, server.webview_url + "/?window=start")
     cards = driver.execute_script(
         "return [...document.querySelectorAll('section.group')].map(c => [c.dataset.model, c.dataset.engine,"
         " c.querySelector('h2').textContent, Number(c.querySelector('[data-stat=requests]').dataset.value)])")
@@ -262,7 +262,7 @@ def test_latency_charts_draw_each_interval_with_observations(fleet, driver):
         assert len(p99) == len(group["series"]["t"])
         assert sum(v is not None for v in p99) >= 2, (key, p99)
         assert all(v is None or v > 0 for v in p99)
-    _open(driver, server.metrics_url + "/?window=start")
+    _open(driver, server.webview_url + "/?window=start")
 
     def points(key: str, series: str) -> int:
         d = driver.execute_script(
@@ -287,7 +287,7 @@ def test_overview_p99_equals_prometheus(fleet, driver):
     total = server.scrape().value("vllm:e2e_request_latency_seconds_count")
     prometheus.wait_for("sum(vllm:e2e_request_latency_seconds_count)",
                         lambda r: bool(r) and float(r[0]["value"][1]) == total, timeout_s=20)
-    _open(driver, server.metrics_url + "/?window=start")
+    _open(driver, server.webview_url + "/?window=start")
     checked = 0
     for key, family in families.items():
         result = prometheus.query(
@@ -317,7 +317,7 @@ def test_overview_p99_equals_prometheus(fleet, driver):
 
 def test_waterfall_bar_widths_are_proportional_to_span_durations(fleet, driver):
     server = fleet["server"]
-    _open(driver, server.metrics_url + f"/ui/trace/{fleet['waterfall']}")
+    _open(driver, server.webview_url + f"/ui/trace/{fleet['waterfall']}")
     trace = _api(server, f"/api/ui/trace/{fleet['waterfall']}")
     total = trace["end_unix_nano"] - trace["start_unix_nano"]
     rows = _css(driver, ".span-row")
@@ -368,7 +368,7 @@ def test_filters_and_sorting_change_rows_as_the_api_says(fleet, driver):
 
     server = fleet["server"]
     api = lambda query: [r["trace_id"] for r in _api(server, "/api/ui/requests?limit=50&" + query)["rows"]]  # noqa: E731
-    _open(driver, server.metrics_url + "/ui/requests")
+    _open(driver, server.webview_url + "/ui/requests")
     _wait_rows(driver, api(""), "newest first")
     # sort by TTFT: a click on the header, largest first; again: smallest first
     driver.find_element("css selector", 'th[data-sort="ttft"] a').click()
@@ -414,7 +414,7 @@ def test_hostile_span_strings_render_as_text_and_run_nothing(fleet, driver):
     browser.console_errors(driver)
     for url, literal in ((f"/ui/trace/{hostile}", XSS_NAME), ("/?window=start", XSS_MODEL),
                          ("/ui/requests?model=" + urllib.request.quote(XSS_MODEL), XSS_MODEL)):
-        _open(driver, server.metrics_url + url, loads=2)  # a live refresh too: re-rendered data stays text
+        _open(driver, server.webview_url + url, loads=2)  # a live refresh too: re-rendered data stays text
         page_text = driver.find_element("id", "main").text
         assert literal in page_text, url
         assert driver.execute_script("return window.__pwned") is None, url
@@ -432,7 +432,7 @@ def test_hostile_span_strings_render_as_text_and_run_nothing(fleet, driver):
             assert "gw<svg onload=window.__pwned=4>" in driver.find_element("id", "main").text
     assert browser.console_errors(driver) == []
     # the headers that make the browser refuse inline script and content sniffing
-    status, headers, _ = _get(server.metrics_url + "/")
+    status, headers, _ = _get(server.webview_url + "/")
     assert status == 200
     assert "default-src 'self'" in headers["Content-Security-Policy"]
     assert "unsafe-inline" not in headers["Content-Security-Policy"]
@@ -440,13 +440,14 @@ def test_hostile_span_strings_render_as_text_and_run_nothing(fleet, driver):
 
 
 def test_wrong_or_missing_token_gets_no_data(tmp_path, driver):
-    server = start_server(str(tmp_path / "store"), {"exporters": {"prometheus": {
-        "auth": {"bearer_token": TOKEN}, "web": {"refresh_interval": "1s"}}}})
+    server = start_server(str(tmp_path / "store"), {
+        "exporters": {"prometheus": {"auth": {"bearer_token": TOKEN}}},
+        "extensions": {"webview": {"auth": {"bearer_token": TOKEN}, "refresh_interval": "1s"}}})
     try:
         engine = engine_tracer_provider("vllm-v1", server.exporter("grpc"), service_name="secret-model")
         emit_vllm_v1(engine, RequestTiming(time.time_ns() - 10**9, 0.01, 0.1, 0.2, decode_s=0.3,
                                            prompt_tokens=5, completion_tokens=6), request_id="a")
-        base = server.metrics_url
+        base = server.webview_url
         for path in ("/api/ui/overview", "/api/ui/requests", "/api/ui/status", "/api/ui/filters", "/api/ui/meta"):
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Cookie": "otel_llm_session=forged"}):
                 status, _, body = _get(base + path, headers)
@@ -489,7 +490,7 @@ def test_wrong_or_missing_token_gets_no_data(tmp_path, driver):
         _, _, body = _get(base + "/api/ui/meta", {"Cookie": f"otel_llm_session={cookie['value']}"})
         assert json.loads(body)["auth"] is True
         # the cookie is not a bearer token for the other APIs, and logging out ends the session
-        assert _get(base + "/api/traces", {"Cookie": f"otel_llm_session={cookie['value']}"})[0] == 401
+        assert _get(server.metrics_url + "/api/traces", {"Cookie": f"otel_llm_session={cookie['value']}"})[0] == 401
         driver.find_element("css selector", "#logout button").click()
         browser.poll(lambda: driver.current_url.endswith("/login"), 10, "the login form after logging out")
         assert _get(base + "/api/ui/meta", {"Cookie": f"otel_llm_session={cookie['value']}"})[0] == 401
@@ -498,7 +499,7 @@ def test_wrong_or_missing_token_gets_no_data(tmp_path, driver):
         server.stop()
 
 
-def test_web_view_options_are_validated_and_can_turn_it_off(tmp_path):
+def test_web_view_options_are_validated_and_it_runs_only_when_listed(tmp_path):
     from otel_llm.config import ConfigError, config_from_dict
 
     for bad, where in (({"jaeger_url": "javascript:alert(1)"}, "jaeger_url"),
@@ -506,12 +507,16 @@ def test_web_view_options_are_validated_and_can_turn_it_off(tmp_path):
                        ({"snapshot_interval": "0s"}, "snapshot_interval"),
                        ({"history": "1s", "snapshot_interval": "10s"}, "history"),
                        ({"colour": "red"}, "colour")):
-        with pytest.raises(ConfigError, match=f"exporters.prometheus.web.{where}"):
-            config_from_dict({"exporters": {"prometheus": {"web": bad}}})
-    server = start_server(str(tmp_path / "store"), {"exporters": {"prometheus": {"web": {"enabled": False}}}})
+        with pytest.raises(ConfigError, match=f"extensions.webview.{where}"):
+            config_from_dict({"extensions": {"webview": bad}})
+    with pytest.raises(ConfigError, match="exporters.prometheus.web: the web view is an extension now"):
+        config_from_dict({"exporters": {"prometheus": {"web": {}}}})  # an old config: a clear error
+    # Listed in service.extensions or not running; the metrics port never serves it.
+    server = start_server(str(tmp_path / "store"), {"service": {"extensions": []}})
     try:
+        assert server.service.webview is None
         for path in ("/", "/ui/requests", "/api/ui/meta", "/static/app.js", "/login"):
-            assert _get(server.metrics_url + path)[0] == 404, path
+            assert _get(server.metrics_url + path)[0] in (401, 404), path
         assert _get(server.metrics_url + "/metrics")[0] == 200
     finally:
         server.stop()
@@ -520,12 +525,11 @@ def test_web_view_options_are_validated_and_can_turn_it_off(tmp_path):
 def test_history_windows_subtract_snapshots(fleet):
     """A window's counts are the newest minus the snapshot at its start: traffic sent after a
     snapshot is all a window shorter than the time since then sees."""
-    from otel_llm.webview.history import Snapshot
-    from otel_llm.webview.overview import overview
+    from otel_llm.extension.webview.history import Snapshot
+    from otel_llm.extension.webview.overview import overview
 
     server = fleet["server"]
-    prometheus = server.service.prometheus
-    web = getattr(prometheus, "webview", None) or prometheus.endpoint.webview  # the endpoint, or its component
+    web = server.service.webview.webview
     history = web.history
     everything = overview(history, server.service.config, "start")
     # pretend the last snapshot was taken 10 minutes ago: a 5 m window subtracts it
@@ -552,7 +556,7 @@ def test_cards_show_per_service_what_was_refused_or_not_measurable(tmp_path, dri
     a service whose every span was refused has no card, so it is listed on its own."""
     from tests.test_bad_input import _with_service, grpc_raw, vllm_request_proto
 
-    server = start_server(str(tmp_path / "store"), {"exporters": {"prometheus": {"web": WEB}}})
+    server = start_server(str(tmp_path / "store"), {"extensions": {"webview": WEB}})
     try:
         # two clocks (postprocess -0.1 s): measured, postprocess not measurable; TTFT after e2e: refused
         grpc_raw(server, _with_service(vllm_request_proto(decode=2.2), "two-clocks").SerializeToString())
@@ -565,7 +569,7 @@ def test_cards_show_per_service_what_was_refused_or_not_measurable(tmp_path, dri
         assert (card["model"], card["requests"]) == ("two-clocks", 1)
         assert card["unmeasured"] == {"two-clocks": {"not_measurable_postprocess": 1, "inconsistent_latency": 1}}
         assert data["unmeasured_elsewhere"] == {"<b>gone</b>": {"inconsistent_latency": 1}}
-        _open(driver, server.metrics_url + "/?window=start")
+        _open(driver, server.webview_url + "/?window=start")
         shown = driver.execute_script(
             "return [...document.querySelectorAll('p.unmeasured')].map(p => [p.closest('section').dataset.model || '',"
             " p.dataset.service, p.dataset.refused, p.textContent])")

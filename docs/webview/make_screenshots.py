@@ -109,14 +109,15 @@ def main() -> None:
         raise SystemExit(f"make_screenshots: {why}")
 
     with tempfile.TemporaryDirectory(prefix="otel-llm-shots-") as tmp:
-        grpc, http, metrics = free_port(), free_port(), free_port()
+        grpc, http, metrics, web = free_port(), free_port(), free_port(), free_port()
         config = {
             "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": f"127.0.0.1:{grpc}"},
                                                  "http": {"endpoint": f"127.0.0.1:{http}"}}}},
             "processors": {"tail_sampling": {"policies": POLICIES, "decision_wait": "5s"}},
-            "exporters": {"prometheus": {"endpoint": f"127.0.0.1:{metrics}",
-                                         "web": {"snapshot_interval": "5s", "refresh_interval": "2s"}},
+            "exporters": {"prometheus": {"endpoint": f"127.0.0.1:{metrics}"},
                           "store": {"path": os.path.join(tmp, "store")}},
+            "extensions": {"webview": {"endpoint": f"127.0.0.1:{web}", "snapshot_interval": "5s",
+                                       "refresh_interval": "2s"}},
         }
         config_path = Path(tmp) / "otel-llm.yaml"
         config_path.write_text(yaml.safe_dump(config))
@@ -124,7 +125,7 @@ def main() -> None:
         server = subprocess.Popen([str(BIN / "otel-llm"), "--log-level", "WARNING", "serve", "--config", str(config_path)])
         try:
             wait(lambda: urllib.request.urlopen(base + "/readyz", timeout=1).status == 200, 30, "otel-llm serve")
-            print(f"make_screenshots: otel-llm serve at {base}/; simulating {args.duration} of the burst scenario")
+            print(f"make_screenshots: otel-llm serve, its web view at http://127.0.0.1:{web}/; simulating {args.duration} of the burst scenario")
             subprocess.run([str(BIN / "otel-llm"), "--log-level", "WARNING", "simulate", "--endpoint", f"127.0.0.1:{grpc}",
                             "--scenario", "burst", "--rate", "8", "--duration", args.duration, "--seed", str(SEED)],
                            check=True)
@@ -132,7 +133,7 @@ def main() -> None:
             time.sleep(6)  # one more snapshot after the last request, and the store's flush
             driver = browser.chromium()
             try:
-                shoot(driver, base, args.out)
+                shoot(driver, f"http://127.0.0.1:{web}", args.out)
             finally:
                 driver.quit()
         finally:

@@ -8,6 +8,12 @@ receiver) it also caps open connections, one thread each, and a watchdog thread 
 whose headers, or whole request, take longer than their deadline: it closes the connection's read
 side, so the handler's blocked read returns and the handler answers 408 and closes. Each refusal
 goes to ``ConnectionLimits.on_refused`` with its reason, before the client sees it.
+
+With ``evict_idle`` (the parent's metrics port), a connection that arrives at the cap does not
+wait for a deadline: it takes the place of the connection that has waited longest without a
+request in progress (idle between keep-alive requests, or still short of its headers), which is
+cut (``evicted_idle``). A flood of idle connections then only evicts itself, and a scrape, which
+sends its request at once, is served; threads stay below twice the cap.
 """
 
 from __future__ import annotations
@@ -19,10 +25,13 @@ import socket
 import ssl
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter
 
 from otel_llm.confmap import split_endpoint
 
@@ -43,10 +52,30 @@ class ConnectionLimits:
     header_timeout_s: float = 0.0  # from a request's first byte (a connection's start) to its last header
     request_timeout_s: float = 0.0  # from a request's first byte to the end of its body
     on_refused: Callable[[str], None] | None = None  # too_many_connections, fd_limit, header_timeout, read_timeout
+    evict_idle: bool = False  # at the cap, cut the longest-waiting connection without a request (evicted_idle)
 
     def refused(self, reason: str) -> None:
         if self.on_refused is not None:
             self.on_refused(reason)
+
+
+_REFUSED_COUNTERS: weakref.WeakKeyDictionary[CollectorRegistry, Counter] = weakref.WeakKeyDictionary()
+_REFUSED_LOCK = threading.Lock()
+
+
+def refused_connections(registry: CollectorRegistry, listener: str) -> Callable[[str], None]:
+    """``ConnectionLimits.on_refused`` for a listener of the parent process (the metrics port, the
+    web view): counts in ``otel_llm_http_refused_connections_total{listener, reason}``, one family
+    per registry whatever the number of listeners."""
+    with _REFUSED_LOCK:
+        counter = _REFUSED_COUNTERS.get(registry)
+        if counter is None:
+            counter = _REFUSED_COUNTERS[registry] = Counter(
+                "otel_llm_http_refused_connections",
+                "Connections and requests an HTTP listener of the parent cut or refused, by listener and reason "
+                "(too_many_connections, fd_limit, header_timeout, read_timeout).",
+                ["listener", "reason"], registry=registry)
+    return lambda reason: counter.labels(listener, reason).inc()
 
 
 class _Watchdog:
@@ -74,6 +103,15 @@ class _Watchdog:
     def remove(self, handler: QuietHandler) -> None:
         with self._lock:
             self._handlers.discard(handler)
+
+    def evict_longest_waiting(self) -> bool:
+        """Cut the connection that has waited longest without a request in progress; whether one was."""
+        with self._lock:
+            waiting = [handler for handler in self._handlers if handler.waiting_since and not handler.expired]
+        for handler in sorted(waiting, key=lambda h: h.waiting_since):
+            if handler.evict():
+                return True
+        return False
 
     def _run(self) -> None:
         while not self._stopped.wait(self._period):
@@ -126,7 +164,15 @@ class _Server(ThreadingHTTPServer):
             full = bool(cap) and self.open_connections >= cap
             if not full:
                 self.open_connections += 1
-        if full:
+        if full and self.limits.evict_idle and self.watchdog is not None and self.open_connections < 2 * cap \
+                and self.watchdog.evict_longest_waiting():
+            # The evicted connection's thread ends at once (its read returns end-of-file); until it
+            # has, one more is open than the cap, never more than twice the cap.
+            self.limits.refused("evicted_idle")
+            with self._open_lock:
+                self.open_connections += 1
+            full = False
+        elif full:
             self.limits.refused("too_many_connections")
             _refuse_connection(request)
             return
@@ -225,6 +271,7 @@ class QuietHandler(BaseHTTPRequestHandler):
     # ("" between requests, "headers", "body", "done" once the body is read) and, once cut, why.
     deadline = 0.0
     expired = ""
+    waiting_since = 0.0  # while no request is in progress (idle, or short of its headers): since when
 
     def setup(self) -> None:
         super().setup()
@@ -269,6 +316,7 @@ class QuietHandler(BaseHTTPRequestHandler):
             with self._deadline_lock:
                 self._phase = ""
                 self.deadline = 0.0
+                self.waiting_since = time.monotonic()
         if self.expired:
             self.close_connection = True
 
@@ -279,6 +327,7 @@ class QuietHandler(BaseHTTPRequestHandler):
         header_deadline = now + limits.header_timeout_s if limits.header_timeout_s > 0 else 0.0
         with self._deadline_lock:
             self._phase = "headers"
+            self.waiting_since = now
             self._request_deadline = request_deadline
             self.deadline = min(d for d in (header_deadline, request_deadline, float("inf")) if d) \
                 if (header_deadline or request_deadline) else 0.0
@@ -288,6 +337,7 @@ class QuietHandler(BaseHTTPRequestHandler):
         if self.server.watchdog is None:
             return parsed
         with self._deadline_lock:
+            self.waiting_since = 0.0
             if not self.expired:
                 self._phase = "body"
                 self.deadline = self._request_deadline
@@ -304,6 +354,20 @@ class QuietHandler(BaseHTTPRequestHandler):
                 if not self.expired:
                     self._phase = "done"
                     self.deadline = 0.0
+
+    def evict(self) -> bool:
+        """Called at the cap (``evict_idle``): cut this connection if it still waits for a request."""
+        with self._deadline_lock:
+            if self.expired or not self.waiting_since or self._phase not in ("", "headers"):
+                return False
+            self.expired = "evicted_idle"
+            self.deadline = 0.0
+            self.waiting_since = 0.0
+        try:
+            socket.socket.shutdown(self.connection, socket.SHUT_RD)  # its blocked read returns end-of-file
+        except OSError:
+            pass
+        return True
 
     def expire(self, now: float) -> None:
         """Called by the watchdog: count the request as cut, and wake its handler's blocked read."""

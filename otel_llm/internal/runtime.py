@@ -36,3 +36,21 @@ def tune_gc(switch_interval_s: float | None = None) -> None:
     gc.set_threshold(50_000, 50, 100)
     if switch_interval_s is not None:
         sys.setswitchinterval(switch_interval_s)
+
+
+def raise_fd_limit() -> tuple[int, int]:
+    """Raise the soft limit on open file descriptors to the hard one (as Go's runtime does since
+    1.19): the default soft limit (often 1 024) is what a thousand idle connections exhaust, and
+    every connection, SQLite file and pipe shares it. Returns (before, after); the receiver
+    processes inherit it."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return soft, soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        return soft, soft
+    return soft, target

@@ -12,18 +12,22 @@ class TokenCheck:
     """Constant-time comparison of an ``Authorization`` header against the configured token."""
 
     def __init__(self, auth: BearerAuth | None) -> None:
-        self._expected = f"Bearer {auth.token()}".encode() if auth is not None else None
+        self._expected = auth.token().strip().encode() if auth is not None else None
 
     @property
     def enabled(self) -> bool:
         return self._expected is not None
 
     def allows(self, header: str | None) -> bool:
+        """``Bearer <token>``; the scheme is case-insensitive (RFC 9110 §11.1), the token is not."""
         if self._expected is None:
             return True
         if not header:
             return False
-        return hmac.compare_digest(header.strip().encode(), self._expected)
+        scheme, _, credentials = header.strip().partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        return hmac.compare_digest(credentials.strip().encode(), self._expected)
 
 
 def server_ssl_context(tls: ServerTls) -> ssl.SSLContext:

@@ -10,7 +10,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from otel_llm.component import CreateSettings, Host, KeptTraceConsumer, Kind, Signal, factories
-from otel_llm.config import Config, ConfigError, check_certificates, intake_log_directory
+from otel_llm.config import Config, ConfigError, check_certificates, exposed_without_token, intake_log_directory
 from otel_llm.exporter.store.exporter import StoreComponent
 from otel_llm.exporter.store.sqlite import TraceStore
 from otel_llm.processor.llm_metrics.metrics.exposition import RecorderCollector
@@ -43,7 +43,7 @@ class Service:
         self.ready = threading.Event()
         # Created from the factories, by "kind.name", in pipeline order.
         self.components: dict[str, Any] = {}
-        for kind in (Kind.RECEIVER, Kind.PROCESSOR, Kind.EXPORTER):
+        for kind in (Kind.RECEIVER, Kind.PROCESSOR, Kind.EXPORTER, Kind.EXTENSION):
             for signal in (Signal.TRACES, Signal.METRICS) if kind is Kind.EXPORTER else (Signal.TRACES,):
                 for name in config.running(kind, signal):
                     factory = factories(kind)[name]
@@ -101,6 +101,14 @@ class Service:
         return self.components.get("exporters.prometheus")
 
     @property
+    def exposed_without_token(self) -> list[str]:
+        return exposed_without_token(self.config)
+
+    @property
+    def webview(self) -> Any:
+        return self.components.get("extensions.webview")
+
+    @property
     def grpc_port(self) -> int:
         return self.ingest.grpc_port if self.ingest is not None else 0
 
@@ -131,6 +139,13 @@ class Service:
                 except OSError as exc:
                     raise ComponentStartError(f"{path}: {exc}") from None
                 self._started.append(path)
+            # Extensions (the web view) once the store they read is open.
+            for path in (p for p in self.components if p.startswith("extensions.")):
+                try:
+                    self.components[path].start(self.host)
+                except OSError as exc:
+                    raise ComponentStartError(f"{path}: {exc}") from None
+                self._started.append(path)
             self.pipeline.start()
             self._started.append("pipeline")
             if self.intake_log is not None and self.ingest is not None:
@@ -155,6 +170,8 @@ class Service:
             # Nothing was accepted yet: no grace period to give anyone.
             self.stop(grace_s=0.0)
             raise
+        for exposure in self.exposed_without_token:  # allowed, said once (and on the Status page)
+            log.warning("listening beyond loopback without a token: %s", exposure)
         self.ready.set()
 
     def stop(self, grace_s: float | None = None) -> None:
@@ -162,6 +179,9 @@ class Service:
         grace = self.config.service.shutdown_grace if grace_s is None else grace_s
         started = self._started
         self.ready.clear()
+        for path in [p for p in started if p.startswith("extensions.")]:
+            self.components[path].shutdown(grace)  # first: they only read what the others hold
+            started.remove(path)
         if self.ingest is not None and "ingest" in started:
             self.ingest.stop(grace)  # returns once everything they admitted is in the intake
             if self.ingest.exited_unexpectedly.is_set():

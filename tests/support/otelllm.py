@@ -43,6 +43,7 @@ def server_config(store_path: str, overrides: dict[str, Any] | None = None) -> d
                                              "http": {"endpoint": LOOPBACK_ANY_PORT}}}},
         "processors": {"tail_sampling": {"decision_wait": "3s", "grace": "100ms"}},
         "exporters": {"prometheus": {"endpoint": LOOPBACK_ANY_PORT}, "store": {"path": store_path}},
+        "extensions": {"webview": {"endpoint": LOOPBACK_ANY_PORT}},
     }
     return deep_merge(base, overrides or {})
 
@@ -125,6 +126,11 @@ class RunningServer:
         assert self.service.prometheus is not None
         return f"http://127.0.0.1:{self.service.prometheus.port}"
 
+    @property
+    def webview_url(self) -> str:
+        assert self.service.webview is not None
+        return f"http://127.0.0.1:{self.service.webview.port}"
+
     def exporter(self, protocol: str) -> SpanExporter:
         exporter: SpanExporter
         if protocol == "grpc":
@@ -163,11 +169,13 @@ class ServerProcess:
 
     def __init__(self, tmp_dir: Path, config: dict[str, Any]) -> None:
         self.grpc_port, self.http_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.webview_port = free_port()
         base = {
             "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": f"127.0.0.1:{self.grpc_port}"},
                                                  "http": {"endpoint": f"127.0.0.1:{self.http_port}"}}}},
             "exporters": {"prometheus": {"endpoint": f"127.0.0.1:{self.metrics_port}"},
                           "store": {"path": str(tmp_dir / "store")}},
+            "extensions": {"webview": {"endpoint": f"127.0.0.1:{self.webview_port}"}},
         }
         self.config_path = tmp_dir / "otel-llm.yaml"
         self.config_path.write_text(yaml.safe_dump(deep_merge(base, config)))
@@ -177,6 +185,10 @@ class ServerProcess:
     @property
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}"
+
+    @property
+    def webview_url(self) -> str:
+        return f"http://127.0.0.1:{self.webview_port}"
 
     new_session = False  # a process group of its own, so one killpg reaches every otel-llm process
 

@@ -63,6 +63,19 @@ _GRPC_RETRYABLE = frozenset({
     grpc.StatusCode.DATA_LOSS,
 })
 _HTTP_RETRYABLE = frozenset({429, 502, 503, 504})
+# The most of a backend's answer read (as the Collector's otlphttp exporter): a partial-success
+# response or an error status is far smaller; the rest of a bigger one is left unread and the
+# connection closed, so a hostile or broken backend cannot fill the parent's memory.
+MAX_RESPONSE_BYTES = 64 * 1024
+
+
+def printable(text: str, limit: int = 300) -> str:
+    """``text`` cut to ``limit`` characters with control characters escaped (``\\n``, ``\\x1b``):
+    a backend's error text goes into otel-llm's log as one line, never as lines of its own."""
+    text = text[:limit]
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 @dataclass(frozen=True)
@@ -187,7 +200,8 @@ class GrpcTransport:
             details = exc.details() if callable(getattr(exc, "details", None)) else ""
             delay = _grpc_retry_delay(exc)
             retryable = code in _GRPC_RETRYABLE or (code == grpc.StatusCode.RESOURCE_EXHAUSTED and delay is not None)
-            return SendResult(False, retryable, f"grpc_{code.name.lower()}", f"{code.name}: {details}", delay)
+            return SendResult(False, retryable, f"grpc_{code.name.lower()}", f"{code.name}: {printable(str(details))}",
+                              delay)
         except ValueError as exc:  # "Cannot invoke RPC on closed channel!" while shutting down
             return SendResult(False, True, "client_closed", str(exc))
         rejected, message = _partial_success(payload or b"")
@@ -296,7 +310,10 @@ class HttpTransport:
             try:
                 conn.request("POST", self._path, body=body, headers=self._headers)
                 response = conn.getresponse()
-                payload = response.read()
+                payload = response.read(MAX_RESPONSE_BYTES + 1)
+                if len(payload) > MAX_RESPONSE_BYTES:
+                    payload = payload[:MAX_RESPONSE_BYTES]
+                    response.will_close = True  # the rest stays unread: this connection cannot carry another request
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
                 self._disconnect(session)
                 if reused and fresh_retry_allowed:
@@ -328,11 +345,11 @@ class HttpTransport:
             rpc_status = status_pb2.Status()
             try:
                 rpc_status.ParseFromString(payload)
-                detail += f": {rpc_status.message[:300]}"
+                detail += f": {printable(rpc_status.message)}"
             except DecodeError:
                 pass
         elif payload:
-            detail += f": {payload[:300].decode('utf-8', 'replace').strip()}"
+            detail += f": {printable(payload[:300].decode('utf-8', 'replace').strip())}"
         retryable = status in _HTTP_RETRYABLE
         throttle = _retry_after(response.getheader("Retry-After")) if retryable else None
         return SendResult(False, retryable, f"http_{status}", detail, throttle)

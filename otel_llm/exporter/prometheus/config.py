@@ -2,22 +2,35 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
-from otel_llm.confmap import Endpoint
+from otel_llm.confmap import ConfigError, Duration, Endpoint, PositiveInt
 from otel_llm.configtls import BearerAuth, check_server_security
-from otel_llm.webview.config import WebViewConfig
 
 
 @dataclass(frozen=True)
 class PrometheusExporter:
-    endpoint: Endpoint = "0.0.0.0:9464"  # bind 127.0.0.1:9464 to keep /metrics and /api on loopback
+    endpoint: Endpoint = "127.0.0.1:9464"  # loopback unless set: 0.0.0.0:9464 to be scraped from elsewhere
     auth: BearerAuth | None = None  # required on /metrics and /api/*; /healthz and /readyz stay open
-    web: WebViewConfig = field(default_factory=WebViewConfig)  # the web view at /: otel_llm/webview/README.md
+    # The listener's limits: open connections (a thread each; more are refused, counted), and the
+    # deadlines a request's headers and whole request must meet from its first byte (cut, counted).
+    max_connections: PositiveInt = 256
+    read_header_timeout: Duration = 10.0
+    read_timeout: Duration = 30.0
+
+    BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
+        "max_connections": (1, 100_000),  # a thread each
+    }
 
     def validate(self, path: str) -> None:
         check_server_security(path, None, self.auth)
-        self.web.validate(f"{path}.web")
+        for key in ("read_header_timeout", "read_timeout"):
+            seconds = getattr(self, key)
+            if not 0.001 <= seconds <= 86_400:  # 0 would cut every request, .inf is no deadline
+                raise ConfigError(f"{path}.{key}", f"must be between 1ms and 24h, got {seconds!r}")
+        if self.read_header_timeout > self.read_timeout:
+            raise ConfigError(f"{path}.read_header_timeout", "must not exceed read_timeout")
 
     def listen_endpoints(self, path: str) -> list[tuple[str, str]]:
         return [(f"{path}.endpoint", self.endpoint)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -15,10 +16,9 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.openmetrics import exposition as openmetrics
 
 from otel_llm.exporter.prometheus.config import PrometheusExporter
-from otel_llm.internal.httpserver import BackgroundHTTPServer, QuietHandler
+from otel_llm.internal.httpserver import BackgroundHTTPServer, ConnectionLimits, QuietHandler, refused_connections
 from otel_llm.internal.security import TokenCheck
-from otel_llm.webview import WebView
-from otel_llm.exporter.store.sqlite import SORT_COLUMNS, StoreError, StoreReader
+from otel_llm.exporter.store.sqlite import FUTURE_SKEW_NS, SORT_COLUMNS, StoreError, StoreReader
 
 _TRACE_PATH = re.compile(r"^/api/traces/([0-9a-fA-F]{1,32})$")
 
@@ -46,7 +46,12 @@ class _Handler(QuietHandler):
     store: ClassVar[StoreReader | None]
     not_ready: ClassVar[staticmethod[[], str | None] | None]  # a reason while a part cannot do its job
     token: ClassVar[TokenCheck]
-    webview: ClassVar[WebView | None] = None  # /, /ui/..., /login, /static/..., /api/ui/... (otel_llm/webview)
+
+    def send_body(self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
+        # Every answer: never sniffed into another type, never cached (request data, live metrics);
+        # the web view's own headers (a static file's max-age) take precedence.
+        super().send_body(status, body, content_type,
+                          {"X-Content-Type-Options": "nosniff", "Cache-Control": "no-store", **(headers or {})})
 
     def _json(self, status: int, payload: Any) -> None:
         self.send_body(status, json.dumps(payload).encode(), "application/json")
@@ -67,6 +72,8 @@ class _Handler(QuietHandler):
                 except ValueError:
                     self._json(400, {"error": "since and until are Unix times in nanoseconds (integers)"})
                     return
+                if until_ns is None:  # a start time years ahead must not pin the list
+                    until_ns = time.time_ns() + FUTURE_SKEW_NS
                 rows = self.store.list_requests(
                     model=arg("model"), outcome=arg("outcome"), service=arg("service"), sort=arg("sort") or "start",
                     limit=limit, since_unix_ns=since_ns, until_unix_ns=until_ns)
@@ -87,11 +94,10 @@ class _Handler(QuietHandler):
             self._json(503, {"error": str(exc)})
 
     def do_GET(self) -> None:
+        self.body_read()  # no body: the read deadline ends here, a slow answer is not the client's time
         parsed = urllib.parse.urlsplit(self.path)
         path = parsed.path
-        if self.webview is not None and self.webview.handles(path):
-            self.webview.handle(self, self.command, self.path)  # its own auth: the bearer token or a login cookie
-        elif path not in ("/healthz", "/readyz") and not self.token.allows(self.headers.get("Authorization")):
+        if path not in ("/healthz", "/readyz") and not self.token.allows(self.headers.get("Authorization")):
             self.send_body(401, b"missing or wrong bearer token\n", "text/plain", {"WWW-Authenticate": "Bearer"})
         elif path.startswith("/api/"):
             self._api(path, urllib.parse.parse_qs(parsed.query))
@@ -113,28 +119,25 @@ class _Handler(QuietHandler):
 
     do_HEAD = do_GET
 
-    def do_POST(self) -> None:  # only the web view's /login and /logout; everything else is read-only
-        if self.webview is not None and self.webview.handles(urllib.parse.urlsplit(self.path).path):
-            self.webview.handle(self, "POST", self.path)
-        else:
-            # The body is not read: the connection closes after the answer, so no byte of it is
-            # taken for the next request.
-            self.close_connection = True
-            self.send_body(405, b"read-only; try GET\n", "text/plain", {"Allow": "GET, HEAD", "Connection": "close"})
+    def do_POST(self) -> None:  # read-only
+        # The body is not read: the connection closes after the answer, so no byte of it is taken
+        # for the next request.
+        self.close_connection = True
+        self.send_body(405, b"read-only; try GET\n", "text/plain", {"Allow": "GET, HEAD", "Connection": "close"})
 
 
 class PrometheusEndpoint:
     def __init__(self, settings: PrometheusExporter, registry: CollectorRegistry, ready: threading.Event,
-                 store: StoreReader | None = None, not_ready: Callable[[], str | None] | None = None,
-                 config: Any = None, service: Any = None) -> None:
-        """``config`` and ``service`` (the whole ``Config`` and the running ``Service``) feed the web
-        view's overview (SLO thresholds) and status page; without them it shows less."""
+                 store: StoreReader | None = None, not_ready: Callable[[], str | None] | None = None) -> None:
         token = TokenCheck(settings.auth)
-        self.webview = WebView(settings.web, registry, store, token, config, service) if settings.web.enabled else None
         handler = type("PrometheusHandler", (_Handler,), {"registry": registry, "ready": ready, "store": store,
                                                           "not_ready": staticmethod(not_ready) if not_ready else None,
-                                                          "token": token, "webview": self.webview})
-        self._server = BackgroundHTTPServer(settings.endpoint, handler, "prometheus")
+                                                          "token": token})
+        limits = ConnectionLimits(max_connections=settings.max_connections,
+                                  header_timeout_s=settings.read_header_timeout,
+                                  request_timeout_s=settings.read_timeout, evict_idle=True,
+                                  on_refused=refused_connections(registry, "prometheus"))
+        self._server = BackgroundHTTPServer(settings.endpoint, handler, "prometheus", limits=limits)
 
     @property
     def port(self) -> int:
@@ -142,10 +145,6 @@ class PrometheusEndpoint:
 
     def start(self) -> None:
         self._server.start()
-        if self.webview is not None:
-            self.webview.start()
 
     def stop(self) -> None:
-        if self.webview is not None:
-            self.webview.stop()
         self._server.stop()

@@ -24,8 +24,7 @@ class PrometheusComponent:
         store = host.component("exporters.store")
         self.endpoint = PrometheusEndpoint(self.config, host.registry, host.ready,
                                            store.reader() if store is not None else None,
-                                           not_ready=store.problem if store is not None else None,
-                                           config=host.config, service=host)
+                                           not_ready=store.problem if store is not None else None)
         self.endpoint.start()
 
     def shutdown(self, grace_s: float) -> None:

@@ -58,6 +58,10 @@ CREATE TABLE IF NOT EXISTS store_probe (id INTEGER PRIMARY KEY, payload BLOB);
 
 
 _INT64_MAX = (1 << 63) - 1
+# Lists without an explicit ``until`` (the web view's, /api/traces) end this far past now: a request
+# whose start is years ahead (a broken clock, or a client's lie: 2262) would otherwise top every
+# list and pass "last 5 m".
+FUTURE_SKEW_NS = 10 * 60 * 10**9
 
 
 def _int64(value: int) -> int:

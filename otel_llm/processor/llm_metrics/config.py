@@ -52,6 +52,11 @@ class LlmMetricsProcessor:
     # model label -> that model's max_model_len: its token histograms get vLLM's buckets for it.
     max_model_len_by_model: dict[str, int] = field(default_factory=dict)
     series_limit: PositiveInt = 2000
+    # The series cap in bytes: the estimated exposition of every metric's series together (MiB).
+    series_limit_mib: PositiveInt = 16
+    # A label value longer than this (UTF-8 bytes) never gets a series: its observations go to the
+    # overflow series, counted (otel_llm_label_values_too_long_total).
+    max_label_value_bytes: PositiveInt = 256
     default_operation_name: str = ""
     max_latency: Duration = 86400.0
     model_name: ModelNameConfig = field(default_factory=ModelNameConfig)
@@ -61,6 +66,8 @@ class LlmMetricsProcessor:
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
         "max_model_len": (1, 1 << 30),
         "series_limit": (1, 10_000_000),
+        "series_limit_mib": (1, 65_536),
+        "max_label_value_bytes": (16, 65_536),
         "max_latency": (0.001, 365 * 86400.0),
     }
 

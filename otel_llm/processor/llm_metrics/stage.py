@@ -44,7 +44,9 @@ def recorder_of(metrics: LlmMetricsProcessor) -> MetricsRecorder:
         namings.append(genai_naming())
         namings.append(genai_client_naming())
     namings.append(own_naming())
-    return MetricsRecorder(namings, tuple(d.name for d in metrics.dimensions), metrics.series_limit)
+    return MetricsRecorder(namings, tuple(d.name for d in metrics.dimensions), metrics.series_limit,
+                           series_limit_bytes=metrics.series_limit_mib * 1024 * 1024,
+                           max_label_value_bytes=metrics.max_label_value_bytes)
 
 
 def _is_client_call(span: BufferedSpan) -> bool:

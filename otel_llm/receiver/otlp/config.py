@@ -11,7 +11,7 @@ from otel_llm.configtls import BearerAuth, ServerTls, check_server_security
 
 @dataclass(frozen=True)
 class GrpcProtocol:
-    endpoint: Endpoint = "0.0.0.0:4317"
+    endpoint: Endpoint = "127.0.0.1:4317"  # loopback unless set: 0.0.0.0:4317 for every interface (containers)
     max_recv_msg_size_mib: PositiveInt = 4
     max_concurrent_streams: PositiveInt = 64
     workers: PositiveInt = 4  # unused since the receiver runs on grpc.aio (no thread pool); accepted for old configs
@@ -30,7 +30,7 @@ class GrpcProtocol:
 
 @dataclass(frozen=True)
 class HttpProtocol:
-    endpoint: Endpoint = "0.0.0.0:4318"
+    endpoint: Endpoint = "127.0.0.1:4318"  # loopback unless set, as the Collector since v0.104
     max_request_body_size: PositiveInt = 20 * 1024 * 1024  # bytes after decompression, as the Collector
     max_concurrent_requests: PositiveInt = 64  # requests being decoded and admitted at once (bodies already read)
     max_connections: PositiveInt = 1024  # open connections (one thread each); more are refused (counted)

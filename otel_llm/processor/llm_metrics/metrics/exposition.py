@@ -54,6 +54,18 @@ class RecorderCollector(Collector):
                 overflow.add_sample("otel_llm_series_overflow_total", {"metric": exposed_name(family.name)},
                                     family.overflowed)
             snapshot.append(overflow)
+            too_long = Metric("otel_llm_label_values_too_long",
+                              "Requests whose label value exceeded max_label_value_bytes, by label; their "
+                              "observations went to the overflow series.", "counter")
+            for label, requests in sorted(recorder.too_long.items()):
+                too_long.add_sample("otel_llm_label_values_too_long_total", {"label": label}, requests)
+            snapshot.append(too_long)
+            budget = Metric("otel_llm_series_bytes",
+                            "Estimated exposition bytes of the span-derived metrics' series, against series_limit_mib.",
+                            "gauge")
+            budget.add_sample("otel_llm_series_bytes", {"state": "used"}, recorder.budget.used)
+            budget.add_sample("otel_llm_series_bytes", {"state": "limit"}, recorder.budget.limit)
+            snapshot.append(budget)
         yield from snapshot
 
 

@@ -1,7 +1,10 @@
 """Label-keyed histogram and counter state: plain arrays, ~5x cheaper than prometheus_client children.
 
 Exposition goes through prometheus_client's own ``Metric`` types (see ``exposition.py``).
-Each family caps its series; past the cap, new label sets share one overflow series.
+Each family caps its series; past the cap, new label sets share one overflow series. The cap
+counts bytes too: every family of a recorder draws on one ``SeriesBudget``, the estimated size of
+the exposition its series make (each sample line repeats the series' labels), so the size of
+``/metrics`` and the time a scrape takes stay bounded whatever label values clients send.
 """
 
 from __future__ import annotations
@@ -32,21 +35,62 @@ class HistogramSeries:
     bounds: tuple[float, ...] = ()
 
 
-class Family(Generic[V]):
-    """Series keyed by label values, capped at ``limit`` distinct keys plus one overflow series."""
+class SeriesBudget:
+    """Bytes of exposition that the series of every family together may take (an estimate that
+    errs high: the longest label names, the longest numbers, an exemplar on every bucket)."""
 
-    __slots__ = ("name", "limit", "series", "overflowed")
+    __slots__ = ("limit", "used")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, cost: int) -> bool:
+        if self.used + cost > self.limit:
+            return False
+        self.used += cost
+        return True
+
+
+_LABEL_OVERHEAD = 40  # a label's name when the family is not told its names, '=""' and ','
+_LINE_OVERHEAD = 16 + 8 + 30  # a name's suffix and translation, le="...", the value and separators
+_EXEMPLAR = 110  # OpenMetrics: ' # {trace_id="<32>",span_id="<16>"} <value> <timestamp>'
+
+
+class Family(Generic[V]):
+    """Series keyed by label values, capped at ``limit`` distinct keys plus one overflow series,
+    and by ``budget`` (shared by a recorder's families) in bytes of exposition."""
+
+    __slots__ = ("name", "limit", "series", "overflowed", "budget", "_lines", "_line_bytes", "_label_names_bytes")
 
     OVERFLOW: Key = ("__overflow__",)
 
-    def __init__(self, name: str, limit: int) -> None:
+    def __init__(self, name: str, limit: int, budget: SeriesBudget | None = None, lines: int = 1,
+                 exemplars: bool = False, label_names: tuple[str, ...] | None = None) -> None:
         self.name = name
         self.limit = limit
         self.series: dict[Key, V] = {}
         self.overflowed = 0
+        self.budget = budget
+        self._lines = lines  # sample lines per series
+        self._line_bytes = len(name) + _LINE_OVERHEAD + (_EXEMPLAR if exemplars else 0)
+        # Each label's name, '=""' and ','; unknown names are assumed long.
+        self._label_names_bytes = sum(len(n) + 4 for n in label_names) if label_names is not None else -1
+
+    def has_room(self, key: Key) -> bool:
+        """Whether a new series ``key`` fits under the cap and the byte budget (which it then takes)."""
+        if len(self.series) >= self.limit:
+            return False
+        if self.budget is None:
+            return True
+        label_bytes = self._label_names_bytes if self._label_names_bytes >= 0 else _LABEL_OVERHEAD * len(key)
+        for value in key:  # as exposed: UTF-8, with \\, \" and \n escaped
+            label_bytes += (len(value.encode("utf-8", "replace")) + value.count("\\") + value.count('"')
+                            + value.count("\n"))
+        return self.budget.take(self._lines * (self._line_bytes + label_bytes))
 
     def _admit(self, key: Key) -> Key:
-        if key in self.series or len(self.series) < self.limit:
+        if key in self.series or self.has_room(key):
             return key
         self.overflowed += 1
         return self.OVERFLOW
@@ -55,9 +99,11 @@ class Family(Generic[V]):
 class HistogramFamily(Family[HistogramSeries]):
     __slots__ = ("bounds", "bounds_by_model")
 
-    def __init__(self, name: str, bounds: tuple[float, ...], limit: int,
+    def __init__(self, name: str, bounds: tuple[float, ...], limit: int, budget: SeriesBudget | None = None,
+                 label_names: tuple[str, ...] | None = None,
                  bounds_by_model: dict[str, tuple[float, ...]] | None = None) -> None:
-        super().__init__(name, limit)
+        # A bucket line per bound and +Inf, then _count and _sum (those two without an exemplar).
+        super().__init__(name, limit, budget, len(bounds) + 3, exemplars=True, label_names=label_names)
         self.bounds = bounds
         # A series whose first label (the model) is here gets these bounds (vLLM's token buckets
         # follow each model's max_model_len).
@@ -91,3 +137,8 @@ class CounterFamily(Family[float]):
             key = self._admit(key)
             current = self.series.get(key, 0.0)
         self.series[key] = current + amount
+
+    def add_overflow(self, amount: float) -> None:
+        """``amount`` on the overflow series (a label value too long for a series of its own), counted."""
+        self.overflowed += 1
+        self.series[self.OVERFLOW] = self.series.get(self.OVERFLOW, 0.0) + amount

@@ -477,6 +477,13 @@
   async function statusData() {
     const data = await api("/api/ui/status");
     const root = clear(document.getElementById("status"));
+    if (data.exposed_without_token && data.exposed_without_token.length) {
+      const warn = h("section", {class: "card exposed", id: "exposed"}, h("h2", {text: "Listening beyond loopback without a token"}));
+      const ul = h("ul", {});
+      for (const line of data.exposed_without_token) ul.appendChild(h("li", {text: line}));
+      warn.appendChild(ul);
+      root.appendChild(warn);
+    }
     const comp = h("section", {class: "card"}, h("h2", {text: "Components"}));
     const ct = h("table", {class: "components"}, h("tr", {}, ["kind", "name", "", "state"].map((c) => h("th", {text: c}))));
     for (const c of data.components) ct.appendChild(h("tr", {class: c.running ? "ok" : "down"},

@@ -1,5 +1,5 @@
-"""The web view's HTTP side: the metrics endpoint's handler delegates ``/``, ``/ui/...``,
-``/login``, ``/logout``, ``/static/...`` and ``/api/ui/...`` to ``WebView.handle``.
+"""The web view's HTTP side: its own listener's handler (``extension.py``) delegates ``/``,
+``/ui/...``, ``/login``, ``/logout``, ``/static/...`` and ``/api/ui/...`` to ``WebView.handle``.
 
 Read-only. Every response carries a strict Content-Security-Policy (no inline script or style:
 the pages are static files, the data comes as JSON and is put into the page with ``textContent``).
@@ -8,21 +8,23 @@ the pages are static files, the data comes as JSON and is put into the page with
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter
 
-from otel_llm.webview.config import WebViewConfig, trace_links
-from otel_llm.webview.history import History
-from otel_llm.webview.overview import overview
-from otel_llm.webview.session import Sessions, session_from
-from otel_llm.webview.status import components_of, effective_config, self_telemetry
+from otel_llm.extension.webview.config import WebViewConfig, trace_links
+from otel_llm.extension.webview.history import History
+from otel_llm.extension.webview.overview import overview
+from otel_llm.extension.webview.session import LoginThrottle, Sessions, session_from
+from otel_llm.extension.webview.status import components_of, effective_config, self_telemetry
 
 STATIC = Path(__file__).parent / "static"
 _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
@@ -43,15 +45,19 @@ _TRACE_API = re.compile(r"^/api/ui/trace/([0-9a-fA-F]{1,32})$")
 _FILTER_COLUMNS = {"model": "model", "engine": "engine_kind", "outcome": "outcome", "policy": "policy",
                    "service": "service_name"}
 _MAX_LOGIN_BODY = 4096
+log = logging.getLogger(__name__)
 
 
-class Handler(Protocol):  # what the endpoint's request handler gives us
+class Handler(Protocol):  # what the listener's request handler gives us
     headers: Any
     rfile: Any
     command: str
+    client_address: Any
 
     def send_body(self, status: int, body: bytes, content_type: str,
                   headers: dict[str, str] | None = None) -> None: ...
+
+    def body_read(self) -> None: ...
 
 
 class WebView:
@@ -67,8 +73,18 @@ class WebView:
         self.service = service
         self.history = History(registry, settings.snapshot_interval, settings.history)
         self.sessions = Sessions(settings.session_ttl)
+        self.throttle = LoginThrottle()
+        self.login_failures = Counter("otel_llm_webview_login_failures",
+                                      "Refused logins to the web view: wrong_token, throttled (too many failures "
+                                      "from one address, or from all, within a minute), malformed.",
+                                      ["reason"], registry=registry)
         self._static = {p.name: p.read_bytes() for p in STATIC.iterdir() if p.suffix in _TYPES}
         self._filters_cache: tuple[float, dict[str, list[str]]] | None = None
+        # The overview per window, computed once for every open tab within half a refresh interval
+        # (one at a time): its cost (a snapshot of the registry, the groups' quantiles) is per
+        # interval, not per tab, and never more than one core's worth beside the scrape.
+        self._overview_cache: dict[str, tuple[float, bytes]] = {}
+        self._overview_lock = threading.Lock()
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -141,14 +157,26 @@ class WebView:
         except ValueError:
             length = -1
         if not 0 <= length <= _MAX_LOGIN_BODY:
+            self.login_failures.labels("malformed").inc()
             self._login_page(handler, 413 if length > _MAX_LOGIN_BODY else 400, "The request is not a login form.")
             return
         body = handler.rfile.read(length).decode("utf-8", "replace") if length else ""
+        handler.body_read()  # the read deadline ends with the body
+        address = str(handler.client_address[0]) if handler.client_address else ""
+        wait = self.throttle.retry_after(address)
+        if wait > 0:
+            self.login_failures.labels("throttled").inc()
+            self._login_page(handler, 429, "Too many failed logins; try again later.",
+                             {"Retry-After": str(max(1, round(wait)))})
+            return
         token = (urllib.parse.parse_qs(body).get("token") or [""])[-1].strip()
         if token and self.token.allows(f"Bearer {token}"):
             session = self.sessions.create()
             self._send(handler, 303, b"", "text/plain", {"Location": "/", "Set-Cookie": self.sessions.set_cookie(session)})
         else:
+            self.throttle.failed(address)
+            self.login_failures.labels("wrong_token").inc()
+            log.warning("web view: failed login from %s", address or "an unknown address")
             self._login_page(handler, 401, "Wrong token.")
 
     def _logout(self, handler: Handler) -> None:
@@ -156,12 +184,16 @@ class WebView:
         self._send(handler, 303, b"", "text/plain",
                    {"Location": "/login" if self.token.enabled else "/", "Set-Cookie": self.sessions.clear_cookie()})
 
-    def _login_page(self, handler: Handler, status: int, message: str) -> None:
+    def _login_page(self, handler: Handler, status: int, message: str,
+                    headers: dict[str, str] | None = None) -> None:
         # ``message`` is one of our own fixed sentences, never request data.
         page = self._static["login.html"].replace(b"<!--message-->", message.encode())
-        self._send(handler, status, page, _TYPES[".html"])
+        self._send(handler, status, page, _TYPES[".html"], headers)
 
     # --- responses -------------------------------------------------------------------------
+
+    def not_found(self, handler: Handler, headers: dict[str, str] | None = None) -> None:
+        self._send(handler, 404, b"not found; the web view is at /\n", "text/plain", headers)
 
     def _send(self, handler: Handler, status: int, body: bytes, content_type: str,
               headers: dict[str, str] | None = None, cache: bool = False) -> None:
@@ -171,8 +203,11 @@ class WebView:
         handler.send_body(status, body, content_type, all_headers)
 
     def _json(self, handler: Handler, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
-        body = json.dumps(_clean(payload), default=_json_default, allow_nan=False).encode()
-        self._send(handler, status, body, "application/json", headers)
+        self._send(handler, status, self._encode(payload), "application/json", headers)
+
+    @staticmethod
+    def _encode(payload: Any) -> bytes:
+        return json.dumps(_clean(payload), default=_json_default, allow_nan=False).encode()
 
     def _redirect(self, handler: Handler, location: str) -> None:
         self._send(handler, 303, b"", "text/plain", {"Location": location})
@@ -195,7 +230,7 @@ class WebView:
                 self._json(handler, 200, {"refresh_interval": self.settings.refresh_interval,
                                           "auth": bool(self.token.enabled), "store": self.store is not None})
             elif path == "/api/ui/overview":
-                self._json(handler, 200, overview(self.history, self.config, arg("window") or "5m"))
+                self._send(handler, 200, self.overview_body(arg("window") or "5m"), "application/json")
             elif path == "/api/ui/status":
                 self._json(handler, 200, self.status())
             elif self.store is None:
@@ -217,6 +252,17 @@ class WebView:
         except (FileNotFoundError, _store_error()) as exc:
             self._json(handler, 503, {"error": str(exc)})
 
+    def overview_body(self, window: str) -> bytes:
+        """The overview's JSON, encoded once per window and half refresh interval for every tab."""
+        ttl = self.settings.refresh_interval / 2
+        with self._overview_lock:
+            cached = self._overview_cache.get(window)
+            if cached is not None and time.monotonic() - cached[0] < ttl:
+                return cached[1]
+            body = self._encode(overview(self.history, self.config, window))
+            self._overview_cache[window] = (time.monotonic(), body)
+            return body
+
     def requests(self, arg: Callable[[str], str | None]) -> dict[str, Any]:
         try:
             limit = int(arg("limit") or 50)
@@ -232,6 +278,10 @@ class WebView:
         if order not in ("asc", "desc"):
             raise ValueError("order is asc or desc")
         sort = arg("sort") or "start"
+        if until is None:
+            from otel_llm.exporter.store.sqlite import FUTURE_SKEW_NS
+
+            until = time.time_ns() + FUTURE_SKEW_NS  # a start time far ahead (a bad clock) must not pin the list
         rows = self.store.list_requests(
             model=arg("model"), engine=arg("engine"), outcome=arg("outcome"), policy=arg("policy"),
             service=arg("service"), sort=sort, limit=limit + 1, offset=offset, ascending=order == "asc",
@@ -259,16 +309,16 @@ class WebView:
             children.setdefault(parent if parent in ids else None, []).append(span)
         ordered: list[dict[str, Any]] = []
         seen: set[str] = set()
-
-        def walk(parent: str | None, depth: int) -> None:
-            for span in children.get(parent, []):
-                if span["span_id"] in seen:
-                    continue
-                seen.add(span["span_id"])
-                ordered.append({**span, "depth": depth,
-                                "segment": (span.get("attributes") or {}).get("otel_llm.segment")})
-                walk(span["span_id"], depth + 1)
-        walk(None, 0)
+        # Depth first, parents before their children, with a stack of its own: a chain of
+        # thousands of spans is as deep as it is long (recursion ended in RecursionError at ~1 000).
+        stack: list[tuple[dict[str, Any], int]] = [(span, 0) for span in reversed(children.get(None, []))]
+        while stack:
+            span, depth = stack.pop()
+            if span["span_id"] in seen:
+                continue
+            seen.add(span["span_id"])
+            ordered.append({**span, "depth": depth, "segment": (span.get("attributes") or {}).get("otel_llm.segment")})
+            stack.extend((child, depth + 1) for child in reversed(children.get(span["span_id"], [])))
         for span in spans:  # cycles: shown flat rather than lost
             if span["span_id"] not in seen:
                 ordered.append({**span, "depth": 0, "segment": (span.get("attributes") or {}).get("otel_llm.segment")})
@@ -291,7 +341,11 @@ class WebView:
             if store_config is not None:
                 store.update({"retention_seconds": store_config.retention,
                               "max_size_bytes": store_config.max_size_mib * 1024 * 1024})
+        from otel_llm.config import Config, exposed_without_token
+
+        exposed = exposed_without_token(self.config) if isinstance(self.config, Config) else []
         return {"components": components_of(self.service), "telemetry": self_telemetry(self.registry),
+                "exposed_without_token": exposed,
                 "store": store, "config": effective_config(self.config), "started": self.history.started}
 
 

@@ -30,6 +30,14 @@ OUTCOMES_FAMILY = "vllm:request_success"  # counter; samples vllm:request_succes
 UNMEASURED_FAMILY = "otel_llm_service_unmeasured"  # counter; {service_name, reason}
 GENAI_DURATION = "gen_ai_server_request_duration_seconds"
 MAX_GROUPS = 500  # (model, engine) pairs kept per snapshot; the families' own series caps come first
+# The ring's memory: past it, every other snapshot of the older half is dropped (the oldest is kept,
+# so every window still has a base; an old window's start is then up to a few intervals early).
+HISTORY_BUDGET_BYTES = 64 * 1024 * 1024
+
+
+def snapshot_bytes(snapshot: Snapshot) -> int:
+    """An estimate of a snapshot's memory: its arrays, tuples, keys and dict slots."""
+    return sum(len(counts) * 8 + 200 for counts in snapshot.histograms.values()) + 150 * len(snapshot.outcomes) + 200
 
 Group = tuple[str, str]  # (model, engine)
 
@@ -63,7 +71,8 @@ def _group_of(labels: dict[str, str], vllm: bool) -> Group:
 class History:
     """Takes a snapshot every ``interval_s`` and keeps ``history_s`` of them."""
 
-    def __init__(self, registry: CollectorRegistry, interval_s: float, history_s: float) -> None:
+    def __init__(self, registry: CollectorRegistry, interval_s: float, history_s: float,
+                 budget_bytes: int = HISTORY_BUDGET_BYTES) -> None:
         self.registry = registry
         self.interval_s = interval_s
         self.history_s = history_s
@@ -71,6 +80,8 @@ class History:
         self.naming: dict[str, str] = {}  # metric key -> the family the numbers come from
         self.started = time.time()
         self._ring: deque[Snapshot] = deque(maxlen=max(2, int(math.ceil(history_s / interval_s)) + 1))
+        self.budget_bytes = budget_bytes
+        self.ring_bytes = 0  # snapshot_bytes over the ring
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -133,7 +144,20 @@ class History:
     def record(self) -> None:
         snapshot = self.take()
         with self._lock:
-            self._ring.append(snapshot)
+            ring = self._ring
+            if ring.maxlen is not None and len(ring) == ring.maxlen:
+                self.ring_bytes -= snapshot_bytes(ring[0])
+            ring.append(snapshot)
+            self.ring_bytes += snapshot_bytes(snapshot)
+            while self.ring_bytes > self.budget_bytes and len(ring) > 3:
+                # Thin the older half (keeping its first): windows keep a base, charts a coarser past.
+                items = list(ring)
+                half = len(items) // 2
+                kept = [items[0]] + items[1:half][1::2] + items[half:]
+                if len(kept) == len(items):
+                    break
+                self._ring = ring = deque(kept, maxlen=ring.maxlen)
+                self.ring_bytes = sum(snapshot_bytes(s) for s in kept)
 
     def start(self) -> None:
         if self._thread is not None:

@@ -68,3 +68,48 @@ def session_from(cookie_header: str | None) -> str | None:
         return None
     morsel = cookie.get(COOKIE)
     return morsel.value if morsel is not None else None
+
+
+class LoginThrottle:
+    """Failed logins per client address: past ``max_failures`` within ``window_s`` that address is
+    refused (429, ``Retry-After``) until its oldest failure leaves the window; over every address
+    together, ``max_failures * 10`` (one host can have many addresses). Bounded: at most
+    ``MAX_SESSIONS`` addresses are remembered, the oldest forgotten first."""
+
+    def __init__(self, max_failures: int = 10, window_s: float = 60.0) -> None:
+        self.max_failures = max_failures
+        self.window_s = window_s
+        self._failures: OrderedDict[str, list[float]] = OrderedDict()
+        self._all: list[float] = []
+        self._lock = threading.Lock()
+
+    def _recent(self, times: list[float], now: float) -> list[float]:
+        cutoff = now - self.window_s
+        return [t for t in times if t > cutoff]
+
+    def retry_after(self, address: str) -> float:
+        """Seconds until ``address`` may try again; 0 when it may now."""
+        now = time.monotonic()
+        with self._lock:
+            self._all = self._recent(self._all, now)
+            mine = self._failures[address] = self._recent(self._failures.get(address, []), now) \
+                if address in self._failures else []
+            if not mine:
+                del self._failures[address]
+            waits = []
+            if len(mine) >= self.max_failures:
+                waits.append(mine[0] + self.window_s - now)
+            if len(self._all) >= self.max_failures * 10:
+                waits.append(self._all[0] + self.window_s - now)
+            return max(waits, default=0.0)
+
+    def failed(self, address: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            times = self._failures.pop(address, [])
+            times.append(now)
+            self._failures[address] = times[-self.max_failures:]
+            self._all.append(now)
+            del self._all[:-self.max_failures * 10]
+            while len(self._failures) > MAX_SESSIONS:
+                self._failures.popitem(last=False)

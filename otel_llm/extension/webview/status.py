@@ -12,7 +12,10 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 MASK = "••••••"
-_SECRET_KEY = re.compile(r"(token|password|secret|api_key|apikey|authorization|credential)", re.I)
+_SECRET_KEY = re.compile(r"(token|passw|secret|api[-_.]?key|authorization|credential|cookie|private[-_.]?key)", re.I)
+# A password in a URL (scheme://user:password@host) and a secret-looking query parameter's value.
+_URL_PASSWORD = re.compile(r"(?<=://)([^/@\s:]*):([^/@\s]*)@")
+_URL_SECRET_PARAM = re.compile(r"([?&][^=&#\s]*(?:token|passw|secret|key|auth|signature|sig)[^=&#\s]*=)([^&#\s]*)", re.I)
 _SECTIONS = (
     ("intake", re.compile(r"receiv|refus|reject|malformed|accepted|admission|intake|memory|connection|spans_dropped|"
                           r"unmatched|request_body|bytes_in")),
@@ -34,6 +37,9 @@ def mask(value: Any, key: str = "") -> Any:
         return MASK
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
+    if isinstance(value, str) and ("://" in value or "?" in value):
+        value = _URL_PASSWORD.sub(lambda m: f"{m.group(1)}:{MASK}@", value)
+        value = _URL_SECRET_PARAM.sub(lambda m: f"{m.group(1)}{MASK}", value)
     return value
 
 

@@ -1,4 +1,4 @@
-"""``exporters.prometheus.web``: the built-in web view's options (see README.md here)."""
+"""``extensions.webview``: the built-in web view's options (see README.md here)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,18 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import ClassVar
 
-from otel_llm.confmap import ConfigError, Duration
+from otel_llm.confmap import ConfigError, Duration, Endpoint, PositiveInt
+from otel_llm.configtls import BearerAuth, check_server_security
 
 
 @dataclass(frozen=True)
 class WebViewConfig:
-    enabled: bool = True  # serve the web view at / on the metrics port
+    # Its own listener, off the scrape path: a slow or expensive page never delays /metrics.
+    endpoint: Endpoint = "127.0.0.1:9465"
+    auth: BearerAuth | None = None  # required on every page and /api/ui/* (or a login cookie)
+    max_connections: PositiveInt = 64  # a thread each; at the cap the longest-waiting idle one is evicted
+    read_header_timeout: Duration = 10.0
+    read_timeout: Duration = 30.0
     snapshot_interval: Duration = 10.0  # between snapshots of the histograms: the windows' and charts' resolution
     history: Duration = 3600.0  # how long snapshots are kept: the longest window and chart
     refresh_interval: Duration = 5.0  # how often the open page fetches fresh data
@@ -27,21 +33,34 @@ class WebViewConfig:
         "history": (1.0, 7 * 86400.0),
         "refresh_interval": (0.5, 3600.0),
         "session_ttl": (60.0, 30 * 86400.0),
+        "max_connections": (1, 10_000),
     }
     MAX_SNAPSHOTS: ClassVar[int] = 100_000
 
     def validate(self, path: str) -> None:
+        check_server_security(path, None, self.auth)
         for message in problems(self, path):
             raise ConfigError(*message)
+
+    def listen_endpoints(self, path: str) -> list[tuple[str, str]]:
+        return [(f"{path}.endpoint", self.endpoint)]
 
 
 def problems(web: WebViewConfig, path: str) -> list[tuple[str, str]]:
     """What is wrong with the block, as (path, message); empty when it is valid."""
     out: list[tuple[str, str]] = []
     for key, (low, high) in WebViewConfig.BOUNDS.items():  # also checked as the YAML loads
+        if key == "max_connections":
+            continue
         value = getattr(web, key)
         if not low <= value <= high:
             out.append((f"{path}.{key}", f"must be between {low:g}s and {high:g}s, got {value:g}s"))
+    for key in ("read_header_timeout", "read_timeout"):  # 0 would cut every request, .inf is no deadline
+        seconds = getattr(web, key)
+        if not 0.001 <= seconds <= 86_400:
+            out.append((f"{path}.{key}", f"must be between 1ms and 24h, got {seconds!r}"))
+    if not out and web.read_header_timeout > web.read_timeout:
+        out.append((f"{path}.read_header_timeout", "must not exceed read_timeout"))
     if not out and web.history < web.snapshot_interval:
         out.append((f"{path}.history", "must be at least snapshot_interval"))
     elif not out and web.history / web.snapshot_interval > WebViewConfig.MAX_SNAPSHOTS:

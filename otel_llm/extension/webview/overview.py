@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from otel_llm.webview.history import (LATENCY_METRICS, Group, History, Snapshot, delta, finite, groups_of,
+from otel_llm.extension.webview.history import (LATENCY_METRICS, Group, History, Snapshot, delta, finite, groups_of,
                                       outcome_delta)
-from otel_llm.webview.quantile import quantile_of_counts
+from otel_llm.extension.webview.quantile import quantile_of_counts
 
 WINDOWS: dict[str, float | None] = {"5m": 300.0, "15m": 900.0, "1h": 3600.0, "start": None}
 QUANTILES = (0.5, 0.95, 0.99)

@@ -1,0 +1,2 @@
+"""Extensions: components beside the pipelines (the Collector's ``extensions``), listed in
+``service.extensions``."""
