@@ -79,7 +79,8 @@ class Service:
         log_config = otlp.intake_log if otlp is not None else None
         if log_config is not None and self.ingest is not None:
             settings = IntakeLogSettings(intake_log_directory(config), log_config.fsync, log_config.fsync_interval,
-                                         log_config.segment_size_mib << 20, log_config.max_size_mib << 20)
+                                         log_config.segment_size_mib << 20, log_config.max_size_mib << 20,
+                                         min_free_bytes=log_config.min_free_mib << 20)
             self.intake_log = IntakeLogKeeper(settings, IntakeLogShared(context),
                                               self.pipeline.assembler.settings.decision_wait_s)
             self.pipeline.use_intake_log(self.intake_log)
@@ -87,6 +88,7 @@ class Service:
             if isinstance(store, StoreComponent):  # a request is handled once its kept traces are written
                 self.intake_log.barriers.append(store.wait_written)
             self.registry.register(IntakeLogCollector(self.intake_log))
+            self.host.readiness.append(self.intake_log.problem)
 
     # --- what tests and the CLI read ------------------------------------------------------------
 

@@ -70,6 +70,9 @@ class IntakeLogConfig:
     fsync_interval: Duration = 1.0
     max_size_mib: PositiveInt = 1024  # past it, requests are refused retryably (intake_log_full), counted
     segment_size_mib: PositiveInt = 16  # the unit of deletion
+    # Free space the log always leaves on its filesystem (for its journal and checkpoint, which free
+    # it, and for the store beside it); below it, requests are refused retryably (intake_log_full).
+    min_free_mib: int = 64
 
     def validate(self, path: str) -> None:
         if self.fsync not in ("always", "interval", "never"):
@@ -78,6 +81,9 @@ class IntakeLogConfig:
             raise ConfigError(f"{path}.fsync_interval", f"must be between 1ms and 1h, got {self.fsync_interval!r}")
         if self.max_size_mib > 1 << 30:
             raise ConfigError(f"{path}.max_size_mib", f"must be at most {1 << 30}, got {self.max_size_mib}")
+        if isinstance(self.min_free_mib, bool) or not isinstance(self.min_free_mib, int) or \
+                not 0 <= self.min_free_mib <= 1 << 30:
+            raise ConfigError(f"{path}.min_free_mib", f"must be between 0 and {1 << 30}, got {self.min_free_mib!r}")
         if self.segment_size_mib * 2 > self.max_size_mib:
             raise ConfigError(f"{path}.segment_size_mib", "must be at most half of max_size_mib (segments are deleted whole)")
 
