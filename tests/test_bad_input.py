@@ -130,7 +130,8 @@ def test_http_oversized_and_gzip_bomb_are_413(make_server):
 
 
 def test_http_wrong_path_and_method(server):
-    assert http_post(server, b"", path="/v1/metrics")[0] == 404
+    assert http_post(server, b"", path="/v1/profiles")[0] == 404
+    assert http_post(server, b"", path="/v1/metrics")[0] == 200  # accepted, counted, dropped (test_other_signals.py)
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/v1/traces", timeout=5)
     assert info.value.code == 405

@@ -34,6 +34,12 @@ class ReceiverCountersCollector(Collector):
                 if value:
                     family.add_metric(list(labels), value)
             yield family
+        family = CounterMetricFamily("otel_llm_receiver_ignored_items",
+                                     "OTLP metric data points and log records received and dropped (otel-llm keeps "
+                                     "traces only; nothing of them is stored).", labels=["protocol", "signal"])
+        for labels, value in self._counters.ignored_snapshot().items():
+            family.add_metric(list(labels), value)
+        yield family
 
 
 class SelfTelemetry:

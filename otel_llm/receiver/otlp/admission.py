@@ -60,6 +60,9 @@ class Admitter(Protocol):
     def refuse_request(self, protocol: str, reason: str) -> None:
         """Count a request refused before it could be decoded (auth, size, media type, malformed)."""
 
+    def ignore(self, protocol: str, signal: str, items: int) -> None:
+        """Count the items of an OTLP metrics or logs request taken and dropped (``othersignals.py``)."""
+
 
 _ZERO_TRACE_ID = bytes(16)
 _ZERO_SPAN_ID = bytes(8)

@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from google.protobuf import any_pb2, duration_pb2
@@ -39,6 +40,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from otel_llm.confmap import split_endpoint
 from otel_llm.receiver.otlp.config import GrpcProtocol
 from otel_llm.receiver.otlp.admission import Admitter
+from otel_llm.receiver.otlp.othersignals import GRPC_SERVICES, count_items, new_request, new_response
 from otel_llm.internal.security import TokenCheck, read_bytes
 
 log = logging.getLogger(__name__)
@@ -97,7 +99,8 @@ class OtlpGrpcReceiver:
                     expired.add(task)
                     task.cancel()
 
-    async def _export(self, request_iterator: object, context: grpc.aio.ServicerContext) -> bytes:
+    async def _read_message(self, context: grpc.aio.ServicerContext) -> bytes:
+        """The call's one message, after the token check, within ``read_timeout``."""
         admitter = self._admitter
         if self._token.enabled:  # before the message is read: a wrong token costs us nothing more
             header = next((value for key, value in context.invocation_metadata() or () if key == "authorization"),
@@ -125,6 +128,26 @@ class OtlpGrpcReceiver:
         if payload is grpc.aio.EOF:
             admitter.refuse_request(PROTOCOL, "malformed")
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call ended without a request message")
+        assert isinstance(payload, bytes)
+        return payload
+
+    def _other_signal(self, signal: str) -> Any:
+        """``MetricsService/Export`` or ``LogsService/Export``: decoded, counted, dropped (othersignals.py)."""
+        async def export(request_iterator: object, context: grpc.aio.ServicerContext) -> bytes:
+            payload = await self._read_message(context)
+            request = new_request(signal)
+            try:
+                request.ParseFromString(payload)
+            except DecodeError as exc:
+                self._admitter.refuse_request(PROTOCOL, "malformed")
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed OTLP {signal} request: {exc}")
+            self._admitter.ignore(PROTOCOL, signal, count_items(signal, request))
+            return new_response(signal).SerializeToString()
+        return export
+
+    async def _export(self, request_iterator: object, context: grpc.aio.ServicerContext) -> bytes:
+        admitter = self._admitter
+        payload = await self._read_message(context)
         request = ExportTraceServiceRequest()
         try:
             request.ParseFromString(payload)
@@ -162,7 +185,11 @@ class OtlpGrpcReceiver:
             {"Export": grpc.stream_unary_rpc_method_handler(self._export, request_deserializer=None,
                                                             response_serializer=None)},
         )
-        server.add_generic_rpc_handlers((handler,))
+        others = [grpc.method_handlers_generic_handler(
+            service, {"Export": grpc.stream_unary_rpc_method_handler(self._other_signal(signal), request_deserializer=None,
+                                                                     response_serializer=None)})
+            for service, signal in GRPC_SERVICES.items()]
+        server.add_generic_rpc_handlers((handler, *others))
         host, port = split_endpoint(settings.endpoint)
         bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:

@@ -22,6 +22,7 @@ from otel_llm.receiver.otlp.config import HttpProtocol
 from otel_llm.internal.httpserver import BackgroundHTTPServer, ConnectionLimits, QuietHandler
 from otel_llm.receiver.otlp.admission import BYTES_IN_FLIGHT, RETRY_AFTER_S, SHUTTING_DOWN, Admitter
 from otel_llm.receiver.otlp.otlpjson import OtlpJsonError, parse_otlp_json
+from otel_llm.receiver.otlp.othersignals import PATHS, count_items, new_request, new_response
 from otel_llm.internal.security import TokenCheck, server_ssl_context
 
 log = logging.getLogger(__name__)
@@ -141,6 +142,7 @@ class _Handler(QuietHandler):
     admitter: ClassVar[Admitter]
     in_flight: ClassVar[BytesInFlight]
     reserved = 0  # this request's share of ``in_flight``
+    signal = "traces"  # this request's: "metrics" and "logs" are counted and dropped
     max_body: ClassVar[int]
     token: ClassVar[TokenCheck]
     slots: ClassVar[threading.BoundedSemaphore]
@@ -182,7 +184,9 @@ class _Handler(QuietHandler):
             self._error(503, code_pb2.UNAVAILABLE, "shutting down; retry later", reply_type, SHUTTING_DOWN,
                         {"Retry-After": str(RETRY_AFTER_S[SHUTTING_DOWN])})
             return
-        if self.path.split("?")[0] != TRACES_PATH:
+        path = self.path.split("?")[0]
+        self.signal = PATHS.get(path, "traces")  # metrics and logs: counted and dropped (othersignals.py)
+        if path != TRACES_PATH and path not in PATHS:
             self._discard_body()
             self._error(404, code_pb2.NOT_FOUND, f"unknown path {self.path[:100]}; OTLP traces go to {TRACES_PATH}",
                         reply_type, "not_found")
@@ -315,6 +319,9 @@ class _Handler(QuietHandler):
         except (zlib.error, ValueError) as exc:
             self._error(400, code_pb2.INVALID_ARGUMENT, f"bad gzip body: {exc}", reply_type, "malformed")
             return
+        if self.signal != "traces":
+            self._other_signal(body, content_type, reply_type)
+            return
         payload: bytes | None = None
         try:
             if content_type == JSON:
@@ -334,7 +341,7 @@ class _Handler(QuietHandler):
             return
         result = self.admitter.admit(request, payload, PROTOCOL)
         if result.refused:
-            status = 503 if result.refused in ("memory_limit", "shutting_down") else 429
+            status = 503 if result.refused in ("memory_limit", "shutting_down", "intake_log_error") else 429
             self._error(status, code_pb2.UNAVAILABLE, f"refused: {result.refused}; retry later", reply_type,
                         result.refused, {"Retry-After": str(result.retry_after_s)})
             return
@@ -343,6 +350,22 @@ class _Handler(QuietHandler):
             response.partial_success.CopyFrom(
                 ExportTracePartialSuccess(rejected_spans=result.rejected, error_message=result.error_message))
         self._reply(200, response, reply_type)
+
+    def _other_signal(self, body: bytes, content_type: str, reply_type: str) -> None:
+        """OTLP metrics or logs: decoded (a malformed one is a counted 400, as for traces), their
+        items counted, then dropped; the answer is a success so that the sender stops retrying."""
+        signal = self.signal
+        request = new_request(signal)
+        try:
+            if content_type == JSON:
+                json_format.Parse(body, request, ignore_unknown_fields=True)
+            else:
+                request.ParseFromString(body)
+        except Exception:  # noqa: BLE001 - DecodeError, json_format.ParseError, a shape no check foresaw
+            self._error(400, code_pb2.INVALID_ARGUMENT, f"malformed OTLP {signal} request", reply_type, "malformed")
+            return
+        self.admitter.ignore(PROTOCOL, signal, count_items(signal, request))
+        self._reply(200, new_response(signal), reply_type)
 
     def _discard_body(self) -> None:
         length = self.headers.get("Content-Length")

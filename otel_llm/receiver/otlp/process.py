@@ -38,6 +38,7 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otel_llm.receiver.otlp.config import OtlpReceiver
+from otel_llm.receiver.otlp.othersignals import SIGNALS
 from otel_llm.receiver.otlp.intake_log import IntakeLogShared, IntakeLogSettings, IntakeLogWriter
 from otel_llm.internal.runtime import name_process
 from otel_llm.receiver.otlp.admission import (
@@ -140,10 +141,20 @@ class ReceiverCounters:
         self._accepted = context.RawArray("q", len(PROTOCOLS))
         self._spans = context.RawArray("q", len(PROTOCOLS) * len(SPAN_REFUSALS))
         self._requests = context.RawArray("q", len(PROTOCOLS) * len(REQUEST_REFUSALS))
+        self._ignored = context.RawArray("q", len(PROTOCOLS) * len(SIGNALS))  # othersignals.py
         self._lock: threading.Lock | None = None  # the writer's; created in the receiver process
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"_accepted": self._accepted, "_spans": self._spans, "_requests": self._requests, "_lock": None}
+        return {"_accepted": self._accepted, "_spans": self._spans, "_requests": self._requests,
+                "_ignored": self._ignored, "_lock": None}
+
+    def ignored(self, protocol: str, signal: str, items: int) -> None:
+        """OTLP metrics or logs taken and dropped (``othersignals.py``)."""
+        self._add(self._ignored, _PROTOCOL_INDEX[protocol] * len(SIGNALS) + SIGNALS.index(signal), items)
+
+    def ignored_snapshot(self) -> dict[tuple[str, str], int]:
+        return {(protocol, signal): self._ignored[i * len(SIGNALS) + j]
+                for i, protocol in enumerate(PROTOCOLS) for j, signal in enumerate(SIGNALS)}
 
     def _add(self, values: Any, index: int, delta: int) -> None:
         if self._lock is None:
@@ -248,6 +259,9 @@ class Forwarder:
 
     def refuse_request(self, protocol: str, reason: str) -> None:
         self._counters.request_refused(protocol, reason)
+
+    def ignore(self, protocol: str, signal: str, items: int) -> None:
+        self._counters.ignored(protocol, signal, items)
 
     def event(self, **fields: object) -> None:
         with self._cond:
