@@ -246,3 +246,81 @@ def test_spans_beyond_max_spans_per_trace_are_counted_on_metrics(make_server):
                                what="the 5 spans within the limit assembled")
     assert scrape.value("otel_llm_spans_dropped_total", reason="max_spans_per_trace") == 3
     assert "otel_llm_spans_dropped_total" in scrape.text
+
+
+# --- late spans and redeliveries (issue 24: High 3, duplicates) --------------------------------------
+
+def _post(server, request) -> None:  # noqa: ANN001
+    post = urllib.request.Request(f"http://127.0.0.1:{server.http_port}/v1/traces", data=request.SerializeToString(),
+                                  headers={"Content-Type": "application/x-protobuf"}, method="POST")
+    with urllib.request.urlopen(post, timeout=10) as response:
+        assert response.status == 200
+
+
+def _one_trace(count: int, trace_id: bytes):  # noqa: ANN202
+    request = vllm_batch(count)
+    for sent in request.resource_spans[0].scope_spans[0].spans:
+        sent.trace_id = trace_id
+    return request
+
+
+def test_late_spans_of_a_decided_trace_are_bounded_by_max_spans_per_trace(make_server):
+    """A decided trace of 3 spans, then 10 late spans of it: with ``max_spans_per_trace: 5`` only 2
+    more are taken (one kept trace once grew past 27 000 spans through late spans)."""
+    server = make_server({"processors": {"tail_sampling": {"max_spans_per_trace": 5, "grace": "100ms"}}})
+    trace_id = bytes(range(1, 17))
+    _post(server, _one_trace(3, trace_id))
+    server.wait_until(lambda s: s.value("otel_llm_requests_assembled_total") == 3
+                      and s.value("otel_llm_traces_in_memory") == 0, what="the trace decided")
+    for _ in range(2):
+        _post(server, _one_trace(5, trace_id))
+    scrape = server.wait_until(lambda s: s.value("otel_llm_spans_dropped_total", reason="max_spans_per_trace") == 8,
+                               what="8 late spans over the limit dropped")
+    assert scrape.value("otel_llm_requests_assembled_total") == 5
+
+
+def test_a_redelivered_request_is_counted_once_and_as_duplicates(make_server):
+    """The same export twice (a sender that retried a request whose answer it never got), while its
+    traces are pending and again once they are decided: each span measured once, the copies counted."""
+    server = make_server({"processors": {"tail_sampling": {"grace": "100ms"}}})
+    request = vllm_batch(4)
+    _post(server, request)
+    _post(server, request)  # pending still (grace 100 ms is after the worker took both, or not: either way)
+    server.wait_until(lambda s: s.value("otel_llm_traces_in_memory") == 0
+                      and s.value("otel_llm_requests_assembled_total") >= 4, what="decided")
+    _post(server, request)  # decided by now: the decision cache knows the spans
+    scrape = server.wait_until(lambda s: s.value("otel_llm_spans_duplicate_total") == 8, what="8 copies counted")
+    assert scrape.value("otel_llm_requests_assembled_total") == 4
+    assert scrape.value("vllm:e2e_request_latency_seconds_count") == 4
+
+
+def test_a_request_redelivered_after_a_graceful_restart_is_a_duplicate(tmp_path):
+    """A replica stopped (SIGTERM) after taking a request, restarted on the same store, then sent the
+    same request again (the Collector's retry of a call whose answer the stop cut): the decision
+    cache kept across the restart makes it a duplicate, not a second request (the rolling-restart
+    test's "0 lost, 1 extra")."""
+    from otel_llm.exporter.store.sqlite import StoreReader
+    from tests.support.otelllm import ServerProcess
+
+    config = {"processors": {"tail_sampling": {"grace": "100ms", "policies": [
+        {"name": "all", "type": "probabilistic", "probabilistic": {"sampling_percentage": 100}}]}}}
+    request = vllm_batch(3)
+    first = ServerProcess(tmp_path, config)
+    try:
+        first.start()
+        _post(first, request)
+        first.wait_until(lambda s: s.value("otel_llm_requests_assembled_total") == 3
+                         and s.value("otel_llm_traces_in_memory") == 0, what="decided")
+        assert first.stop() == 0
+    finally:
+        first.ensure_stopped()
+    second = ServerProcess(tmp_path, config)
+    try:
+        second.start()
+        _post(second, request)
+        scrape = second.wait_until(lambda s: s.value("otel_llm_spans_duplicate_total") == 3, what="3 duplicates")
+        assert scrape.value("otel_llm_requests_assembled_total") == 0
+        assert second.stop() == 0
+    finally:
+        second.ensure_stopped()
+    assert len(StoreReader(tmp_path / "store").list_requests(limit=100)) == 3

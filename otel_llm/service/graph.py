@@ -168,6 +168,7 @@ class Pipeline:
             ),
             self._entry,
             spans_dropped=telemetry.spans_dropped.labels("max_spans_per_trace"),
+            spans_duplicate=telemetry.spans_duplicate,
         )
         telemetry.traces_in_memory.set_function(self.assembler.__len__)
         self.redaction = RedactionStage(redaction, telemetry, self.consumers)

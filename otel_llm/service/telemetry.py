@@ -78,5 +78,9 @@ class SelfTelemetry:
         self.values_rejected = Counter(
             "otel_llm_values_rejected", "Durations read at assembly (span times, edge TTFT) that failed validation; "
             "the request is counted without them.", ["reason"], registry=registry)
+        self.spans_duplicate = Counter(
+            "otel_llm_spans_duplicate",
+            "Spans received again with a trace and span id already taken (a retried export): counted once, measured once.",
+            registry=registry)
         self.spans_truncated = Counter(
             "otel_llm_spans_truncated", "Spans whose attributes were cut to the configured limits.", registry=registry)
