@@ -82,6 +82,7 @@ class Service:
             self.registry.register(RecorderCollector(self.pipeline.recorder))
         self.host = Host(self.registry, self.ready, recorder=self.pipeline.recorder, components=self.components,
                          config=config)
+        self.host.readiness.append(self.pipeline.problem)
         self._started: list[str] = []  # what ``stop`` has to stop, in start order
         self.ingest: IngestProcesses | None = None
         if otlp is not None and (otlp.protocols.grpc is not None or otlp.protocols.http is not None):

@@ -93,10 +93,14 @@ class OtlpReceiver:
     protocols: OtlpProtocols = field(default_factory=OtlpProtocols)
     # Spans accepted but not yet processed; past it, exports are refused with a retry hint.
     max_queued_spans: PositiveInt = 200_000
+    # A request that finds the intake full (queue_full, memory_limit) waits up to this for room before
+    # it is refused: clients that never retry (the JS gRPC exporter) lose less. 0: refuse at once.
+    admission_wait: Duration = 1.0
     intake_log: IntakeLogConfig | None = None  # off unless listed
 
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
         "max_queued_spans": (1, 100_000_000),  # a shared int64 beside byte counts
+        "admission_wait": (0.0, 30.0),
     }
 
     def validate(self, path: str) -> None:

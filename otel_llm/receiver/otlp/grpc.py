@@ -39,7 +39,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from otel_llm.confmap import split_endpoint
 from otel_llm.receiver.otlp.config import GrpcProtocol
-from otel_llm.receiver.otlp.admission import Admitter
+from otel_llm.receiver.otlp.admission import WAITABLE, Admitter, request_spans
 from otel_llm.receiver.otlp.othersignals import GRPC_SERVICES, count_items, new_request, new_response
 from otel_llm.internal.security import TokenCheck, read_bytes
 
@@ -69,9 +69,10 @@ class OtlpGrpcReceiver:
     """``start`` runs the asyncio server on a thread of its own (the receiver process's main thread
     waits on its control pipe) and returns once it listens; ``stop`` stops it from any thread."""
 
-    def __init__(self, settings: GrpcProtocol, admitter: Admitter) -> None:
+    def __init__(self, settings: GrpcProtocol, admitter: Admitter, admission_wait_s: float = 0.0) -> None:
         self._settings = settings
         self._admitter = admitter
+        self._admission_wait = admission_wait_s  # receivers.otlp.admission_wait
         self._server: grpc.aio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -154,6 +155,8 @@ class OtlpGrpcReceiver:
         except DecodeError as exc:
             admitter.refuse_request(PROTOCOL, "malformed")
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed ExportTraceServiceRequest: {exc}")
+        if self._admission_wait:
+            await self._wait_for_room(request_spans(request), len(payload))
         if self._admit_pool is None:
             result = admitter.admit(request, payload, PROTOCOL)  # never waits: on the loop
         else:
@@ -169,6 +172,17 @@ class OtlpGrpcReceiver:
                                                           error_message=result.error_message)
             ).SerializeToString()
         return _EMPTY_RESPONSE
+
+    async def _wait_for_room(self, spans: int, size: int) -> None:
+        """Up to ``admission_wait`` for the intake to have room (a coroutine: other calls go on)."""
+        room = self._admitter.room
+        if room(spans, size) not in WAITABLE:
+            return
+        deadline = time.monotonic() + self._admission_wait
+        while (left := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(min(_ROOM_POLL_S, left))
+            if room(spans, size) not in WAITABLE:
+                return
 
     async def _start(self) -> None:
         settings = self._settings
@@ -247,3 +261,4 @@ class OtlpGrpcReceiver:
 
 _EMPTY_RESPONSE = ExportTraceServiceResponse().SerializeToString()
 _ADMIT_THREADS = 32
+_ROOM_POLL_S = 0.01

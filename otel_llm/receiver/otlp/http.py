@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 import zlib
 from typing import ClassVar
 
@@ -20,7 +21,14 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from otel_llm.receiver.otlp.config import HttpProtocol
 from otel_llm.internal.httpserver import BackgroundHTTPServer, ConnectionLimits, QuietHandler
-from otel_llm.receiver.otlp.admission import BYTES_IN_FLIGHT, RETRY_AFTER_S, SHUTTING_DOWN, Admitter
+from otel_llm.receiver.otlp.admission import (
+    BYTES_IN_FLIGHT,
+    RETRY_AFTER_S,
+    SHUTTING_DOWN,
+    WAITABLE,
+    Admitter,
+    request_spans,
+)
 from otel_llm.receiver.otlp.otlpjson import OtlpJsonError, parse_otlp_json
 from otel_llm.receiver.otlp.othersignals import PATHS, count_items, new_request, new_response
 from otel_llm.internal.security import TokenCheck, server_ssl_context
@@ -143,6 +151,7 @@ class _Handler(QuietHandler):
     in_flight: ClassVar[BytesInFlight]
     reserved = 0  # this request's share of ``in_flight``
     signal = "traces"  # this request's: "metrics" and "logs" are counted and dropped
+    admission_wait: ClassVar[float] = 0.0  # receivers.otlp.admission_wait
     max_body: ClassVar[int]
     token: ClassVar[TokenCheck]
     slots: ClassVar[threading.BoundedSemaphore]
@@ -339,6 +348,8 @@ class _Handler(QuietHandler):
             self._error(400, code_pb2.INVALID_ARGUMENT, f"malformed ExportTraceServiceRequest: {type(exc).__name__}",
                         reply_type, "malformed")
             return
+        if self.admission_wait:
+            self._wait_for_room(request_spans(request), len(body))
         result = self.admitter.admit(request, payload, PROTOCOL)
         if result.refused:
             status = 503 if result.refused in ("memory_limit", "shutting_down", "intake_log_error") else 429
@@ -350,6 +361,17 @@ class _Handler(QuietHandler):
             response.partial_success.CopyFrom(
                 ExportTracePartialSuccess(rejected_spans=result.rejected, error_message=result.error_message))
         self._reply(200, response, reply_type)
+
+    def _wait_for_room(self, spans: int, size: int) -> None:
+        """Up to ``admission_wait`` for the intake to have room (this connection's thread waits)."""
+        room = self.admitter.room
+        if room(spans, size) not in WAITABLE:
+            return
+        deadline = time.monotonic() + self.admission_wait
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(0.01, left))
+            if room(spans, size) not in WAITABLE:
+                return
 
     def _other_signal(self, body: bytes, content_type: str, reply_type: str) -> None:
         """OTLP metrics or logs: decoded (a malformed one is a counted 400, as for traces), their
@@ -377,7 +399,7 @@ class _Handler(QuietHandler):
 
 
 class OtlpHttpReceiver:
-    def __init__(self, settings: HttpProtocol, admitter: Admitter) -> None:
+    def __init__(self, settings: HttpProtocol, admitter: Admitter, admission_wait_s: float = 0.0) -> None:
         # The handler class's state, kept here too: ``type()`` builds a class mypy knows only as ``type``.
         self._in_progress = RequestsInProgress()
         self._stopping = threading.Event()
@@ -385,7 +407,8 @@ class OtlpHttpReceiver:
             "admitter": admitter, "max_body": settings.max_request_body_size, "token": TokenCheck(settings.auth),
             "in_flight": BytesInFlight(settings.max_bytes_in_flight),
             "slots": threading.BoundedSemaphore(settings.max_concurrent_requests),
-            "in_progress": self._in_progress, "stopping": self._stopping, "timeout": settings.idle_timeout})
+            "in_progress": self._in_progress, "stopping": self._stopping, "timeout": settings.idle_timeout,
+            "admission_wait": admission_wait_s})
         tls = server_ssl_context(settings.tls) if settings.tls is not None else None
         limits = ConnectionLimits(max_connections=settings.max_connections,
                                   header_timeout_s=settings.read_header_timeout,

@@ -102,6 +102,21 @@ class IntakeState:
             values[self._QUEUED_BYTES] += size
             return ""
 
+    def room(self, spans: int, size: int) -> str:
+        """What ``reserve`` would answer now, without reserving (a read: no lock)."""
+        values = self._values
+        if values[self._CLOSED]:
+            return SHUTTING_DOWN
+        if values[self._REFUSING]:
+            return MEMORY_LIMIT
+        queued = values[self._QUEUED]
+        if queued:
+            if queued + spans > values[self._MAX]:
+                return QUEUE_FULL
+            if values[self._QUEUED_BYTES] + size > values[self._MAX_BYTES]:
+                return MEMORY_LIMIT
+        return ""
+
     # Pipeline side.
     def release(self, spans: int, size: int) -> None:
         with self._lock:
@@ -260,6 +275,9 @@ class Forwarder:
     def refuse_request(self, protocol: str, reason: str) -> None:
         self._counters.request_refused(protocol, reason)
 
+    def room(self, spans: int, size: int) -> str:
+        return self._state.room(spans, size)
+
     def ignore(self, protocol: str, signal: str, items: int) -> None:
         self._counters.ignored(protocol, signal, items)
 
@@ -335,14 +353,14 @@ def run_receiver_process(args: ReceiverArgs, state: IntakeState, counters: Recei
     grpc_receiver = None
     if args.grpc:
         assert protocols.grpc is not None
-        grpc_receiver = OtlpGrpcReceiver(protocols.grpc, forwarder)
+        grpc_receiver = OtlpGrpcReceiver(protocols.grpc, forwarder, args.otlp.admission_wait)
     http_receiver = None
     try:
         if grpc_receiver is not None:
             grpc_receiver.start()
         if args.http:
             assert protocols.http is not None
-            http_receiver = OtlpHttpReceiver(protocols.http, forwarder)
+            http_receiver = OtlpHttpReceiver(protocols.http, forwarder, args.otlp.admission_wait)
             http_receiver.start()
     except (OSError, ValueError) as exc:
         forwarder.event(event="error", message=str(exc))
