@@ -236,3 +236,30 @@ def test_resource_attributes_are_bounded_like_span_attributes(make_server):
     scrape = server.wait_for_requests(3)
     assert scrape.value("otel_llm_spans_truncated_total") == 3
     assert scrape.value("vllm:request_success_total", model_name="fat-resource") == 3
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_a_90_level_nested_attribute_is_cut_not_a_400(server, protocol):
+    """A 90-level nested attribute map on one span of two exceeds the protobuf decoder's depth: the
+    value is cut at 16 levels (counted), and both spans are admitted and measured, not the whole
+    request refused with a 400 / INVALID_ARGUMENT."""
+    from tests.support.payloads import vllm_batch
+
+    request = vllm_batch(2)
+    kv = request.resource_spans[0].scope_spans[0].spans[0].attributes.add()
+    kv.key = "deep"
+    value = kv.value
+    for level in range(90):
+        inner = value.kvlist_value.values.add()
+        inner.key = f"level{level}"
+        value = inner.value
+    value.string_value = "bottom"
+    payload = request.SerializeToString()
+    if protocol == "grpc":
+        grpc_raw(server, payload)
+    else:
+        assert http_post(server, payload)[0] == 200
+    scrape = server.wait_for_requests(2)
+    assert scrape.value("otel_llm_receiver_cut_values_total", protocol=protocol) == 1
+    assert scrape.value("otel_llm_receiver_accepted_spans_total") == 2
+    assert scrape.value("otel_llm_receiver_refused_requests_total") == 0

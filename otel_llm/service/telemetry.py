@@ -40,6 +40,12 @@ class ReceiverCountersCollector(Collector):
         for labels, value in self._counters.ignored_snapshot().items():
             family.add_metric(list(labels), value)
         yield family
+        family = CounterMetricFamily("otel_llm_receiver_cut_values",
+                                     "Attribute values nested deeper than 16 levels, replaced by a marker (the rest "
+                                     "of the request admitted).", labels=["protocol"])
+        for protocol, value in self._counters.cut_snapshot().items():
+            family.add_metric([protocol], value)
+        yield family
 
 
 class SelfTelemetry:

@@ -75,6 +75,9 @@ class Admitter(Protocol):
         """"" when the intake has room for a request of ``spans`` in ``size`` bytes now, else the
         refusal ``admit`` would give (nothing reserved: the receivers wait on it, ``admission_wait``)."""
 
+    def cut_values(self, protocol: str, count: int) -> None:
+        """Count attribute values cut for nesting too deep (``nesting.py``); the request goes on."""
+
     def ignore(self, protocol: str, signal: str, items: int) -> None:
         """Count the items of an OTLP metrics or logs request taken and dropped (``othersignals.py``)."""
 

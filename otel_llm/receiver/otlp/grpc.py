@@ -40,6 +40,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from otel_llm.confmap import split_endpoint
 from otel_llm.receiver.otlp.config import GrpcProtocol
 from otel_llm.receiver.otlp.admission import WAITABLE, Admitter, request_spans
+from otel_llm.receiver.otlp.nesting import cut_deep_values, too_deep
 from otel_llm.receiver.otlp.othersignals import GRPC_SERVICES, count_items, new_request, new_response
 from otel_llm.internal.security import TokenCheck, read_bytes
 
@@ -153,8 +154,15 @@ class OtlpGrpcReceiver:
         try:
             request.ParseFromString(payload)
         except DecodeError as exc:
-            admitter.refuse_request(PROTOCOL, "malformed")
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed ExportTraceServiceRequest: {exc}")
+            cut = cut_deep_values(payload) if too_deep(exc) else None
+            if cut is None:
+                admitter.refuse_request(PROTOCOL, "malformed")
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed ExportTraceServiceRequest: {exc}")
+            else:  # attribute values nested past the decoder's depth: cut there, the rest admitted
+                payload, cuts = cut
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(payload)
+                admitter.cut_values(PROTOCOL, cuts)
         if self._admission_wait:
             await self._wait_for_room(request_spans(request), len(payload))
         if self._admit_pool is None:

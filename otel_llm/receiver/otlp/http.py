@@ -30,6 +30,7 @@ from otel_llm.receiver.otlp.admission import (
     request_spans,
 )
 from otel_llm.receiver.otlp.otlpjson import OtlpJsonError, parse_otlp_json
+from otel_llm.receiver.otlp.nesting import cut_deep_values, too_deep
 from otel_llm.receiver.otlp.othersignals import PATHS, count_items, new_request, new_response
 from otel_llm.internal.security import TokenCheck, server_ssl_context
 
@@ -337,8 +338,18 @@ class _Handler(QuietHandler):
                 request = parse_otlp_json(body)
             else:
                 request = ExportTraceServiceRequest()
-                request.ParseFromString(body)
                 payload = body
+                try:
+                    request.ParseFromString(body)
+                except DecodeError as exc:
+                    cut = cut_deep_values(body) if too_deep(exc) else None
+                    if cut is None:
+                        raise
+                    # Attribute values nested past the decoder's depth: cut there, the rest admitted.
+                    payload, cuts = cut
+                    request = ExportTraceServiceRequest()
+                    request.ParseFromString(payload)
+                    self.admitter.cut_values(PROTOCOL, cuts)
         except (DecodeError, OtlpJsonError) as exc:
             self._error(400, code_pb2.INVALID_ARGUMENT, f"malformed ExportTraceServiceRequest: {exc}", reply_type,
                         "malformed")

@@ -157,11 +157,18 @@ class ReceiverCounters:
         self._spans = context.RawArray("q", len(PROTOCOLS) * len(SPAN_REFUSALS))
         self._requests = context.RawArray("q", len(PROTOCOLS) * len(REQUEST_REFUSALS))
         self._ignored = context.RawArray("q", len(PROTOCOLS) * len(SIGNALS))  # othersignals.py
+        self._cut = context.RawArray("q", len(PROTOCOLS))  # nesting.py
         self._lock: threading.Lock | None = None  # the writer's; created in the receiver process
 
     def __getstate__(self) -> dict[str, Any]:
         return {"_accepted": self._accepted, "_spans": self._spans, "_requests": self._requests,
-                "_ignored": self._ignored, "_lock": None}
+                "_ignored": self._ignored, "_cut": self._cut, "_lock": None}
+
+    def cut(self, protocol: str, count: int) -> None:
+        self._add(self._cut, _PROTOCOL_INDEX[protocol], count)
+
+    def cut_snapshot(self) -> dict[str, int]:
+        return {protocol: self._cut[i] for i, protocol in enumerate(PROTOCOLS)}
 
     def ignored(self, protocol: str, signal: str, items: int) -> None:
         """OTLP metrics or logs taken and dropped (``othersignals.py``)."""
@@ -280,6 +287,9 @@ class Forwarder:
 
     def ignore(self, protocol: str, signal: str, items: int) -> None:
         self._counters.ignored(protocol, signal, items)
+
+    def cut_values(self, protocol: str, count: int) -> None:
+        self._counters.cut(protocol, count)
 
     def event(self, **fields: object) -> None:
         with self._cond:
