@@ -7,7 +7,9 @@ and every line of otel_llm's code executed."""
 from __future__ import annotations
 
 import random
+import time
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -324,3 +326,39 @@ def test_a_request_redelivered_after_a_graceful_restart_is_a_duplicate(tmp_path)
     finally:
         second.ensure_stopped()
     assert len(StoreReader(tmp_path / "store").list_requests(limit=100)) == 3
+
+
+def test_a_large_trace_is_answered_a_page_at_a_time(make_server):
+    """/api/traces/{id} of a kept trace of 2500 engine spans (and their synthesized segments): pages
+    of at most 2000 spans with the total and the next offset, which together give every span once (a
+    27 000-span trace once answered 568.7 MB in one piece)."""
+    import json
+
+    server = make_server({"processors": {"tail_sampling": {"grace": "100ms", "policies": [
+        {"name": "all", "type": "probabilistic", "probabilistic": {"sampling_percentage": 100}}]}}})
+    trace_id = bytes(range(32, 48))
+    _post(server, _one_trace(2500, trace_id))
+    server.wait_until(lambda s: s.value("otel_llm_requests_assembled_total") == 2500
+                      and s.value("otel_llm_traces_in_memory") == 0, what="the trace decided")
+    seen: list[str] = []
+    offset: int | None = 0
+    pages = 0
+    deadline = time.monotonic() + 30
+    while offset is not None:
+        try:
+            with urllib.request.urlopen(f"{server.metrics_url}/api/traces/{trace_id.hex()}?span_offset={offset}",
+                                        timeout=30) as response:
+                page = json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 404
+            page = {"span_count": 0}
+        if page["span_count"] < 2500:  # the store writer commits a little after the decision
+            assert time.monotonic() < deadline, page["span_count"]
+            time.sleep(0.2)
+            continue
+        assert len(page["spans"]) <= 2000 and page["span_offset"] == offset
+        seen += [span["span_id"] for span in page["spans"]]
+        offset = page["next_span_offset"]
+        pages += 1
+    total = page["span_count"]  # the 2500 spans and the segment spans synthesized under each
+    assert total > 2500 and pages == -(-total // 2000) and len(seen) == len(set(seen)) == total
