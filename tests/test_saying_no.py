@@ -3,15 +3,22 @@
 A request that finds the intake full waits up to ``receivers.otlp.admission_wait`` for room before
 it is refused, so a short stall of the pipeline costs a client that never retries (the JS gRPC
 exporter) nothing; ``/readyz`` turns 503 once the memory limiter has refused for
-``UNREADY_AFTER_REFUSING_S``, so a load balancer sends elsewhere; and the Python SDK's exporters
-(gRPC and HTTP) retry what otel-llm refuses, as the README's client table says."""
+``UNREADY_AFTER_REFUSING_S``, so a load balancer sends elsewhere; and the Python and Go SDKs'
+exporters (gRPC and HTTP) retry what otel-llm refuses, as the README's client table says (the Go
+peer, ``tests/peers/gosdk``, is built with the Go toolchain; skipped without one)."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import socket
+import subprocess
 import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import grpc
 import pytest
@@ -139,3 +146,63 @@ def test_the_python_sdk_exporters_retry_what_otel_llm_refuses(make_server, proto
     exporter.shutdown()
     assert result == [SpanExportResult.SUCCESS]
     server.wait_until(lambda s: s.value("otel_llm_receiver_accepted_spans_total") == 5, what="accepted once")
+
+
+# --- the Go SDK (tests/peers/gosdk: otlptracegrpc / otlptracehttp v1.45, sdk v1.46) ----------------------
+
+GOSDK = Path(__file__).resolve().parent / "peers" / "gosdk"
+
+
+@pytest.fixture(scope="module")
+def gosdk_peer(tmp_path_factory) -> Path:  # noqa: ANN001
+    """The Go peer, built once (Go's build cache makes a rebuild quick); skipped where it cannot be."""
+    if shutil.which("go") is None:
+        pytest.skip("no Go toolchain: the Go SDK's row of the client table is not tested here")
+    binary = tmp_path_factory.mktemp("gosdk") / "gosdkpeer"
+    result = subprocess.run(["go", "build", "-o", str(binary), "."], cwd=GOSDK, capture_output=True, text=True,
+                            timeout=900, env={**os.environ, "GOFLAGS": "-mod=readonly"})
+    if result.returncode != 0:
+        pytest.skip(f"cannot build the Go SDK peer (its modules need the Go module proxy once): {result.stderr[-500:]}")
+    return binary
+
+
+def _run_peer(binary: Path, protocol: str, endpoint: str, spans: int, timeout_s: int) -> dict[str, object]:
+    result = subprocess.run([str(binary), protocol, endpoint, str(spans), str(timeout_s)], capture_output=True,
+                            text=True, timeout=timeout_s + 30)
+    assert result.returncode == 0, result.stderr
+    return dict(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_the_go_sdk_exporters_retry_what_otel_llm_refuses(make_server, gosdk_peer: Path, protocol: str):
+    """The Go SDK's exporters retry a retryable refusal (gRPC UNAVAILABLE, HTTP 503 + Retry-After)."""
+    server = make_server({"receivers": {"otlp": {"admission_wait": "0s"}}})
+    limiter = server.service.pipeline.memory_limiter
+    assert limiter is not None
+    limiter._rss = lambda: limiter.soft_limit_bytes + 1
+    limiter.check()
+    port = server.grpc_port if protocol == "grpc" else server.http_port
+    outcome: list[dict[str, object]] = []
+    sender = threading.Thread(target=lambda: outcome.append(
+        _run_peer(gosdk_peer, protocol, f"127.0.0.1:{port}", 5, 30)))
+    sender.start()
+    server.wait_until(lambda s: s.value("otel_llm_receiver_refused_spans_total", reason="memory_limit") >= 5,
+                      timeout_s=30, what="the first attempt refused")
+    time.sleep(1.5)
+    limiter._rss = lambda: limiter.soft_limit_bytes - 1
+    limiter.check()
+    sender.join(60)
+    assert outcome and outcome[0]["error"] == "", outcome
+    server.wait_until(lambda s: s.value("otel_llm_receiver_accepted_spans_total") == 5, what="accepted once")
+
+
+def test_the_go_sdk_http_exporter_does_not_retry_a_refused_connection(gosdk_peer: Path):
+    """The client table's warning: with nothing listening (otel-llm restarting), the Go SDK's HTTP
+    exporter fails at once, where its gRPC exporter keeps retrying until its timeout."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        endpoint = f"127.0.0.1:{probe.getsockname()[1]}"
+    http = _run_peer(gosdk_peer, "http", endpoint, 1, 8)
+    assert "connection refused" in str(http["error"]) and float(str(http["seconds"])) < 4, http
+    over_grpc = _run_peer(gosdk_peer, "grpc", endpoint, 1, 8)
+    assert over_grpc["error"] and float(str(over_grpc["seconds"])) >= 6, over_grpc
