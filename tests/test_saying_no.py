@@ -4,8 +4,9 @@ A request that finds the intake full waits up to ``receivers.otlp.admission_wait
 it is refused, so a short stall of the pipeline costs a client that never retries (the JS gRPC
 exporter) nothing; ``/readyz`` turns 503 once the memory limiter has refused for
 ``UNREADY_AFTER_REFUSING_S``, so a load balancer sends elsewhere; and the Python and Go SDKs'
-exporters (gRPC and HTTP) retry what otel-llm refuses, as the README's client table says (the Go
-peer, ``tests/peers/gosdk``, is built with the Go toolchain; skipped without one)."""
+exporters (gRPC and HTTP) retry what otel-llm refuses, and the JS gRPC exporter never does, as the
+README's client table says (the peers in ``tests/peers/``: Go built with the Go toolchain, JS
+installed with ``npm ci``; each skipped, saying why, where that cannot be done)."""
 
 from __future__ import annotations
 
@@ -206,3 +207,66 @@ def test_the_go_sdk_http_exporter_does_not_retry_a_refused_connection(gosdk_peer
     assert "connection refused" in str(http["error"]) and float(str(http["seconds"])) < 4, http
     over_grpc = _run_peer(gosdk_peer, "grpc", endpoint, 1, 8)
     assert over_grpc["error"] and float(str(over_grpc["seconds"])) >= 6, over_grpc
+
+
+# --- the JS SDK's gRPC exporter (tests/peers/jssdk: exporter-trace-otlp-grpc 0.301), which never retries ---
+
+JSSDK = Path(__file__).resolve().parent / "peers" / "jssdk"
+
+
+@pytest.fixture(scope="module")
+def jssdk_peer() -> Path:
+    """The JS peer, its packages installed once from its package-lock.json; skipped where they cannot be."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("no Node.js: the JS SDK's row of the client table is not tested here")
+    if not (JSSDK / "node_modules" / "@opentelemetry" / "exporter-trace-otlp-grpc").is_dir():
+        result = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=JSSDK, capture_output=True, text=True,
+                                timeout=600)
+        if result.returncode != 0:
+            pytest.skip(f"cannot install the JS SDK peer's packages (npm ci): {result.stderr[-500:]}")
+    return JSSDK / "peer.js"
+
+
+def _start_js(peer: Path, endpoint: str, spans: int, timeout_ms: int) -> subprocess.Popen[str]:
+    """The JS peer, once it is about to export (Node's start-up takes a while on a loaded machine)."""
+    process = subprocess.Popen(["node", str(peer), endpoint, str(spans), str(timeout_ms)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert json.loads(line) == {"exporting": True}, (line, process.stderr.read() if process.stderr else "")
+    return process
+
+
+def _js_outcome(process: subprocess.Popen[str]) -> dict[str, object]:
+    stdout, stderr = process.communicate(timeout=90)
+    assert process.returncode == 0, stderr
+    return dict(json.loads(stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.parametrize("wait", ["0s", "20s"])
+def test_the_js_grpc_exporter_never_retries_and_admission_wait_keeps_its_batch(make_server, jssdk_peer: Path,
+                                                                               wait: str):
+    """The JS gRPC exporter drops a batch refused once (issue 24 lost 142 of 200 under load). With
+    ``admission_wait: 0s`` a 0.5 s stall of the pipeline loses its batch; with a wait, the batch is
+    accepted once the stall ends."""
+    server = make_server({"receivers": {"otlp": {"max_queued_spans": 1500, "admission_wait": wait}}})
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        with server.service.pipeline.assembler._lock:
+            _fill_stalled_intake(server, channel)
+            process = _start_js(jssdk_peer, f"127.0.0.1:{server.grpc_port}", 5, 30_000)
+            if wait == "0s":
+                outcome = [_js_outcome(process)]  # answered (refused) while the pipeline still stalls
+            else:
+                time.sleep(0.5)  # the stall goes on a while after the export is sent
+        if wait != "0s":
+            outcome = [_js_outcome(process)]
+    assert outcome, "the JS peer did not answer"
+    if wait == "0s":
+        assert outcome[0]["code"] == 1 and "UNAVAILABLE" in str(outcome[0]["error"]), outcome
+        scrape = server.wait_until(lambda s: s.value("otel_llm_receiver_refused_spans_total", reason="queue_full") == 5,
+                                   what="the JS batch refused once, never retried")
+        assert scrape.value("otel_llm_receiver_accepted_spans_total") == 1500
+    else:
+        assert outcome[0]["code"] == 0, outcome
+        server.wait_until(lambda s: s.value("otel_llm_receiver_accepted_spans_total") == 1505,
+                          what="the JS batch accepted after the stall")
