@@ -562,7 +562,9 @@ def test_a_log_that_would_fill_its_filesystem_stops_at_the_floor_and_frees_itsel
     server = make_server({
         "receivers": {"otlp": {"intake_log": {"directory": str(directory), "min_free_mib": 1,
                                               "segment_size_mib": 1, "max_size_mib": 1024}}},
-        "processors": {"tail_sampling": {"decision_wait": "2s", "grace": "100ms", "policies": KEEP_ALL}},
+        # A request stays in the log decision_wait after it is processed: 10 s of requests fill 3 MiB
+        # even at the rate a loaded 2-core machine sends them.
+        "processors": {"tail_sampling": {"decision_wait": "10s", "grace": "100ms", "policies": KEEP_ALL}},
     })
     acknowledged = 0
     refusal = None
