@@ -362,3 +362,27 @@ def test_a_large_trace_is_answered_a_page_at_a_time(make_server):
         pages += 1
     total = page["span_count"]  # the 2500 spans and the segment spans synthesized under each
     assert total > 2500 and pages == -(-total // 2000) and len(seen) == len(set(seen)) == total
+
+
+def test_a_late_span_arriving_while_its_trace_is_completed_follows_the_decision():
+    """A span of a trace that arrives while that trace is being completed (after the buffer let it go,
+    before the decision is remembered: a gateway's batch landing in that window under load) waits for
+    the decision and follows it; it used to be dropped as if the trace were not kept (the
+    rolling-restart test's "2253 spans stored, 2287 sent")."""
+    from otel_llm.pdata.traces import Decision, Remembered
+
+    handed: list[CompletedTrace] = []
+
+    class Chain:
+        def consume(self, completed: CompletedTrace) -> None:
+            handed.append(completed)
+            if not completed.late:  # mid-completion: a late span of this very trace arrives
+                buffer.add_batch([span(50, 1, engine=False)])
+                buffer.remember_decision(completed.trace_id, Remembered(Decision(True, "all"), set()))
+
+    buffer = TraceAssembler(AssemblySettings(decision_wait_s=1e9, grace_s=0.0), Chain(), clock=lambda: 0.0)
+    buffer.add_batch([span(1, None, engine=False), span(2, 1, engine=True)])
+    assert buffer.tick() == 1
+    late = [c for c in handed if c.late]
+    assert len(late) == 1 and late[0].prior is not None and late[0].prior.decision.keep
+    assert list(late[0].trace.spans) == [sid(50)]

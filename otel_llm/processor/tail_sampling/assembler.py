@@ -62,6 +62,9 @@ class TraceAssembler:
         # trace id -> spans it was completed with plus late spans taken since: max_spans_per_trace
         # holds for late spans too (one kept trace once grew past 27 000 spans that way).
         self._decided_spans: dict[bytes, int] = {}
+        # trace id -> late spans that arrived while their trace was being completed (its decision not
+        # yet made): handed on with that decision once the completion is done, never dropped for it.
+        self._parked: dict[bytes, list[BufferedSpan]] = {}
         self._lock = threading.Lock()
         self.spans_dropped_over_trace_limit = 0
         self.spans_duplicate = 0
@@ -93,6 +96,9 @@ class TraceAssembler:
                             dropped += 1
                             continue
                         self._decided_spans[trace_id] = taken + 1
+                        if remembered is None:  # its trace is being completed: it follows the decision
+                            self._parked.setdefault(trace_id, []).append(buffered)
+                            continue
                         late.append((buffered, remembered))
                         continue
                     trace = PendingTrace(trace_id, now)
@@ -118,7 +124,7 @@ class TraceAssembler:
         if duplicate and self._spans_duplicate is not None:
             self._spans_duplicate.inc(duplicate)
         for buffered, remembered in late:
-            # None: the trace is being completed right now, its decision not yet remembered.
+            # Never None here: a span of a trace being completed waits in _parked for its decision.
             single = PendingTrace(buffered.trace_id, 0.0, {buffered.span_id: buffered})
             self._next.consume(CompletedTrace(single, "late", prior=remembered, late=True))
         for trace, reason in completed:
@@ -239,4 +245,12 @@ class TraceAssembler:
 
     def _complete(self, trace: PendingTrace, reason: str) -> None:
         self.completions[reason] = self.completions.get(reason, 0) + 1
-        self._next.consume(CompletedTrace(trace, reason))
+        try:
+            self._next.consume(CompletedTrace(trace, reason))
+        finally:
+            with self._lock:
+                parked = self._parked.pop(trace.trace_id, None)
+                remembered = self._decided.get(trace.trace_id)
+            for buffered in parked or ():
+                single = PendingTrace(buffered.trace_id, 0.0, {buffered.span_id: buffered})
+                self._next.consume(CompletedTrace(single, "late", prior=remembered, late=True))
