@@ -588,3 +588,26 @@ def test_a_log_that_would_fill_its_filesystem_stops_at_the_floor_and_frees_itsel
         refused = sum(_export(export, 100) is not None for _ in range(30))
     assert refused == 0
     assert _readyz(server) == 200
+
+
+def test_serve_starts_on_a_garbage_checkpoint(tmp_path: Path):
+    """``otel-llm serve`` with an intake log whose checkpoint is garbage (it refused to start: a crash
+    loop) starts, rebuilds the checkpoint from the segments (counted) and replays what they hold."""
+    first = GroupServer(tmp_path, server_config({}, decision_wait="60s"))
+    servers = [first]
+    try:
+        first.start()
+        assert send(first, 4, "garbage", rooted=0, unrooted=2) == 8
+        first.wait_until(lambda s: s.value("otel_llm_traces_in_memory") == 8, what="buffered")
+        first.kill_group()
+        (tmp_path / "store" / "intake-log" / "checkpoint").write_bytes(b"not a checkpoint at all")
+        second = GroupServer(tmp_path, server_config({}, decision_wait="1s"))
+        servers.append(second)
+        second.start()
+        scrape = second.wait_until(lambda s: count(s, "garbage-unrooted") == 8, what="the log replayed")
+        assert scrape.value("otel_llm_intake_log_checkpoint_rebuilds_total") == 1
+        assert scrape.value("otel_llm_intake_log_replayed_requests_total") == 4
+        assert second.stop() == 0
+    finally:
+        for server in servers:
+            server.ensure_stopped()
