@@ -166,6 +166,9 @@ def _trace(args: argparse.Namespace) -> int:
         print(f"otel-llm: trace {args.trace_id} is not in the store (only kept traces are stored)", file=sys.stderr)
         return 1
     sys.stdout.write(render_waterfall(trace, width=args.width))
+    if trace.get("next_span_offset") is not None:  # answers are paged (exporters/store: TRACE_ANSWER_SPANS)
+        print(f"otel-llm: showing the first {len(trace['spans'])} of the trace's {trace['span_count']} spans",
+              file=sys.stderr)
     return 0
 
 

@@ -72,6 +72,16 @@ class Host:
     recorder: Any = None  # processors.llm_metrics's MetricsRecorder, when it runs
     components: dict[str, Any] = field(default_factory=dict)  # "exporters.store" -> the component
     config: Any = None  # the whole Config, for the components that show it (masked) or read a sibling's settings
+    # Parts that can stop taking data while the process runs (the intake log on a full disk, a memory
+    # limiter refusing for long): each returns why, or None; /readyz is 503 while one does.
+    readiness: list[Callable[[], str | None]] = field(default_factory=list)
+
+    def problem(self) -> str | None:
+        for check in self.readiness:
+            reason = check()
+            if reason is not None:
+                return reason
+        return None
 
     def component(self, path: str) -> Any:
         return self.components.get(path)

@@ -132,7 +132,8 @@ def test_http_oversized_and_gzip_bomb_are_413(make_server):
 
 
 def test_http_wrong_path_and_method(server):
-    assert http_post(server, b"", path="/v1/metrics")[0] == 404
+    assert http_post(server, b"", path="/v1/profiles")[0] == 404
+    assert http_post(server, b"", path="/v1/metrics")[0] == 200  # accepted, counted, dropped (test_other_signals.py)
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/v1/traces", timeout=5)
     assert info.value.code == 405
@@ -286,3 +287,30 @@ def test_summary_shows_hostile_service_names_inert(server):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "\x1b" not in out.stdout and len(out.stdout.splitlines()) == 2, out.stdout
     assert "evil\\x1b[2J\\nname" in out.stdout
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_a_90_level_nested_attribute_is_cut_not_a_400(server, protocol):
+    """A 90-level nested attribute map on one span of two exceeds the protobuf decoder's depth: the
+    value is cut at 16 levels (counted), and both spans are admitted and measured, not the whole
+    request refused with a 400 / INVALID_ARGUMENT."""
+    from tests.support.payloads import vllm_batch
+
+    request = vllm_batch(2)
+    kv = request.resource_spans[0].scope_spans[0].spans[0].attributes.add()
+    kv.key = "deep"
+    value = kv.value
+    for level in range(90):
+        inner = value.kvlist_value.values.add()
+        inner.key = f"level{level}"
+        value = inner.value
+    value.string_value = "bottom"
+    payload = request.SerializeToString()
+    if protocol == "grpc":
+        grpc_raw(server, payload)
+    else:
+        assert http_post(server, payload)[0] == 200
+    scrape = server.wait_for_requests(2)
+    assert scrape.value("otel_llm_receiver_cut_values_total", protocol=protocol) == 1
+    assert scrape.value("otel_llm_receiver_accepted_spans_total") == 2
+    assert scrape.value("otel_llm_receiver_refused_requests_total") == 0

@@ -8,10 +8,15 @@ store; none sleeps for a machine-dependent time."""
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import signal
+import subprocess
 import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -298,6 +303,7 @@ def test_the_log_frees_room_once_handled_and_replays_only_the_rest(tmp_path: Pat
     ({"max_size_mib": 16, "segment_size_mib": 16}, "receivers.otlp.intake_log.segment_size_mib"),
     ({"max_size_mib": 0}, "receivers.otlp.intake_log.max_size_mib"),
     ({"colour": "blue"}, "receivers.otlp.intake_log.colour"),
+    ({"min_free_mib": -1}, "receivers.otlp.intake_log.min_free_mib"),
 ])
 def test_intake_log_options_are_validated_with_their_path(intake_log: dict, path: str):
     from otel_llm.config import ConfigError, config_from_dict
@@ -345,6 +351,263 @@ def test_a_crash_during_the_replay_still_counts_each_request_once(tmp_path: Path
         assert (count(scrape, "twice-rooted"), count(scrape, "twice-unrooted")) == (0, 20)
         assert server.stop() == 0
         assert (stored(store, "twice-rooted"), stored(store, "twice-unrooted")) == (20, 20)
+    finally:
+        for server in servers:
+            server.ensure_stopped()
+
+
+# --- damage, bad checkpoints, full disks (issue 24: High 4, Medium 5, 6, 7) ----------------------------
+
+def _keeper_and_writer(directory: Path, **settings: Any) -> tuple[IntakeLogKeeper, IntakeLogWriter, IntakeLogShared]:
+    shared = IntakeLogShared(spawn_context())
+    keeper = IntakeLogKeeper(IntakeLogSettings(str(directory), **{"fsync": "never", "min_free_bytes": 0, **settings}),
+                             shared, decision_wait_s=0.0)
+    list(keeper.recover())
+    return keeper, IntakeLogWriter(keeper.receiver_settings(), shared), shared
+
+
+def _reopen(directory: Path, **settings: Any) -> tuple[IntakeLogKeeper, list[int]]:
+    keeper = IntakeLogKeeper(IntakeLogSettings(str(directory), **{"fsync": "never", "min_free_bytes": 0, **settings}),
+                             IntakeLogShared(spawn_context()), decision_wait_s=0.0)
+    return keeper, [record.seq for record in keeper.recover()]
+
+
+def test_one_flipped_byte_costs_that_record_only(tmp_path: Path):
+    """100 records, one byte of record 10's payload flipped (damage after a machine crash): the
+    reading resumes at record 11, so 99 are replayed and the damaged one is counted."""
+    keeper, writer, _ = _keeper_and_writer(tmp_path)
+    payloads = [os.urandom(300 + index) for index in range(100)]
+    for payload in payloads:
+        assert writer.append(3, payload)[0] == ""
+    writer.close()
+    keeper.close()
+    (segment,) = segments(tmp_path)
+    data = bytearray(segment.read_bytes())
+    offset = sum(24 + len(p) for p in payloads[:9]) + 24 + 5  # 5 bytes into record 10's payload
+    data[offset] ^= 0xFF
+    segment.write_bytes(bytes(data))
+
+    again, replayed = _reopen(tmp_path)
+    assert replayed == [seq for seq in range(1, 101) if seq != 10]
+    assert (again.corrupt_segments, again.corrupt_records) == (1, 1)
+    again.close()
+
+
+def test_a_torn_first_record_never_has_the_next_run_append_behind_it(tmp_path: Path):
+    """The first record of a segment torn by a crash: the next run's writer starts a segment of the
+    same name. Its records are not written behind the garbage (which is cut), so a crash of that
+    run replays every one of them."""
+    keeper, writer, _ = _keeper_and_writer(tmp_path)
+    writer.close()
+    keeper.close()
+    (segment,) = segments(tmp_path) or [tmp_path / "intake-00000000000000000001.wal"]
+    segment.write_bytes(b"\x00\x10\x00\x00" + b"torn" * 5)  # 24 bytes of a header promising 4 KiB
+
+    keeper, writer, _ = _keeper_and_writer(tmp_path)
+    assert keeper.corrupt_segments == 1
+    seqs = [writer.append(2, os.urandom(200))[1] for _ in range(50)]
+    writer.close()  # a crash: nothing handled, nothing checkpointed
+    os.close(keeper._keeper_lock)  # what the kernel does for a killed process
+    again, replayed = _reopen(tmp_path)
+    assert replayed == seqs and len(seqs) == 50
+    assert again.corrupt_segments == 0, "the garbage was cut the first time"
+    again.close()
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00" * 20, b"garbage that is not a checkpoint"], ids=["empty", "zeros", "text"])
+def test_a_bad_checkpoint_is_rebuilt_from_the_segments(tmp_path: Path, content: bytes):
+    """An empty or garbage checkpoint never stops a start: it is rebuilt from the oldest segment
+    left (everything in the segments is replayed), counted, and written again."""
+    keeper, writer, _ = _keeper_and_writer(tmp_path, segment_bytes=4096)
+    for _ in range(20):
+        assert writer.append(1, os.urandom(1000))[0] == ""
+        keeper.arrived()
+    for _ in range(8):
+        keeper.processed()
+    keeper.ticked(time.monotonic() + 1)
+    assert keeper.checkpoint() == 8
+    writer.close()
+    keeper.close()
+    oldest = int(segments(tmp_path)[0].name[len(SEGMENT_PREFIX):-4])
+    assert 1 < oldest <= 9
+    (tmp_path / "checkpoint").write_bytes(content)
+
+    again, replayed = _reopen(tmp_path)
+    assert replayed == list(range(oldest, 21))
+    assert again.checkpoints_rebuilt == 1
+    again.close()
+    third, replayed = _reopen(tmp_path)
+    assert third.checkpoints_rebuilt == 0 and replayed == list(range(oldest, 21))
+    third.close()
+
+
+def test_fsync_interval_syncs_the_checkpoint(tmp_path: Path):
+    """With ``fsync: interval`` the checkpoint file is written with fdatasync too (counted)."""
+    keeper, writer, _ = _keeper_and_writer(tmp_path, fsync="interval", fsync_interval_s=3600.0)
+    for _ in range(3):
+        writer.append(1, b"x" * 100)
+        keeper.arrived()
+    for _ in range(3):
+        keeper.processed()
+    keeper.ticked(time.monotonic() + 1)
+    before = keeper.pipeline_fsyncs
+    assert keeper.checkpoint() == 3
+    assert keeper.pipeline_fsyncs == before + 1  # the journal's own is due only every fsync_interval
+    writer.close()
+    keeper.close()
+
+
+@pytest.fixture
+def small_filesystem(tmp_path: Path) -> Iterator[Path]:
+    """A real 4 MiB filesystem (tmpfs, mounted as root), so that a full disk is a real ENOSPC."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a 4 MiB tmpfs (needs root): {result.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _fill(path: Path) -> None:
+    """Write zeros into ``path`` until the filesystem says ENOSPC."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        block = bytes(4096)
+        while True:
+            try:
+                os.write(fd, block)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+                return
+    finally:
+        os.close(fd)
+
+
+def _readyz(server: Any) -> int:
+    try:
+        with urllib.request.urlopen(f"{server.metrics_url}/readyz", timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def _export(export: Any, spans: int) -> grpc.RpcError | None:
+    try:
+        export(vllm_batch(spans, model="disk").SerializeToString(), timeout=10)
+    except grpc.RpcError as exc:
+        return exc
+    return None
+
+
+def test_a_full_disk_refuses_retryably_and_the_log_recovers_by_itself(small_filesystem: Path, make_server):
+    """The intake log's filesystem filled by someone else (a real ENOSPC): no thread dies; requests
+    are refused with a retryable code (gRPC UNAVAILABLE, HTTP 503 + Retry-After), the write errors
+    are counted by reason and /readyz is 503; once the space is back, the log takes requests again
+    by itself, /readyz is 200, and every acknowledged span is measured."""
+    server = make_server({
+        "receivers": {"otlp": {"intake_log": {"directory": str(small_filesystem / "log"), "min_free_mib": 0,
+                                              "segment_size_mib": 1, "max_size_mib": 64}}},
+        "processors": {"tail_sampling": {"decision_wait": "1s", "grace": "100ms", "policies": KEEP_ALL}},
+    })
+    acknowledged = 0
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        export = channel.unary_unary(EXPORT)
+        for _ in range(5):
+            assert _export(export, 20) is None
+            acknowledged += 20
+        server.wait_until(lambda s: s.value("vllm:e2e_request_latency_seconds_count") == acknowledged,
+                          what="the first requests measured")
+        filler = small_filesystem / "filler"
+        _fill(filler)
+        refusal = _export(export, 20)
+        assert refusal is not None and refusal.code() == grpc.StatusCode.UNAVAILABLE, refusal
+        assert "intake_log_error" in refusal.details()
+        status, _, headers = http_post(server, vllm_batch(20, model="disk").SerializeToString())
+        assert (status, headers["Retry-After"]) == (503, "5")
+        assert _readyz(server) == 503
+        # Traces decided while the disk is full: their journal entries wait (the keeper's writes fail too).
+        for _ in range(3):
+            _export(export, 20)
+        scrape = server.wait_until(lambda s: s.value("otel_llm_intake_log_write_errors_total", file="segment",
+                                                     reason="no_space") >= 1, what="the segment write error counted")
+        assert scrape.value("otel_llm_intake_log_writable") == 0
+        assert scrape.value("otel_llm_receiver_refused_requests_total", reason="intake_log_error") >= 2
+
+        filler.unlink()
+        deadline = time.monotonic() + 30
+        while (refusal := _export(export, 20)) is not None:
+            assert time.monotonic() < deadline, f"still refused 30 s after the space came back: {refusal.details()}"
+            time.sleep(0.2)
+        acknowledged += 20
+        for _ in range(5):
+            assert _export(export, 20) is None
+            acknowledged += 20
+    poll(lambda: _readyz(server) == 200, 30, "/readyz 200 again")
+    scrape = server.wait_until(lambda s: s.value("vllm:e2e_request_latency_seconds_count") == acknowledged
+                               and s.value("otel_llm_traces_in_memory") == 0
+                               and s.value("otel_llm_intake_log_pending_requests") == 0,
+                               timeout_s=60, what="every acknowledged span measured, the log handled")
+    assert scrape.value("otel_llm_intake_log_writable") == 1
+    assert scrape.value("otel_llm_receiver_accepted_spans_total") == acknowledged
+
+
+def test_a_log_that_would_fill_its_filesystem_stops_at_the_floor_and_frees_itself(small_filesystem: Path, make_server):
+    """A log whose max_size is above its 4 MiB filesystem stops at the free-space floor
+    (``min_free_mib``: refused retryably, counted ``low_disk``), never fills the filesystem, and
+    frees itself once its requests are handled: 30 requests later are all accepted."""
+    directory = small_filesystem / "log"
+    server = make_server({
+        "receivers": {"otlp": {"intake_log": {"directory": str(directory), "min_free_mib": 1,
+                                              "segment_size_mib": 1, "max_size_mib": 1024}}},
+        # A request stays in the log decision_wait after it is processed: 10 s of requests fill 3 MiB
+        # even at the rate a loaded 2-core machine sends them.
+        "processors": {"tail_sampling": {"decision_wait": "10s", "grace": "100ms", "policies": KEEP_ALL}},
+    })
+    acknowledged = 0
+    refusal = None
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        export = channel.unary_unary(EXPORT)
+        for _ in range(500):  # ~25 KB each: 4 MiB hold fewer than 200
+            refusal = _export(export, 100)
+            if refusal is not None:
+                break
+            acknowledged += 100
+        assert refusal is not None and refusal.code() == grpc.StatusCode.UNAVAILABLE
+        assert "intake_log_full" in refusal.details()
+        stat = os.statvfs(small_filesystem)
+        assert stat.f_bavail * stat.f_frsize >= 1 << 20, "the floor is left free"
+        scrape = server.scrape()
+        assert scrape.value("otel_llm_intake_log_refused_requests_total", reason="low_disk") >= 1
+        assert scrape.value("otel_llm_intake_log_write_errors_total") == 0
+        server.wait_until(lambda s: s.value("otel_llm_intake_log_pending_requests") == 0
+                          and s.value("vllm:e2e_request_latency_seconds_count") == acknowledged,
+                          timeout_s=60, what="the log handled and freed")
+        refused = sum(_export(export, 100) is not None for _ in range(30))
+    assert refused == 0
+    assert _readyz(server) == 200
+
+
+def test_serve_starts_on_a_garbage_checkpoint(tmp_path: Path):
+    """``otel-llm serve`` with an intake log whose checkpoint is garbage (it refused to start: a crash
+    loop) starts, rebuilds the checkpoint from the segments (counted) and replays what they hold."""
+    first = GroupServer(tmp_path, server_config({}, decision_wait="60s"))
+    servers = [first]
+    try:
+        first.start()
+        assert send(first, 4, "garbage", rooted=0, unrooted=2) == 8
+        first.wait_until(lambda s: s.value("otel_llm_traces_in_memory") == 8, what="buffered")
+        first.kill_group()
+        (tmp_path / "store" / "intake-log" / "checkpoint").write_bytes(b"not a checkpoint at all")
+        second = GroupServer(tmp_path, server_config({}, decision_wait="1s"))
+        servers.append(second)
+        second.start()
+        scrape = second.wait_until(lambda s: count(s, "garbage-unrooted") == 8, what="the log replayed")
+        assert scrape.value("otel_llm_intake_log_checkpoint_rebuilds_total") == 1
+        assert scrape.value("otel_llm_intake_log_replayed_requests_total") == 4
+        assert second.stop() == 0
     finally:
         for server in servers:
             server.ensure_stopped()

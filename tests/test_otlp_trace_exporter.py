@@ -397,9 +397,9 @@ def spans_in(payload: bytes) -> int:
 
 class ThrottlingHttpFront:
     """In front of the real backend: records each request's time and span count; with ``throttle``
-    answers the first POST 503 + ``Retry-After: 1``; forwards the rest to the backend."""
+    answers the first POST 503 + ``Retry-After: 1`` (or ``retry_after``); forwards the rest to the backend."""
 
-    def __init__(self, backend_port: int, throttle: bool = True) -> None:
+    def __init__(self, backend_port: int, throttle: bool = True, retry_after: str = "1") -> None:
         self.times: list[float] = []
         self.span_counts: list[int] = []
         front = self
@@ -417,7 +417,7 @@ class ThrottlingHttpFront:
                 front.span_counts.append(spans_in(plain))
                 if throttle and len(front.times) == 1:
                     self.send_response(503)
-                    self.send_header("Retry-After", "1")
+                    self.send_header("Retry-After", retry_after)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
@@ -491,6 +491,27 @@ def test_server_retry_hint_is_honoured(make_server, exporters, protocol):
         assert front.times[1] - front.times[0] >= 0.95
         reason = "grpc_resource_exhausted" if protocol == "grpc" else "http_503"
         assert stats("failed_requests_total", reason=reason) == 1 and stats("retries_total") == 1
+    finally:
+        front.close()
+
+
+def test_a_huge_retry_hint_is_capped(make_server, exporters, monkeypatch):
+    """``Retry-After: 10000000000`` with ``max_elapsed_time: 0`` parked the sender for 31 years (and
+    10^10 s overflowed the wait, dropping the batch): the hint is honoured up to MAX_RETRY_HINT_S
+    (5 min; 1 s here so that the test sees the retry)."""
+    from otel_llm.exporter.exporterhelper import queued_exporter
+
+    monkeypatch.setattr(queued_exporter, "MAX_RETRY_HINT_S", 1.0)
+    backend = make_server()
+    front = ThrottlingHttpFront(backend_port(backend, "http"), retry_after="10000000000")
+    try:
+        exporter, stats = exporters("http", settings("http", endpoint_of("http", front.port), num_consumers=1))
+        exporter.start()
+        assert exporter.submit(build_request(4, seed=7))
+        wait_for(lambda: stats("sent_spans_total") == 4, 20, "delivery after the capped wait")
+        assert accepted(backend) == 4 and len(front.times) == 2
+        assert 0.9 <= front.times[1] - front.times[0] < 10
+        assert stats("dropped_spans_total") == 0
     finally:
         front.close()
 

@@ -194,8 +194,9 @@ def test_replaying_the_same_spans_creates_no_duplicates(make_server, tmp_path):
     reader = StoreReader(server.service.store.path)
     first = reader.get_trace(trace_id)
     assert first is not None and len(first["spans"]) == 1 + 3 + 1  # engine + queue/prefill/decode + preprocess
-    exporter.export(spans)  # the same input again, after the decision: a late replay
-    server.wait_until(lambda s: s.value("otel_llm_late_spans_total") == 1)
+    exporter.export(spans)  # the same input again, after the decision: a redelivery
+    scrape = server.wait_until(lambda s: s.value("otel_llm_spans_duplicate_total") == 1)
+    assert scrape.value("otel_llm_late_spans_total") == 0  # a duplicate, not a late span
     server.service.store.flush()
     again = reader.get_trace(trace_id)
     assert sorted(s["span_id"] for s in again["spans"]) == sorted(s["span_id"] for s in first["spans"])

@@ -7,7 +7,9 @@ and every line of otel_llm's code executed."""
 from __future__ import annotations
 
 import random
+import time
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -246,3 +248,141 @@ def test_spans_beyond_max_spans_per_trace_are_counted_on_metrics(make_server):
                                what="the 5 spans within the limit assembled")
     assert scrape.value("otel_llm_spans_dropped_total", reason="max_spans_per_trace") == 3
     assert "otel_llm_spans_dropped_total" in scrape.text
+
+
+# --- late spans and redeliveries (issue 24: High 3, duplicates) --------------------------------------
+
+def _post(server, request) -> None:  # noqa: ANN001
+    post = urllib.request.Request(f"http://127.0.0.1:{server.http_port}/v1/traces", data=request.SerializeToString(),
+                                  headers={"Content-Type": "application/x-protobuf"}, method="POST")
+    with urllib.request.urlopen(post, timeout=10) as response:
+        assert response.status == 200
+
+
+def _one_trace(count: int, trace_id: bytes):  # noqa: ANN202
+    request = vllm_batch(count)
+    for sent in request.resource_spans[0].scope_spans[0].spans:
+        sent.trace_id = trace_id
+    return request
+
+
+def test_late_spans_of_a_decided_trace_are_bounded_by_max_spans_per_trace(make_server):
+    """A decided trace of 3 spans, then 10 late spans of it: with ``max_spans_per_trace: 5`` only 2
+    more are taken (one kept trace once grew past 27 000 spans through late spans)."""
+    server = make_server({"processors": {"tail_sampling": {"max_spans_per_trace": 5, "grace": "100ms"}}})
+    trace_id = bytes(range(1, 17))
+    _post(server, _one_trace(3, trace_id))
+    server.wait_until(lambda s: s.value("otel_llm_requests_assembled_total") == 3
+                      and s.value("otel_llm_traces_in_memory") == 0, what="the trace decided")
+    for _ in range(2):
+        _post(server, _one_trace(5, trace_id))
+    scrape = server.wait_until(lambda s: s.value("otel_llm_spans_dropped_total", reason="max_spans_per_trace") == 8,
+                               what="8 late spans over the limit dropped")
+    assert scrape.value("otel_llm_requests_assembled_total") == 5
+
+
+def test_a_redelivered_request_is_counted_once_and_as_duplicates(make_server):
+    """The same export twice (a sender that retried a request whose answer it never got), while its
+    traces are pending and again once they are decided: each span measured once, the copies counted."""
+    server = make_server({"processors": {"tail_sampling": {"grace": "100ms"}}})
+    request = vllm_batch(4)
+    _post(server, request)
+    _post(server, request)  # pending still (grace 100 ms is after the worker took both, or not: either way)
+    server.wait_until(lambda s: s.value("otel_llm_traces_in_memory") == 0
+                      and s.value("otel_llm_requests_assembled_total") >= 4, what="decided")
+    _post(server, request)  # decided by now: the decision cache knows the spans
+    scrape = server.wait_until(lambda s: s.value("otel_llm_spans_duplicate_total") == 8, what="8 copies counted")
+    assert scrape.value("otel_llm_requests_assembled_total") == 4
+    assert scrape.value("vllm:e2e_request_latency_seconds_count") == 4
+
+
+def test_a_request_redelivered_after_a_graceful_restart_is_a_duplicate(tmp_path):
+    """A replica stopped (SIGTERM) after taking a request, restarted on the same store, then sent the
+    same request again (the Collector's retry of a call whose answer the stop cut): the decision
+    cache kept across the restart makes it a duplicate, not a second request (the rolling-restart
+    test's "0 lost, 1 extra")."""
+    from otel_llm.exporter.store.sqlite import StoreReader
+    from tests.support.otelllm import ServerProcess
+
+    config = {"processors": {"tail_sampling": {"grace": "100ms", "policies": [
+        {"name": "all", "type": "probabilistic", "probabilistic": {"sampling_percentage": 100}}]}}}
+    request = vllm_batch(3)
+    first = ServerProcess(tmp_path, config)
+    try:
+        first.start()
+        _post(first, request)
+        first.wait_until(lambda s: s.value("otel_llm_requests_assembled_total") == 3
+                         and s.value("otel_llm_traces_in_memory") == 0, what="decided")
+        assert first.stop() == 0
+    finally:
+        first.ensure_stopped()
+    second = ServerProcess(tmp_path, config)
+    try:
+        second.start()
+        _post(second, request)
+        scrape = second.wait_until(lambda s: s.value("otel_llm_spans_duplicate_total") == 3, what="3 duplicates")
+        assert scrape.value("otel_llm_requests_assembled_total") == 0
+        assert second.stop() == 0
+    finally:
+        second.ensure_stopped()
+    assert len(StoreReader(tmp_path / "store").list_requests(limit=100)) == 3
+
+
+def test_a_large_trace_is_answered_a_page_at_a_time(make_server):
+    """/api/traces/{id} of a kept trace of 2500 engine spans (and their synthesized segments): pages
+    of at most 2000 spans with the total and the next offset, which together give every span once (a
+    27 000-span trace once answered 568.7 MB in one piece)."""
+    import json
+
+    server = make_server({"processors": {"tail_sampling": {"grace": "100ms", "policies": [
+        {"name": "all", "type": "probabilistic", "probabilistic": {"sampling_percentage": 100}}]}}})
+    trace_id = bytes(range(32, 48))
+    _post(server, _one_trace(2500, trace_id))
+    server.wait_until(lambda s: s.value("otel_llm_requests_assembled_total") == 2500
+                      and s.value("otel_llm_traces_in_memory") == 0, what="the trace decided")
+    seen: list[str] = []
+    offset: int | None = 0
+    pages = 0
+    deadline = time.monotonic() + 30
+    while offset is not None:
+        try:
+            with urllib.request.urlopen(f"{server.metrics_url}/api/traces/{trace_id.hex()}?span_offset={offset}",
+                                        timeout=30) as response:
+                page = json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 404
+            page = {"span_count": 0}
+        if page["span_count"] < 2500:  # the store writer commits a little after the decision
+            assert time.monotonic() < deadline, page["span_count"]
+            time.sleep(0.2)
+            continue
+        assert len(page["spans"]) <= 2000 and page["span_offset"] == offset
+        seen += [span["span_id"] for span in page["spans"]]
+        offset = page["next_span_offset"]
+        pages += 1
+    total = page["span_count"]  # the 2500 spans and the segment spans synthesized under each
+    assert total > 2500 and pages == -(-total // 2000) and len(seen) == len(set(seen)) == total
+
+
+def test_a_late_span_arriving_while_its_trace_is_completed_follows_the_decision():
+    """A span of a trace that arrives while that trace is being completed (after the buffer let it go,
+    before the decision is remembered: a gateway's batch landing in that window under load) waits for
+    the decision and follows it; it used to be dropped as if the trace were not kept (the
+    rolling-restart test's "2253 spans stored, 2287 sent")."""
+    from otel_llm.pdata.traces import Decision, Remembered
+
+    handed: list[CompletedTrace] = []
+
+    class Chain:
+        def consume(self, completed: CompletedTrace) -> None:
+            handed.append(completed)
+            if not completed.late:  # mid-completion: a late span of this very trace arrives
+                buffer.add_batch([span(50, 1, engine=False)])
+                buffer.remember_decision(completed.trace_id, Remembered(Decision(True, "all"), set()))
+
+    buffer = TraceAssembler(AssemblySettings(decision_wait_s=1e9, grace_s=0.0), Chain(), clock=lambda: 0.0)
+    buffer.add_batch([span(1, None, engine=False), span(2, 1, engine=True)])
+    assert buffer.tick() == 1
+    late = [c for c in handed if c.late]
+    assert len(late) == 1 and late[0].prior is not None and late[0].prior.decision.keep
+    assert list(late[0].trace.spans) == [sid(50)]

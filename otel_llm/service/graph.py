@@ -141,6 +141,9 @@ class _Entry:
             telemetry.spans_dropped.labels("assembly_error").inc(len(completed.trace.spans))
 
 
+UNREADY_AFTER_REFUSING_S = 5.0
+
+
 class Pipeline:
     """Built from the traces pipeline's processors (``processors``: name -> config, in listed order)
     and its kept-trace consumers (the exporters that take kept traces)."""
@@ -169,6 +172,7 @@ class Pipeline:
             ),
             self._entry,
             spans_dropped=telemetry.spans_dropped.labels("max_spans_per_trace"),
+            spans_duplicate=telemetry.spans_duplicate,
         )
         telemetry.traces_in_memory.set_function(self.assembler.__len__)
         telemetry.traces_held_open_calls.set_function(lambda: self.assembler.held_traces)
@@ -193,8 +197,22 @@ class Pipeline:
         telemetry.intake_queued_spans.set_function(lambda: self.intake.queued_spans)
         self.intake_log: IntakeLogKeeper | None = None  # receivers.otlp.intake_log: see ``use_intake_log``
         limiter = processors.get("memory_limiter")
-        self.memory_limiter = MemoryLimiter(limiter, shed=self.assembler.shed, on_change=intake.set_refusing) \
+        self._refusing_since: float | None = None  # the memory limiter's refusal, for /readyz
+
+        def limiter_changed(refusing: bool) -> None:
+            self._refusing_since = time.monotonic() if refusing else None
+            intake.set_refusing(refusing)
+
+        self.memory_limiter = MemoryLimiter(limiter, shed=self.assembler.shed, on_change=limiter_changed) \
             if isinstance(limiter, MemoryLimiterProcessor) else None
+
+    def problem(self) -> str | None:
+        """For /readyz: the memory limiter has refused every export for ``UNREADY_AFTER_REFUSING_S``
+        (a load balancer should send elsewhere; a short spike is ridden out without flapping)."""
+        since = self._refusing_since
+        if since is not None and (refusing := time.monotonic() - since) >= UNREADY_AFTER_REFUSING_S:
+            return f"processors.memory_limiter has refused data for {refusing:.0f}s (memory above its soft limit)"
+        return None
 
     @property
     def recorder(self) -> MetricsRecorder | None:

@@ -4,7 +4,9 @@ them (exporters first, receivers last) and stops them in the opposite order."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -16,7 +18,15 @@ from otel_llm.exporter.store.sqlite import TraceStore
 from otel_llm.processor.llm_metrics.metrics.exposition import RecorderCollector
 from otel_llm.processor.memory_limiter.config import MemoryLimiterProcessor
 from otel_llm.processor.memory_limiter.limiter import intake_bytes_bound, memory_limits
-from otel_llm.receiver.otlp.intake_log import IntakeLogCollector, IntakeLogKeeper, IntakeLogSettings, IntakeLogShared
+from otel_llm.pdata.traces import Decision, Remembered
+from otel_llm.receiver.otlp.intake_log import (
+    IntakeLogCollector,
+    IntakeLogKeeper,
+    IntakeLogSettings,
+    IntakeLogShared,
+    PriorDecision,
+    read_journal,
+)
 from otel_llm.receiver.otlp.process import IntakeState, ReceiverCounters, spawn_context
 from otel_llm.service.graph import Pipeline
 from otel_llm.service.processes import IngestProcesses
@@ -27,6 +37,9 @@ log = logging.getLogger(__name__)
 
 class ComponentStartError(OSError):
     """A component could not start (a port in use, a file it cannot open or lock): the message names it."""
+
+
+DECISIONS_FILE = "decision-cache"  # beside the store: the decision cache kept across a graceful restart
 
 
 class Service:
@@ -69,6 +82,7 @@ class Service:
             self.registry.register(RecorderCollector(self.pipeline.recorder))
         self.host = Host(self.registry, self.ready, recorder=self.pipeline.recorder, components=self.components,
                          config=config)
+        self.host.readiness.append(self.pipeline.problem)
         self._started: list[str] = []  # what ``stop`` has to stop, in start order
         self.ingest: IngestProcesses | None = None
         if otlp is not None and (otlp.protocols.grpc is not None or otlp.protocols.http is not None):
@@ -80,6 +94,7 @@ class Service:
         if log_config is not None and self.ingest is not None:
             settings = IntakeLogSettings(intake_log_directory(config), log_config.fsync, log_config.fsync_interval,
                                          log_config.segment_size_mib << 20, log_config.max_size_mib << 20,
+                                         min_free_bytes=log_config.min_free_mib << 20,
                                          redaction=self.pipeline.intake_redaction)
             self.intake_log = IntakeLogKeeper(settings, IntakeLogShared(context),
                                               self.pipeline.assembler.settings.decision_wait_s)
@@ -88,6 +103,46 @@ class Service:
             if isinstance(store, StoreComponent):  # a request is handled once its kept traces are written
                 self.intake_log.barriers.append(store.wait_written)
             self.registry.register(IntakeLogCollector(self.intake_log))
+            self.host.readiness.append(self.intake_log.problem)
+
+    # --- the decision cache across a graceful restart ------------------------------------------
+
+    def _decisions_path(self) -> Path | None:
+        """Beside the store: a sender that never got the answer to a request this process took
+        (its stop cut the call) sends it again to the next one, which must know those spans."""
+        component = self.components.get("exporters.store")
+        return Path(component.config.path) / DECISIONS_FILE if isinstance(component, StoreComponent) else None
+
+    def _save_decisions(self) -> None:
+        path = self._decisions_path()
+        if path is None:
+            return
+        try:
+            tmp = path.with_suffix(".tmp")
+            with open(tmp, "wb") as f:
+                for trace_id, remembered in self.pipeline.assembler.decisions():
+                    decision = remembered.decision
+                    f.write(IntakeLogKeeper._decided_entry(trace_id, decision.keep, decision.rate_limited,
+                                                           decision.policy, decision.threshold, remembered.measured))
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.warning("cannot keep the decision cache for the next start (%s): a span redelivered to it "
+                        "is measured again", exc)
+
+    def _restore_decisions(self) -> None:
+        path = self._decisions_path()
+        if path is None or not path.exists():
+            return
+        prior: dict[bytes, PriorDecision] = {}
+        try:
+            read_journal(path, prior)
+            path.unlink()  # one start only: after a crash the next start has none (never a stale cache)
+        except OSError as exc:
+            log.warning("cannot read the previous run's decision cache %s: %s", path, exc)
+            return
+        self.pipeline.assembler.restore_decisions([
+            (trace_id, Remembered(Decision(p.keep, p.policy, p.threshold, p.rate_limited), p.measured))
+            for trace_id, p in prior.items()])
 
     # --- what tests and the CLI read ------------------------------------------------------------
 
@@ -139,6 +194,7 @@ class Service:
                 except OSError as exc:
                     raise ComponentStartError(f"{path}: {exc}") from None
                 self._started.append(path)
+            self._restore_decisions()
             # Extensions (the web view) once the store they read is open.
             for path in (p for p in self.components if p.startswith("extensions.")):
                 try:
@@ -190,6 +246,7 @@ class Service:
                     self.telemetry.spans_dropped.labels("receiver_exit").inc(lost)
         if "pipeline" in started:
             self.pipeline.shutdown()  # every pending trace decided and handed to the exporters
+            self._save_decisions()
         if "exporters.store" in started:
             self.components["exporters.store"].shutdown(grace)
         if self.intake_log is not None and "intake_log" in started:

@@ -42,6 +42,18 @@ class ReceiverCountersCollector(Collector):
                 if value:
                     family.add_metric(list(labels), value)
             yield family
+        family = CounterMetricFamily("otel_llm_receiver_ignored_items",
+                                     "OTLP metric data points and log records received and dropped (otel-llm keeps "
+                                     "traces only; nothing of them is stored).", labels=["protocol", "signal"])
+        for labels, value in self._counters.ignored_snapshot().items():
+            family.add_metric(list(labels), value)
+        yield family
+        family = CounterMetricFamily("otel_llm_receiver_cut_values",
+                                     "Attribute values nested deeper than 16 levels, replaced by a marker (the rest "
+                                     "of the request admitted).", labels=["protocol"])
+        for protocol, value in self._counters.cut_snapshot().items():
+            family.add_metric([protocol], value)
+        yield family
 
 
 class SelfTelemetry:
@@ -84,6 +96,10 @@ class SelfTelemetry:
         self.values_rejected = Counter(
             "otel_llm_values_rejected", "Durations read at assembly (span times, edge TTFT, client and gateway "
             "overheads) that failed validation; the request is counted without them.", ["reason"], registry=registry)
+        self.spans_duplicate = Counter(
+            "otel_llm_spans_duplicate",
+            "Spans received again with a trace and span id already taken (a retried export): counted once, measured once.",
+            registry=registry)
         self.spans_truncated = Counter(
             "otel_llm_spans_truncated", "Spans whose attributes were cut to the configured limits.", registry=registry)
         # What could not be measured, per service, next to the requests it counted (the web view's

@@ -27,7 +27,8 @@ Retry (``retry_on_failure``)
     (``dropped_spans_total{reason="permanent_error"}``), never retried. Waits: the first is
     ``initial_interval``, each next one ``multiplier`` times longer up to ``max_interval``, each
     with ±20% jitter; a server hint (HTTP ``Retry-After``, gRPC ``RetryInfo.retry_delay``)
-    lengthens the wait to at least the hint. When the next wait would
+    lengthens the wait to at least the hint, at most ``MAX_RETRY_HINT_S`` (5 min: a hint of 31
+    years, with ``max_elapsed_time: 0``, parked the sender). When the next wait would
     end past ``max_elapsed_time`` since the first attempt (0 = never give up), the request is
     dropped with reason ``retries_exhausted``; with ``enabled: false`` a retryable failure drops it
     at once, reason ``retry_disabled``. Every failed attempt is counted in
@@ -63,6 +64,7 @@ from otel_llm.exporter.otlp.config import OtlpTraceExporter
 log = logging.getLogger(__name__)
 
 _JITTER = 0.2
+MAX_RETRY_HINT_S = 300.0  # a server's retry hint is honoured up to this
 
 
 def count_spans(request: ExportTraceServiceRequest) -> int:
@@ -311,7 +313,9 @@ class TraceExporter:
             delay = interval * random.uniform(1 - _JITTER, 1 + _JITTER)
             interval = min(interval * retry.multiplier, retry.max_interval)
             if result.throttle_s is not None:
-                delay = max(delay, result.throttle_s)
+                # A hint is honoured up to MAX_RETRY_HINT_S: "Retry-After: 10000000000" with
+                # max_elapsed_time 0 parked a sender for 31 years (and 1e10 s overflowed the wait).
+                delay = max(delay, min(result.throttle_s, MAX_RETRY_HINT_S))
             if retry.max_elapsed_time > 0 and time.monotonic() - started + delay > retry.max_elapsed_time:
                 self._note_failure(result, f"dropping the request (retrying for over {retry.max_elapsed_time:g}s)")
                 self._finish(item, "retries_exhausted")

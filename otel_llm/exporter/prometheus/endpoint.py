@@ -83,7 +83,12 @@ class _Handler(QuietHandler):
             if match is None:
                 self._json(404, {"error": "try /api/traces or /api/traces/{trace_id}"})
                 return
-            trace = self.store.get_trace(match.group(1).rjust(32, "0"))
+            try:
+                span_offset = int(arg("span_offset") or 0)
+            except ValueError:
+                self._json(400, {"error": "span_offset is a number of spans (an integer)"})
+                return
+            trace = self.store.get_trace(match.group(1).rjust(32, "0"), span_offset=span_offset)
             if trace is None:
                 self._json(404, {"error": f"trace {match.group(1)} is not in the store"})
             else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from otel_llm.component import CreateSettings, Factory, Host, Kind, Signal
 from otel_llm.exporter.prometheus.config import PrometheusExporter
 from otel_llm.exporter.prometheus.endpoint import PrometheusEndpoint
@@ -22,9 +24,17 @@ class PrometheusComponent:
 
     def start(self, host: Host) -> None:
         store = host.component("exporters.store")
+        checks: list[Callable[[], str | None]] = ([store.problem] if store is not None else []) + [host.problem]
+
+        def not_ready() -> str | None:
+            for check in checks:
+                if (reason := check()) is not None:
+                    return reason
+            return None
+
         self.endpoint = PrometheusEndpoint(self.config, host.registry, host.ready,
                                            store.reader() if store is not None else None,
-                                           not_ready=store.problem if store is not None else None)
+                                           not_ready=not_ready)
         self.endpoint.start()
 
     def shutdown(self, grace_s: float) -> None:

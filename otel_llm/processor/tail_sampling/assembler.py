@@ -62,17 +62,26 @@ class TraceAssembler:
         next: TraceConsumer,  # noqa: A002 - the Collector's name for the next consumer
         clock: Callable[[], float] = time.monotonic,
         spans_dropped: Counted | None = None,  # spans past max_spans_per_trace
+        spans_duplicate: Counted | None = None,  # a span id its trace already has (a redelivery)
     ) -> None:
         self.settings = settings
         self._next = next
         self._clock = clock
         self._spans_dropped = spans_dropped
+        self._spans_duplicate = spans_duplicate
         self._pending: OrderedDict[bytes, PendingTrace] = OrderedDict()
         self._ready: dict[bytes, float] = {}
         # trace id -> what the sampler decided (None until decided), so late spans follow it
         self._decided: OrderedDict[bytes, Remembered | None] = OrderedDict()
+        # trace id -> spans it was completed with plus late spans taken since: max_spans_per_trace
+        # holds for late spans too (one kept trace once grew past 27 000 spans that way).
+        self._decided_spans: dict[bytes, int] = {}
+        # trace id -> late spans that arrived while their trace was being completed (its decision not
+        # yet made): handed on with that decision once the completion is done, never dropped for it.
+        self._parked: dict[bytes, list[BufferedSpan]] = {}
         self._lock = threading.Lock()
         self.spans_dropped_over_trace_limit = 0
+        self.spans_duplicate = 0
         self.completions: dict[str, int] = {}
         # trace id -> first seen, of the traces held past decision_wait for a call in flight
         self._held: dict[bytes, float] = {}
@@ -84,7 +93,8 @@ class TraceAssembler:
     def add_batch(self, spans: list[BufferedSpan]) -> None:
         completed: list[tuple[PendingTrace, str]] = []
         late: list[tuple[BufferedSpan, Remembered | None]] = []
-        dropped = 0
+        dropped = duplicate = 0
+        limit = self.settings.max_spans_per_trace
         with self._lock:
             now = self._clock()
             touched: dict[bytes, PendingTrace] = {}
@@ -93,7 +103,19 @@ class TraceAssembler:
                 trace = self._pending.get(trace_id)
                 if trace is None:
                     if trace_id in self._decided:
-                        late.append((buffered, self._decided[trace_id]))
+                        remembered = self._decided[trace_id]
+                        if remembered is not None and buffered.is_engine and buffered.span_id in remembered.measured:
+                            duplicate += 1  # redelivered (a retried export): measured once already
+                            continue
+                        taken = self._decided_spans.get(trace_id, 0)
+                        if taken >= limit:
+                            dropped += 1
+                            continue
+                        self._decided_spans[trace_id] = taken + 1
+                        if remembered is None:  # its trace is being completed: it follows the decision
+                            self._parked.setdefault(trace_id, []).append(buffered)
+                            continue
+                        late.append((buffered, remembered))
                         continue
                     trace = PendingTrace(trace_id, now)
                     self._pending[trace_id] = trace
@@ -101,7 +123,9 @@ class TraceAssembler:
                         oldest = self._pop_oldest()
                         touched.pop(oldest.trace_id, None)
                         completed.append((oldest, "memory_limit"))
-                if len(trace.spans) >= self.settings.max_spans_per_trace:
+                if buffered.span_id in trace.spans and buffered.is_engine == trace.spans[buffered.span_id].is_engine:
+                    duplicate += 1  # the same span again (a retried export): it replaces its first copy
+                elif len(trace.spans) >= limit:
                     dropped += 1
                     continue
                 buffered.trace_id = trace.trace_id  # one bytes object per trace, not one per span
@@ -112,10 +136,13 @@ class TraceAssembler:
             for trace in touched.values():
                 self._update_readiness(trace, now)
             self.spans_dropped_over_trace_limit += dropped
+            self.spans_duplicate += duplicate
         if dropped and self._spans_dropped is not None:
             self._spans_dropped.inc(dropped)
+        if duplicate and self._spans_duplicate is not None:
+            self._spans_duplicate.inc(duplicate)
         for buffered, remembered in late:
-            # None: the trace is being completed right now, its decision not yet remembered.
+            # Never None here: a span of a trace being completed waits in _parked for its decision.
             single = PendingTrace(buffered.trace_id, 0.0, {buffered.span_id: buffered})
             self._next.consume(CompletedTrace(single, "late", prior=remembered, late=True))
         for trace, reason in completed:
@@ -167,13 +194,31 @@ class TraceAssembler:
         trace_id, trace = self._pending.popitem(last=False)
         self._ready.pop(trace_id, None)
         self._held.pop(trace_id, None)
-        self._remember(trace_id)
+        self._remember(trace_id, len(trace.spans))
         return trace
 
-    def _remember(self, trace_id: bytes) -> None:
+    def _remember(self, trace_id: bytes, spans: int) -> None:
         self._decided[trace_id] = None
+        self._decided_spans[trace_id] = spans
         if len(self._decided) > self.settings.decided_cache_size:
-            self._decided.popitem(last=False)
+            forgotten, _ = self._decided.popitem(last=False)
+            self._decided_spans.pop(forgotten, None)
+
+    def decisions(self) -> list[tuple[bytes, Remembered]]:
+        """The decision cache (oldest first), for ``Service`` to keep across a graceful restart."""
+        with self._lock:
+            return [(trace_id, remembered) for trace_id, remembered in self._decided.items() if remembered is not None]
+
+    def restore_decisions(self, decisions: list[tuple[bytes, Remembered]]) -> None:
+        """Decisions of the previous run (before any span arrives): a span it had taken, redelivered
+        by a sender that never got the answer, is then a duplicate, not a new request."""
+        with self._lock:
+            for trace_id, remembered in decisions:
+                self._decided[trace_id] = remembered
+                self._decided_spans.setdefault(trace_id, len(remembered.measured))
+                if len(self._decided) > self.settings.decided_cache_size:
+                    forgotten, _ = self._decided.popitem(last=False)
+                    self._decided_spans.pop(forgotten, None)
 
     def remember_decision(self, trace_id: bytes, remembered: Remembered) -> None:
         with self._lock:
@@ -190,7 +235,7 @@ class TraceAssembler:
                     trace = self._pending.pop(trace_id)
                     del self._ready[trace_id]
                     self._held.pop(trace_id, None)
-                    self._remember(trace_id)
+                    self._remember(trace_id, len(trace.spans))
                     due.append((trace, "ready"))
             deadline = now - self.settings.decision_wait_s
             open_deadline = now - self.settings.max_open_call_wait_s
@@ -246,4 +291,12 @@ class TraceAssembler:
 
     def _complete(self, trace: PendingTrace, reason: str) -> None:
         self.completions[reason] = self.completions.get(reason, 0) + 1
-        self._next.consume(CompletedTrace(trace, reason))
+        try:
+            self._next.consume(CompletedTrace(trace, reason))
+        finally:
+            with self._lock:
+                parked = self._parked.pop(trace.trace_id, None)
+                remembered = self._decided.get(trace.trace_id)
+            for buffered in parked or ():
+                single = PendingTrace(buffered.trace_id, 0.0, {buffered.span_id: buffered})
+                self._next.consume(CompletedTrace(single, "late", prior=remembered, late=True))

@@ -27,7 +27,8 @@ class DecisionStage:
     def consume(self, completed: CompletedTrace) -> None:
         prior = completed.prior
         if completed.late:
-            # A late span follows its trace's decision; one whose trace is being completed right now is not kept.
+            # A late span follows its trace's decision (one that came while its trace was being completed
+            # waited for it in the buffer); without one (the cache forgot the trace) it is not kept.
             completed.decision = prior.decision if prior is not None else DROP
             if prior is not None:
                 self._journal(completed.trace_id, prior)

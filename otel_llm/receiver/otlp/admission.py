@@ -39,6 +39,17 @@ BYTES_IN_FLIGHT = "bytes_in_flight"
 REQUEST_REFUSALS += (BYTES_IN_FLIGHT,)
 
 
+# Refusals a receiver waits out for up to ``receivers.otlp.admission_wait`` before answering: the
+# intake drains within a fraction of a second once the pipeline catches up, and a client that does not
+# retry (the JS gRPC exporter) loses what is refused.
+WAITABLE = (QUEUE_FULL, MEMORY_LIMIT)
+
+
+def request_spans(request: ExportTraceServiceRequest) -> int:
+    return sum(len(scope_spans.spans) for resource_spans in request.resource_spans
+               for scope_spans in resource_spans.scope_spans)
+
+
 @dataclass(slots=True, frozen=True)
 class Admission:
     """A receiver's answer: how many spans were taken, rejected (partial success), or why all were refused."""
@@ -59,6 +70,16 @@ class Admitter(Protocol):
 
     def refuse_request(self, protocol: str, reason: str) -> None:
         """Count a request refused before it could be decoded (auth, size, media type, malformed)."""
+
+    def room(self, spans: int, size: int) -> str:
+        """"" when the intake has room for a request of ``spans`` in ``size`` bytes now, else the
+        refusal ``admit`` would give (nothing reserved: the receivers wait on it, ``admission_wait``)."""
+
+    def cut_values(self, protocol: str, count: int) -> None:
+        """Count attribute values cut for nesting too deep (``nesting.py``); the request goes on."""
+
+    def ignore(self, protocol: str, signal: str, items: int) -> None:
+        """Count the items of an OTLP metrics or logs request taken and dropped (``othersignals.py``)."""
 
 
 _ZERO_TRACE_ID = bytes(16)

@@ -70,6 +70,9 @@ class IntakeLogConfig:
     fsync_interval: Duration = 1.0
     max_size_mib: PositiveInt = 1024  # past it, requests are refused retryably (intake_log_full), counted
     segment_size_mib: PositiveInt = 16  # the unit of deletion
+    # Free space the log always leaves on its filesystem (for its journal and checkpoint, which free
+    # it, and for the store beside it); below it, requests are refused retryably (intake_log_full).
+    min_free_mib: int = 64
 
     def validate(self, path: str) -> None:
         if self.fsync not in ("always", "interval", "never"):
@@ -78,6 +81,9 @@ class IntakeLogConfig:
             raise ConfigError(f"{path}.fsync_interval", f"must be between 1ms and 1h, got {self.fsync_interval!r}")
         if self.max_size_mib > 1 << 30:
             raise ConfigError(f"{path}.max_size_mib", f"must be at most {1 << 30}, got {self.max_size_mib}")
+        if isinstance(self.min_free_mib, bool) or not isinstance(self.min_free_mib, int) or \
+                not 0 <= self.min_free_mib <= 1 << 30:
+            raise ConfigError(f"{path}.min_free_mib", f"must be between 0 and {1 << 30}, got {self.min_free_mib!r}")
         if self.segment_size_mib * 2 > self.max_size_mib:
             raise ConfigError(f"{path}.segment_size_mib", "must be at most half of max_size_mib (segments are deleted whole)")
 
@@ -87,10 +93,14 @@ class OtlpReceiver:
     protocols: OtlpProtocols = field(default_factory=OtlpProtocols)
     # Spans accepted but not yet processed; past it, exports are refused with a retry hint.
     max_queued_spans: PositiveInt = 200_000
+    # A request that finds the intake full (queue_full, memory_limit) waits up to this for room before
+    # it is refused: clients that never retry (the JS gRPC exporter) lose less. 0: refuse at once.
+    admission_wait: Duration = 1.0
     intake_log: IntakeLogConfig | None = None  # off unless listed
 
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
         "max_queued_spans": (1, 100_000_000),  # a shared int64 beside byte counts
+        "admission_wait": (0.0, 30.0),
     }
 
     def validate(self, path: str) -> None:

@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from google.protobuf import any_pb2, duration_pb2
@@ -38,7 +39,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from otel_llm.confmap import split_endpoint
 from otel_llm.receiver.otlp.config import GrpcProtocol
-from otel_llm.receiver.otlp.admission import Admitter
+from otel_llm.receiver.otlp.admission import WAITABLE, Admitter, request_spans
+from otel_llm.receiver.otlp.nesting import cut_deep_values, too_deep
+from otel_llm.receiver.otlp.othersignals import GRPC_SERVICES, count_items, new_request, new_response
 from otel_llm.internal.security import TokenCheck, read_bytes
 
 log = logging.getLogger(__name__)
@@ -67,9 +70,10 @@ class OtlpGrpcReceiver:
     """``start`` runs the asyncio server on a thread of its own (the receiver process's main thread
     waits on its control pipe) and returns once it listens; ``stop`` stops it from any thread."""
 
-    def __init__(self, settings: GrpcProtocol, admitter: Admitter) -> None:
+    def __init__(self, settings: GrpcProtocol, admitter: Admitter, admission_wait_s: float = 0.0) -> None:
         self._settings = settings
         self._admitter = admitter
+        self._admission_wait = admission_wait_s  # receivers.otlp.admission_wait
         self._server: grpc.aio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -97,7 +101,8 @@ class OtlpGrpcReceiver:
                     expired.add(task)
                     task.cancel()
 
-    async def _export(self, request_iterator: object, context: grpc.aio.ServicerContext) -> bytes:
+    async def _read_message(self, context: grpc.aio.ServicerContext) -> bytes:
+        """The call's one message, after the token check, within ``read_timeout``."""
         admitter = self._admitter
         if self._token.enabled:  # before the message is read: a wrong token costs us nothing more
             header = next((value for key, value in context.invocation_metadata() or () if key == "authorization"),
@@ -125,12 +130,41 @@ class OtlpGrpcReceiver:
         if payload is grpc.aio.EOF:
             admitter.refuse_request(PROTOCOL, "malformed")
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call ended without a request message")
+        assert isinstance(payload, bytes)
+        return payload
+
+    def _other_signal(self, signal: str) -> Any:
+        """``MetricsService/Export`` or ``LogsService/Export``: decoded, counted, dropped (othersignals.py)."""
+        async def export(request_iterator: object, context: grpc.aio.ServicerContext) -> bytes:
+            payload = await self._read_message(context)
+            request = new_request(signal)
+            try:
+                request.ParseFromString(payload)
+            except DecodeError as exc:
+                self._admitter.refuse_request(PROTOCOL, "malformed")
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed OTLP {signal} request: {exc}")
+            self._admitter.ignore(PROTOCOL, signal, count_items(signal, request))
+            return new_response(signal).SerializeToString()
+        return export
+
+    async def _export(self, request_iterator: object, context: grpc.aio.ServicerContext) -> bytes:
+        admitter = self._admitter
+        payload = await self._read_message(context)
         request = ExportTraceServiceRequest()
         try:
             request.ParseFromString(payload)
         except DecodeError as exc:
-            admitter.refuse_request(PROTOCOL, "malformed")
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed ExportTraceServiceRequest: {exc}")
+            cut = cut_deep_values(payload) if too_deep(exc) else None
+            if cut is None:
+                admitter.refuse_request(PROTOCOL, "malformed")
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed ExportTraceServiceRequest: {exc}")
+            else:  # attribute values nested past the decoder's depth: cut there, the rest admitted
+                payload, cuts = cut
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(payload)
+                admitter.cut_values(PROTOCOL, cuts)
+        if self._admission_wait:
+            await self._wait_for_room(request_spans(request), len(payload))
         if self._admit_pool is None:
             result = admitter.admit(request, payload, PROTOCOL)  # never waits: on the loop
         else:
@@ -147,6 +181,17 @@ class OtlpGrpcReceiver:
             ).SerializeToString()
         return _EMPTY_RESPONSE
 
+    async def _wait_for_room(self, spans: int, size: int) -> None:
+        """Up to ``admission_wait`` for the intake to have room (a coroutine: other calls go on)."""
+        room = self._admitter.room
+        if room(spans, size) not in WAITABLE:
+            return
+        deadline = time.monotonic() + self._admission_wait
+        while (left := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(min(_ROOM_POLL_S, left))
+            if room(spans, size) not in WAITABLE:
+                return
+
     async def _start(self) -> None:
         settings = self._settings
         max_bytes = settings.max_recv_msg_size_mib * 1024 * 1024
@@ -162,7 +207,11 @@ class OtlpGrpcReceiver:
             {"Export": grpc.stream_unary_rpc_method_handler(self._export, request_deserializer=None,
                                                             response_serializer=None)},
         )
-        server.add_generic_rpc_handlers((handler,))
+        others = [grpc.method_handlers_generic_handler(
+            service, {"Export": grpc.stream_unary_rpc_method_handler(self._other_signal(signal), request_deserializer=None,
+                                                                     response_serializer=None)})
+            for service, signal in GRPC_SERVICES.items()]
+        server.add_generic_rpc_handlers((handler, *others))
         host, port = split_endpoint(settings.endpoint)
         bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
@@ -220,3 +269,4 @@ class OtlpGrpcReceiver:
 
 _EMPTY_RESPONSE = ExportTraceServiceResponse().SerializeToString()
 _ADMIT_THREADS = 32
+_ROOM_POLL_S = 0.01

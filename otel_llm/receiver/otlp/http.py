@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 import zlib
 from typing import ClassVar
 
@@ -20,8 +21,17 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from otel_llm.receiver.otlp.config import HttpProtocol
 from otel_llm.internal.httpserver import BackgroundHTTPServer, ConnectionLimits, QuietHandler
-from otel_llm.receiver.otlp.admission import BYTES_IN_FLIGHT, RETRY_AFTER_S, SHUTTING_DOWN, Admitter
+from otel_llm.receiver.otlp.admission import (
+    BYTES_IN_FLIGHT,
+    RETRY_AFTER_S,
+    SHUTTING_DOWN,
+    WAITABLE,
+    Admitter,
+    request_spans,
+)
 from otel_llm.receiver.otlp.otlpjson import OtlpJsonError, parse_otlp_json
+from otel_llm.receiver.otlp.nesting import cut_deep_values, too_deep
+from otel_llm.receiver.otlp.othersignals import PATHS, count_items, new_request, new_response
 from otel_llm.internal.security import TokenCheck, server_ssl_context
 
 log = logging.getLogger(__name__)
@@ -141,6 +151,8 @@ class _Handler(QuietHandler):
     admitter: ClassVar[Admitter]
     in_flight: ClassVar[BytesInFlight]
     reserved = 0  # this request's share of ``in_flight``
+    signal = "traces"  # this request's: "metrics" and "logs" are counted and dropped
+    admission_wait: ClassVar[float] = 0.0  # receivers.otlp.admission_wait
     max_body: ClassVar[int]
     token: ClassVar[TokenCheck]
     slots: ClassVar[threading.BoundedSemaphore]
@@ -182,7 +194,9 @@ class _Handler(QuietHandler):
             self._error(503, code_pb2.UNAVAILABLE, "shutting down; retry later", reply_type, SHUTTING_DOWN,
                         {"Retry-After": str(RETRY_AFTER_S[SHUTTING_DOWN])})
             return
-        if self.path.split("?")[0] != TRACES_PATH:
+        path = self.path.split("?")[0]
+        self.signal = PATHS.get(path, "traces")  # metrics and logs: counted and dropped (othersignals.py)
+        if path != TRACES_PATH and path not in PATHS:
             self._discard_body()
             self._error(404, code_pb2.NOT_FOUND, f"unknown path {self.path[:100]}; OTLP traces go to {TRACES_PATH}",
                         reply_type, "not_found")
@@ -315,14 +329,27 @@ class _Handler(QuietHandler):
         except (zlib.error, ValueError) as exc:
             self._error(400, code_pb2.INVALID_ARGUMENT, f"bad gzip body: {exc}", reply_type, "malformed")
             return
+        if self.signal != "traces":
+            self._other_signal(body, content_type, reply_type)
+            return
         payload: bytes | None = None
         try:
             if content_type == JSON:
                 request = parse_otlp_json(body)
             else:
                 request = ExportTraceServiceRequest()
-                request.ParseFromString(body)
                 payload = body
+                try:
+                    request.ParseFromString(body)
+                except DecodeError as exc:
+                    cut = cut_deep_values(body) if too_deep(exc) else None
+                    if cut is None:
+                        raise
+                    # Attribute values nested past the decoder's depth: cut there, the rest admitted.
+                    payload, cuts = cut
+                    request = ExportTraceServiceRequest()
+                    request.ParseFromString(payload)
+                    self.admitter.cut_values(PROTOCOL, cuts)
         except (DecodeError, OtlpJsonError) as exc:
             self._error(400, code_pb2.INVALID_ARGUMENT, f"malformed ExportTraceServiceRequest: {exc}", reply_type,
                         "malformed")
@@ -332,9 +359,11 @@ class _Handler(QuietHandler):
             self._error(400, code_pb2.INVALID_ARGUMENT, f"malformed ExportTraceServiceRequest: {type(exc).__name__}",
                         reply_type, "malformed")
             return
+        if self.admission_wait:
+            self._wait_for_room(request_spans(request), len(body))
         result = self.admitter.admit(request, payload, PROTOCOL)
         if result.refused:
-            status = 503 if result.refused in ("memory_limit", "shutting_down") else 429
+            status = 503 if result.refused in ("memory_limit", "shutting_down", "intake_log_error") else 429
             self._error(status, code_pb2.UNAVAILABLE, f"refused: {result.refused}; retry later", reply_type,
                         result.refused, {"Retry-After": str(result.retry_after_s)})
             return
@@ -343,6 +372,33 @@ class _Handler(QuietHandler):
             response.partial_success.CopyFrom(
                 ExportTracePartialSuccess(rejected_spans=result.rejected, error_message=result.error_message))
         self._reply(200, response, reply_type)
+
+    def _wait_for_room(self, spans: int, size: int) -> None:
+        """Up to ``admission_wait`` for the intake to have room (this connection's thread waits)."""
+        room = self.admitter.room
+        if room(spans, size) not in WAITABLE:
+            return
+        deadline = time.monotonic() + self.admission_wait
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(0.01, left))
+            if room(spans, size) not in WAITABLE:
+                return
+
+    def _other_signal(self, body: bytes, content_type: str, reply_type: str) -> None:
+        """OTLP metrics or logs: decoded (a malformed one is a counted 400, as for traces), their
+        items counted, then dropped; the answer is a success so that the sender stops retrying."""
+        signal = self.signal
+        request = new_request(signal)
+        try:
+            if content_type == JSON:
+                json_format.Parse(body, request, ignore_unknown_fields=True)
+            else:
+                request.ParseFromString(body)
+        except Exception:  # noqa: BLE001 - DecodeError, json_format.ParseError, a shape no check foresaw
+            self._error(400, code_pb2.INVALID_ARGUMENT, f"malformed OTLP {signal} request", reply_type, "malformed")
+            return
+        self.admitter.ignore(PROTOCOL, signal, count_items(signal, request))
+        self._reply(200, new_response(signal), reply_type)
 
     def _discard_body(self) -> None:
         length = self.headers.get("Content-Length")
@@ -354,7 +410,7 @@ class _Handler(QuietHandler):
 
 
 class OtlpHttpReceiver:
-    def __init__(self, settings: HttpProtocol, admitter: Admitter) -> None:
+    def __init__(self, settings: HttpProtocol, admitter: Admitter, admission_wait_s: float = 0.0) -> None:
         # The handler class's state, kept here too: ``type()`` builds a class mypy knows only as ``type``.
         self._in_progress = RequestsInProgress()
         self._stopping = threading.Event()
@@ -362,7 +418,8 @@ class OtlpHttpReceiver:
             "admitter": admitter, "max_body": settings.max_request_body_size, "token": TokenCheck(settings.auth),
             "in_flight": BytesInFlight(settings.max_bytes_in_flight),
             "slots": threading.BoundedSemaphore(settings.max_concurrent_requests),
-            "in_progress": self._in_progress, "stopping": self._stopping, "timeout": settings.idle_timeout})
+            "in_progress": self._in_progress, "stopping": self._stopping, "timeout": settings.idle_timeout,
+            "admission_wait": admission_wait_s})
         tls = server_ssl_context(settings.tls) if settings.tls is not None else None
         limits = ConnectionLimits(max_connections=settings.max_connections,
                                   header_timeout_s=settings.read_header_timeout,

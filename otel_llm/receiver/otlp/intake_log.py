@@ -35,7 +35,11 @@ SIGKILL (an OOM kill, a node drain that does not wait) loses every request ackno
   rows are keyed by (trace id, span id), so it is stored once.
 - **Replayed at start**, before the receivers listen (``/readyz`` is 503 meanwhile): every record
   after the checkpoint, through the bounded intake; a torn or corrupt record ends its segment and is
-  counted (it can only be one that was never acknowledged, or damage after a machine crash).
+  counted (it can only be one that was never acknowledged, or damage after a machine crash); the
+  reading resumes at the next valid record, so it costs that record only.
+- **Write errors** (ENOSPC, EIO) never stop a thread: counted by file and reason, ingest refused
+  retryably and ``/readyz`` 503 until a write succeeds again; ``min_free_mib`` keeps the log from
+  filling its filesystem.
 
 What it does not cover: kept traces handed to an OTLP exporter are "handled" once handed over; its
 in-memory queue is lost in a crash unless that exporter has ``sending_queue.storage``.
@@ -43,6 +47,7 @@ in-memory queue is lost in a crash unless that exporter has ``sending_queue.stor
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import struct
@@ -125,13 +130,19 @@ class IntakeLogShared:
     reports): the log's size on disk, the last sequence number written, and the writer's counters."""
 
     SIZE, LAST_SEQ, APPENDED_BYTES, APPENDED_REQUESTS, FSYNCS, REFUSED_FULL, REFUSED_ERROR, FSYNC_ERRORS = range(8)
+    # A write the writer could not make: when (CLOCK_MONOTONIC ns, 0 once a write succeeds again) and
+    # its errno; the keeper's own (journal, checkpoint) the same; segment write errors by reason;
+    # requests refused for the free-space floor (``min_free_mib``).
+    WRITER_ERROR_AT, WRITER_ERRNO, KEEPER_ERROR_AT, KEEPER_ERRNO, REFUSED_LOW_DISK = range(8, 13)
+    WRITE_ERRORS = 13  # + index in WRITE_ERROR_REASONS
     # Attributes removed or reduced before writing, by processors.redaction's reasons (REDACTED + i).
-    REDACTED = 8
+    REDACTED = WRITE_ERRORS + 3
     REDACTION_REASONS = ("not_allowed", "url_reduced", "content_key", "free_text", "content_event")
+    SLOTS = REDACTED + len(REDACTION_REASONS)
 
     def __init__(self, context: Any) -> None:
         self._lock = context.Lock()
-        self.values = context.RawArray("q", 8 + len(self.REDACTION_REASONS))
+        self.values = context.RawArray("q", self.SLOTS)
 
     def try_add(self, size: int, max_bytes: int) -> bool:
         """Room for ``size`` more bytes? (An empty log takes any record, so no request is refused forever.)"""
@@ -161,6 +172,26 @@ class IntakeLogShared:
         return self.values[index]
 
 
+# Write errors (segments in the receiver process; journal and checkpoint in the pipeline process), by reason.
+WRITE_ERROR_REASONS = ("no_space", "io_error", "other")
+# /readyz is 503 while a write failed this recently and none has succeeded since.
+ERROR_READINESS_S = 10.0
+
+
+def write_error_reason(exc: OSError) -> str:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "no_space"
+    if exc.errno == errno.EIO:
+        return "io_error"
+    return "other"
+
+
+def free_bytes(directory: Path) -> int:
+    """Bytes an unprivileged writer may still use on ``directory``'s filesystem."""
+    stat = os.statvfs(directory)
+    return stat.f_bavail * stat.f_frsize
+
+
 @dataclass(frozen=True)
 class IntakeLogSettings:
     directory: str
@@ -169,6 +200,7 @@ class IntakeLogSettings:
     segment_bytes: int = 16 << 20
     max_bytes: int = 1 << 30
     start_seq: int = 1  # set by the pipeline process after replay: the writer's first sequence number
+    min_free_bytes: int = 64 << 20  # the writer refuses (intake_log_full) below this much free space
     # processors.redaction's rules (a ``Redaction``), applied by the receiver process to each request
     # before it is written: no prompt or completion is ever on the log's disk. None: allow_content.
     redaction: Any = None
@@ -190,6 +222,7 @@ class IntakeLogWriter:
         self._written = settings.start_seq - 1  # last sequence number written
         self._durable = settings.start_seq - 1  # last one known to be on stable storage
         self._syncing = False
+        self._failing = False
         self._fd = -1
         self._generation = 0
         self._segment_size = 0
@@ -227,6 +260,13 @@ class IntakeLogWriter:
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0), 0o600)
         self._generation += 1
         self._segment_size = os.fstat(self._fd).st_size
+        if self._segment_size:
+            # Every record on disk is below ``_next_seq`` (the keeper read them all), so a file named
+            # after it can only hold a torn write: never append behind it.
+            log.warning("intake log: %s held %d bytes of no valid record; cut", path.name, self._segment_size)
+            os.ftruncate(self._fd, 0)
+            self._shared.add(IntakeLogShared.SIZE, -self._segment_size)
+            self._segment_size = 0
         if self._settings.fsync != "never":
             _fsync_directory(self._directory)  # the new file's name survives a machine crash too
 
@@ -235,8 +275,15 @@ class IntakeLogWriter:
         size = RECORD.size + len(payload)
         shared = self._shared
         with self._lock:
+            if shared[shared.KEEPER_ERROR_AT]:  # the pipeline cannot journal or checkpoint: nothing would be freed
+                shared.add(shared.REFUSED_ERROR, 1)
+                return LOG_ERROR, 0
             if not shared.try_add(size, self._settings.max_bytes):
                 shared.add(shared.REFUSED_FULL, 1)
+                return LOG_FULL, 0
+            if self._settings.min_free_bytes and self._low_disk(size):
+                shared.add(shared.SIZE, -size)
+                shared.add(shared.REFUSED_LOW_DISK, 1)
                 return LOG_FULL, 0
             seq = self._next_seq
             crc = zlib.crc32(payload, zlib.crc32(_SEQ_SPANS.pack(seq, spans)))
@@ -249,12 +296,22 @@ class IntakeLogWriter:
             except OSError as exc:
                 shared.add(shared.SIZE, -size)
                 shared.add(shared.REFUSED_ERROR, 1)
-                log.error("intake log: cannot write %s: %s; refusing", segment_name(seq), exc)
+                shared.add(shared.WRITE_ERRORS + WRITE_ERROR_REASONS.index(write_error_reason(exc)), 1)
+                shared.set(shared.WRITER_ERRNO, exc.errno or 0)
+                shared.set(shared.WRITER_ERROR_AT, time.monotonic_ns() or 1)
+                if not self._failing:  # once per outage, not once per refused request
+                    log.error("intake log: cannot write %s: %s; refusing (retryable) until a write succeeds",
+                              segment_name(seq), exc)
+                self._failing = True
                 try:  # no partial record may stay in front of the next one
                     os.ftruncate(self._fd, self._segment_size)
                 except OSError:
                     pass
                 return LOG_ERROR, 0
+            if self._failing:
+                self._failing = False
+                shared.set(shared.WRITER_ERROR_AT, 0)
+                log.warning("intake log: writing again")
             self._next_seq = seq + 1
             self._written = seq
             self._segment_size += size
@@ -263,6 +320,14 @@ class IntakeLogWriter:
                 self._rotate()
         return "", seq
 
+    def _low_disk(self, size: int) -> bool:
+        """Would ``size`` more bytes leave less than ``min_free_bytes`` free on the filesystem? (The
+        floor keeps room for the pipeline's journal and checkpoint, which free the log.)"""
+        try:
+            return free_bytes(self._directory) - size < self._settings.min_free_bytes
+        except OSError:
+            return False  # the write itself will tell
+
     def _rotate(self) -> None:
         """Under ``_lock``: sync (unless ``never``) and close the full segment, open the next."""
         with self._sync_lock:
@@ -270,8 +335,15 @@ class IntakeLogWriter:
                 self._fdatasync(self._fd)
                 self._durable = self._written
                 self._synced.notify_all()
-            os.close(self._fd)
-            self._open_segment()
+            old, old_size = self._fd, self._segment_size
+            try:
+                self._open_segment()
+            except OSError as exc:  # no inode or no room for the new file: keep the full one, try again later
+                self._fd, self._segment_size = old, old_size
+                self._shared.add(IntakeLogShared.WRITE_ERRORS + WRITE_ERROR_REASONS.index(write_error_reason(exc)), 1)
+                log.error("intake log: cannot open the next segment: %s", exc)
+                return
+            os.close(old)
 
     def _fdatasync(self, fd: int) -> None:
         try:
@@ -334,22 +406,71 @@ class Record:
     payload: bytes
 
 
-def read_segment(path: Path) -> tuple[list[Record], int]:
-    """The valid records of a segment, in order, and whether it ended on a torn or corrupt record (1) or not (0)."""
+@dataclass(slots=True)
+class SegmentScan:
+    records: list[Record]
+    damaged: int  # runs of bytes that framed no valid record, each skipped to the next valid record
+    valid_end: int  # the end of the last valid record: what follows is a torn write or damage
+    size: int
+
+
+def _record_at(data: bytes, offset: int) -> tuple[Record, int] | None:
+    if offset + RECORD.size > len(data):
+        return None
+    length, crc, seq, spans = RECORD.unpack_from(data, offset)
+    end = offset + RECORD.size + length
+    if length > _MAX_PAYLOAD or end > len(data):
+        return None
+    payload = data[offset + RECORD.size:end]
+    if zlib.crc32(payload, zlib.crc32(_SEQ_SPANS.pack(seq, spans))) != crc:
+        return None
+    return Record(seq, spans, payload), end
+
+
+def _resync(data: bytes, start: int, after_seq: int) -> int | None:
+    """The offset of the next valid record at or after ``start`` whose sequence number follows
+    ``after_seq``. A segment's records are numbered one by one, so the next valid one is found by
+    its sequence number's bytes (the header's third field) first, then by a scan."""
+    seq_at = RECORD.size - _SEQ_SPANS.size  # offset of seq in the header
+    best: int | None = None
+    for seq in range(after_seq + 1, after_seq + 65):
+        needle = seq.to_bytes(8, "little")
+        position = data.find(needle, start + seq_at)
+        while position >= 0 and (best is None or position - seq_at < best):
+            found = _record_at(data, position - seq_at)
+            if found is not None:
+                best = position - seq_at
+                break
+            position = data.find(needle, position + 1)
+    if best is not None:
+        return best
+    for offset in range(start, len(data) - RECORD.size + 1):  # more than 64 records lost in a row
+        seq = int.from_bytes(data[offset + seq_at:offset + seq_at + 8], "little")
+        if after_seq < seq <= after_seq + (1 << 32) and _record_at(data, offset) is not None:
+            return offset
+    return None
+
+
+def read_segment(path: Path, first_seq: int | None = None) -> SegmentScan:
+    """The valid records of a segment, in order. A torn or corrupt record costs that record only:
+    the reading resumes at the next valid record (``damaged`` counts the runs skipped)."""
     data = path.read_bytes()
     records: list[Record] = []
-    offset, header = 0, RECORD.size
-    while offset + header <= len(data):
-        length, crc, seq, spans = RECORD.unpack_from(data, offset)
-        end = offset + header + length
-        if length > _MAX_PAYLOAD or end > len(data):
-            return records, 1
-        payload = data[offset + header:end]
-        if zlib.crc32(payload, zlib.crc32(_SEQ_SPANS.pack(seq, spans))) != crc:
-            return records, 1
-        records.append(Record(seq, spans, payload))
-        offset = end
-    return records, int(offset != len(data))
+    offset, damaged, valid_end = 0, 0, 0
+    last_seq = (first_seq - 1) if first_seq is not None else 0
+    while offset < len(data):
+        found = _record_at(data, offset)
+        if found is not None:
+            record, offset = found
+            records.append(record)
+            last_seq, valid_end = record.seq, offset
+            continue
+        damaged += 1
+        resumed = _resync(data, offset + 1, last_seq)
+        if resumed is None:
+            break
+        offset = resumed
+    return SegmentScan(records, damaged, valid_end, len(data))
 
 
 @dataclass(slots=True)
@@ -393,7 +514,9 @@ def read_journal(path: Path, into: dict[bytes, PriorDecision]) -> None:
             return  # torn tail or damage: what follows cannot be framed
 
 
-def read_checkpoint(directory: Path) -> int:
+def read_checkpoint(directory: Path) -> int | None:
+    """The last handled sequence number; 0 without a checkpoint; None for an unreadable one (empty,
+    torn, garbage): the keeper then rebuilds it from the segments."""
     try:
         data = (directory / CHECKPOINT).read_bytes()
     except FileNotFoundError:
@@ -401,8 +524,8 @@ def read_checkpoint(directory: Path) -> int:
     if len(data) == _CHECKPOINT.size:
         magic, handled, crc = _CHECKPOINT.unpack(data)
         if magic == _CHECKPOINT_MAGIC and crc == zlib.crc32(data[:16]):
-            return handled
-    raise OSError(f"{directory / CHECKPOINT}: not an otel-llm intake log checkpoint")
+            return int(handled)
+    return None
 
 
 # --- the pipeline process's side: tracking, checkpoints, replay, telemetry --------------------------
@@ -447,8 +570,13 @@ class IntakeLogKeeper:
         self.replayed_requests = 0
         self.replayed_spans = 0
         self.corrupt_segments = 0
+        self.corrupt_records = 0
+        self.checkpoints_rebuilt = 0
         self.pipeline_fsyncs = 0
         self.checkpoints = 0
+        self.write_errors: dict[tuple[str, str], int] = {}  # (file, reason): the journal's and checkpoint's
+        self._journal_size = 0  # bytes of whole entries in the open journal
+        self._failing = ""  # what the keeper could not write last ("" once it could again)
 
     # --- start-up ---------------------------------------------------------------------------------
 
@@ -459,7 +587,18 @@ class IntakeLogKeeper:
         if self._keeper_lock < 0:
             self._keeper_lock = lock_file(directory / KEEPER_LOCK, timeout_s=0)
         os.close(lock_file(directory / WRITER_LOCK, timeout_s=15))  # the previous receiver process has exited
-        handled = read_checkpoint(directory)
+        checkpointed = read_checkpoint(directory)
+        if checkpointed is None:
+            # A segment is deleted only once the checkpoint covers it: the oldest one left starts
+            # after the last checkpoint written. Replaying from there may measure again what the
+            # damaged checkpoint had covered, but loses nothing, and the service starts.
+            found = _numbered(directory, SEGMENT_PREFIX, SEGMENT_SUFFIX)
+            checkpointed = found[0][0] - 1 if found else 0
+            self.checkpoints_rebuilt += 1
+            log.error("intake log: %s is not a valid checkpoint; rebuilt from the segments: replaying after %d",
+                      directory / CHECKPOINT, checkpointed)
+            self._write_checkpoint(checkpointed)
+        handled = checkpointed
         self._handled = self._checkpointed = handled
         self._replay_end = 1 << 62  # the old decisions stay needed until the replay is read and handled
         last = handled
@@ -471,11 +610,14 @@ class IntakeLogKeeper:
         self.shared.set(IntakeLogShared.SIZE, sum(path.stat().st_size for _, path in segments))
         for first, path in segments:
             last = max(last, first - 1)
-            records, corrupt = read_segment(path)
-            if corrupt:
+            scan = read_segment(path, first)
+            records = scan.records
+            if scan.damaged or scan.valid_end != scan.size:
                 self.corrupt_segments += 1
-                log.warning("intake log: %s ends in a torn or corrupt record (%d valid before it)", path.name,
-                            len(records))
+                self.corrupt_records += scan.damaged
+                log.warning("intake log: %s holds %d torn or corrupt records (%d valid kept)", path.name,
+                            scan.damaged, len(records))
+                self._cut_tail(path, scan)
             for record in records:
                 last = max(last, record.seq)
                 if record.seq <= handled:
@@ -490,11 +632,26 @@ class IntakeLogKeeper:
             log.warning("intake log: replayed %d requests (%d spans) logged after checkpoint %d",
                         self.replayed_requests, self.replayed_spans, handled)
 
+    def _cut_tail(self, path: Path, scan: SegmentScan) -> None:
+        """No valid record follows ``valid_end``: cut the garbage there, so that nothing is ever
+        appended behind it (a segment with no valid record at all goes)."""
+        if scan.valid_end == scan.size:
+            return
+        try:
+            if scan.valid_end == 0:
+                path.unlink()
+            else:
+                os.truncate(path, scan.valid_end)
+        except OSError as exc:
+            log.error("intake log: cannot cut the torn tail of %s: %s", path.name, exc)
+            return
+        self.shared.add(IntakeLogShared.SIZE, scan.valid_end - scan.size)
+
     def receiver_settings(self) -> IntakeLogSettings:
         """What the receiver process's writer needs; its first record follows the last one on disk."""
         return IntakeLogSettings(self.settings.directory, self.settings.fsync, self.settings.fsync_interval_s,
                                  self.settings.segment_bytes, self.settings.max_bytes, self._next_seq,
-                                 self.settings.redaction)
+                                 self.settings.min_free_bytes, self.settings.redaction)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="otel-llm-intake-log", daemon=True)
@@ -575,6 +732,7 @@ class IntakeLogKeeper:
             path = self.directory / journal_name(first_seq)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0), 0o600)
             old, self._journal_fd = self._journal_fd, fd
+            self._journal_size = os.fstat(fd).st_size
             self._journal_opened = time.monotonic()
         if old >= 0:
             if self.settings.fsync != "never":
@@ -588,18 +746,58 @@ class IntakeLogKeeper:
         with self._journal_lock:
             self._journal_buffer.append(entry)
 
-    def flush_journal(self) -> None:
-        """Write the decisions made since the last call (one write per tick or request, not per trace)."""
+    def flush_journal(self) -> bool:
+        """Write the decisions made since the last call (one write per tick or request, not per
+        trace). Never raises: a write error is counted, the entries stay for the next call, ingest
+        is refused and ``/readyz`` says why until a write succeeds (``problem``)."""
         with self._journal_lock:
-            self._flush_locked()
+            return self._flush_locked()
 
-    def _flush_locked(self) -> None:
-        if self._journal_buffer and self._journal_fd >= 0:
-            data = b"".join(self._journal_buffer)
-            self._journal_buffer.clear()
-            view = memoryview(data)
+    def _flush_locked(self) -> bool:
+        if not self._journal_buffer or self._journal_fd < 0:
+            return True
+        data = b"".join(self._journal_buffer)
+        view = memoryview(data)
+        try:
             while view:
                 view = view[os.write(self._journal_fd, view):]
+        except OSError as exc:
+            try:  # no partial entry may stay in front of the next one
+                os.ftruncate(self._journal_fd, self._journal_size)
+            except OSError:
+                pass
+            self._write_failed("journal", exc)
+            return False
+        self._journal_buffer.clear()
+        self._journal_size += len(data)
+        self._write_succeeded("journal")
+        return True
+
+    def _write_failed(self, file: str, exc: OSError) -> None:
+        key = (file, write_error_reason(exc))
+        self.write_errors[key] = self.write_errors.get(key, 0) + 1
+        if not self._failing:
+            log.error("intake log: cannot write its %s: %s; ingest refused (retryable) until it can", file, exc)
+        self._failing = file
+        self.shared.set(IntakeLogShared.KEEPER_ERRNO, exc.errno or 0)
+        self.shared.set(IntakeLogShared.KEEPER_ERROR_AT, time.monotonic_ns() or 1)
+
+    def _write_succeeded(self, file: str) -> None:
+        if self._failing == file:
+            self._failing = ""
+            self.shared.set(IntakeLogShared.KEEPER_ERROR_AT, 0)
+            log.warning("intake log: its %s is written again", file)
+
+    def problem(self) -> str | None:
+        """Why the intake log cannot take requests right now (for ``/readyz``), or None."""
+        shared = IntakeLogShared
+        if self.shared[shared.KEEPER_ERROR_AT]:
+            return (f"the intake log cannot write its {self._failing or 'files'} "
+                    f"({errno.errorcode.get(self.shared[shared.KEEPER_ERRNO], 'error')})")
+        at = self.shared[shared.WRITER_ERROR_AT]
+        if at and time.monotonic_ns() - at < ERROR_READINESS_S * 1e9:
+            return f"the intake log cannot be written ({errno.errorcode.get(self.shared[shared.WRITER_ERRNO], 'error')})"
+        return None
 
     def decided(self, trace_id: bytes, keep: bool, rate_limited: bool, policy: str, threshold: str,
                 measured: set[bytes]) -> None:
@@ -626,20 +824,24 @@ class IntakeLogKeeper:
         while not self._stop.wait(self.CHECKPOINT_EVERY_S):
             try:
                 self.checkpoint()
+            except OSError as exc:  # counted; ingest is refused until the next checkpoint succeeds
+                self._write_failed("checkpoint", exc)
             except Exception:  # keep checkpointing: a stuck log only fills up and refuses (counted)
                 log.exception("intake log checkpoint failed")
 
     def checkpoint(self, final: bool = False, barrier_timeout_s: float = 1.0) -> int:
         """Persist the handled prefix and delete what it covers; returns the checkpointed sequence number."""
         target = self._handled
-        if target > self._checkpointed or final:
+        if target > self._checkpointed or final or self._failing == "checkpoint":
             for barrier in self.barriers:
                 if not barrier(barrier_timeout_s):
                     return self._checkpointed  # kept traces still waiting to be written: next time
-            self._sync_journal(final)
+            if not self._sync_journal(final):
+                return self._checkpointed  # the decisions must be on disk before the requests are handled
             self._write_checkpoint(target)
             self._checkpointed = target
             self.checkpoints += 1
+            self._write_succeeded("checkpoint")
         self._delete_covered(final)
         if time.monotonic() - self._journal_opened >= self.JOURNAL_ROTATE_S and not final:
             self._open_journal()
@@ -651,11 +853,12 @@ class IntakeLogKeeper:
         except IndexError:
             return self._next_seq
 
-    def _sync_journal(self, final: bool) -> None:
+    def _sync_journal(self, final: bool) -> bool:
         policy = self.settings.fsync
-        self.flush_journal()
+        if not self.flush_journal():
+            return False
         if policy == "never":
-            return
+            return True
         now = time.monotonic()
         if policy == "always" or final or now - self._last_fsync >= self.settings.fsync_interval_s:
             with self._journal_lock:
@@ -664,20 +867,41 @@ class IntakeLogKeeper:
                     os.fdatasync(fd)
                     self.pipeline_fsyncs += 1
             self._last_fsync = now
+        return True
 
     def _write_checkpoint(self, handled: int) -> None:
         head = _CHECKPOINT_MAGIC + handled.to_bytes(8, "little")
         data = _CHECKPOINT.pack(_CHECKPOINT_MAGIC, handled, zlib.crc32(head))
         tmp = self.directory / (CHECKPOINT + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        sync = self.settings.fsync != "never"
         try:
-            os.write(fd, data)
-            if self.settings.fsync == "always":
-                os.fdatasync(fd)
-                self.pipeline_fsyncs += 1
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.directory / CHECKPOINT)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                if os.write(fd, data) != len(data):
+                    raise OSError(errno.ENOSPC, "short write")
+                if sync:
+                    os.fdatasync(fd)
+                    self.pipeline_fsyncs += 1
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.directory / CHECKPOINT)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            # A full filesystem has no block for a new file, but the old checkpoint's block is
+            # there: overwrite it in place (a torn one is rebuilt from the segments at start).
+            tmp.unlink(missing_ok=True)
+            fd = os.open(self.directory / CHECKPOINT, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                os.pwrite(fd, data, 0)
+                if sync:
+                    os.fdatasync(fd)
+                    self.pipeline_fsyncs += 1
+            finally:
+                os.close(fd)
+            return
+        if sync:
+            _fsync_directory(self.directory)  # the rename survives a machine crash
 
     def _delete_covered(self, final: bool) -> None:
         handled = self._checkpointed
@@ -724,6 +948,7 @@ class IntakeLogKeeper:
         try:
             self.checkpoint(final=True, barrier_timeout_s=10.0)
         except OSError as exc:
+            self._write_failed("checkpoint", exc)
             log.error("intake log: final checkpoint failed: %s; the next start replays from the previous one", exc)
         with self._journal_lock:
             if self._journal_fd >= 0:
@@ -769,6 +994,7 @@ class IntakeLogCollector:
                                       "Requests refused (retryably) because the intake log could not take them.",
                                       labels=["reason"])
         refused.add_metric(["full"], shared[s.REFUSED_FULL])
+        refused.add_metric(["low_disk"], shared[s.REFUSED_LOW_DISK])
         refused.add_metric(["write_error"], shared[s.REFUSED_ERROR])
         yield refused
         redacted = CounterMetricFamily("otel_llm_intake_log_attributes_redacted",
@@ -778,14 +1004,30 @@ class IntakeLogCollector:
         for i, reason in enumerate(s.REDACTION_REASONS):
             redacted.add_metric([reason], shared[s.REDACTED + i])
         yield redacted
+        errors = CounterMetricFamily("otel_llm_intake_log_write_errors",
+                                     "Writes to the intake log that failed, by file and reason.", labels=["file", "reason"])
+        for index, reason in enumerate(WRITE_ERROR_REASONS):
+            errors.add_metric(["segment", reason], shared[s.WRITE_ERRORS + index])
+            for file in ("journal", "checkpoint"):
+                errors.add_metric([file, reason], keeper.write_errors.get((file, reason), 0))
+        yield errors
+        yield GaugeMetricFamily("otel_llm_intake_log_writable",
+                                "1 while the intake log can be written, 0 while ingest is refused for a write error.",
+                                value=0 if keeper.problem() else 1)
         yield CounterMetricFamily("otel_llm_intake_log_replayed_requests",
                                   "Requests replayed from the intake log at start.", value=keeper.replayed_requests)
         yield CounterMetricFamily("otel_llm_intake_log_replayed_spans",
                                   "Spans in the requests replayed from the intake log at start.",
                                   value=keeper.replayed_spans)
         yield CounterMetricFamily("otel_llm_intake_log_corrupt_segments",
-                                  "Segments found at start ending in a torn or corrupt record.",
+                                  "Segments found at start holding a torn or corrupt record.",
                                   value=keeper.corrupt_segments)
+        yield CounterMetricFamily("otel_llm_intake_log_corrupt_records",
+                                  "Torn or corrupt records skipped at start (the reading resumes at the next valid one).",
+                                  value=keeper.corrupt_records)
+        yield CounterMetricFamily("otel_llm_intake_log_checkpoint_rebuilds",
+                                  "Unreadable checkpoints found at start and rebuilt from the segments.",
+                                  value=keeper.checkpoints_rebuilt)
         yield CounterMetricFamily("otel_llm_intake_log_checkpoints", "Checkpoints written.",
                                   value=keeper.checkpoints)
         yield GaugeMetricFamily("otel_llm_intake_log_size_bytes", "Bytes of intake log segments on disk.",

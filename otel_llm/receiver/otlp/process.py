@@ -38,6 +38,7 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otel_llm.receiver.otlp.config import OtlpReceiver
+from otel_llm.receiver.otlp.othersignals import SIGNALS
 from otel_llm.receiver.otlp.intake_log import IntakeLogShared, IntakeLogSettings, IntakeLogWriter
 from otel_llm.internal.runtime import name_process
 from otel_llm.receiver.otlp.admission import (
@@ -101,6 +102,21 @@ class IntakeState:
             values[self._QUEUED_BYTES] += size
             return ""
 
+    def room(self, spans: int, size: int) -> str:
+        """What ``reserve`` would answer now, without reserving (a read: no lock)."""
+        values = self._values
+        if values[self._CLOSED]:
+            return SHUTTING_DOWN
+        if values[self._REFUSING]:
+            return MEMORY_LIMIT
+        queued = values[self._QUEUED]
+        if queued:
+            if queued + spans > values[self._MAX]:
+                return QUEUE_FULL
+            if values[self._QUEUED_BYTES] + size > values[self._MAX_BYTES]:
+                return MEMORY_LIMIT
+        return ""
+
     # Pipeline side.
     def release(self, spans: int, size: int) -> None:
         with self._lock:
@@ -140,10 +156,27 @@ class ReceiverCounters:
         self._accepted = context.RawArray("q", len(PROTOCOLS))
         self._spans = context.RawArray("q", len(PROTOCOLS) * len(SPAN_REFUSALS))
         self._requests = context.RawArray("q", len(PROTOCOLS) * len(REQUEST_REFUSALS))
+        self._ignored = context.RawArray("q", len(PROTOCOLS) * len(SIGNALS))  # othersignals.py
+        self._cut = context.RawArray("q", len(PROTOCOLS))  # nesting.py
         self._lock: threading.Lock | None = None  # the writer's; created in the receiver process
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"_accepted": self._accepted, "_spans": self._spans, "_requests": self._requests, "_lock": None}
+        return {"_accepted": self._accepted, "_spans": self._spans, "_requests": self._requests,
+                "_ignored": self._ignored, "_cut": self._cut, "_lock": None}
+
+    def cut(self, protocol: str, count: int) -> None:
+        self._add(self._cut, _PROTOCOL_INDEX[protocol], count)
+
+    def cut_snapshot(self) -> dict[str, int]:
+        return {protocol: self._cut[i] for i, protocol in enumerate(PROTOCOLS)}
+
+    def ignored(self, protocol: str, signal: str, items: int) -> None:
+        """OTLP metrics or logs taken and dropped (``othersignals.py``)."""
+        self._add(self._ignored, _PROTOCOL_INDEX[protocol] * len(SIGNALS) + SIGNALS.index(signal), items)
+
+    def ignored_snapshot(self) -> dict[tuple[str, str], int]:
+        return {(protocol, signal): self._ignored[i * len(SIGNALS) + j]
+                for i, protocol in enumerate(PROTOCOLS) for j, signal in enumerate(SIGNALS)}
 
     def _add(self, values: Any, index: int, delta: int) -> None:
         if self._lock is None:
@@ -251,6 +284,15 @@ class Forwarder:
     def refuse_request(self, protocol: str, reason: str) -> None:
         self._counters.request_refused(protocol, reason)
 
+    def room(self, spans: int, size: int) -> str:
+        return self._state.room(spans, size)
+
+    def ignore(self, protocol: str, signal: str, items: int) -> None:
+        self._counters.ignored(protocol, signal, items)
+
+    def cut_values(self, protocol: str, count: int) -> None:
+        self._counters.cut(protocol, count)
+
     def event(self, **fields: object) -> None:
         with self._cond:
             self._outbox.append(EVENT + json.dumps(fields).encode())
@@ -323,14 +365,14 @@ def run_receiver_process(args: ReceiverArgs, state: IntakeState, counters: Recei
     grpc_receiver = None
     if args.grpc:
         assert protocols.grpc is not None
-        grpc_receiver = OtlpGrpcReceiver(protocols.grpc, forwarder)
+        grpc_receiver = OtlpGrpcReceiver(protocols.grpc, forwarder, args.otlp.admission_wait)
     http_receiver = None
     try:
         if grpc_receiver is not None:
             grpc_receiver.start()
         if args.http:
             assert protocols.http is not None
-            http_receiver = OtlpHttpReceiver(protocols.http, forwarder)
+            http_receiver = OtlpHttpReceiver(protocols.http, forwarder, args.otlp.admission_wait)
             http_receiver.start()
     except (OSError, ValueError) as exc:
         forwarder.event(event="error", message=str(exc))
