@@ -6,7 +6,7 @@ exporter) nothing; ``/readyz`` turns 503 once the memory limiter has refused for
 ``UNREADY_AFTER_REFUSING_S``, so a load balancer sends elsewhere; and the Python and Go SDKs'
 exporters (gRPC and HTTP) retry what otel-llm refuses, and the JS gRPC exporter never does, as the
 README's client table says (the peers in ``tests/peers/``: Go built with the Go toolchain, JS
-installed with ``npm ci``; each skipped, saying why, where that cannot be done)."""
+installed with ``npm ci``; each skipped, saying why, only where Go or Node.js is missing; a failed build fails)."""
 
 from __future__ import annotations
 
@@ -156,14 +156,14 @@ GOSDK = Path(__file__).resolve().parent / "peers" / "gosdk"
 
 @pytest.fixture(scope="module")
 def gosdk_peer(tmp_path_factory) -> Path:  # noqa: ANN001
-    """The Go peer, built once (Go's build cache makes a rebuild quick); skipped where it cannot be."""
+    """The Go peer, built once (Go's build cache makes a rebuild quick); skipped only without a Go toolchain."""
     if shutil.which("go") is None:
         pytest.skip("no Go toolchain: the Go SDK's row of the client table is not tested here")
     binary = tmp_path_factory.mktemp("gosdk") / "gosdkpeer"
     result = subprocess.run(["go", "build", "-o", str(binary), "."], cwd=GOSDK, capture_output=True, text=True,
                             timeout=900, env={**os.environ, "GOFLAGS": "-mod=readonly"})
     if result.returncode != 0:
-        pytest.skip(f"cannot build the Go SDK peer (its modules need the Go module proxy once): {result.stderr[-500:]}")
+        pytest.fail(f"cannot build the Go SDK peer (its modules need the Go module proxy once): {result.stderr[-500:]}")
     return binary
 
 
@@ -216,14 +216,14 @@ JSSDK = Path(__file__).resolve().parent / "peers" / "jssdk"
 
 @pytest.fixture(scope="module")
 def jssdk_peer() -> Path:
-    """The JS peer, its packages installed once from its package-lock.json; skipped where they cannot be."""
+    """The JS peer, its packages installed once from its package-lock.json; skipped only without Node.js."""
     if shutil.which("node") is None or shutil.which("npm") is None:
         pytest.skip("no Node.js: the JS SDK's row of the client table is not tested here")
     if not (JSSDK / "node_modules" / "@opentelemetry" / "exporter-trace-otlp-grpc").is_dir():
         result = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=JSSDK, capture_output=True, text=True,
                                 timeout=600)
         if result.returncode != 0:
-            pytest.skip(f"cannot install the JS SDK peer's packages (npm ci): {result.stderr[-500:]}")
+            pytest.fail(f"cannot install the JS SDK peer's packages (npm ci): {result.stderr[-500:]}")
     return JSSDK / "peer.js"
 
 
