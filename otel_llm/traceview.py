@@ -86,8 +86,8 @@ def render_waterfall(trace: dict[str, Any], width: int = 60) -> str:
     header = [f"trace {trace['trace_id']}  {total / 1e6:.1f} ms"]
     if summary:
         header.append(
-            f"model {summary.get('model')}  engine {summary.get('engine_kind')}  outcome {summary.get('outcome')}  "
-            f"kept by {summary.get('policy')}  TTFT {_cell('ttft_s', summary.get('ttft_s'))} ms  "
+            f"model {terminal_safe(str(summary.get('model')))}  engine {terminal_safe(str(summary.get('engine_kind')))}  "
+            f"outcome {summary.get('outcome')}  kept by {terminal_safe(str(summary.get('policy')))}  TTFT {_cell('ttft_s', summary.get('ttft_s'))} ms  "
             f"TPOT {_cell('tpot_s', summary.get('tpot_s'))} ms")
         started = datetime.datetime.fromtimestamp(start / 1e9, tz=datetime.timezone.utc)
         header.append(f"started {started.isoformat(timespec='milliseconds')}")
@@ -95,7 +95,7 @@ def render_waterfall(trace: dict[str, Any], width: int = 60) -> str:
     lines = header + [""]
     for span in _ordered(spans):
         segment = (span.get("attributes") or {}).get("otel_llm.segment")
-        name = f"[{segment}]" if segment else span["name"]
+        name = terminal_safe(f"[{segment}]" if segment else str(span["name"]))
         label = ("  " * depths[span["span_id"]] + name)[:label_width].ljust(label_width)
         offset = int((span["start_time_unix_nano"] - start) / total * width)
         length = max(1, round((span["end_time_unix_nano"] - span["start_time_unix_nano"]) / total * width))
