@@ -192,6 +192,11 @@ def free_bytes(directory: Path) -> int:
     return stat.f_bavail * stat.f_frsize
 
 
+# Kept free above ``min_free_bytes`` for block rounding and the pipeline's own (ungated) journal and
+# checkpoint writes: a 4 MiB filesystem's floor was undershot by 16 KiB without it.
+LOW_DISK_RESERVE = 256 << 10
+
+
 @dataclass(frozen=True)
 class IntakeLogSettings:
     directory: str
@@ -324,7 +329,9 @@ class IntakeLogWriter:
         """Would ``size`` more bytes leave less than ``min_free_bytes`` free on the filesystem? (The
         floor keeps room for the pipeline's journal and checkpoint, which free the log.)"""
         try:
-            return free_bytes(self._directory) - size < self._settings.min_free_bytes
+            # Blocks, not bytes (a write takes whole blocks), plus the pipeline's journal and checkpoint
+            # writes since the last check, which no floor gates: the floor itself stays free.
+            return free_bytes(self._directory) - size - LOW_DISK_RESERVE < self._settings.min_free_bytes
         except OSError:
             return False  # the write itself will tell
 
