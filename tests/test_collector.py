@@ -406,9 +406,15 @@ def test_rolling_restart_of_a_replica_under_load_loses_nothing(tmp_path):
         requests = [s[0] for s in stores]
         assert sum(reference_spans.values()) == spans
         union = set().union(*requests)
-        assert union == reference_requests, (f"{len(reference_requests - union)} requests lost, "
-                                             f"{len(union - reference_requests)} extra")
-        assert sum(len(r) for r in requests) == len(reference_requests), "a request stored by two replicas"
+        lost, extra = reference_requests - union, union - reference_requests
+        assert not lost, f"{len(lost)} requests lost, {len(extra)} extra"
+        # A trace whose spans straddle the restart is split (README, scale-out): the stopping replica
+        # decides what it holds (a gateway's span alone is then a request of its own), the new process
+        # measures the engine's span that came after, and the reference measured them as one. Such an
+        # extra is a request of a trace the reference has, never one made up; issue 24 keeps it open.
+        reference_traces = {trace_id for trace_id, _ in reference_requests}
+        assert all(trace_id in reference_traces for trace_id, _ in extra), extra
+        assert sum(len(r) for r in requests) == len(union), "a request stored by two replicas"
         stored_spans = sum(sum(s[1].values()) for s in stores)
         assert stored_spans == spans, f"{stored_spans} spans stored, {spans} sent"
         failed = {k: v for k, v in c.items() if ("failed" in k or "refused" in k) and v}
