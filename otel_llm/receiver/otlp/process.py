@@ -87,29 +87,21 @@ class IntakeState:
         """Room for ``spans`` more in ``size`` bytes, or the reason there is none (a retryable refusal)."""
         values = self._values
         with self._lock:
-            if values[self._CLOSED]:
-                return SHUTTING_DOWN
-            if values[self._REFUSING]:
-                return MEMORY_LIMIT
-            queued = values[self._QUEUED]
-            # An empty intake takes any request, so a request bigger than a bound is not refused forever.
-            if queued:
-                if queued + spans > values[self._MAX]:
-                    return QUEUE_FULL
-                if values[self._QUEUED_BYTES] + size > values[self._MAX_BYTES]:
-                    return MEMORY_LIMIT
-            values[self._QUEUED] = queued + spans
-            values[self._QUEUED_BYTES] += size
-            return ""
+            refusal = self.room(spans, size)
+            if not refusal:
+                values[self._QUEUED] += spans
+                values[self._QUEUED_BYTES] += size
+            return refusal
 
     def room(self, spans: int, size: int) -> str:
-        """What ``reserve`` would answer now, without reserving (a read: no lock)."""
+        """What ``reserve`` would answer now, without reserving (a read: no lock; ``reserve`` calls it under its lock)."""
         values = self._values
         if values[self._CLOSED]:
             return SHUTTING_DOWN
         if values[self._REFUSING]:
             return MEMORY_LIMIT
         queued = values[self._QUEUED]
+        # An empty intake takes any request, so a request bigger than a bound is not refused forever.
         if queued:
             if queued + spans > values[self._MAX]:
                 return QUEUE_FULL
