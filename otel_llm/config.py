@@ -130,6 +130,12 @@ class Service:
     # spans/s at saturation on 2 cores for ~1.2x the CPU per span (bench/README.md, issue 17's runs).
     # Off by default: a fleet pays per core, and scales out behind the load balancer instead.
     adapter_process: bool = False
+    # At a graceful stop, the pending traces are written beside the store for the next start instead
+    # of decided (service/handover.py): behind the load balancer their late spans (an engine's, a
+    # proxy's) reach the next process, and are measured with them. Off by default: a process stopped
+    # for good (a laptop, a scale-down) should leave every trace decided and exported; the scale-out
+    # configs (Helm with persistence, compose) turn it on.
+    hand_over_pending_traces: bool = False
     # The extensions that run (the Collector's service.extensions); unset: every configured one.
     extensions: list[str] | None = None
 
@@ -186,6 +192,7 @@ def _validate(config: Config) -> None:
                 validate(f"{kind.value}.{name}")
     _validate_pipelines(config)
     _validate_intake_log(config)
+    _validate_handover(config)
     claimed: dict[str, str] = {}
     for path, endpoint in _listen_endpoints(config):
         if endpoint in claimed and not endpoint.endswith(":0"):
@@ -343,6 +350,12 @@ def _validate_intake_log(config: Config) -> None:
     if otlp is not None and otlp.intake_log is not None and not intake_log_directory(config):
         raise ConfigError("receivers.otlp.intake_log.directory",
                           "required when there is no exporters.store (its default is beside the store)")
+
+
+def _validate_handover(config: Config) -> None:
+    if config.service.hand_over_pending_traces and not config.runs(Kind.EXPORTER, "store"):
+        raise ConfigError("service.hand_over_pending_traces",
+                          "needs exporters.store: the handover is written beside the store, for the next start on it")
 
 
 def config_from_dict(data: Any) -> Config:

@@ -56,6 +56,10 @@ def assert_one_clean_line(stderr: str) -> None:
     # .inf passed validation, then the SIGTERM path crashed (0 of 50 pending traces stored).
     ("service: {shutdown_grace: .inf}\n", "service.shutdown_grace"),
     ("service: {shutdown_grace: 2h}\n", "service.shutdown_grace"),
+    # Written beside the store: without one it would be ignored.
+    ("service:\n  hand_over_pending_traces: true\n  pipelines:\n    traces: {receivers: [otlp], processors: "
+     "[llm_metrics, tail_sampling, redaction], exporters: [debug]}\nexporters: {debug: {}}\n",
+     "service.hand_over_pending_traces"),
     # 0 made the memory limiter's loop spin (95 % CPU idle).
     ("processors:\n  memory_limiter: {check_interval: 0}\n", "processors.memory_limiter.check_interval"),
     # 2^64 wrapped to 0 in the shared intake counters.

@@ -117,6 +117,8 @@ def test_default_render_replicas_services_probes_and_collector(helm, tmp_path):
     config_text = _one(manifests, "ConfigMap", "otel-llm")["data"]["config.yaml"]
     config = yaml.safe_load(config_text)
     assert config["exporters"]["store"]["path"].startswith(mounts["data"] + "/")
+    # On a PVC the next pod reads the handover a stopping one writes.
+    assert config["service"]["hand_over_pending_traces"] is True
     (tmp_path / "config.yaml").write_text(config_text)
     result = _run([sys.executable, "-m", "otel_llm", "validate", str(tmp_path / "config.yaml")])
     assert result.returncode == 0, result.stdout + result.stderr
@@ -151,6 +153,9 @@ def test_custom_values_render(helm, tmp_path):
     assert "volumeClaimTemplates" not in sts["spec"]
     volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
     assert volumes["data"] == {"name": "data", "emptyDir": {}}
+    # ... so a stopping pod decides its pending traces: no new pod would read a handover.
+    config = yaml.safe_load(manifests[("ConfigMap", "llm-obs")]["data"]["config.yaml"])
+    assert config["service"]["hand_over_pending_traces"] is False
     headless = manifests[("Service", "llm-obs-headless")]
     assert _service_ports(headless)["otlp-grpc"] == 14317
 

@@ -26,7 +26,9 @@ from otel_llm.processor.tail_sampling.assembler import AssemblySettings, Buffere
 from otel_llm.config import TailSamplingProcessor
 from otel_llm.pdata.traces import CompletedTrace
 from otel_llm.processor.tail_sampling.sampler import TailSampler
-from tests.support.payloads import vllm_batch
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from tests.support.payloads import gateway_batch, vllm_batch
 
 ORIGIN = Origin(Resource(), InstrumentationScope(), "svc", {})
 TRACE_ID = b"\x01" * 16
@@ -326,6 +328,80 @@ def test_a_request_redelivered_after_a_graceful_restart_is_a_duplicate(tmp_path)
     finally:
         second.ensure_stopped()
     assert len(StoreReader(tmp_path / "store").list_requests(limit=100)) == 3
+
+
+@pytest.mark.parametrize("hand_over", [True, False])
+def test_a_gateway_span_pending_at_a_graceful_stop_joins_its_engine_span_after_the_restart(tmp_path, hand_over):
+    """The rolling-restart split: a gateway's span reached the replica, the engine's export had not
+    when SIGTERM came; behind the load balancer the engine's span reaches the next process. Handed
+    over (the default) the two are one request, as without the restart; deciding at stop
+    (``hand_over_pending_traces: false``) counts the gateway span as a request of its own. Every
+    pending trace is handed over (an engine span waiting for its parent too, measured once by the
+    next process); no content reaches the handover file."""
+    import sqlite3
+
+    from tests.support.otelllm import ServerProcess
+
+    config = {"processors": {"tail_sampling": {"grace": "100ms", "decision_wait": "120s", "policies": [
+        {"name": "all", "type": "probabilistic", "probabilistic": {"sampling_percentage": 100}}]}},
+        "service": {"hand_over_pending_traces": hand_over}}  # off by default
+    whole = gateway_batch()
+    scope = whole.resource_spans[0].scope_spans[0]
+    engine_span, gateway_span = scope.spans[0], scope.spans[1]
+    secret = "the user's prompt: SECRET-4711"
+    kv = gateway_span.attributes.add()
+    kv.key, kv.value.string_value = "gen_ai.prompt", secret
+    gateway_only, engine_only = ExportTraceServiceRequest(), ExportTraceServiceRequest()
+    for request, span in ((gateway_only, gateway_span), (engine_only, engine_span)):
+        resource_spans = request.resource_spans.add()
+        resource_spans.resource.CopyFrom(whole.resource_spans[0].resource)
+        scope_spans = resource_spans.scope_spans.add()
+        scope_spans.scope.CopyFrom(scope.scope)
+        scope_spans.spans.append(span)
+    orphan = vllm_batch(1, parent=True)  # an engine span whose parent never comes: decided at stop
+    trace_hex, orphan_hex = engine_span.trace_id.hex(), orphan.resource_spans[0].scope_spans[0].spans[0].trace_id.hex()
+    handover = tmp_path / "store" / "handover"
+    # The next process decides what never completes (the orphan) soon, not in 120 s.
+    restarted = {**config, "processors": {"tail_sampling": {**config["processors"]["tail_sampling"],
+                                                             "decision_wait": "1s"}}}
+
+    first = ServerProcess(tmp_path, config)
+    try:
+        first.start()
+        _post(first, gateway_only)
+        _post(first, orphan)
+        first.wait_until(lambda s: s.value("otel_llm_traces_in_memory") == 2, what="both traces pending")
+        assert first.stop() == 0
+    finally:
+        first.ensure_stopped()
+    assert handover.exists() == hand_over
+    if hand_over:
+        data = handover.read_bytes()
+        assert gateway_span.span_id in data and b"SECRET-4711" not in data
+    second = ServerProcess(tmp_path, restarted)
+    try:
+        second.start()
+        scrape = second.scrape()
+        assert scrape.value("otel_llm_spans_taken_over_total") == (2 if hand_over else 0)
+        assert not handover.exists()  # one start takes it
+        _post(second, engine_only)
+        second.wait_until(lambda s: s.value("otel_llm_requests_assembled_total") == (2 if hand_over else 1)
+                          and s.value("otel_llm_traces_in_memory") == 0, what="both traces decided")
+        assert second.stop() == 0
+    finally:
+        second.ensure_stopped()
+    with sqlite3.connect(tmp_path / "store" / "traces.db") as connection:
+        rows = connection.execute("SELECT trace_id, span_id FROM requests").fetchall()
+        stored_spans = {(t, s) for t, s in connection.execute("SELECT trace_id, span_id FROM spans")}
+        texts = "".join(str(row) for row in connection.execute("SELECT * FROM spans"))
+    assert sum(1 for t, _ in rows if t == orphan_hex) == 1
+    requests_of_trace = sorted(s for t, s in rows if t == trace_hex)
+    if hand_over:
+        assert requests_of_trace == [engine_span.span_id.hex()]  # one request, as the whole trace gives
+    else:
+        assert requests_of_trace == sorted([engine_span.span_id.hex(), gateway_span.span_id.hex()])
+    assert (trace_hex, gateway_span.span_id.hex()) in stored_spans
+    assert "SECRET-4711" not in texts
 
 
 def test_a_large_trace_is_answered_a_page_at_a_time(make_server):

@@ -16,10 +16,11 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from otel_llm.component import KeptTraceConsumer
+from otel_llm.pdata.spans import PendingTrace
 from otel_llm.pdata.traces import CompletedTrace, Decision, Remembered, TraceConsumer
 from otel_llm.processor.llm_metrics.config import LlmMetricsProcessor
 from otel_llm.processor.llm_metrics.digest import decode, digest_in_process, digest_settings
@@ -320,8 +321,11 @@ class Pipeline:
         if self.memory_limiter is not None:
             self.memory_limiter.start()
 
-    def shutdown(self, timeout_s: float = 30.0) -> None:
-        """Process everything accepted, then decide every pending trace and flush the batches."""
+    def shutdown(self, timeout_s: float = 30.0, hand_over: Callable[[PendingTrace], bool] | None = None,
+                 write_handover: Callable[[list[PendingTrace]], list[PendingTrace]] | None = None) -> None:
+        """Process everything accepted, then decide every pending trace and flush the batches; the
+        traces ``hand_over`` picks go to ``write_handover`` undecided instead (for the next start),
+        and those it returns (not written) are decided with the rest."""
         if not self.intake.close_and_wait(timeout_s):
             log.error("pipeline did not finish its queue within %.0fs; %d spans unprocessed",
                       timeout_s, self.intake.queued_spans)
@@ -332,9 +336,24 @@ class Pipeline:
         # after its final flush, however long a tick takes on a loaded machine.
         with self._tick_lock:
             self._stop.set()
+            if hand_over is not None and write_handover is not None:
+                handed = self.assembler.take_pending(hand_over)
+                if handed:
+                    self.assembler.complete_now(write_handover(handed))
             self.assembler.drain()
             self._flush(False)
         if self._ticker is not None:
             self._ticker.join(timeout=5)
         if self._worker is not None:
             self._worker.join(timeout=5)
+
+    def take_over(self, requests: Iterable[bytes]) -> int:
+        """A predecessor's handed-over traces (``service/handover.py``), before the receivers listen:
+        buffered again as they were first received; returns the spans taken."""
+        taken = 0
+        for request in requests:
+            spans, counts = digest_in_process(request, self.digest_settings)
+            if spans:
+                self.assembler.add_batch(spans)
+            taken += len(spans)
+        return taken

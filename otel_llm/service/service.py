@@ -28,7 +28,9 @@ from otel_llm.receiver.otlp.intake_log import (
     read_journal,
 )
 from otel_llm.receiver.otlp.process import IntakeState, ReceiverCounters, spawn_context
+from otel_llm.pdata.spans import PendingTrace
 from otel_llm.service.graph import Pipeline
+from otel_llm.service.handover import HANDOVER_FILE, every_pending_trace, read_handover, write_handover
 from otel_llm.service.processes import IngestProcesses
 from otel_llm.service.telemetry import SelfTelemetry
 
@@ -105,7 +107,36 @@ class Service:
             self.registry.register(IntakeLogCollector(self.intake_log))
             self.host.readiness.append(self.intake_log.problem)
 
-    # --- the decision cache across a graceful restart ------------------------------------------
+    # --- the decision cache and the pending traces across a graceful restart ------------------
+
+    def _handover_path(self) -> Path | None:
+        decisions = self._decisions_path()
+        if decisions is None or not self.config.service.hand_over_pending_traces:
+            return None
+        return decisions.parent / HANDOVER_FILE
+
+    def _hand_over(self, path: Path, pending: list[PendingTrace]) -> list[PendingTrace]:
+        """Write ``pending`` for the next start; returns what was not written (decided now, as without)."""
+        result = write_handover(path, pending, self.pipeline.intake_redaction)
+        if result.traces:
+            log.warning("handed %d pending traces (%d spans) over to the next start on this store; they are "
+                        "measured when otel-llm next starts with %s", result.traces, result.spans, path)
+        return result.not_written or []
+
+    def _take_over(self) -> None:
+        path = self._handover_path()
+        if path is None:
+            return
+        read = read_handover(path)
+        if read is None:
+            return
+        if read.damaged:
+            log.error("the previous run's handover %s is damaged: %d traces after the damage are lost", path,
+                      read.damaged)
+        spans = self.pipeline.take_over(read.requests)
+        self.telemetry.spans_taken_over.inc(spans)
+        log.info("took over %d pending traces (%d spans) from the previous run", len(read.requests), spans)
+
 
     def _decisions_path(self) -> Path | None:
         """Beside the store: a sender that never got the answer to a request this process took
@@ -204,6 +235,7 @@ class Service:
                 self._started.append(path)
             self.pipeline.start()
             self._started.append("pipeline")
+            self._take_over()
             if self.intake_log is not None and self.ingest is not None:
                 # Before the receivers listen: what was acknowledged before a crash goes first.
                 try:
@@ -245,7 +277,13 @@ class Service:
                 if lost > 0:
                     self.telemetry.spans_dropped.labels("receiver_exit").inc(lost)
         if "pipeline" in started:
-            self.pipeline.shutdown()  # every pending trace decided and handed to the exporters
+            handover = self._handover_path()
+            # Every pending trace decided and handed to the exporters, but those the next start should decide.
+            if handover is None:
+                self.pipeline.shutdown()
+            else:
+                self.pipeline.shutdown(hand_over=every_pending_trace,
+                                       write_handover=lambda pending: self._hand_over(handover, pending))
             self._save_decisions()
         if "exporters.store" in started:
             self.components["exporters.store"].shutdown(grace)

@@ -100,6 +100,10 @@ class SelfTelemetry:
             "otel_llm_spans_duplicate",
             "Spans received again with a trace and span id already taken (a retried export): counted once, measured once.",
             registry=registry)
+        self.spans_taken_over = Counter(
+            "otel_llm_spans_taken_over", "Spans of traces a gracefully stopped predecessor handed over undecided "
+            "(service.hand_over_pending_traces), "
+            "buffered again at start.", registry=registry)
         self.spans_truncated = Counter(
             "otel_llm_spans_truncated", "Spans whose attributes were cut to the configured limits.", registry=registry)
         # What could not be measured, per service, next to the requests it counted (the web view's

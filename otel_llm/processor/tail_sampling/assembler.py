@@ -281,6 +281,25 @@ class TraceAssembler:
             self._complete(trace, "memory_pressure")
         return len(due)
 
+    def take_pending(self, wanted: Callable[[PendingTrace], bool]) -> list[PendingTrace]:
+        """Remove the pending traces ``wanted`` picks, undecided (a graceful stop hands them to the next
+        start): not remembered as decided, so nothing of them is late here or there."""
+        with self._lock:
+            taken = [trace for trace in self._pending.values() if wanted(trace)]
+            for trace in taken:
+                del self._pending[trace.trace_id]
+                self._ready.pop(trace.trace_id, None)
+                self._held.pop(trace.trace_id, None)
+        return taken
+
+    def complete_now(self, traces: list[PendingTrace], reason: CompletionReason = "shutdown") -> None:
+        """Decide traces taken with ``take_pending`` after all (their handover could not be written)."""
+        with self._lock:
+            for trace in traces:
+                self._remember(trace.trace_id, len(trace.spans))
+        for trace in traces:
+            self._complete(trace, reason)
+
     def drain(self) -> int:
         """Complete every pending trace now (shutdown)."""
         with self._lock:
