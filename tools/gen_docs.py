@@ -210,6 +210,22 @@ def _readme_of(factory: Any) -> Path:
     return Path(module.__file__).parent / "README.md"
 
 
+def document(component: str, cls: type, meanings: dict[str, str], shared: dict[str, str],
+             readme_name: str) -> tuple[list[Option], list[str]]:
+    """``cls``'s options with their meanings, and a problem for each option without one."""
+    options: list[Option] = []
+    problems: list[str] = []
+    for path, owner, f, tp in walk(cls):
+        meaning = (meanings.get(path) or shared.get(path) or "").replace("\\|", "|").strip()
+        if not meaning:
+            problems.append(f"{component}.{path}: no meaning; add a row `{path}` with a \"what it does\" cell "
+                            f"to the option table of {readme_name}, then run {REGENERATE}")
+        has_default, value = default_of(f)
+        default = format_default(tp, value) if has_default else "(required)"
+        options.append(Option(path, type_name(tp), default, format_bounds(owner, f.name, tp), meaning))
+    return options, problems
+
+
 def component_options() -> list[tuple[str, Path, list[Option]]]:
     """(``receivers.otlp``, its README, its options) for every component, then ``service``."""
     from otel_llm.config import Service
@@ -223,17 +239,9 @@ def component_options() -> list[tuple[str, Path, list[Option]]]:
                for kind in Kind for name, factory in factories(kind).items()]
     sources.append(("service", Service, ROOT / "otel_llm" / "service" / "README.md"))
     for component, cls, readme in sources:
-        meanings = readme_meanings(readme.read_text(encoding="utf-8"))
-        options: list[Option] = []
-        for path, owner, f, tp in walk(cls):
-            meaning = meanings.get(path) or shared_meanings.get(path) or ""
-            meaning = meaning.replace("\\|", "|").strip()
-            if not meaning:
-                problems.append(f"{component}.{path}: no meaning; add a row `{path}` with a \"what it does\" cell "
-                                f"to the option table of {readme.relative_to(ROOT)}")
-            has_default, value = default_of(f)
-            default = format_default(tp, value) if has_default else "(required)"
-            options.append(Option(path, type_name(tp), default, format_bounds(owner, f.name, tp), meaning))
+        options, missing = document(component, cls, readme_meanings(readme.read_text(encoding="utf-8")),
+                                    shared_meanings, str(readme.relative_to(ROOT)))
+        problems += missing
         out.append((component, readme, options))
     if problems:
         raise Undocumented("options without a meaning:\n  " + "\n  ".join(problems))
