@@ -162,7 +162,8 @@ def _merge(base: Any, over: Any) -> Any:
 
 def _example_configs() -> dict[str, Any]:
     configs: dict[str, Any] = {"EMBEDDED_DEFAULTS": EMBEDDED_DEFAULTS}
-    for path in ("collector-config/otel-llm.yaml", "deploy/docker/otel-llm.yaml", "tests/testdata/minimal.yaml"):
+    for path in ("collector-config/otel-llm.yaml", "deploy/docker/otel-llm.yaml", "tests/testdata/minimal.yaml",
+                 *(str(p.relative_to(ROOT)) for p in sorted((ROOT / "docs" / "examples").glob("*.yaml")))):
         configs[path] = yaml.safe_load((ROOT / path).read_text(encoding="utf-8"))
     chart = ROOT / "deploy" / "helm" / "otel-llm"
     values = yaml.safe_load((chart / "values.yaml").read_text(encoding="utf-8"))["config"]
