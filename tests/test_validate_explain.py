@@ -108,6 +108,15 @@ def test_explain_ranks_the_reasons_a_running_instance_counted(server: ServerProc
     anchors, out = explain(server)
     assert anchors == ["spans-malformed-nan-latency", "receiver-refused-requests-malformed", "empty-model-label"], out
 
+    # Every span-derived family this running instance exposes is in the generated metrics reference.
+    reference = (ROOT / "docs" / "reference" / "metrics.md").read_text(encoding="utf-8")
+    exposed = {re.sub(r"_(bucket|sum|count|created)$", "", name)
+               for name in re.findall(r"^([a-zA-Z_:][\w:]*)(?:\{| )", server.scrape().text, re.M)
+               if name.startswith(("vllm:", "gen_ai_", "otel_llm_request_segment"))}
+    assert "vllm:time_to_first_token_seconds" in exposed and "vllm:request_success_total" in exposed
+    missing = sorted(name for name in exposed if f"`{name}`" not in reference)
+    assert not missing, f"exposed but not in docs/reference/metrics.md: {missing}"
+
 
 def test_explain_says_when_it_cannot_reach_the_instance() -> None:
     result = subprocess.run([sys.executable, "-m", "otel_llm", "validate", "--explain", "--url", "http://127.0.0.1:9"],

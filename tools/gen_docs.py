@@ -371,7 +371,7 @@ def config_schema() -> dict[str, Any]:
 
 
 def _buckets(buckets: tuple[float, ...]) -> str:
-    return " ".join(f"{b:g}" for b in buckets)
+    return " ".join(str(int(b)) if float(b).is_integer() else repr(b) for b in buckets)
 
 
 def metrics_md() -> str:
@@ -412,7 +412,7 @@ def metrics_md() -> str:
             if h.per_step is not None:
                 notes.append("one observation per engine step")
             buckets = _buckets(h.buckets)
-            if h.buckets is d.tokens_buckets(max_model_len) or h.buckets_by_model or h.name.endswith("_tokens"):
+            if h.buckets == d.tokens_buckets(max_model_len):
                 buckets = (f"1-2-5 up to `max_model_len` (default {max_model_len}: {buckets}); per model with "
                            "`max_model_len_by_model`")
             description = h.description + (f" ({'; '.join(notes)})" if notes else "")
@@ -450,8 +450,8 @@ def self_telemetry_md() -> list[str]:
         labels: set[str] = set()
         for sample in family.samples:
             labels.update(sample.labels)
-        declared = _declared_labels(registry, family.name)
-        labels |= declared
+        # declared label names even where no sample exists yet (a family of a custom collector keeps them)
+        labels |= _declared_labels(registry, family.name) | set(getattr(family, "_labelnames", ()) or ())
         label_text = ", ".join(f"`{label}`" for label in sorted(labels))
         lines.append(f"| `{name}` | {family.type} | {label_text} | {_cell(family.documentation)} |")
     lines.append("")
