@@ -204,3 +204,14 @@ def test_a_bad_config_fails_the_schema_as_it_fails_validate(name: str) -> None:
     with pytest.raises(ConfigError):
         config_from_dict(bad)
     assert list(VALIDATOR.iter_errors(bad)), f"the schema accepts the {name} config that validate refuses"
+
+
+def test_the_readme_stays_a_front_page() -> None:
+    """Read in two minutes: the two commands, the line for vLLM, where to look next; the rest is in docs/."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 150, "README.md is a front page: move the deeper sections into docs/"
+    for must in ("make run", "make test", "--otlp-traces-endpoint grpc://", "OTEL_SERVICE_NAME=",
+                 "docs/webview/overview.png", "docs/troubleshooting.md"):
+        assert must in readme, must
+    for link in re.findall(r"\]\((docs/[^)#]+)", readme):  # the site checks its own links; these are GitHub's
+        assert (ROOT / link).is_file(), link
