@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
 
-.PHONY: run test bench demo clean services peers engines instrumentations
+.PHONY: run test bench demo clean services peers engines instrumentations docs docs-serve
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,15 @@ instrumentations:
 test: $(TSTAMP) services peers engines instrumentations
 	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The generated references (docs/reference/, the reason tables of docs/troubleshooting.md, docs/index.md
+# from README.md), from the code's declarations: run after changing a metric, an option or a counted
+# reason; tests/test_docs.py fails while they are stale. `docs-serve` previews the site.
+docs: $(TSTAMP)
+	$(BIN)/python -m tools.gen_docs
+
+docs-serve: docs
+	$(BIN)/mkdocs serve
 
 bench: $(STAMP) peers
 	$(BIN)/python -m bench

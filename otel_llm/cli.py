@@ -74,12 +74,29 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    if args.explain:
+        return _explain(args)
+    if args.config is None:
+        print("otel-llm validate: give a config file, or --explain [--url URL] for a running instance", file=sys.stderr)
+        return EXIT_CONFIG
     try:
         check_certificates(load_config(args.config))
     except ConfigError as exc:
         print(f"{args.config}: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     print(f"{args.config}: ok")
+    return 0
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from otel_llm.explain import diagnose, fetch, render
+
+    try:
+        exposition = fetch(args.url)
+    except OSError as exc:
+        print(f"otel-llm: cannot read {args.url.rstrip('/')}/metrics: {exc}", file=sys.stderr)
+        return 1
+    sys.stdout.write(render(diagnose(exposition), top=args.top))
     return 0
 
 
@@ -185,8 +202,15 @@ def build_parser(simulate: bool = True) -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the receivers, pipeline and exporters")
     serve.add_argument("--config", help="YAML config file (default: the embedded defaults)")
     serve.set_defaults(func=_serve)
-    validate = sub.add_parser("validate", help="check a config file and exit (2 if invalid)")
-    validate.add_argument("config", help="YAML config file")
+    validate = sub.add_parser("validate", help="check a config file and exit (2 if invalid); with --explain, the "
+                              "likeliest reasons a running instance's numbers are missing")
+    validate.add_argument("config", nargs="?", help="YAML config file")
+    validate.add_argument("--explain", action="store_true",
+                          help="read a running otel-llm's own counters (--url) and name the likeliest reasons numbers "
+                               "are missing, each with its section of docs/troubleshooting.md")
+    validate.add_argument("--url", default="http://127.0.0.1:9464",
+                          help="with --explain: the otel-llm whose /metrics to read (default: %(default)s)")
+    validate.add_argument("--top", type=int, default=3, help="with --explain: how many reasons to show (default: 3)")
     validate.set_defaults(func=_validate)
     traces = sub.add_parser("traces", help="list kept requests from the trace store")
     _add_source(traces)

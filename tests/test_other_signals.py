@@ -105,15 +105,15 @@ def test_a_malformed_metrics_body_is_a_counted_400(server):
 
 
 def test_the_readme_range_table_durations_are_what_validate_accepts():
-    """The README's table of ranges once said ``3650d``, which ``validate`` refuses (durations have no
+    """The table of ranges (once in the README, now docs/configuration.md) once said ``3650d``, which ``validate`` refuses (durations have no
     ``d``, as in the Collector): every duration in it must load."""
     import re
     from pathlib import Path
 
     from otel_llm.confmap import parse_duration
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
     durations = re.findall(r"\| `[^`|]+` \| (?:\d+(?:ms|s|m|h|d)?) – (\d+(?:ms|s|m|h|d)) ", readme)
     assert "87600h" in durations
     for duration in durations:
-        parse_duration(duration, "README")
+        parse_duration(duration, "docs/configuration.md")

@@ -1,0 +1,131 @@
+"""``otel-llm validate --explain``: why numbers are missing, read from a running instance's own counters.
+
+Every counter that means "a request, span or value was not measured" is read from ``/metrics`` and
+ranked by how much it lost (spans or requests, since the start); the first few are printed, each with
+the anchor of its section in ``docs/troubleshooting.md``. The reason anchors are the ones
+``tools/gen_docs.py`` writes on that page (``reason_anchor``, one definition for both).
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from collections import defaultdict
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+TROUBLESHOOTING = "docs/troubleshooting.md"
+# The counters whose reasons have a row each on the troubleshooting page.
+REASON_COUNTERS = ("otel_llm_spans_malformed_total", "otel_llm_values_rejected_total",
+                   "otel_llm_service_unmeasured_total", "otel_llm_spans_dropped_total",
+                   "otel_llm_receiver_refused_requests_total", "otel_llm_receiver_refused_spans_total")
+
+
+def reason_anchor(counter: str, reason: str) -> str:
+    """The troubleshooting page's anchor of one reason of ``counter``."""
+    return f"{counter.removeprefix('otel_llm_').removesuffix('_total')}-{reason}".replace("_", "-")
+
+
+@dataclass(frozen=True)
+class Finding:
+    count: float  # spans, requests or values lost, since the instance started
+    what: str
+    hint: str
+    anchor: str
+
+    @property
+    def link(self) -> str:
+        return f"{TROUBLESHOOTING}#{self.anchor}"
+
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def parse(exposition: str) -> Samples:
+    samples: Samples = defaultdict(list)
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            samples[sample.name].append((dict(sample.labels), float(sample.value)))
+    return samples
+
+
+def _total(samples: Samples, name: str, **labels: str) -> float:
+    return sum(value for found, value in samples.get(name, []) if all(found.get(k) == v for k, v in labels.items()))
+
+
+def _by_reason(samples: Samples, name: str) -> dict[str, float]:
+    out: dict[str, float] = defaultdict(float)
+    for labels, value in samples.get(name, []):
+        out[labels.get("reason", "")] += value
+    return out
+
+
+_HINTS = {
+    "otel_llm_spans_malformed_total": "engine spans with unusable values: passed through, not measured",
+    "otel_llm_values_rejected_total": "durations read at assembly that failed validation: the request is counted without them",
+    "otel_llm_service_unmeasured_total": "an interval derived across two clocks came out negative: that interval is not observed",
+    "otel_llm_spans_dropped_total": "spans accepted, then lost",
+    "otel_llm_receiver_refused_requests_total": "export requests refused at the door",
+    "otel_llm_receiver_refused_spans_total": "spans refused at the door",
+}
+
+
+def diagnose(exposition: str) -> list[Finding]:
+    """Every reason numbers may be missing, the largest loss first."""
+    samples = parse(exposition)
+    accepted = _total(samples, "otel_llm_receiver_accepted_spans_total")
+    refused = _total(samples, "otel_llm_receiver_refused_spans_total") + \
+        _total(samples, "otel_llm_receiver_refused_requests_total")
+    findings: list[Finding] = []
+    if accepted == 0 and refused == 0:
+        # Nothing else can be wrong yet: this one goes first whatever the counts.
+        findings.append(Finding(float("inf"), "no spans have arrived at all",
+                                "is the engine exporting (--otlp-traces-endpoint), to this host and port, on a "
+                                "non-loopback listener?", "no-spans"))
+    matched = _total(samples, "otel_llm_spans_matched_total")
+    passed = _total(samples, "otel_llm_spans_passed_through_total")
+    if accepted > 0 and matched == 0 and passed > 0:
+        findings.append(Finding(passed, f"{passed:.0f} spans arrived and none came from an engine",
+                                "no engine adapter recognised them: is the engine's own tracing on?", "unmatched-spans"))
+    for counter in REASON_COUNTERS:
+        for reason, count in _by_reason(samples, counter).items():
+            if count > 0:
+                unit = "requests" if "requests" in counter else "values" if "values" in counter else "spans"
+                if counter == "otel_llm_service_unmeasured_total":
+                    if not reason.startswith("not_measurable_"):
+                        continue  # its malformed reasons are otel_llm_spans_malformed_total's, counted there
+                    unit = "requests"
+                findings.append(Finding(count, f"{count:.0f} {unit}: {counter}{{reason=\"{reason}\"}}",
+                                        _HINTS[counter], reason_anchor(counter, reason)))
+    unlabelled = _total(samples, "vllm:request_success_total", model_name="")
+    if "vllm:request_success_total" not in samples:  # the vllm naming off: the gen_ai one says the same
+        unlabelled = _total(samples, "gen_ai_server_request_duration_seconds_count", gen_ai_request_model="")
+    if unlabelled > 0:
+        findings.append(Finding(unlabelled, f"{unlabelled:.0f} requests with an empty model label",
+                                "the spans name no model: start vLLM with OTEL_SERVICE_NAME=<served model name>, "
+                                "or map service names with model_name.from_resource", "empty-model-label"))
+    late = _total(samples, "otel_llm_late_spans_total")
+    if late > 0:
+        findings.append(Finding(late, f"{late:.0f} spans arrived after their trace was decided",
+                                "late spans are not measured: raise tail_sampling.decision_wait above the longest "
+                                "export delay", "late-spans"))
+    overflow = _total(samples, "otel_llm_series_overflow_total")
+    if overflow > 0:
+        findings.append(Finding(overflow, f"{overflow:.0f} observations went to an overflow series",
+                                "a label has too many values (series_limit)", "series-overflow"))
+    findings.sort(key=lambda f: -f.count)
+    return findings
+
+
+def render(findings: list[Finding], top: int = 3) -> str:
+    if not findings:
+        return "nothing refused, malformed, rejected, unlabelled, late or dropped: no reason found for missing numbers\n"
+    lines = [f"the {min(top, len(findings))} most likely reasons numbers are missing (of {len(findings)} found):"]
+    for i, finding in enumerate(findings[:top], 1):
+        lines += [f"{i}. {finding.what}", f"   {finding.hint}", f"   see {finding.link}"]
+    return "\n".join(lines) + "\n"
+
+
+def fetch(url: str, timeout_s: float = 30.0) -> str:
+    with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout_s) as response:
+        return str(response.read().decode("utf-8", "replace"))

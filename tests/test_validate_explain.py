@@ -1,0 +1,125 @@
+"""`otel-llm validate --explain` against a real `otel-llm serve` fed bad spans: the likeliest reasons
+numbers are missing, largest loss first, each linked to its section of docs/troubleshooting.md."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from tests.support.otelllm import ServerProcess
+
+ROOT = Path(__file__).resolve().parents[1]
+TROUBLESHOOTING = (ROOT / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ServerProcess]:
+    process = ServerProcess(tmp_path, {"processors": {"tail_sampling": {"decision_wait": "1s", "grace": "100ms"}}})
+    try:
+        process.start(timeout_s=60)
+        yield process
+    finally:
+        process.ensure_stopped()
+
+
+def vllm_span(trace_id: bytes, ttft: float = 0.5) -> ExportTraceServiceRequest:
+    """A vLLM V1 request span as vLLM sends it (gen_ai.latency.* on a SERVER span; no model, no resource)."""
+    request = ExportTraceServiceRequest()
+    span = request.resource_spans.add().scope_spans.add().spans.add()
+    span.trace_id, span.span_id = trace_id, os.urandom(8)
+    span.name, span.kind = "llm_request", 2  # SERVER
+    span.start_time_unix_nano = time.time_ns() - 3 * 10**9
+    span.end_time_unix_nano = span.start_time_unix_nano + 2_600_000_000
+    for key, value in (("time_to_first_token", ttft), ("time_in_queue", 0.1), ("time_in_model_prefill", 0.3),
+                       ("time_in_model_decode", 2.0), ("time_in_model_inference", 2.3), ("e2e", 2.6)):
+        kv = span.attributes.add()
+        kv.key, kv.value.double_value = "gen_ai.latency." + key, value
+    return request
+
+
+def plain_span(trace_id: bytes) -> ExportTraceServiceRequest:
+    request = ExportTraceServiceRequest()
+    span = request.resource_spans.add().scope_spans.add().spans.add()
+    span.trace_id, span.span_id, span.name = trace_id, os.urandom(8), "a late child"
+    span.start_time_unix_nano = time.time_ns() - 10**9
+    span.end_time_unix_nano = span.start_time_unix_nano + 10**6
+    return request
+
+
+def post(server: ServerProcess, body: bytes) -> int:
+    request = urllib.request.Request(f"http://127.0.0.1:{server.http_port}/v1/traces", data=body,
+                                     headers={"Content-Type": "application/x-protobuf"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def explain(server: ServerProcess) -> tuple[list[str], str]:
+    """The anchors `validate --explain` links to, in its order, and its whole output."""
+    result = subprocess.run([sys.executable, "-m", "otel_llm", "validate", "--explain", "--url", server.metrics_url],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    anchors = re.findall(r"^   see docs/troubleshooting\.md#(\S+)$", result.stdout, re.M)
+    for anchor in anchors:  # each link lands on its section or its reason's row
+        assert f'id="{anchor}"' in TROUBLESHOOTING or f"{{ #{anchor} }}" in TROUBLESHOOTING, anchor
+    return anchors, result.stdout
+
+
+def test_explain_ranks_the_reasons_a_running_instance_counted(server: ServerProcess) -> None:
+    anchors, out = explain(server)
+    assert anchors == ["no-spans"], out
+
+    for _ in range(6):  # NaN TTFT: refused as malformed, never observed
+        assert post(server, vllm_span(os.urandom(16), ttft=math.nan).SerializeToString()) == 200
+    for _ in range(3):  # good requests whose spans name no model, as vLLM 0.32 sends them without OTEL_SERVICE_NAME
+        assert post(server, vllm_span(os.urandom(16)).SerializeToString()) == 200
+    decided = os.urandom(16)
+    assert post(server, vllm_span(decided).SerializeToString()) == 200
+    server.wait_until(lambda s: s.value("otel_llm_requests_assembled_total") == 4
+                      and s.value("otel_llm_traces_in_memory") == 0, what="4 requests assembled, every trace decided")
+    for _ in range(2):  # after the trace's decision: late
+        assert post(server, plain_span(decided).SerializeToString()) == 200
+    scrape = server.wait_until(lambda s: s.value("otel_llm_late_spans_total") == 2, what="2 late spans")
+    assert scrape.value("otel_llm_spans_malformed_total", reason="nan_latency") == 6
+
+    anchors, out = explain(server)
+    assert anchors == ["spans-malformed-nan-latency", "empty-model-label", "late-spans"], out
+    assert "1. 6 spans: otel_llm_spans_malformed_total{reason=\"nan_latency\"}" in out
+    assert "2. 4 requests with an empty model label" in out
+    assert "3. 2 spans arrived after their trace was decided" in out
+
+    for _ in range(5):  # not OTLP at all: refused at the door, and now the second largest loss
+        assert post(server, b"\xff\xff\xff not protobuf") == 400
+    server.wait_until(lambda s: s.value("otel_llm_receiver_refused_requests_total", reason="malformed") == 5,
+                      what="5 malformed requests refused")
+    anchors, out = explain(server)
+    assert anchors == ["spans-malformed-nan-latency", "receiver-refused-requests-malformed", "empty-model-label"], out
+
+    # Every span-derived family this running instance exposes is in the generated metrics reference.
+    reference = (ROOT / "docs" / "reference" / "metrics.md").read_text(encoding="utf-8")
+    exposed = {re.sub(r"_(bucket|sum|count|created)$", "", name)
+               for name in re.findall(r"^([a-zA-Z_:][\w:]*)(?:\{| )", server.scrape().text, re.M)
+               if name.startswith(("vllm:", "gen_ai_", "otel_llm_request_segment"))}
+    assert "vllm:time_to_first_token_seconds" in exposed and "vllm:request_success_total" in exposed
+    missing = sorted(name for name in exposed if f"`{name}`" not in reference)
+    assert not missing, f"exposed but not in docs/reference/metrics.md: {missing}"
+
+
+def test_explain_says_when_it_cannot_reach_the_instance() -> None:
+    result = subprocess.run([sys.executable, "-m", "otel_llm", "validate", "--explain", "--url", "http://127.0.0.1:9"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "cannot read http://127.0.0.1:9/metrics" in result.stderr
