@@ -90,6 +90,43 @@ def overview(history: History, config: Any, window: str) -> dict[str, Any]:
     }
 
 
+def _increase(current: Snapshot, base: Snapshot | None, key: tuple[str, ...]) -> float:
+    before = base.accounting.get(key, 0.0) if base is not None else 0.0
+    return max(0.0, current.accounting.get(key, 0.0) - before)  # a restart resets the counters
+
+
+def _slo_attainment(current: Snapshot, base: Snapshot | None, group: Group) -> dict[str, Any] | None:
+    """Over the window: requests of this card that met / missed their SLO, or were unmeasured, and
+    met / (met + missed) (None without any measured request); None when no objective applies."""
+    model, engine = group
+    counts = {status: _increase(current, base, ("slo", model, engine, status))
+              for status in ("met", "missed", "unmeasured")}
+    if not any(("slo", model, engine, status) in current.accounting for status in counts):
+        return None
+    measured = counts["met"] + counts["missed"]
+    return {**counts, "ratio": counts["met"] / measured if measured else None}
+
+
+def _cost(current: Snapshot, base: Snapshot | None, model: str) -> dict[str, Any] | None:
+    """Over the window: this model's cost by tenant (and in total) per currency, and its unpriced
+    tokens by type; None when the model has neither (no price table, or no tokens)."""
+    by_tenant: dict[str, dict[str, float]] = {}
+    unpriced: dict[str, float] = {}
+    seen = False
+    for key in current.accounting:
+        if key[0] == "cost" and key[1] == model:
+            seen = True
+            by_tenant.setdefault(key[3], {})[key[2]] = _increase(current, base, key)
+        elif key[0] == "unpriced" and key[1] == model:
+            seen = True
+            unpriced[key[2]] = unpriced.get(key[2], 0.0) + _increase(current, base, key)
+    if not seen:
+        return None
+    return {"currencies": {currency: {"total": sum(tenants.values()), "by_tenant": dict(sorted(tenants.items()))}
+                           for currency, tenants in sorted(by_tenant.items())},
+            "unpriced_tokens": dict(sorted(unpriced.items()))}
+
+
 def _group(history: History, current: Snapshot, base: Snapshot | None, points: list[Snapshot], group: Group,
            span_s: float, overall: dict[str, float], per_model: dict[str, dict[str, float]]) -> dict[str, Any]:
     model, engine = group
@@ -121,6 +158,8 @@ def _group(history: History, current: Snapshot, base: Snapshot | None, points: l
         series[key] = lines
     return {
         "model": model, "engine": engine, "requests": requests,
+        "slo_attainment": _slo_attainment(current, base, group),
+        "cost": _cost(current, base, model),
         # Per service behind this card, since start: spans refused and intervals not measurable, by reason.
         "unmeasured": {service: current.unmeasured[service] for service in sorted(current.services.get(group, ()))
                        if service in current.unmeasured},
