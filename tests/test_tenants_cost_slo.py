@@ -227,3 +227,52 @@ def test_validate_command_names_the_negative_price(tmp_path):
     out = subprocess.run([sys.executable, "-m", "otel_llm", "validate", str(config)], capture_output=True, text=True)
     assert out.returncode == 2
     assert "processors.llm_metrics.cost.prices.llama.output" in out.stderr + out.stdout
+
+
+# --- the web view's per-model cards ----------------------------------------------------------------
+
+def test_webview_cards_show_slo_attainment_and_cost_as_the_metrics_say(make_server):
+    """The overview API and the page a real Chromium draws: the card of a model with objectives and
+    prices shows its attainment and its cost by tenant; a model without a price shows unpriced tokens."""
+    import json
+    import urllib.request
+
+    from tests.support import browser
+
+    server = make_server({"processors": {"llm_metrics": {
+        "slo": {"default": {"e2e": "2.5s"}},
+        "cost": {"currency": "USD", "prices": {"llama": {"input": 1.0, "output": 4.0}}}}}})
+    start = time.time_ns() - 30 * 10**9
+    _vllm(server, "llama", [(0.1, 1.0), (0.1, 2.0), (0.1, 3.0), (0.1, 2.4)], start)  # 3 met, 1 missed
+    _vllm(server, "qwen", [(0.1, 9.0)], start)  # missed; no price
+    server.wait_until(lambda s: s.value("otel_llm_slo_requests_total") == 5, what="5 SLO requests")
+    with urllib.request.urlopen(server.webview_url + "/api/ui/overview?window=start", timeout=30) as response:
+        data = json.loads(response.read())
+    cards = {g["model"]: g for g in data["groups"]}
+    llama, qwen = cards["llama"], cards["qwen"]
+    assert llama["slo_attainment"] == {"met": 3, "missed": 1, "unmeasured": 0, "ratio": 0.75}
+    # 4 requests of 10 prompt and 20 output tokens (_vllm): 40 * 1.0 + 80 * 4.0 per million.
+    assert llama["cost"]["currencies"]["USD"]["total"] == pytest.approx((40 * 1.0 + 80 * 4.0) / 1e6, rel=1e-12)
+    assert llama["cost"]["currencies"]["USD"]["by_tenant"] == {"": pytest.approx(360 / 1e6, rel=1e-12)}
+    assert qwen["slo_attainment"]["ratio"] == 0.0
+    assert qwen["cost"] == {"currencies": {}, "unpriced_tokens": {"input": 10, "output": 20}}
+
+    if browser.available() is not None:
+        pytest.skip(browser.available() or "no browser")
+    driver = browser.chromium()
+    try:
+        driver.get(server.webview_url + "/?window=start")
+        browser.poll(lambda: int(driver.find_element("css selector", "body").get_attribute("data-loaded") or 0) >= 1,
+                     15, "the overview to load")
+        stats = driver.execute_script(
+            "const out = {}; for (const c of document.querySelectorAll('section.group')) {"
+            " const s = {}; for (const e of c.querySelectorAll('[data-stat]')) s[e.dataset.stat] = e.dataset.value;"
+            " s.text = (c.querySelector('p.accounting') || {}).textContent || ''; out[c.dataset.model] = s; } return out")
+        assert float(stats["llama"]["slo_attainment"]) == 0.75
+        assert float(stats["llama"]["cost_USD"]) == pytest.approx(360 / 1e6, rel=1e-12)
+        assert "3 met, 1 missed, 0 unmeasured" in stats["llama"]["text"]
+        assert float(stats["qwen"]["unpriced_tokens"]) == 30
+        assert "unpriced tokens (no price configured): input 10, output 20" in stats["qwen"]["text"]
+        assert browser.console_errors(driver) == []
+    finally:
+        driver.quit()
