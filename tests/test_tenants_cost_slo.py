@@ -276,3 +276,29 @@ def test_webview_cards_show_slo_attainment_and_cost_as_the_metrics_say(make_serv
         assert browser.console_errors(driver) == []
     finally:
         driver.quit()
+
+
+# --- a tenant from a request header a gateway records -----------------------------------------------
+
+# OTel Python's HTTP server instrumentations record a captured request header
+# (OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_REQUEST=x-tenant-id) as a string array under
+# ``http.request.header.x_tenant_id`` (opentelemetry-util-http 0.66b2, normalise_request_header_name).
+HEADER = "http.request.header.x_tenant_id"
+
+
+def test_a_header_the_gateway_span_records_names_the_tenant_of_the_engine_request(make_server):
+    from tests.test_cardinality_and_dimensions import _requests_behind_gateways
+
+    server = make_server({"processors": {"llm_metrics": {
+        "tenant": {"attributes": [TEAM_ALIAS, HEADER], "values": ["acme", "globex"]}}}})
+    _requests_behind_gateways(server, HEADER, [["acme"], ["acme"], ["globex"], ["initech"], None])
+    scrape = server.wait_for_requests(5)
+    tokens = "otel_llm_tenant_tokens_total"
+    # _timing(): 100 prompt and 11 output tokens per request (tests/test_cardinality_and_dimensions.py).
+    assert scrape.value(tokens, tenant="acme", token_type="input") == 200
+    assert scrape.value(tokens, tenant="globex", token_type="output") == 11
+    assert scrape.value(tokens, tenant="other", token_type="input") == 100  # off the allow-list
+    assert scrape.value(tokens, tenant="", token_type="input") == 100  # no header: no tenant made up
+    assert scrape.value(tokens) == 5 * 111
+    # Without a price table there is no cost counter and nothing "unpriced".
+    assert "otel_llm_request_cost_total{" not in scrape.text and "otel_llm_unpriced_tokens_total{" not in scrape.text
