@@ -302,3 +302,34 @@ def test_a_header_the_gateway_span_records_names_the_tenant_of_the_engine_reques
     assert scrape.value(tokens) == 5 * 111
     # Without a price table there is no cost counter and nothing "unpriced".
     assert "otel_llm_request_cost_total{" not in scrape.text and "otel_llm_unpriced_tokens_total{" not in scrape.text
+
+
+def test_a_client_call_served_by_an_engine_is_counted_once_with_the_callers_tenant(make_server):
+    """An application's (or LiteLLM's) GenAI CLIENT span naming the team, calling vLLM with its
+    traceparent: the engine's tokens carry the caller's tenant, and the client side, which reports
+    the same usage, is not counted again."""
+    from opentelemetry.propagate import inject
+    from opentelemetry.trace import SpanKind
+
+    server = make_server({"processors": {"llm_metrics": {
+        "tenant": {"attributes": [TEAM_ALIAS], "values": ["acme"]},
+        "cost": {"currency": "USD", "prices": {"llama": {"input": 1.0, "output": 1.0}}}}}})
+    engine = engine_tracer_provider("vllm-v1", server.exporter("grpc"), service_name="llama")
+    app = engine_tracer_provider("app", server.exporter("grpc"), service_name="app")
+    timing = RequestTiming(time.time_ns(), 0.01, 0.1, 0.2, 1.0, prompt_tokens=100, completion_tokens=11)
+    with app.get_tracer("openai-app").start_as_current_span(
+            "chat llama", kind=SpanKind.CLIENT, start_time=timing.arrival_unix_ns - 10**6,
+            attributes={"gen_ai.operation.name": "chat", "gen_ai.request.model": "llama", "gen_ai.system": "openai",
+                        "gen_ai.usage.input_tokens": 100, "gen_ai.usage.output_tokens": 11,
+                        TEAM_ALIAS: "acme"}, end_on_exit=False) as call:
+        headers: dict[str, str] = {}
+        inject(headers)
+        emit_vllm_v1(engine, timing, request_id="joined", traceparent_headers=headers)
+        call.end(end_time=timing.end_unix_ns + 10**6)
+    engine.force_flush()
+    app.force_flush()
+    scrape = server.wait_until(lambda s: s.value("otel_llm_requests_assembled_total") >= 2, what="both sides")
+    assert scrape.value("otel_llm_requests_assembled_total", engine_kind="client") == 1  # the call was joined
+    assert scrape.value("otel_llm_tenant_tokens_total", model_name="llama", tenant="acme", token_type="input") == 100
+    assert scrape.value("otel_llm_tenant_tokens_total") == 111  # once, not once per side
+    assert scrape.value("otel_llm_request_cost_total", tenant="acme") == pytest.approx(111 / 1e6, rel=1e-12)
