@@ -147,15 +147,15 @@ class Accounting:
         if priced:
             self._add(REQUEST_COST, (model, tenant, self.settings.currency), cost * weight)
 
-    def collect(self) -> Iterator[Metric]:
-        """Called under the recorder's lock."""
+    def collect(self, overflow_labels: dict[str, str]) -> Iterator[Metric]:
+        """Called under the recorder's lock; ``overflow_labels`` mark the overflow series, as on the namings'."""
         for spec in (TENANT_TOKENS, REQUEST_COST, UNPRICED_TOKENS, SLO_REQUESTS):
             family = self.families[spec.name]
             if not family.series:
                 continue
             metric = Metric(spec.name, spec.description, "counter")
             for key, value in family.series.items():
-                labels = {"otel_llm_overflow": "true"} if key == Family.OVERFLOW else dict(zip(spec.label_names, key))
+                labels = dict(overflow_labels) if key == Family.OVERFLOW else dict(zip(spec.label_names, key))
                 metric.add_sample(spec.name + "_total", labels, value)
             yield metric
         if self.targets:
