@@ -333,3 +333,16 @@ def test_a_client_call_served_by_an_engine_is_counted_once_with_the_callers_tena
     assert scrape.value("otel_llm_tenant_tokens_total", model_name="llama", tenant="acme", token_type="input") == 100
     assert scrape.value("otel_llm_tenant_tokens_total") == 111  # once, not once per side
     assert scrape.value("otel_llm_request_cost_total", tenant="acme") == pytest.approx(111 / 1e6, rel=1e-12)
+
+
+def test_accounting_series_are_capped_like_every_family(make_server):
+    """series_limit holds for the SLO counter too: past it, requests are counted in the overflow
+    series (never lost), and the overflow is reported per metric."""
+    server = make_server({"processors": {"llm_metrics": {"series_limit": 2, "slo": {"default": {"e2e": "2.5s"}}}}})
+    start = time.time_ns() - 10**9
+    for i in range(4):
+        _vllm(server, f"model-{i}", [(0.1, 1.0)], start)
+    scrape = server.wait_until(lambda s: s.value("otel_llm_slo_requests_total") == 4, what="4 SLO requests")
+    assert len([ls for ls in scrape.label_sets("otel_llm_slo_requests_total") if "model_name" in ls]) == 2
+    assert scrape.value("otel_llm_slo_requests_total", otel_llm_overflow="true") == 2
+    assert scrape.value("otel_llm_series_overflow_total", metric="otel_llm_slo_requests") == 2
