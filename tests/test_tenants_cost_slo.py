@@ -185,6 +185,7 @@ def _load(llm_metrics: dict[str, Any]) -> Any:
     ({"cost": {"currency": "USD", "prices": {"m": {"output": 1, "outptu": 2}}}},
      "processors.llm_metrics.cost.prices.m.outptu", "unknown key"),
     ({"cost": {"prices": {"m": {"input": 1}}}}, "processors.llm_metrics.cost.currency", "required"),
+    ({"cost": {"currency": "USD"}}, "processors.llm_metrics.cost.prices", "required with cost.currency"),
     ({"cost": {"currency": "dollars", "prices": {"m": {"input": 1}}}}, "processors.llm_metrics.cost.currency",
      "ISO 4217"),
     ({"cost": {"currency": "USD", "prices": {"m": {}}}}, "processors.llm_metrics.cost.prices.m", "at least one"),

@@ -180,6 +180,8 @@ def _validate_cost(cost: CostConfig, path: str) -> None:
         raise ConfigError(f"{path}.currency", f"must be an ISO 4217 code like USD or EUR, got {cost.currency!r}")
     if cost.prices and not cost.currency:
         raise ConfigError(f"{path}.currency", "required with cost.prices: the currency the prices are in")
+    if cost.currency and not cost.prices:
+        raise ConfigError(f"{path}.prices", "required with cost.currency: the prices per model (nothing is priced without)")
     for model, price in cost.prices.items():
         where = f"{path}.prices.{model}"
         if price.input is None and price.output is None and price.cached_input is None:
