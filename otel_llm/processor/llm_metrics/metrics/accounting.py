@@ -19,12 +19,12 @@ from otel_llm.processor.llm_metrics.metrics.definitions import (
     SLO_TARGET,
     TENANT_TOKENS,
     UNPRICED_TOKENS,
-    AccountingSpec,
 )
 from otel_llm.processor.llm_metrics.metrics.families import CounterFamily, Family, Key, SeriesBudget
 
 PER_MILLION = 1e6
 MET, MISSED, UNMEASURED = "met", "missed", "unmeasured"
+TOKEN_TYPES = ("input", "cached_input", "output")  # in token_split's order
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,57 +95,72 @@ class Accounting:
             self.families[spec.name] = CounterFamily(spec.name, series_limit, budget, label_names=spec.label_names)
         self.targets: dict[str, float] = {}  # model label -> target, for models counted
         self._targets_limit = series_limit
-
-    @property
-    def slo_enabled(self) -> bool:
-        return self.settings.default_objectives is not None or bool(self.settings.objectives_by_model)
+        self._slo = self.families[SLO_REQUESTS.name]
+        self._tokens = self.families[TENANT_TOKENS.name]
+        self._unpriced = self.families[UNPRICED_TOKENS.name]
+        self._cost = self.families[REQUEST_COST.name]
+        self._plans: dict[tuple[str, str], tuple[Objectives | None, tuple[float | None, ...] | None, bool]] = {}
+        self._plans_limit = 4 * series_limit + 64
 
     def objectives_of(self, model: str) -> Objectives | None:
         found = self.settings.objectives_by_model.get(model, self.settings.default_objectives)
         return found if found is not None and found.any else None
 
-    def _add(self, spec: AccountingSpec, key: Key, amount: float) -> None:
-        family = self.families[spec.name]
-        if any(len(v.encode("utf-8", "replace")) > self.max_label_value_bytes for v in key):
+    def _add(self, family: CounterFamily, key: Key, too_long: bool, amount: float) -> None:
+        if too_long:
             family.add_overflow(amount)
         else:
             family.add(key, amount)
 
+    def _too_long(self, *values: str) -> bool:
+        limit = self.max_label_value_bytes
+        return any(len(v) > limit // 4 and len(v.encode("utf-8", "replace")) > limit for v in values)
+
+    def _plan(self, model: str, tenant: str) -> tuple[Objectives | None, tuple[float | None, ...] | None, bool]:
+        """Per (model, tenant), resolved once: the objectives, the per-million prices by token type
+        (input, cached_input, output; None = no price table entry) and whether a label is too long."""
+        cache_key = (model, tenant)
+        plan = self._plans.get(cache_key)
+        if plan is None:
+            if len(self._plans) >= self._plans_limit:  # bounded whatever the label values
+                self._plans.clear()
+            price = self.settings.prices.get(model)
+            per_million = None if price is None else (
+                price.input, price.cached_input if price.cached_input is not None else price.input, price.output)
+            plan = self._plans[cache_key] = (self.objectives_of(model), per_million, self._too_long(model, tenant))
+        return plan
+
     def record(self, record: RequestRecord) -> None:
         weight = record.weight
-        if record.side == Side.SERVER and self.slo_enabled:
-            objectives = self.objectives_of(record.model)
-            if objectives is not None:
-                self._add(SLO_REQUESTS, (record.model, record.engine_kind, slo_status(record, objectives)), weight)
-                if objectives.target is not None and (record.model in self.targets
-                                                      or len(self.targets) < self._targets_limit):
-                    self.targets[record.model] = objectives.target
+        model, tenant = record.model, record.tenant
+        objectives, per_million, too_long = self._plan(model, tenant)
+        if objectives is not None and record.side == Side.SERVER:
+            engine_kind = record.engine_kind
+            self._add(self._slo, (model, engine_kind, slo_status(record, objectives)),
+                      too_long or self._too_long(engine_kind), weight)
+            if objectives.target is not None and (model in self.targets or len(self.targets) < self._targets_limit):
+                self.targets[model] = objectives.target
         if not self.settings.tokens or (record.side != Side.SERVER and record.joined_span_id):
             return
-        uncached, cached, output = token_split(record)
-        model, tenant = record.model, record.tenant
-        for token_type, count in (("input", uncached), ("cached_input", cached), ("output", output)):
-            if count:
-                self._add(TENANT_TOKENS, (model, tenant, token_type), count * weight)
-        if not self.settings.prices and not self.settings.currency:
-            return
-        price = self.settings.prices.get(model)
+        counts = token_split(record)
         cost = 0.0
         priced = False
-        for token_type, count in (("input", uncached), ("cached_input", cached), ("output", output)):
+        for position, count in enumerate(counts):
             if not count:
                 continue
-            per_million = None
-            if price is not None:
-                per_million = (price.input if token_type == "input" else price.output if token_type == "output"
-                               else price.cached_input if price.cached_input is not None else price.input)
-            if per_million is None:
-                self._add(UNPRICED_TOKENS, (model, tenant, token_type), count * weight)
+            token_type = TOKEN_TYPES[position]
+            amount = count * weight
+            self._add(self._tokens, (model, tenant, token_type), too_long, amount)
+            if not self.settings.prices:
+                continue
+            price = per_million[position] if per_million is not None else None
+            if price is None:
+                self._add(self._unpriced, (model, tenant, token_type), too_long, amount)
             else:
-                cost += count * per_million / PER_MILLION
+                cost += amount * price / PER_MILLION
                 priced = True
         if priced:
-            self._add(REQUEST_COST, (model, tenant, self.settings.currency), cost * weight)
+            self._add(self._cost, (model, tenant, self.settings.currency), too_long, cost)
 
     def collect(self, overflow_labels: dict[str, str]) -> Iterator[Metric]:
         """Called under the recorder's lock; ``overflow_labels`` mark the overflow series, as on the namings'."""
