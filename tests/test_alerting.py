@@ -88,7 +88,7 @@ def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
 def test_amtool_check_config_accepts_alertmanager_yml():
     result = _run([_amtool(), "check-config", str(ALERTMANAGER_YML)])
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS" in result.stdout and "2 inhibit rules" in result.stdout, result.stdout
+    assert "SUCCESS" in result.stdout and "3 inhibit rules" in result.stdout, result.stdout
 
 
 def test_amtool_routes_every_alert_of_the_rules_file_to_its_severity_receiver():
@@ -144,7 +144,7 @@ def test_every_rule_carries_the_labels_the_inhibit_rules_match():
                                  "LLMTTFTP95High", "LLMTTFTP99High")} == {"symptom"}
     assert all(r["labels"]["severity"] == "ticket" for r in rules if r["labels"]["tier"] == "leading")
 
-    fold, burns = _config()["inhibit_rules"]
+    fold, burns, attainment = _config()["inhibit_rules"]
     sources = {r["alert"] for r in rules if _matches(fold["source_matchers"], _labels(r))}
     targets = {r["alert"] for r in rules if _matches(fold["target_matchers"], _labels(r))}
     assert sources == {"LLMTTFTBudgetBurnFast", "LLMTTFTBudgetBurnMedium", "LLMRequestErrorRatioHigh"}
@@ -156,6 +156,11 @@ def test_every_rule_carries_the_labels_the_inhibit_rules_match():
     assert burn_sources == {"LLMTTFTBudgetBurnFast", "LLMTTFTBudgetBurnMedium"}
     assert burn_targets == {"LLMTTFTBudgetBurnSlow", "LLMTTFTBudgetBurnSteady"}
     assert all("slo" in r["labels"] for r in rules if r["alert"] in burn_sources | burn_targets)
+    # A model's symptom page covers its SLO attainment ticket (a symptom ticket the fold leaves alone).
+    assert {r["alert"] for r in rules if _matches(attainment["source_matchers"], _labels(r))} == sources
+    assert {r["alert"] for r in rules if _matches(attainment["target_matchers"], _labels(r))} == \
+        {"LLMSloAttainmentBelowTarget"}
+    assert attainment["equal"] == ["model_name"]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -479,7 +479,9 @@ def send_round(exporter: SpanExporter, round_no: int) -> None:
         span = tracer.start_span("POST /v1/chat/completions", kind=SpanKind.SERVER,
                                  start_time=timing.arrival_unix_ns - 3_000_000,
                                  attributes={"gen_ai.operation.name": "chat", "gen_ai.request.model": MODEL,
-                                             "llm.priority": priority, "http.route": "/v1/chat/completions"})
+                                             "llm.priority": priority, "http.route": "/v1/chat/completions",
+                                             # as LiteLLM's proxy stamps a team key's alias (otel-llm.yaml's tenant)
+                                             "metadata.user_api_key_team_alias": "search" if i % 2 else "support"})
         headers: dict[str, str] = {}
         inject(headers, context=trace.set_span_in_context(span))
         emit_vllm_v1(llama, timing, request_id=f"llama-{round_no}-{i}", traceparent_headers=headers,

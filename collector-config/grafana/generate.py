@@ -456,6 +456,59 @@ ROWS += [
 
 
 # ------------------------------------------------------------------------------------------------
+# Issue 26: SLO attainment per model (processors.llm_metrics.slo) in the latency row, and tokens and
+# cost per tenant (processors.llm_metrics.tenant, .cost) in the cost row.
+
+_LATENCY_ROW = next(r for r in ROWS if r.id == 1)
+_COST_ROW = next(r for r in ROWS if r.id == 36)
+_LATENCY_ROW.panels += [
+    timeseries_panel(
+        60, 'SLO attainment: requests meeting every objective / measured (otel_llm_slo_requests_total)', 'percentunit',
+        'met / (met + missed) per model over 5 m (llm:slo_attainment:ratio_rate5m), against the configured '
+        'target (dashed: llm:slo_target:ratio). A request meets its SLO when every objective of '
+        'processors.llm_metrics.slo (TTFT, TPOT, e2e) is met; a failed request misses it.',
+        [
+            q('llm:slo_attainment:ratio_rate5m{model_name=~"$model"}', 'attainment {{model_name}}'),
+            q('llm:slo_target:ratio{model_name=~"$model"}', 'target {{model_name}}'),
+        ]),
+    timeseries_panel(
+        61, 'SLO requests/s by outcome (met, missed, unmeasured)', 'reqps',
+        'unmeasured: no objective exceeded, but the spans did not report a configured quantity (an engine '
+        'without TTFT): in neither side of the attainment ratio.',
+        [
+            q('sum by (model_name, slo) (llm:slo_requests:rate5m{model_name=~"$model"})', '{{model_name}} {{slo}}'),
+        ], stacked=True),
+]
+_COST_ROW.panels += [
+    timeseries_panel(
+        62, 'Token cost per tenant per hour (otel_llm_request_cost_total, priced per model)', 'none',
+        'The price table of processors.llm_metrics.cost (per million input, cached-input and output tokens) '
+        'applied to each request\'s tokens, by tenant (processors.llm_metrics.tenant: allow-listed, the rest '
+        '"other", none reported ""). In the configured currency (legend). Unpriced tokens are never priced: '
+        'see the panel beside.',
+        [
+            q('sum by (tenant, currency) (rate(otel_llm_request_cost_total{source="spans", model_name=~"$model"}[$__rate_interval])) * 3600',
+              '{{tenant}} ({{currency}}/h)'),
+        ], w=8, stacked=True),
+    timeseries_panel(
+        63, 'Tokens/s per tenant (otel_llm_tenant_tokens_total)', 'short',
+        'input = prompt tokens not read from a cache; cached_input; output.',
+        [
+            q('sum by (tenant, token_type) (rate(otel_llm_tenant_tokens_total{source="spans", model_name=~"$model"}[$__rate_interval]))',
+              '{{tenant}} {{token_type}}'),
+        ], w=8, stacked=True),
+    timeseries_panel(
+        64, 'Unpriced tokens/s (a model or token type without a price)', 'short',
+        'Tokens of models (or token types) missing from processors.llm_metrics.cost.prices: counted, not '
+        'priced, so the cost panel\'s gap shows here.',
+        [
+            q('sum by (model_name, token_type) (rate(otel_llm_unpriced_tokens_total{source="spans", model_name=~"$model"}[$__rate_interval]))',
+              '{{model_name}} {{token_type}}'),
+        ], w=8),
+]
+
+
+# ------------------------------------------------------------------------------------------------
 # Variables
 
 

@@ -101,6 +101,9 @@ class RequestRecord:
     segments_derived: tuple[str, ...] = ()
     cached_tokens: int | None = None
     itl_s: tuple[float, ...] = ()  # per-step inter-token latencies (vLLM token events)
+    # The configured tenant attribute's value if allow-listed, else the configured ``other``; ""
+    # when no span of the request carries one (or no tenant is configured).
+    tenant: str = ""
 
     @property
     def succeeded(self) -> bool:

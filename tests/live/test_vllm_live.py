@@ -44,6 +44,7 @@ FINISHED_FAMILIES = (
     "vllm:request_time_per_output_token_seconds", "vllm:request_prompt_tokens", "vllm:request_generation_tokens",
 )
 TTFT = "vllm:time_to_first_token_seconds"
+SLO_E2E_S = 2.5  # a bound of vllm:e2e_request_latency_seconds (vLLM 0.32 v1/metrics/buckets.py REQUEST_LATENCY_BUCKETS)
 MAX_TOKENS = (1, 2, 7, 16, 33, 64, 96)
 PROMPTS = ("the quick brown fox", "an inference server answers prompts with tokens one step at a time " * 3,
            "hello, how are you?", "queue prefill decode " * 12)
@@ -125,7 +126,8 @@ def live(request, model_dir, tmp_path_factory) -> Iterator[tuple[VllmServer, Run
     tmp = tmp_path_factory.mktemp("live-" + protocol.replace("/", "-"))
     otel = start_server(str(tmp / "store"), {
         "processors": {
-            "llm_metrics": {"max_model_len": MAX_MODEL_LEN},
+            # One SLO objective on a bucket bound of vLLM's own e2e histogram: met is that bucket's count.
+            "llm_metrics": {"max_model_len": MAX_MODEL_LEN, "slo": {"default": {"e2e": f"{SLO_E2E_S}s"}}},
             "tail_sampling": {"decision_wait": "2s", "grace": "100ms"},
         }})
     endpoint = (f"http://127.0.0.1:{otel.grpc_port}" if protocol == "grpc"
@@ -181,6 +183,7 @@ def test_a_live_vllm_server_is_counted_exactly_as_it_counts_itself(live):
         theirs.value("vllm:generation_tokens_total", model_name=SERVED_MODEL) == sum(c.completion_tokens or 0 for c in calls)
     assert ours.value("vllm:prompt_tokens_total", model_name=SERVED_MODEL) == \
         theirs.value("vllm:prompt_tokens_total", model_name=SERVED_MODEL) > 0
+    assert_slo_counts_equal_vllms_bucket(theirs, ours, len(calls))
     # The model label without any mapping: the service name its user set (OTEL_SERVICE_NAME).
     assert {ls["model_name"] for ls in ours.label_sets("vllm:e2e_request_latency_seconds_count")} == {SERVED_MODEL}
     # Outcomes: vLLM 0.32 spans carry no finish reason; max_tokens reached is `length`, EOS `unknown`.
@@ -213,6 +216,7 @@ def test_a_live_vllm_server_is_counted_exactly_as_it_counts_itself(live):
     assert theirs.value("vllm:request_success_total", model_name=SERVED_MODEL) == ok_total  # no abort counted
     for name in FINISHED_FAMILIES:
         assert_family_equal(name, theirs, ours)
+    assert_slo_counts_equal_vllms_bucket(theirs, ours, ok_total)  # an aborted request: in neither
     print_comparison(theirs, ours)  # the figures a reviewer reads with -s
     # TTFT: vLLM observed each aborted request's first token (the client read chunks before leaving).
     assert theirs.value(TTFT + "_count", model_name=SERVED_MODEL) == ok_total + len(aborts)
@@ -226,6 +230,20 @@ def test_a_live_vllm_server_is_counted_exactly_as_it_counts_itself(live):
         sum(c.completion_tokens or 0 for c in calls + more)
     assert theirs.value("vllm:generation_tokens_total", model_name=SERVED_MODEL) - \
         ours.value("vllm:generation_tokens_total", model_name=SERVED_MODEL) >= len(aborts)
+
+
+def assert_slo_counts_equal_vllms_bucket(theirs: Scrape, ours: Scrape, finished_requests: int) -> None:
+    """e2e <= 2.5 s, the one objective: met is exactly vLLM's own count of finished requests in its
+    le="2.5" bucket, missed the rest of its count; nothing unmeasured (every span has an e2e)."""
+    at_bound = theirs.buckets("vllm:e2e_request_latency_seconds", model_name=SERVED_MODEL)[repr(SLO_E2E_S)]
+    count = theirs.value("vllm:e2e_request_latency_seconds_count", model_name=SERVED_MODEL)
+    assert count == finished_requests
+    met = ours.value("otel_llm_slo_requests_total", model_name=SERVED_MODEL, slo="met")
+    missed = ours.value("otel_llm_slo_requests_total", model_name=SERVED_MODEL, slo="missed")
+    print(f"\nSLO e2e <= {SLO_E2E_S} s: otel-llm met {met:g}, missed {missed:g}; vLLM le={SLO_E2E_S} {at_bound:g} of {count:g}")
+    assert met == at_bound
+    assert missed == count - at_bound
+    assert ours.value("otel_llm_slo_requests_total", model_name=SERVED_MODEL, slo="unmeasured") == 0
 
 
 def print_comparison(theirs: Scrape, ours: Scrape) -> None:

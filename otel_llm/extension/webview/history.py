@@ -28,6 +28,11 @@ LATENCY_METRICS: tuple[tuple[str, str, str, str | None], ...] = (
 )
 OUTCOMES_FAMILY = "vllm:request_success"  # counter; samples vllm:request_success_total{finished_reason}
 UNMEASURED_FAMILY = "otel_llm_service_unmeasured"  # counter; {service_name, reason}
+# processors.llm_metrics' accounting counters (metrics/definitions.py ACCOUNTING_METRICS), for the cards.
+SLO_FAMILY = "otel_llm_slo_requests"  # {model_name, engine_kind, slo}
+COST_FAMILY = "otel_llm_request_cost"  # {model_name, tenant, currency}
+UNPRICED_FAMILY = "otel_llm_unpriced_tokens"  # {model_name, tenant, token_type}
+MAX_ACCOUNTING = 4 * 500  # accounting entries kept per snapshot (the families' own caps come first)
 GENAI_DURATION = "gen_ai_server_request_duration_seconds"
 MAX_GROUPS = 500  # (model, engine) pairs kept per snapshot; the families' own series caps come first
 # The ring's memory: past it, every other snapshot of the older half is dropped (the oldest is kept,
@@ -37,7 +42,8 @@ HISTORY_BUDGET_BYTES = 64 * 1024 * 1024
 
 def snapshot_bytes(snapshot: Snapshot) -> int:
     """An estimate of a snapshot's memory: its arrays, tuples, keys and dict slots."""
-    return sum(len(counts) * 8 + 200 for counts in snapshot.histograms.values()) + 150 * len(snapshot.outcomes) + 200
+    return (sum(len(counts) * 8 + 200 for counts in snapshot.histograms.values()) + 150 * len(snapshot.outcomes)
+            + 200 * len(snapshot.accounting) + 200)
 
 Group = tuple[str, str]  # (model, engine)
 
@@ -52,6 +58,9 @@ class Snapshot:
     # measured (spans refused, intervals not measurable) by reason.
     services: dict[Group, set[str]] = field(default_factory=dict)
     unmeasured: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Cumulative accounting totals: ("slo", model, engine, met|missed|unmeasured), ("cost", model,
+    # tenant, currency), ("unpriced", model, token_type).
+    accounting: dict[tuple[str, ...], float] = field(default_factory=dict)
 
     def groups(self) -> set[Group]:
         """The (model, engine) pairs that have requests: the outcome counter's, which counts every
@@ -104,6 +113,18 @@ class History:
                         snapshot.outcomes[key] = snapshot.outcomes.get(key, 0.0) + sample.value
                         if sample.value > 0:
                             snapshot.services.setdefault(group, set()).add(sample.labels.get("service_name", ""))
+                continue
+            if name in (SLO_FAMILY, COST_FAMILY, UNPRICED_FAMILY):
+                for sample in family.samples:
+                    if not sample.name.endswith("_total") or "otel_llm_overflow" in sample.labels:
+                        continue
+                    labels = sample.labels
+                    model = labels.get("model_name", "")
+                    entry = (("slo", model, labels.get("engine_kind", ""), labels.get("slo", "")) if name == SLO_FAMILY
+                           else ("cost", model, labels.get("tenant", ""), labels.get("currency", ""))
+                           if name == COST_FAMILY else ("unpriced", model, labels.get("token_type", "")))
+                    if entry in snapshot.accounting or len(snapshot.accounting) < MAX_ACCOUNTING:
+                        snapshot.accounting[entry] = snapshot.accounting.get(entry, 0.0) + sample.value
                 continue
             if name == UNMEASURED_FAMILY:
                 for sample in family.samples:

@@ -74,8 +74,9 @@ def overview(history: History, config: Any, window: str) -> dict[str, Any]:
         keep = list(range(len(points) - 1, -1, -step))[::-1]
         points = [points[i] for i in ([0] + keep if keep[0] != 0 else keep)]
     groups = []
+    money = _money_keys(current)
     for group in groups_of([current]):
-        groups.append(_group(history, current, base, points, group, span_s, overall, per_model))
+        groups.append(_group(history, current, base, points, group, span_s, overall, per_model, money))
     on_cards = set().union(*current.services.values()) if current.services else set()
     return {
         "window": window, "window_seconds": span_s, "now": now, "started": history.started,
@@ -90,8 +91,53 @@ def overview(history: History, config: Any, window: str) -> dict[str, Any]:
     }
 
 
+def _increase(current: Snapshot, base: Snapshot | None, key: tuple[str, ...]) -> float:
+    before = base.accounting.get(key, 0.0) if base is not None else 0.0
+    return max(0.0, current.accounting.get(key, 0.0) - before)  # a restart resets the counters
+
+
+def _slo_attainment(current: Snapshot, base: Snapshot | None, group: Group) -> dict[str, Any] | None:
+    """Over the window: requests of this card that met / missed their SLO, or were unmeasured, and
+    met / (met + missed) (None without any measured request); None when no objective applies."""
+    model, engine = group
+    counts = {status: _increase(current, base, ("slo", model, engine, status))
+              for status in ("met", "missed", "unmeasured")}
+    if not any(("slo", model, engine, status) in current.accounting for status in counts):
+        return None
+    measured = counts["met"] + counts["missed"]
+    return {**counts, "ratio": counts["met"] / measured if measured else None}
+
+
+def _money_keys(current: Snapshot) -> dict[str, list[tuple[str, ...]]]:
+    """The snapshot's cost and unpriced-token keys by model, looked up once per overview."""
+    by_model: dict[str, list[tuple[str, ...]]] = {}
+    for key in current.accounting:
+        if key[0] in ("cost", "unpriced"):
+            by_model.setdefault(key[1], []).append(key)
+    return by_model
+
+
+def _cost(current: Snapshot, base: Snapshot | None, keys: list[tuple[str, ...]]) -> dict[str, Any] | None:
+    """Over the window: a model's cost by tenant (and in total) per currency, and its unpriced
+    tokens by type (``keys``: the model's, from ``_money_keys``); None when the model has neither
+    (no price table, or no tokens)."""
+    if not keys:
+        return None
+    by_tenant: dict[str, dict[str, float]] = {}
+    unpriced: dict[str, float] = {}
+    for key in keys:
+        if key[0] == "cost":
+            by_tenant.setdefault(key[3], {})[key[2]] = _increase(current, base, key)
+        else:
+            unpriced[key[2]] = unpriced.get(key[2], 0.0) + _increase(current, base, key)
+    return {"currencies": {currency: {"total": sum(tenants.values()), "by_tenant": dict(sorted(tenants.items()))}
+                           for currency, tenants in sorted(by_tenant.items())},
+            "unpriced_tokens": dict(sorted(unpriced.items()))}
+
+
 def _group(history: History, current: Snapshot, base: Snapshot | None, points: list[Snapshot], group: Group,
-           span_s: float, overall: dict[str, float], per_model: dict[str, dict[str, float]]) -> dict[str, Any]:
+           span_s: float, overall: dict[str, float], per_model: dict[str, dict[str, float]],
+           money: dict[str, list[tuple[str, ...]]]) -> dict[str, Any]:
     model, engine = group
     outcomes = outcome_delta(current, base, group)
     requests = sum(outcomes.values())
@@ -121,6 +167,8 @@ def _group(history: History, current: Snapshot, base: Snapshot | None, points: l
         series[key] = lines
     return {
         "model": model, "engine": engine, "requests": requests,
+        "slo_attainment": _slo_attainment(current, base, group),
+        "cost": _cost(current, base, money.get(model, [])),
         # Per service behind this card, since start: spans refused and intervals not measurable, by reason.
         "unmeasured": {service: current.unmeasured[service] for service in sorted(current.services.get(group, ()))
                        if service in current.unmeasured},

@@ -46,6 +46,58 @@ class EdgeTtftConfig:
 
 
 @dataclass(frozen=True)
+class TenantConfig:
+    """The ``tenant`` label of the token and cost counters: the first of ``attributes`` a request's
+    spans carry (engine span, then the gateway and client spans joined with it, then the resource),
+    kept when it is in ``values``, else ``other``; "" when no span carries one."""
+
+    attributes: list[str] = field(default_factory=list)
+    values: list[str] = field(default_factory=list)
+    other: str = "other"
+
+
+@dataclass(frozen=True)
+class ModelPriceConfig:
+    """Prices per million tokens in ``cost.currency``; a token kind without a price is not priced
+    (counted in ``otel_llm_unpriced_tokens_total``). ``cached_input`` unset: a cached prompt token
+    costs ``input``."""
+
+    input: float | None = None
+    output: float | None = None
+    cached_input: float | None = None
+
+
+@dataclass(frozen=True)
+class CostConfig:
+    currency: str = ""  # ISO 4217 code, e.g. USD: the ``currency`` label of the cost counter
+    prices: dict[str, ModelPriceConfig] = field(default_factory=dict)  # model label -> its prices
+
+
+@dataclass(frozen=True)
+class SloObjectivesConfig:
+    """Thresholds a request must not exceed (value <= threshold meets it) and the attainment target."""
+
+    ttft: Duration | None = None
+    tpot: Duration | None = None
+    e2e: Duration | None = None
+    target: float | None = None  # the ratio met / (met + missed) the alert compares against
+
+
+@dataclass(frozen=True)
+class SloConfig:
+    default: SloObjectivesConfig = field(default_factory=SloObjectivesConfig)
+    # model label -> objectives; each field set here replaces the default's for that model
+    models: dict[str, SloObjectivesConfig] = field(default_factory=dict)
+
+    def objectives_for(self, model: str) -> SloObjectivesConfig:
+        override = self.models.get(model)
+        if override is None:
+            return self.default
+        return SloObjectivesConfig(*(getattr(override, k) if getattr(override, k) is not None
+                                     else getattr(self.default, k) for k in ("ttft", "tpot", "e2e", "target")))
+
+
+@dataclass(frozen=True)
 class LlmMetricsProcessor:
     namings: Namings = field(default_factory=Namings)
     max_model_len: PositiveInt = 131072
@@ -62,6 +114,9 @@ class LlmMetricsProcessor:
     model_name: ModelNameConfig = field(default_factory=ModelNameConfig)
     dimensions: list[DimensionConfig] = field(default_factory=list)
     edge_time_to_first_token: EdgeTtftConfig = field(default_factory=EdgeTtftConfig)
+    tenant: TenantConfig = field(default_factory=TenantConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
+    slo: SloConfig = field(default_factory=SloConfig)
 
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
         "max_model_len": (1, 1 << 30),
@@ -93,6 +148,69 @@ class LlmMetricsProcessor:
                 raise ConfigError(f"{where}.attribute", "required")
             if not dim.values:
                 raise ConfigError(f"{where}.values", "required: the allow-list of label values (anything else becomes 'other')")
+            if self.tenant.attributes and dim.name == "tenant":
+                raise ConfigError(f"{where}.name", "'tenant' is the label of the tenant block (tenant.attributes)")
+        _validate_tenant(self.tenant, f"{path}.tenant")
+        _validate_cost(self.cost, f"{path}.cost")
+        _validate_slo(self.slo, f"{path}.slo")
+
+
+_CURRENCY = re.compile(r"[A-Z]{3}")
+
+
+def _validate_tenant(tenant: TenantConfig, path: str) -> None:
+    if tenant.values and not tenant.attributes:
+        raise ConfigError(f"{path}.attributes", "required with tenant.values: the span attribute(s) naming the tenant")
+    if not tenant.attributes:
+        return
+    if not tenant.values:
+        raise ConfigError(f"{path}.values", "required: the allow-list of tenants (anything else becomes "
+                                            f"{tenant.other!r}); a tenant label without one is unbounded")
+    for i, attribute in enumerate(tenant.attributes):
+        if not attribute:
+            raise ConfigError(f"{path}.attributes[{i}]", "must not be empty")
+    if not tenant.other:
+        raise ConfigError(f"{path}.other", "must not be empty: it is the label of every tenant not allowed")
+    if "" in tenant.values:
+        raise ConfigError(f"{path}.values", "must not contain '': that is the label of a request without a tenant")
+
+
+def _validate_cost(cost: CostConfig, path: str) -> None:
+    if cost.currency and not _CURRENCY.fullmatch(cost.currency):
+        raise ConfigError(f"{path}.currency", f"must be an ISO 4217 code like USD or EUR, got {cost.currency!r}")
+    if cost.prices and not cost.currency:
+        raise ConfigError(f"{path}.currency", "required with cost.prices: the currency the prices are in")
+    if cost.currency and not cost.prices:
+        raise ConfigError(f"{path}.prices", "required with cost.currency: the prices per model (nothing is priced without)")
+    for model, price in cost.prices.items():
+        where = f"{path}.prices.{model}"
+        if price.input is None and price.output is None and price.cached_input is None:
+            raise ConfigError(where, "set at least one of input, output, cached_input (per million tokens)")
+        for kind in ("input", "output", "cached_input"):
+            value = getattr(price, kind)
+            if value is not None and value < 0:
+                raise ConfigError(f"{where}.{kind}", f"a price must not be negative, got {value!r}")
+
+
+def _validate_slo(slo: SloConfig, path: str) -> None:
+    for where, objectives in [(f"{path}.default", slo.default),
+                              *((f"{path}.models.{m}", o) for m, o in slo.models.items())]:
+        for kind in ("ttft", "tpot", "e2e"):
+            value = getattr(objectives, kind)
+            if value is not None and value <= 0:
+                raise ConfigError(f"{where}.{kind}", f"an objective must be a positive duration, got {value!r}")
+        if objectives.target is not None and not 0 < objectives.target <= 1:
+            raise ConfigError(f"{where}.target", f"must be a ratio in (0, 1], got {objectives.target!r}")
+    for model, objectives in slo.models.items():
+        if all(getattr(objectives, k) is None for k in ("ttft", "tpot", "e2e", "target")):
+            raise ConfigError(f"{path}.models.{model}", "set at least one of ttft, tpot, e2e, target")
+    for model in slo.models:
+        merged = slo.objectives_for(model)
+        if merged.target is not None and all(getattr(merged, k) is None for k in ("ttft", "tpot", "e2e")):
+            raise ConfigError(f"{path}.models.{model}.target", "a target needs at least one objective (ttft, tpot, e2e)")
+    if slo.default.target is not None and all(getattr(slo.default, k) is None for k in ("ttft", "tpot", "e2e")) \
+            and not slo.models:
+        raise ConfigError(f"{path}.default.target", "a target needs at least one objective (ttft, tpot, e2e)")
 
 
 def _reserved_label_names() -> set[str]:

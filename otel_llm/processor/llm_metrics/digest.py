@@ -110,7 +110,7 @@ def digest_settings(metrics: LlmMetricsProcessor, redaction: RedactionProcessor)
         max_latency_s=metrics.max_latency,
         kept_attribute_keys=tuple(dict.fromkeys((
             "gen_ai.request.model", "gen_ai.response.model", "http.route", "url.path", "error.type",
-            *edge_attributes, *(d.attribute for d in metrics.dimensions)))),
+            *edge_attributes, *(d.attribute for d in metrics.dimensions), *metrics.tenant.attributes))),
         first_token_events=frozenset(metrics.edge_time_to_first_token.events),
     )
 

@@ -89,6 +89,13 @@ class Dimension:
 
 
 @dataclass(slots=True, frozen=True)
+class TenantRule:
+    attributes: tuple[str, ...]  # the first a span carries names the tenant
+    allowed: frozenset[str]
+    other: str
+
+
+@dataclass(slots=True, frozen=True)
 class RecordSettings:
     resource_model_rules: tuple[ResourceModelRule, ...] = ()
     default_model: str = ""
@@ -96,6 +103,7 @@ class RecordSettings:
     model_from_service_name: bool = False
     edge_ttft_attributes: tuple[str, ...] = ("gen_ai.server.time_to_first_token",)
     dimensions: tuple[Dimension, ...] = ()
+    tenant: TenantRule | None = None
     max_latency_s: float = 86400.0  # the bound every duration goes through, from any source
 
 
@@ -441,6 +449,23 @@ def _dimensions(own: BufferedSpan, lookup: list[BufferedSpan], settings: RecordS
     return tuple(values)
 
 
+def _tenant(own: BufferedSpan, lookup: list[BufferedSpan], rule: TenantRule | None) -> str:
+    """The nearest span's first tenant attribute (a gateway's ``metadata.user_api_key_team_alias``,
+    a header it records as ``http.request.header.<name>``), then the resource's; "" if none has one."""
+    if rule is None:
+        return ""
+    for buffered in (own, *lookup):
+        for attribute in rule.attributes:
+            found = _text(buffered, attribute)
+            if found:
+                return found if found in rule.allowed else rule.other
+    for attribute in rule.attributes:
+        found = own.origin.resource_strings.get(attribute)
+        if found:
+            return found if found in rule.allowed else rule.other
+    return ""
+
+
 def build_record(buffered: BufferedSpan, joined: Joined, settings: RecordSettings,
                  side: str = Side.SERVER, trace: PendingTrace | None = None,
                  partner: BufferedSpan | None = None, inner: list[BufferedSpan] | None = None) -> RequestRecord:
@@ -475,6 +500,7 @@ def build_record(buffered: BufferedSpan, joined: Joined, settings: RecordSetting
         prompt_tokens=obs.prompt_tokens,
         completion_tokens=obs.completion_tokens,
         dimensions=_dimensions(buffered, joined.lookup, settings),
+        tenant=_tenant(buffered, joined.lookup, settings.tenant),
         weight=adjusted_count(buffered.trace_state) if buffered.trace_state else 1.0,
     )
     t = derive_timings(obs, math.inf)  # validated at intake; derived again here, not stored per span

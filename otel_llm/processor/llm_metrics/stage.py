@@ -11,7 +11,8 @@ from otel_llm.pdata.observation import EngineKind
 from otel_llm.pdata.records import RequestRecord, Side
 from otel_llm.pdata.spans import BufferedSpan
 from otel_llm.pdata.traces import CompletedTrace, TraceConsumer
-from otel_llm.processor.llm_metrics.config import LlmMetricsProcessor
+from otel_llm.processor.llm_metrics.config import LlmMetricsProcessor, SloObjectivesConfig
+from otel_llm.processor.llm_metrics.metrics.accounting import Accounting, AccountingSettings, Objectives, Price
 from otel_llm.processor.llm_metrics.metrics.definitions import (
     genai_client_naming,
     genai_naming,
@@ -19,7 +20,13 @@ from otel_llm.processor.llm_metrics.metrics.definitions import (
     vllm_naming,
 )
 from otel_llm.processor.llm_metrics.metrics.recorder import MetricsRecorder
-from otel_llm.processor.llm_metrics.requests import Dimension, RecordSettings, ResourceModelRule, records_of_trace
+from otel_llm.processor.llm_metrics.requests import (
+    Dimension,
+    RecordSettings,
+    ResourceModelRule,
+    TenantRule,
+    records_of_trace,
+)
 from otel_llm.receiver.otlp.intake_log import IntakeLogKeeper
 from otel_llm.service.telemetry import SelfTelemetry
 
@@ -32,6 +39,8 @@ def record_settings(metrics: LlmMetricsProcessor) -> RecordSettings:
         default_operation=metrics.default_operation_name,
         edge_ttft_attributes=tuple(metrics.edge_time_to_first_token.attributes),
         dimensions=tuple(Dimension(d.name, d.attribute, frozenset(d.values), d.other) for d in metrics.dimensions),
+        tenant=(TenantRule(tuple(metrics.tenant.attributes), frozenset(metrics.tenant.values), metrics.tenant.other)
+                if metrics.tenant.attributes else None),
         max_latency_s=metrics.max_latency,
     )
 
@@ -44,9 +53,30 @@ def recorder_of(metrics: LlmMetricsProcessor) -> MetricsRecorder:
         namings.append(genai_naming())
         namings.append(genai_client_naming())
     namings.append(own_naming())
-    return MetricsRecorder(namings, tuple(d.name for d in metrics.dimensions), metrics.series_limit,
-                           series_limit_bytes=metrics.series_limit_mib * 1024 * 1024,
-                           max_label_value_bytes=metrics.max_label_value_bytes)
+    recorder = MetricsRecorder(namings, tuple(d.name for d in metrics.dimensions), metrics.series_limit,
+                               series_limit_bytes=metrics.series_limit_mib * 1024 * 1024,
+                               max_label_value_bytes=metrics.max_label_value_bytes)
+    settings = accounting_settings(metrics)
+    if settings.tokens or settings.default_objectives is not None or settings.objectives_by_model:
+        recorder.accounting = Accounting(settings, metrics.series_limit, recorder.budget,
+                                         metrics.max_label_value_bytes)
+    return recorder
+
+
+def _objectives(config: SloObjectivesConfig) -> Objectives:
+    return Objectives(config.ttft, config.tpot, config.e2e, config.target)
+
+
+def accounting_settings(metrics: LlmMetricsProcessor) -> AccountingSettings:
+    slo = metrics.slo
+    default = _objectives(slo.default)
+    return AccountingSettings(
+        tokens=bool(metrics.tenant.attributes or metrics.cost.prices),
+        currency=metrics.cost.currency if metrics.cost.prices else "",
+        prices={model: Price(p.input, p.output, p.cached_input) for model, p in metrics.cost.prices.items()},
+        default_objectives=default if default.any else None,
+        objectives_by_model={model: _objectives(slo.objectives_for(model)) for model in slo.models},
+    )
 
 
 def _is_client_call(span: BufferedSpan) -> bool:

@@ -186,7 +186,10 @@
         stat("requests", num(g.requests), "requests", g.requests),
         stat("rate", num(g.rate, 3) + " req/s", "rate", g.rate),
         stat("errors", pct(g.error_ratio), "error_ratio", g.error_ratio),
-        stat("aborts", pct(g.abort_ratio), "abort_ratio", g.abort_ratio)));
+        stat("aborts", pct(g.abort_ratio), "abort_ratio", g.abort_ratio),
+        ...accountingStats(g)));
+      const accounting = accountingLines(g, rng);
+      if (accounting) card.appendChild(accounting);
       for (const [service, reasons] of Object.entries(g.unmeasured || {})) card.appendChild(unmeasured(service, reasons));
       card.appendChild(h("p", {class: "promql"}, h("span", {class: "muted", text: "rate: "}),
         h("code", {text: `sum(rate(vllm:request_success_total${sel}[${rng}]))`}), " ",
@@ -252,6 +255,41 @@
       h("span", {class: "muted", text: "service "}), h("code", {text: service || "(none)"}),
       h("span", {text: `: ${num(total)} spans refused` + (refused.length ? ` (${refused.join(", ")})` : "")}),
       partial.length ? h("span", {text: ` · not measurable: ${partial.join(", ")}`}) : null);
+  }
+  // SLO attainment and cost over the window (processors.llm_metrics.slo / .cost): null where not configured.
+  function accountingStats(g) {
+    const out = [];
+    const slo = g.slo_attainment;
+    if (slo) out.push(stat(`SLO met (${num(slo.met)} of ${num(slo.met + slo.missed)})`, pct(slo.ratio), "slo_attainment", slo.ratio));
+    const cost = g.cost;
+    for (const [currency, c] of Object.entries((cost && cost.currencies) || {})) {
+      out.push(stat("cost " + currency, num(c.total, 6), "cost_" + currency, c.total));
+    }
+    if (cost && Object.keys(cost.unpriced_tokens || {}).length) {
+      const unpriced = Object.values(cost.unpriced_tokens).reduce((a, b) => a + b, 0);
+      out.push(stat("unpriced tokens", num(unpriced), "unpriced_tokens", unpriced));
+    }
+    return out;
+  }
+  function accountingLines(g, rng) {
+    const slo = g.slo_attainment, cost = g.cost;
+    if (!slo && !cost) return null;
+    const p = h("p", {class: "accounting"});
+    if (slo) {
+      p.appendChild(h("span", {class: "slo", "data-unmeasured": String(slo.unmeasured),
+        text: `SLO: ${num(slo.met)} met, ${num(slo.missed)} missed, ${num(slo.unmeasured)} unmeasured `}));
+      p.appendChild(h("code", {text: `llm:slo_attainment:ratio_rate5m{model_name=${promString(g.model)}}`}));
+    }
+    for (const [currency, c] of Object.entries((cost && cost.currencies) || {})) {
+      const tenants = Object.entries(c.by_tenant).map(([t, v]) => `${t || "(no tenant)"} ${num(v, 6)}`).join(", ");
+      p.appendChild(h("span", {class: "cost", "data-currency": currency, text: ` · cost by tenant (${currency}): ${tenants} `}));
+      p.appendChild(h("code", {text: `sum by (tenant) (increase(otel_llm_request_cost_total{model_name=${promString(g.model)}}[${rng}]))`}));
+    }
+    if (cost && Object.keys(cost.unpriced_tokens || {}).length) {
+      const parts = Object.entries(cost.unpriced_tokens).map(([t, v]) => `${t} ${num(v)}`).join(", ");
+      p.appendChild(h("span", {class: "unpriced", text: ` · unpriced tokens (no price configured): ${parts}`}));
+    }
+    return p;
   }
   function stat(label, text, key, value) {
     return h("div", {class: "stat", "data-stat": key, "data-value": typeof value === "number" ? String(value) : ""},

@@ -239,3 +239,44 @@ SEGMENT_METRIC = HistogramSpec(
     TTFT_BUCKETS,  # segments span milliseconds (preprocess) to minutes (queue under overload)
     lambda r: None,  # observed per segment, see MetricsRecorder
 )
+
+
+@dataclass(frozen=True, slots=True)
+class AccountingSpec:
+    """A counter or gauge of the tenant, cost and SLO accounting (metrics/accounting.py): not an
+    observation of one record in a naming, so its labels are its own."""
+
+    name: str  # the Prometheus name (a counter's samples add ``_total``)
+    kind: str  # "counter" or "gauge"
+    unit: str
+    description: str
+    label_names: tuple[str, ...]
+
+
+TENANT_TOKENS = AccountingSpec(
+    "otel_llm_tenant_tokens", "counter", "{token}",
+    "Tokens per model and tenant: token_type input (prompt tokens not read from a cache), cached_input "
+    "(prompt tokens the engine or gateway reports read from a cache) and output. Server-side requests, and "
+    "client-side calls no engine span served (a gateway calling a provider).",
+    ("model_name", "tenant", "token_type"))
+REQUEST_COST = AccountingSpec(
+    "otel_llm_request_cost", "counter", "{currency}",
+    "Cost of the priced tokens per model and tenant, from processors.llm_metrics.cost.prices (per million "
+    "tokens) in the configured currency (the currency label: one per configuration).",
+    ("model_name", "tenant", "currency"))
+UNPRICED_TOKENS = AccountingSpec(
+    "otel_llm_unpriced_tokens", "counter", "{token}",
+    "Tokens of a model and token_type without a configured price: counted, never priced.",
+    ("model_name", "tenant", "token_type"))
+SLO_REQUESTS = AccountingSpec(
+    "otel_llm_slo_requests", "counter", "{request}",
+    "Server-side requests of a model with objectives (processors.llm_metrics.slo) by slo=met (every "
+    "objective met: value <= threshold), missed (one exceeded, or the request failed) or unmeasured (no "
+    "objective exceeded but a configured quantity was not reported).",
+    ("model_name", "engine_kind", "slo"))
+SLO_TARGET = AccountingSpec(
+    "otel_llm_slo_target_ratio", "gauge", "1",
+    "The configured attainment target (slo.*.target) of each model with SLO requests counted: the "
+    "alert LLMSloAttainmentBelowTarget compares met / (met + missed) against it.",
+    ("model_name",))
+ACCOUNTING_METRICS = (TENANT_TOKENS, REQUEST_COST, UNPRICED_TOKENS, SLO_REQUESTS, SLO_TARGET)

@@ -43,6 +43,8 @@ class RecorderCollector(Collector):
                 for counter in bound.counters:
                     names = label_names + (("finished_reason",) if counter.spec.by_outcome else ())
                     snapshot.append(_counter(counter.spec.name, counter.spec.description, names, counter.family))
+            if recorder.accounting is not None:
+                snapshot.extend(recorder.accounting.collect(OVERFLOW_LABELS))
             snapshot.append(_histogram(SEGMENT_METRIC.name, SEGMENT_METRIC.unit, SEGMENT_METRIC.description,
                                        recorder.segments.bounds,
                                        tuple(prometheus_label_name(n) for n in recorder.segment_label_names),

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from otel_llm.pdata.records import RequestRecord
+from otel_llm.processor.llm_metrics.metrics.accounting import Accounting
 from otel_llm.processor.llm_metrics.metrics.definitions import (
     SEGMENT_METRIC,
     CounterSpec,
@@ -149,6 +150,7 @@ class MetricsRecorder:
         self._segment_too_long: dict[Key, str] = {}
         self.lock = threading.Lock()
         self.requests_recorded = 0
+        self.accounting: Accounting | None = None  # tenant tokens, cost, SLO attainment (when configured)
 
     def record(self, record: RequestRecord, with_exemplars: bool = False) -> None:
         """Observe ``record`` in every naming of its side; ``with_exemplars`` only for traces the sampler kept.
@@ -255,6 +257,8 @@ class MetricsRecorder:
                         series.exemplars[index] = Exemplar(trace_id, span_id, duration, now)
             if too_long:
                 self.too_long[too_long] = self.too_long.get(too_long, 0) + 1
+            if self.accounting is not None:
+                self.accounting.record(record)
 
     def _slots(self, plan: _Plan, key: Key) -> list[Any]:
         """A new cache entry: [series per histogram..., whether each is the overflow series..., the
@@ -280,4 +284,6 @@ class MetricsRecorder:
         for bound in self.namings:
             out.extend(h.family for h in bound.exposed)
             out.extend(c.family for c in bound.counters)
+        if self.accounting is not None:
+            out.extend(self.accounting.families.values())
         return out
