@@ -101,6 +101,16 @@ class RequestRecord:
     segments_derived: tuple[str, ...] = ()
     cached_tokens: int | None = None
     itl_s: tuple[float, ...] = ()  # per-step inter-token latencies (vLLM token events)
+    # Prompt tokens written to a cache for this request (semconv cache_creation / cache_write), where reported.
+    cache_write_tokens: int | None = None
+    # Speculative decoding, where a span reports it (vLLM's per-request ``metrics.speculative_decoding``
+    # keys): draft tokens accepted, draft tokens proposed, verify steps.
+    spec_accepted_tokens: int | None = None
+    spec_draft_tokens: int | None = None
+    spec_steps: int | None = None
+    # The LoRA adapter the request named (a configured adapter name), "" when none did.
+    lora_adapter: str = ""
+    lora_base_model: str = ""
 
     @property
     def succeeded(self) -> bool:

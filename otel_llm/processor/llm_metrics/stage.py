@@ -13,9 +13,12 @@ from otel_llm.pdata.spans import BufferedSpan
 from otel_llm.pdata.traces import CompletedTrace, TraceConsumer
 from otel_llm.processor.llm_metrics.config import LlmMetricsProcessor
 from otel_llm.processor.llm_metrics.metrics.definitions import (
+    adapter_naming,
     genai_client_naming,
     genai_naming,
+    own_cache_naming,
     own_naming,
+    vllm_cache_naming,
     vllm_naming,
 )
 from otel_llm.processor.llm_metrics.metrics.recorder import MetricsRecorder
@@ -33,6 +36,7 @@ def record_settings(metrics: LlmMetricsProcessor) -> RecordSettings:
         edge_ttft_attributes=tuple(metrics.edge_time_to_first_token.attributes),
         dimensions=tuple(Dimension(d.name, d.attribute, frozenset(d.values), d.other) for d in metrics.dimensions),
         max_latency_s=metrics.max_latency,
+        lora_adapters=dict(metrics.lora_adapters),
     )
 
 
@@ -40,10 +44,14 @@ def recorder_of(metrics: LlmMetricsProcessor) -> MetricsRecorder:
     namings = []
     if metrics.namings.vllm:
         namings.append(vllm_naming(metrics.max_model_len, metrics.max_model_len_by_model))
+        namings.append(vllm_cache_naming(metrics.max_model_len, metrics.max_model_len_by_model))
     if metrics.namings.gen_ai:
         namings.append(genai_naming())
         namings.append(genai_client_naming())
     namings.append(own_naming())
+    namings.append(own_cache_naming())
+    if metrics.lora_adapters:
+        namings.append(adapter_naming())
     return MetricsRecorder(namings, tuple(d.name for d in metrics.dimensions), metrics.series_limit,
                            series_limit_bytes=metrics.series_limit_mib * 1024 * 1024,
                            max_label_value_bytes=metrics.max_label_value_bytes)
