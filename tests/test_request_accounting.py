@@ -302,3 +302,69 @@ def test_spec_decode_per_request_and_pooled(make_server, tmp_path):
         assert float(pooled[0]["value"][1]) == pytest.approx(1 + 10 / 13)
     finally:
         prometheus.stop()
+
+
+def _vllm_span(provider: TracerProvider, name: str, model: str, prompt: int, cached: int,
+               spec: tuple[int, int, int] | None = None) -> None:
+    """A vLLM engine span as vllm#47633 (``gen_ai.request.model``) and #54476
+    (``gen_ai.usage.cache_read.input_tokens``) write it (tests/testdata/engines/FACTS.md, vLLM row)."""
+    start = time.time_ns() - 100_000_000
+    attributes: dict[str, Any] = {
+        "gen_ai.latency.e2e": 0.05, "gen_ai.latency.time_to_first_token": 0.01, "gen_ai.latency.time_in_queue": 0.001,
+        "gen_ai.latency.time_in_model_prefill": 0.009, "gen_ai.latency.time_in_model_decode": 0.04,
+        "gen_ai.latency.time_in_model_inference": 0.049, "gen_ai.usage.prompt_tokens": prompt,
+        "gen_ai.usage.completion_tokens": 30, "gen_ai.request.id": name, "gen_ai.request.model": model,
+        "gen_ai.usage.cache_read.input_tokens": cached}
+    if spec is not None:
+        for key, value in zip(("num_accepted_draft_tokens", "num_draft_tokens", "num_spec_steps"), spec):
+            attributes[SPEC_DECODE_PREFIX + key] = value
+    span = provider.get_tracer("vllm.v1").start_span("llm_request", kind=SpanKind.SERVER, attributes=attributes,
+                                                     start_time=start)
+    span.end(end_time=start + 50_000_000)
+
+
+def test_web_view_cards_show_cache_spec_decode_and_adapters(tmp_path):
+    from tests.support import browser
+    from tests.support.otelllm import start_server
+    from tests.test_webview import WEB, _api, _open
+
+    server = start_server(str(tmp_path / "store"), {**CONFIG, "extensions": {"webview": WEB}})
+    driver = browser.chromium()
+    try:
+        provider = engine_tracer_provider("vllm-v1", server.exporter("http"), service_name="vllm-qwen")
+        _vllm_span(provider, "w1", BASE, 100, 60, spec=(9, 12, 3))   # length 4.0
+        _vllm_span(provider, "w2", BASE, 100, 20, spec=(1, 30, 10))  # length 1.1
+        _vllm_span(provider, "w3", ADAPTER, 50, 10)
+        # More cached than the prompt holds: rejected with its reason, the request counted without it.
+        _vllm_span(provider, "w4", BASE, 10, 11)
+        provider.shutdown()
+        server.wait_until(lambda s: s.value("vllm:request_success_total") == 4
+                          and s.value("otel_llm_traces_in_memory") == 0, what="four requests")
+        assert server.scrape().value("otel_llm_values_rejected_total", reason="cached_tokens_exceed_prompt") == 1
+        cards = {g["model"]: g for g in _api(server, "/api/ui/overview?window=start")["groups"]}
+        base, lora = cards[BASE]["accounting"], cards[ADAPTER]["accounting"]
+        assert base["prompt_cache"]["cached_tokens"] == 80 and base["prompt_cache"]["computed_tokens"] == 120
+        assert base["prompt_cache"]["hit_ratio"] == pytest.approx(80 / 200)
+        assert base["prompt_cache"]["mean_request_hit_ratio"] == pytest.approx((0.6 + 0.2) / 2)
+        assert base["prompt_cache"]["cache_write_tokens"] is None  # never reported: absent, not 0
+        assert base["spec_decode"]["pooled_acceptance_length"] == pytest.approx(1 + 10 / 13)
+        assert base["spec_decode"]["mean_request_acceptance_length"] == pytest.approx((4.0 + 1.1) / 2)
+        assert base["adapters"] == {ADAPTER: 1}
+        assert lora["adapter_of"] == BASE and "spec_decode" not in lora
+        assert lora["prompt_cache"]["hit_ratio"] == pytest.approx(0.2)
+        _open(driver, server.webview_url + "/?window=start")
+        shown = driver.execute_script(
+            "const out = {}; for (const c of document.querySelectorAll('section.group')) {"
+            " out[c.dataset.model] = Object.fromEntries([...c.querySelectorAll('.accounting [data-stat]')]"
+            ".map(s => [s.dataset.stat, s.dataset.value + '|' + s.querySelector('.stat-value').textContent])); }"
+            " return out;")
+        assert shown[BASE]["cache_hit_ratio"] == f"{80 / 200}|40.00 %"
+        assert shown[BASE]["cached_tokens"].endswith("|80 / 120")
+        assert shown[BASE]["spec_pooled_acceptance_length"].endswith(f"|{1 + 10 / 13:.2f}")
+        assert shown[BASE]["spec_mean_request_acceptance_length"].endswith("|2.55")
+        assert shown[BASE]["adapter_requests"] == "1|1 req"
+        assert shown[ADAPTER]["adapter_of"] == f"|{BASE}"
+        assert "cache_write_tokens" not in shown[BASE]
+    finally:
+        driver.quit()
+        server.stop()
