@@ -368,3 +368,26 @@ def test_web_view_cards_show_cache_spec_decode_and_adapters(tmp_path):
     finally:
         driver.quit()
         server.stop()
+
+
+@pytest.mark.parametrize(("adapters", "where", "message"), [
+    ({"sql-lora": ""}, "processors.llm_metrics.lora_adapters.sql-lora", "non-empty base model"),
+    ({"sql-lora": "sql-lora"}, "processors.llm_metrics.lora_adapters.sql-lora", "must differ from its base model"),
+    (["sql-lora"], "processors.llm_metrics.lora_adapters", "expected a mapping"),
+])
+def test_lora_adapters_are_validated(adapters, where, message):
+    from otel_llm.confmap import ConfigError
+    from otel_llm.config import config_from_dict
+
+    with pytest.raises(ConfigError) as raised:
+        config_from_dict({"processors": {"llm_metrics": {"lora_adapters": adapters}}})
+    assert where in str(raised.value) and message in str(raised.value)
+
+
+def test_a_dimension_cannot_take_the_adapter_label():
+    from otel_llm.confmap import ConfigError
+    from otel_llm.config import config_from_dict
+
+    with pytest.raises(ConfigError, match="adapter"):
+        config_from_dict({"processors": {"llm_metrics": {"dimensions": [
+            {"name": "adapter", "attribute": "x", "values": ["a"]}]}}})
