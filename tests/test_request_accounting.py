@@ -391,3 +391,37 @@ def test_a_dimension_cannot_take_the_adapter_label():
     with pytest.raises(ConfigError, match="adapter"):
         config_from_dict({"processors": {"llm_metrics": {"dimensions": [
             {"name": "adapter", "attribute": "x", "values": ["a"]}]}}})
+
+
+def test_a_gateway_span_gives_the_engine_request_its_cache_reads_and_writes(make_server):
+    """LiteLLM's proxy span in semconv mode (``gen_ai_semconv.py:77-80`` @ 1.110: usage
+    ``cache_read_input_tokens`` / ``cache_creation_input_tokens`` as ``gen_ai.usage.cache_read.input_tokens``
+    / ``gen_ai.usage.cache_creation.input_tokens``) in front of a vLLM 0.32 engine span that has neither."""
+    from opentelemetry import trace
+    from opentelemetry.propagate import inject
+
+    server = make_server(CONFIG)
+    gateway = engine_tracer_provider("gateway", server.exporter("http"))
+    engine = engine_tracer_provider("vllm-v1", server.exporter("http"), service_name="vllm-qwen")
+    timing = RequestTiming(time.time_ns() - 2_000_000_000, 0.001, 0.01, 0.05, 0.2, prompt_tokens=400,
+                           completion_tokens=20)
+    span = gateway.get_tracer("litellm").start_span(
+        "Received Proxy Server Request", kind=SpanKind.SERVER, start_time=timing.arrival_unix_ns - 1_000_000,
+        attributes={"gen_ai.operation.name": "chat", "gen_ai.request.model": BASE, "gen_ai.response.model": BASE,
+                    "gen_ai.usage.input_tokens": 400, "gen_ai.usage.output_tokens": 20,
+                    "gen_ai.usage.cache_read.input_tokens": 300, "gen_ai.usage.cache_creation.input_tokens": 100})
+    headers: dict[str, str] = {}
+    inject(headers, context=trace.set_span_in_context(span))
+    emit_vllm_v1(engine, timing, request_id="gw-1", traceparent_headers=headers)
+    span.end(end_time=timing.end_unix_ns + 2_000_000)
+    gateway.shutdown()
+    engine.shutdown()
+    scrape = server.wait_until(lambda s: s.value("vllm:request_success_total") >= 1
+                               and s.value("otel_llm_traces_in_memory") == 0, timeout_s=30, what="the request")
+    assert scrape.value("vllm:request_success_total") == 1  # one request: the gateway is the engine's
+    labels = {"engine_kind": "vllm", "model_name": BASE}
+    assert scrape.value("otel_llm_prompt_tokens_cached_total", **labels) == 300
+    assert scrape.value("otel_llm_prompt_tokens_computed_total", **labels) == 100
+    assert scrape.value("otel_llm_prompt_tokens_cache_write_total", **labels) == 100
+    assert scrape.buckets("otel_llm_request_prefix_cache_hit_ratio", **labels)["0.7"] == 0
+    assert scrape.buckets("otel_llm_request_prefix_cache_hit_ratio", **labels)["0.8"] == 1  # 0.75
