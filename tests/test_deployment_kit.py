@@ -63,7 +63,7 @@ DATASOURCES = KIT / "grafana" / "provisioning" / "datasources" / "datasources.ya
 DASHBOARD_PROVIDERS = KIT / "grafana" / "provisioning" / "dashboards" / "dashboards.yaml"
 DASHBOARD = KIT / "grafana" / "dashboards" / "llm-serving.json"
 
-ROW_ORDER = ("latency", "client", "throughput", "saturation", "resource", "cost", "lora", "alerts")
+ROW_ORDER = ("latency", "client", "throughput", "saturation", "resource", "cost", "lora", "alerts", "accounting")
 # Panels that read Prometheus' ALERTS or Alertmanager's own metrics: the sharded-replica test below has
 # no firing alert and no Alertmanager, so there they must evaluate but may be empty; tests/test_alerting.py
 # runs them on a Prometheus wired to a real Alertmanager, where each returns data.
@@ -421,7 +421,8 @@ def test_dashboard_json_is_what_the_foundation_sdk_generator_writes():
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 DIRECT = "llama-3.1-70b-instruct"  # no gateway: named by otel-llm.yaml's service.name mapping
 DEEPSEEK = "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
-REQUESTS_PER_ROUND = 42  # see send_round
+REQUESTS_PER_ROUND = 44  # see send_round
+ADAPTER = "sql-lora"  # collector-config/otel-llm.yaml's lora_adapters: on MODEL
 CLIENT_CALLS_PER_ROUND = 6  # the application in front of the 6 SGLang requests that were not aborted
 
 
@@ -461,10 +462,22 @@ def _timing(now_ns: int, i: int, ttft: float, tpot: float, completion: int = 40)
                          postprocess_s=0.002, prompt_tokens=200 + 37 * i, completion_tokens=completion)
 
 
+def _accounting_attributes(timing: RequestTiming, i: int) -> dict[str, int]:
+    """What a gateway in front of vLLM 0.32 can copy onto its span from the response (LiteLLM's semconv
+    keys for usage.prompt_tokens_details; the speculative_decoding keys otel-llm reads, see the
+    llm_metrics README): a quarter of the prompt cached, 5 % written, 3 steps of 4 draft tokens."""
+    return {"gen_ai.usage.cache_read.input_tokens": timing.prompt_tokens // 4,
+            "gen_ai.usage.cache_creation.input_tokens": timing.prompt_tokens // 20,
+            "vllm.metrics.speculative_decoding.num_accepted_draft_tokens": 6 + i % 4,
+            "vllm.metrics.speculative_decoding.num_draft_tokens": 12,
+            "vllm.metrics.speculative_decoding.num_spec_steps": 3}
+
+
 def send_round(exporter: SpanExporter, round_no: int) -> None:
-    """One round of a mixed fleet: 42 requests (24 llama behind a gateway with priority, 8 vLLM without a
-    gateway, 8 SGLang of which 2 aborted, 2 gateway errors that never reached an engine), and the 6
-    SGLang requests that completed called by an instrumented application (client side)."""
+    """One round of a mixed fleet: 44 requests (24 llama behind a gateway with priority, 2 on llama's LoRA
+    adapter, 8 vLLM without a gateway, 8 SGLang of which 2 aborted, 2 gateway errors that never reached
+    an engine), and the 6 SGLang requests that completed called by an instrumented application (client
+    side)."""
     now = time.time_ns()
     seed = 1000 * round_no
     gateway = engine_tracer_provider("gateway", exporter, seed=seed + 1)
@@ -476,16 +489,28 @@ def send_round(exporter: SpanExporter, round_no: int) -> None:
     for i in range(24):
         priority = "interactive" if i % 3 else "batch"
         timing = _timing(now, i, ttft=0.05 + 0.04 * i if priority == "interactive" else 1.5 + 0.2 * i, tpot=0.02)
+        attributes: dict[str, Any] = {"gen_ai.operation.name": "chat", "gen_ai.request.model": MODEL,
+                                      "llm.priority": priority, "http.route": "/v1/chat/completions",
+                                      # as LiteLLM's proxy stamps a team key's alias (otel-llm.yaml's tenant)
+                                      "metadata.user_api_key_team_alias": "search" if i % 2 else "support"}
+        if i % 4 == 0:  # the gateway copied vLLM's usage details and per-request metrics onto its span
+            attributes.update(_accounting_attributes(timing, i))
         span = tracer.start_span("POST /v1/chat/completions", kind=SpanKind.SERVER,
-                                 start_time=timing.arrival_unix_ns - 3_000_000,
-                                 attributes={"gen_ai.operation.name": "chat", "gen_ai.request.model": MODEL,
-                                             "llm.priority": priority, "http.route": "/v1/chat/completions",
-                                             # as LiteLLM's proxy stamps a team key's alias (otel-llm.yaml's tenant)
-                                             "metadata.user_api_key_team_alias": "search" if i % 2 else "support"})
+                                 start_time=timing.arrival_unix_ns - 3_000_000, attributes=attributes)
         headers: dict[str, str] = {}
         inject(headers, context=trace.set_span_in_context(span))
         emit_vllm_v1(llama, timing, request_id=f"llama-{round_no}-{i}", traceparent_headers=headers,
                      params=SamplingParams(max_tokens=512))
+        span.end(end_time=timing.end_unix_ns + 9_000_000)
+    for i in range(2):  # a LoRA adapter on llama's engine, slow (no goodput), named by the gateway
+        timing = _timing(now, i, ttft=1.6 + 0.1 * i, tpot=0.02)
+        span = tracer.start_span("POST /v1/chat/completions", kind=SpanKind.SERVER,
+                                 start_time=timing.arrival_unix_ns - 3_000_000,
+                                 attributes={"gen_ai.operation.name": "chat", "gen_ai.request.model": ADAPTER,
+                                             "http.route": "/v1/chat/completions", **_accounting_attributes(timing, i)})
+        headers = {}
+        inject(headers, context=trace.set_span_in_context(span))
+        emit_vllm_v1(llama, timing, request_id=f"lora-{round_no}-{i}", traceparent_headers=headers)
         span.end(end_time=timing.end_unix_ns + 9_000_000)
     for i in range(8):
         emit_vllm_v1(direct, _timing(now, i, ttft=0.08 + 0.05 * i, tpot=0.015), request_id=f"direct-{round_no}-{i}")

@@ -455,6 +455,76 @@ ROWS += [
 ]
 
 
+# Per-request accounting (issue 26): what each request's spans report, nothing where they are silent.
+
+ACCOUNTING_SEL = 'source="spans", model_name=~"$model", engine_kind=~"$engine"'
+ROWS += [
+    row(90, 'Accounting per request (span-derived: prefix cache, speculative decoding, LoRA adapters)', [
+        timeseries_panel(
+            91, 'Prefix-cache hit ratio per model', 'percentunit',
+            'Token-weighted: llm:prompt_cache_hit_ratio:ratio_rate5m = cached / (cached + computed) prompt tokens of '
+            'the requests whose spans report cache reads (engine span, or the gateway / client span that got vLLM\'s '
+            'usage.prompt_tokens_details). The per-request median is a different number: long prompts weigh more in '
+            'the ratio. Requests that report nothing are in neither.',
+            [
+                q('llm:prompt_cache_hit_ratio:ratio_rate5m{model_name=~"$model"}', 'tokens {{model_name}}'),
+                q('histogram_quantile(0.5, sum by (le, model_name) (rate(otel_llm_request_prefix_cache_hit_ratio_bucket{'
+                  + ACCOUNTING_SEL + '}[$__rate_interval])))', 'per-request p50 {{model_name}}'),
+            ]),
+        timeseries_panel(
+            92, 'Prompt tokens/s: cached, computed, written to cache', 'short',
+            'otel_llm_prompt_tokens_cached / _computed (prompt minus cached) of the requests that report cache reads; '
+            '_cache_write where a span reports cache writes (semconv cache_creation / cache_write).',
+            [
+                q('sum by (model_name) (rate(otel_llm_prompt_tokens_cached_total{' + ACCOUNTING_SEL
+                  + '}[$__rate_interval]))', 'cached {{model_name}}'),
+                q('sum by (model_name) (rate(otel_llm_prompt_tokens_computed_total{' + ACCOUNTING_SEL
+                  + '}[$__rate_interval]))', 'computed {{model_name}}'),
+                q('sum by (model_name) (rate(otel_llm_prompt_tokens_cache_write_total{' + ACCOUNTING_SEL
+                  + '}[$__rate_interval]))', 'cache write {{model_name}}'),
+            ], stacked=False),
+        timeseries_panel(
+            93, 'Speculative decoding: mean acceptance length, pooled vs per request', 'short',
+            'Tokens per verify step, bonus token included. Pooled (llm:spec_decode_acceptance_length:pooled_rate5m) '
+            '= 1 + accepted draft tokens / steps over all requests, vLLM\'s /metrics definition; per-request mean = '
+            'the unweighted mean of each request\'s 1 + accepted / steps (otel_llm_request_spec_decode_acceptance_length). '
+            'They can disagree (vllm #42508). Only requests whose spans carry vLLM\'s per-request '
+            'speculative_decoding numbers are counted.',
+            [
+                q('llm:spec_decode_acceptance_length:pooled_rate5m{model_name=~"$model"}', 'pooled {{model_name}}'),
+                q('sum by (model_name) (rate(otel_llm_request_spec_decode_acceptance_length_sum{' + ACCOUNTING_SEL
+                  + '}[$__rate_interval])) / sum by (model_name) (rate(otel_llm_request_spec_decode_acceptance_length_count{'
+                  + ACCOUNTING_SEL + '}[$__rate_interval]))', 'per-request mean {{model_name}}'),
+            ]),
+        timeseries_panel(
+            94, 'Speculative decoding: draft acceptance rate', 'percentunit',
+            'Accepted / proposed draft tokens of the requests that report them (vLLM\'s draft_acceptance_rate, pooled).',
+            [
+                q('sum by (model_name) (rate(vllm:spec_decode_num_accepted_tokens_total{' + ACCOUNTING_SEL
+                  + '}[$__rate_interval])) / sum by (model_name) (rate(vllm:spec_decode_num_draft_tokens_total{'
+                  + ACCOUNTING_SEL + '}[$__rate_interval]))', '{{model_name}}'),
+            ]),
+        timeseries_panel(
+            95, 'Requests/s per LoRA adapter', 'reqps',
+            'Requests naming an adapter listed in processors.llm_metrics.lora_adapters (requested or served model), '
+            'under the adapter\'s base model. The adapter requests\' other series carry the adapter\'s name as model_name.',
+            [
+                q('sum by (model_name, adapter) (rate(otel_llm_adapter_requests_total{' + ACCOUNTING_SEL
+                  + '}[$__rate_interval]))', '{{adapter}} ({{model_name}})'),
+            ], stacked=True),
+        timeseries_panel(
+            96, 'Tokens/s per LoRA adapter', 'short',
+            '',
+            [
+                q('sum by (adapter) (rate(otel_llm_adapter_prompt_tokens_total{' + ACCOUNTING_SEL
+                  + '}[$__rate_interval]))', 'prompt {{adapter}}'),
+                q('sum by (adapter) (rate(otel_llm_adapter_generation_tokens_total{' + ACCOUNTING_SEL
+                  + '}[$__rate_interval]))', 'generated {{adapter}}'),
+            ]),
+    ]),
+]
+
+
 # ------------------------------------------------------------------------------------------------
 # Issue 26: SLO attainment per model (processors.llm_metrics.slo) in the latency row, and tokens and
 # cost per tenant (processors.llm_metrics.tenant, .cost) in the cost row.

@@ -104,6 +104,16 @@ class RequestRecord:
     # The configured tenant attribute's value if allow-listed, else the configured ``other``; ""
     # when no span of the request carries one (or no tenant is configured).
     tenant: str = ""
+    # Prompt tokens written to a cache for this request (semconv cache_creation / cache_write), where reported.
+    cache_write_tokens: int | None = None
+    # Speculative decoding, where a span reports it (vLLM's per-request ``metrics.speculative_decoding``
+    # keys): draft tokens accepted, draft tokens proposed, verify steps.
+    spec_accepted_tokens: int | None = None
+    spec_draft_tokens: int | None = None
+    spec_steps: int | None = None
+    # The LoRA adapter the request named (a configured adapter name), "" when none did.
+    lora_adapter: str = ""
+    lora_base_model: str = ""
 
     @property
     def succeeded(self) -> bool:

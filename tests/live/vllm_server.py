@@ -71,7 +71,8 @@ def is_loopback(hex_address: str) -> bool:
 
 
 class VllmServer:
-    def __init__(self, model_dir: Path, otlp_endpoint: str, protocol: str, log_path: Path) -> None:
+    def __init__(self, model_dir: Path, otlp_endpoint: str, protocol: str, log_path: Path,
+                 extra_args: tuple[str, ...] = ()) -> None:
         self.port = free_port()
         self.log_path = log_path
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VLLM_"))}
@@ -88,7 +89,8 @@ class VllmServer:
         command = [vllm_python(), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                    "--served-model-name", SERVED_MODEL, "--load-format", "dummy", "--dtype", "float32",
                    "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS),
-                   "--host", "127.0.0.1", "--port", str(self.port), "--otlp-traces-endpoint", otlp_endpoint]
+                   "--host", "127.0.0.1", "--port", str(self.port), "--otlp-traces-endpoint", otlp_endpoint,
+                   *extra_args]
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(command, env=env, stdout=self._log, stderr=subprocess.STDOUT,
                                         start_new_session=True)

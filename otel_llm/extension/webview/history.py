@@ -26,6 +26,19 @@ LATENCY_METRICS: tuple[tuple[str, str, str, str | None], ...] = (
     ("queue", "queue", "vllm:request_queue_time_seconds", None),
     ("gateway_overhead", "gateway overhead", "otel_llm_gateway_overhead_seconds", None),
 )
+# Per-request accounting (issue 26): counter and histogram sum/count samples summed per (model, engine),
+# by sample name; adapter requests by adapter too. Absent until a request's spans report them.
+ACCOUNTING_SAMPLES = frozenset({
+    "otel_llm_prompt_tokens_cached_total", "otel_llm_prompt_tokens_computed_total",
+    "otel_llm_prompt_tokens_cache_write_total",
+    "otel_llm_request_prefix_cache_hit_ratio_sum", "otel_llm_request_prefix_cache_hit_ratio_count",
+    "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_drafts_total",
+    "otel_llm_request_spec_decode_acceptance_length_sum", "otel_llm_request_spec_decode_acceptance_length_count",
+})
+ADAPTER_REQUESTS = "otel_llm_adapter_requests_total"
+ACCOUNTING_FAMILIES = frozenset({name.rsplit("_", 1)[0] for name in ACCOUNTING_SAMPLES}
+                                | {"otel_llm_request_prefix_cache_hit_ratio",
+                                   "otel_llm_request_spec_decode_acceptance_length", "otel_llm_adapter_requests"})
 OUTCOMES_FAMILY = "vllm:request_success"  # counter; samples vllm:request_success_total{finished_reason}
 UNMEASURED_FAMILY = "otel_llm_service_unmeasured"  # counter; {service_name, reason}
 # processors.llm_metrics' accounting counters (metrics/definitions.py ACCOUNTING_METRICS), for the cards.
@@ -43,7 +56,7 @@ HISTORY_BUDGET_BYTES = 64 * 1024 * 1024
 def snapshot_bytes(snapshot: Snapshot) -> int:
     """An estimate of a snapshot's memory: its arrays, tuples, keys and dict slots."""
     return (sum(len(counts) * 8 + 200 for counts in snapshot.histograms.values()) + 150 * len(snapshot.outcomes)
-            + 200 * len(snapshot.accounting) + 200)
+            + 200 * len(snapshot.accounting) + 150 * len(snapshot.counters) + 200)
 
 Group = tuple[str, str]  # (model, engine)
 
@@ -61,6 +74,9 @@ class Snapshot:
     # Cumulative accounting totals: ("slo", model, engine, met|missed|unmeasured), ("cost", model,
     # tenant, currency), ("unpriced", model, token_type).
     accounting: dict[tuple[str, ...], float] = field(default_factory=dict)
+    # (sample name, group) -> cumulative value: the accounting samples; adapter requests as
+    # ("otel_llm_adapter_requests_total:<adapter>", group).
+    counters: dict[tuple[str, Group], float] = field(default_factory=dict)
 
     def groups(self) -> set[Group]:
         """The (model, engine) pairs that have requests: the outcome counter's, which counts every
@@ -131,6 +147,17 @@ class History:
                     if sample.name.endswith("_total") and sample.value > 0:
                         reasons = snapshot.unmeasured.setdefault(sample.labels.get("service_name", ""), {})
                         reasons[sample.labels.get("reason", "")] = sample.value
+                continue
+            if name in ACCOUNTING_FAMILIES:
+                for sample in family.samples:
+                    sample_name = sample.name
+                    if sample_name == ADAPTER_REQUESTS:
+                        sample_name = f"{ADAPTER_REQUESTS}:{sample.labels.get('adapter', '')}"
+                    elif sample_name not in ACCOUNTING_SAMPLES:
+                        continue
+                    slot = (sample_name, _group_of(sample.labels, True))
+                    if slot in snapshot.counters or len(snapshot.counters) < MAX_GROUPS * 16:
+                        snapshot.counters[slot] = snapshot.counters.get(slot, 0.0) + sample.value
                 continue
             if name not in wanted:
                 continue
@@ -235,6 +262,15 @@ def outcome_delta(new: Snapshot, old: Snapshot | None, group: Group) -> dict[str
         before = old.outcomes.get((g, reason), 0.0) if old is not None else 0.0
         out[reason] = value - before if value >= before else value
     return out
+
+
+def counter_delta(new: Snapshot, old: Snapshot | None, name: str, group: Group) -> float | None:
+    """An accounting sample's growth over the window; None where the sample does not exist."""
+    value = new.counters.get((name, group))
+    if value is None:
+        return None
+    before = old.counters.get((name, group), 0.0) if old is not None else 0.0
+    return value - before if value >= before else value
 
 
 def finite(value: float) -> float | None:

@@ -7,7 +7,8 @@ import math
 from typing import Any
 
 from otel_llm.extension.webview.history import (LATENCY_METRICS, Group, History, Snapshot, delta, finite, groups_of,
-                                      outcome_delta)
+                                                 outcome_delta)
+from otel_llm.extension.webview.history import ADAPTER_REQUESTS, counter_delta
 from otel_llm.extension.webview.quantile import quantile_of_counts
 
 WINDOWS: dict[str, float | None] = {"5m": 300.0, "15m": 900.0, "1h": 3600.0, "start": None}
@@ -176,5 +177,54 @@ def _group(history: History, current: Snapshot, base: Snapshot | None, points: l
         "error_ratio": errors / requests if requests else None,
         "abort_ratio": outcomes.get("abort", 0.0) / requests if requests else None,
         "outcomes": outcomes, "metrics": metrics, "series": series,
+        "accounting": accounting(current, base, group),
         "slo": {k: v for k, v in slo.items() if k in metrics or k in {m[0] for m in LATENCY_METRICS}},
     }
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return numerator / denominator if numerator is not None and denominator else None
+
+
+def accounting(current: Snapshot, base: Snapshot | None, group: Group) -> dict[str, Any]:
+    """Prefix cache, speculative decoding and LoRA adapters over the window: only what requests'
+    spans reported (a key is absent when its samples are)."""
+    def grown(name: str) -> float | None:
+        return counter_delta(current, base, name, group)
+
+    out: dict[str, Any] = {}
+    cached, computed = grown("otel_llm_prompt_tokens_cached_total"), grown("otel_llm_prompt_tokens_computed_total")
+    if cached is not None and computed is not None:
+        out["prompt_cache"] = {
+            "cached_tokens": cached, "computed_tokens": computed,
+            "cache_write_tokens": grown("otel_llm_prompt_tokens_cache_write_total"),
+            "hit_ratio": _ratio(cached, cached + computed),  # token-weighted, as the recording rule
+            "requests": grown("otel_llm_request_prefix_cache_hit_ratio_count"),
+            "mean_request_hit_ratio": _ratio(grown("otel_llm_request_prefix_cache_hit_ratio_sum"),
+                                             grown("otel_llm_request_prefix_cache_hit_ratio_count")),
+        }
+    accepted, steps = grown("vllm:spec_decode_num_accepted_tokens_total"), grown("vllm:spec_decode_num_drafts_total")
+    per_request = _ratio(grown("otel_llm_request_spec_decode_acceptance_length_sum"),
+                         grown("otel_llm_request_spec_decode_acceptance_length_count"))
+    if per_request is not None or (accepted is not None and steps):
+        pooled = _ratio(accepted, steps)
+        out["spec_decode"] = {
+            "accepted_tokens": accepted, "steps": steps,
+            "pooled_acceptance_length": 1.0 + pooled if pooled is not None else None,
+            "mean_request_acceptance_length": per_request,
+            "requests": grown("otel_llm_request_spec_decode_acceptance_length_count"),
+        }
+    prefix = ADAPTER_REQUESTS + ":"
+    model, engine = group
+    adapters: dict[str, float | None] = {}
+    for name, (base_model, base_engine) in current.counters:
+        if not name.startswith(prefix) or base_engine != engine:
+            continue
+        adapter = name[len(prefix):]
+        if base_model == model:
+            adapters[adapter] = grown(name)
+        if adapter == model:  # this card's model is a configured adapter (vLLM answers with its name)
+            out["adapter_of"] = base_model
+    if adapters:
+        out["adapters"] = dict(sorted(adapters.items()))
+    return out

@@ -117,6 +117,9 @@ class LlmMetricsProcessor:
     tenant: TenantConfig = field(default_factory=TenantConfig)
     cost: CostConfig = field(default_factory=CostConfig)
     slo: SloConfig = field(default_factory=SloConfig)
+    # LoRA adapter name -> its base model, as vLLM's --lora-modules names them: a request naming one
+    # is counted per adapter (otel_llm_adapter_*). Empty: no adapter label anywhere.
+    lora_adapters: dict[str, str] = field(default_factory=dict)
 
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
         "max_model_len": (1, 1 << 30),
@@ -132,6 +135,12 @@ class LlmMetricsProcessor:
             if isinstance(length, bool) or not isinstance(length, int) or not low <= length <= high:
                 raise ConfigError(f"{path}.max_model_len_by_model.{model}",
                                   f"must be an integer between {int(low)} and {int(high)}, got {length!r}")
+        for adapter, base in self.lora_adapters.items():
+            if not isinstance(base, str) or not base or not adapter:
+                raise ConfigError(f"{path}.lora_adapters.{adapter}",
+                                  f"must map a non-empty adapter name to its non-empty base model, got {base!r}")
+            if adapter == base:
+                raise ConfigError(f"{path}.lora_adapters.{adapter}", "an adapter's name must differ from its base model")
         seen: set[str] = set()
         reserved: set[str] = set()
         for i, dim in enumerate(self.dimensions):
@@ -218,7 +227,7 @@ def _reserved_label_names() -> set[str]:
     would give series with a duplicate label, which Prometheus rejects with the whole scrape."""
     from otel_llm.processor.llm_metrics.metrics import definitions
 
-    names = {"le", "quantile", "segment", "finished_reason"}
+    names = {"le", "quantile", "segment", "finished_reason", "adapter"}
     for naming in (definitions.genai_naming(), definitions.genai_client_naming(), definitions.own_naming(),
                    definitions.vllm_naming(1)):
         names.update(definitions.prometheus_label_name(n) for n in naming.label_names)

@@ -105,6 +105,8 @@ class RecordSettings:
     dimensions: tuple[Dimension, ...] = ()
     tenant: TenantRule | None = None
     max_latency_s: float = 86400.0  # the bound every duration goes through, from any source
+    # Configured LoRA adapter name -> its base model (vLLM's --lora-modules name and base_model_name).
+    lora_adapters: dict[str, str] = field(default_factory=dict)
 
 
 def _text(span: BufferedSpan, key: str) -> str | None:
@@ -513,6 +515,7 @@ def build_record(buffered: BufferedSpan, joined: Joined, settings: RecordSetting
         record.segments = build_segments(buffered.start_unix_ns, t)
         if trace is not None:
             _read_composite(record, buffered, obs, trace, joined, partner, inner or [])
+    _read_cache_and_spec(record, obs, joined.lookup if side == Side.SERVER else [], rejected)
     if record.e2e_s is None:
         # GenAI spans carry no e2e attribute and TGI records its fields only on success: the span's
         # own duration is the request's, so every outcome lands in the same duration families.
@@ -521,8 +524,51 @@ def build_record(buffered: BufferedSpan, joined: Joined, settings: RecordSetting
         _join_server_side(record, obs, joined, settings, rejected)
     if not record.model:
         record.model, record.model_source = _fallback_model(obs, buffered.origin.resource_strings, settings)
+    if settings.lora_adapters:
+        _name_adapter(record, settings.lora_adapters)
     record.rejected = tuple(rejected)
     return record
+
+
+def _read_cache_and_spec(record: RequestRecord, obs: EngineObservation, lookup: list[BufferedSpan],
+                         rejected: list[str]) -> None:
+    """Cache reads/writes and speculative decoding: the engine span's, else those of the nearest joined
+    gateway or client span that reports them (vLLM 0.32 puts its ``usage.prompt_tokens_details`` and
+    ``metrics`` in the response body only, so the caller's span is where they reach otel-llm). Only
+    the server side looks beside: a client span's ancestors may sum several calls.
+
+    A count the request's own prompt cannot hold is rejected (counted), never observed."""
+    cached, written, spec = record.cached_tokens, obs.cache_write_tokens, obs.spec_decode
+    for span in lookup:
+        if cached is not None and written is not None and spec is not None:
+            break
+        seen = span.observation
+        if seen is None:
+            continue
+        cached = cached if cached is not None else seen.cached_tokens
+        written = written if written is not None else seen.cache_write_tokens
+        spec = spec if spec is not None else seen.spec_decode
+    prompt = record.prompt_tokens
+    if cached is not None and (cached < 0 or (prompt is not None and cached > prompt)):
+        rejected.append("cached_tokens_exceed_prompt")
+        cached = None
+    if written is not None and (written < 0 or (prompt is not None and written > prompt)):
+        rejected.append("cache_write_tokens_exceed_prompt")
+        written = None
+    record.cached_tokens, record.cache_write_tokens = cached, written
+    if spec is not None:
+        record.spec_accepted_tokens, record.spec_draft_tokens, record.spec_steps = spec
+
+
+def _name_adapter(record: RequestRecord, adapters: dict[str, str]) -> None:
+    """The configured adapter a request names: as the requested model (a gateway's, a client's, vllm#47633's
+    span), or as the served model (vLLM answers a LoRA request with the adapter's name as ``model``,
+    entrypoints/openai/models/serving.py:144-146 @ 0.32.0)."""
+    for name in (record.request_model, record.response_model, record.model):
+        base = adapters.get(name) if name else None
+        if base is not None:
+            record.lora_adapter, record.lora_base_model = name, base
+            return
 
 
 def _read_composite(record: RequestRecord, buffered: BufferedSpan, obs: EngineObservation, trace: PendingTrace,

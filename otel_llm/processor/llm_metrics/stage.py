@@ -14,9 +14,12 @@ from otel_llm.pdata.traces import CompletedTrace, TraceConsumer
 from otel_llm.processor.llm_metrics.config import LlmMetricsProcessor, SloObjectivesConfig
 from otel_llm.processor.llm_metrics.metrics.accounting import Accounting, AccountingSettings, Objectives, Price
 from otel_llm.processor.llm_metrics.metrics.definitions import (
+    adapter_naming,
     genai_client_naming,
     genai_naming,
+    own_cache_naming,
     own_naming,
+    vllm_cache_naming,
     vllm_naming,
 )
 from otel_llm.processor.llm_metrics.metrics.recorder import MetricsRecorder
@@ -42,6 +45,7 @@ def record_settings(metrics: LlmMetricsProcessor) -> RecordSettings:
         tenant=(TenantRule(tuple(metrics.tenant.attributes), frozenset(metrics.tenant.values), metrics.tenant.other)
                 if metrics.tenant.attributes else None),
         max_latency_s=metrics.max_latency,
+        lora_adapters=dict(metrics.lora_adapters),
     )
 
 
@@ -49,10 +53,14 @@ def recorder_of(metrics: LlmMetricsProcessor) -> MetricsRecorder:
     namings = []
     if metrics.namings.vllm:
         namings.append(vllm_naming(metrics.max_model_len, metrics.max_model_len_by_model))
+        namings.append(vllm_cache_naming(metrics.max_model_len, metrics.max_model_len_by_model))
     if metrics.namings.gen_ai:
         namings.append(genai_naming())
         namings.append(genai_client_naming())
     namings.append(own_naming())
+    namings.append(own_cache_naming())
+    if metrics.lora_adapters:
+        namings.append(adapter_naming())
     recorder = MetricsRecorder(namings, tuple(d.name for d in metrics.dimensions), metrics.series_limit,
                                series_limit_bytes=metrics.series_limit_mib * 1024 * 1024,
                                max_label_value_bytes=metrics.max_label_value_bytes)

@@ -188,8 +188,10 @@
         stat("errors", pct(g.error_ratio), "error_ratio", g.error_ratio),
         stat("aborts", pct(g.abort_ratio), "abort_ratio", g.abort_ratio),
         ...accountingStats(g)));
-      const accounting = accountingLines(g, rng);
-      if (accounting) card.appendChild(accounting);
+      const accountingLine = accountingLines(g, rng);
+      if (accountingLine) card.appendChild(accountingLine);
+      const acc = accounting(g, sel, rng);
+      if (acc) card.appendChild(acc);
       for (const [service, reasons] of Object.entries(g.unmeasured || {})) card.appendChild(unmeasured(service, reasons));
       card.appendChild(h("p", {class: "promql"}, h("span", {class: "muted", text: "rate: "}),
         h("code", {text: `sum(rate(vllm:request_success_total${sel}[${rng}]))`}), " ",
@@ -290,6 +292,38 @@
       p.appendChild(h("span", {class: "unpriced", text: ` · unpriced tokens (no price configured): ${parts}`}));
     }
     return p;
+  }
+  // Prefix cache, speculative decoding and LoRA adapters over the window: only what spans reported.
+  function accounting(g, sel, rng) {
+    const a = g.accounting || {};
+    if (!a.prompt_cache && !a.spec_decode && !a.adapters && !a.adapter_of) return null;
+    const box = h("div", {class: "accounting"});
+    const stats = h("div", {class: "stats"});
+    const notes = h("p", {class: "promql"});
+    if (a.prompt_cache) {
+      const c = a.prompt_cache;
+      stats.appendChild(stat("prefix cache hit (tokens)", pct(c.hit_ratio), "cache_hit_ratio", c.hit_ratio));
+      stats.appendChild(stat("mean per request", pct(c.mean_request_hit_ratio), "cache_mean_request_hit_ratio", c.mean_request_hit_ratio));
+      stats.appendChild(stat("cached / computed tokens", num(c.cached_tokens) + " / " + num(c.computed_tokens), "cached_tokens", c.cached_tokens));
+      if (typeof c.cache_write_tokens === "number") stats.appendChild(stat("cache-write tokens", num(c.cache_write_tokens), "cache_write_tokens", c.cache_write_tokens));
+      notes.appendChild(h("span", {class: "muted", text: "cache hit: "}));
+      notes.appendChild(h("code", {text: `sum(rate(otel_llm_prompt_tokens_cached_total${sel}[${rng}])) / (sum(rate(otel_llm_prompt_tokens_cached_total${sel}[${rng}])) + sum(rate(otel_llm_prompt_tokens_computed_total${sel}[${rng}])))`}));
+      notes.appendChild(document.createTextNode(" "));
+    }
+    if (a.spec_decode) {
+      const d = a.spec_decode;
+      stats.appendChild(stat("acceptance length, pooled", num(d.pooled_acceptance_length, 2), "spec_pooled_acceptance_length", d.pooled_acceptance_length));
+      stats.appendChild(stat("acceptance length, per-request mean", num(d.mean_request_acceptance_length, 2), "spec_mean_request_acceptance_length", d.mean_request_acceptance_length));
+      notes.appendChild(h("span", {class: "muted", text: "pooled = 1 + accepted / steps: "}));
+      notes.appendChild(h("code", {text: `1 + sum(rate(vllm:spec_decode_num_accepted_tokens_total${sel}[${rng}])) / sum(rate(vllm:spec_decode_num_drafts_total${sel}[${rng}]))`}));
+    }
+    for (const [name, requests] of Object.entries(a.adapters || {})) {
+      stats.appendChild(stat("LoRA " + name, num(requests) + " req", "adapter_requests", requests));
+    }
+    if (a.adapter_of) stats.appendChild(stat("LoRA adapter of", a.adapter_of, "adapter_of", undefined));
+    box.appendChild(stats);
+    if (notes.childNodes.length) box.appendChild(notes);
+    return box;
   }
   function stat(label, text, key, value) {
     return h("div", {class: "stat", "data-stat": key, "data-value": typeof value === "number" ? String(value) : ""},

@@ -171,6 +171,7 @@ def _vllm(span: Span, attrs: AttrMap) -> EngineObservation:
     completion = _count(attrs, "gen_ai.usage.completion_tokens")
     if completion is None:
         completion = _count(attrs, "gen_ai.usage.output_tokens")
+    cached, written, spec = _cache_and_spec(attrs)
     return EngineObservation(
         engine_kind=EngineKind.VLLM,
         adapter="vllm_v1" if v1 else "vllm_v0",
@@ -192,8 +193,9 @@ def _vllm(span: Span, attrs: AttrMap) -> EngineObservation:
         server_port=get_str(attrs, "server.port") if "server.port" in attrs else None,
         is_error=is_error,
         error_type=error_type,
-        cached_tokens=(_count(attrs, "gen_ai.usage.cache_read.input_tokens")
-                       if "gen_ai.usage.cache_read.input_tokens" in attrs else None),
+        cached_tokens=cached,
+        cache_write_tokens=written,
+        spec_decode=spec,
         itl_s=itl,
     )
 
@@ -374,6 +376,7 @@ def _tgi(span: Span, attrs: AttrMap) -> EngineObservation | None:
 def _genai(span: Span, attrs: AttrMap) -> EngineObservation:
     is_error, error_type = _error_of(span, attrs)
     finish = _finish_reason(attrs)
+    cached, written, spec = _cache_and_spec(attrs)
     return EngineObservation(
         engine_kind=EngineKind.GENAI,
         adapter="genai",
@@ -393,6 +396,9 @@ def _genai(span: Span, attrs: AttrMap) -> EngineObservation:
         is_error=is_error,
         error_type=error_type,
         may_be_gateway=True,
+        cached_tokens=cached,
+        cache_write_tokens=written,
+        spec_decode=spec,
     )
 
 
@@ -425,6 +431,41 @@ def _first_count(attrs: AttrMap, *keys: str) -> int | None:
             if value is not None:
                 return value
     return None
+
+
+# Cache reads and writes on a span, first key present wins. Reads: semconv v1.41 (written by
+# opentelemetry-instrumentation-openai-v2 2.4b0 response_extractors.py:371-374, OpenLLMetry 0.62.4
+# openai/shared/__init__.py:285-290, LiteLLM 1.110 gen_ai_semconv.py:77-80, Logfire 5.4 semconv.py:75;
+# vllm#40799/#54476 on the engine span). Writes: semconv v1.41's cache_creation (same emitters) and the
+# genai repo's rename cache_write (genai #440).
+CACHE_READ_KEYS = ("gen_ai.usage.cache_read.input_tokens",)
+CACHE_WRITE_KEYS = ("gen_ai.usage.cache_creation.input_tokens", "gen_ai.usage.cache_write.input_tokens")
+# vLLM's per-request speculative-decoding object (response ``metrics.speculative_decoding``, vllm PR #48915;
+# RequestSpecDecodeMetrics.to_dict, vllm/v1/metrics/stats.py @ 0.32.0), read where a span carries it
+# under the vendor prefix ``vllm.``. No emitter in reach writes it on a span yet (vLLM 0.32 returns it
+# in the response body only).
+SPEC_DECODE_PREFIX = "vllm.metrics.speculative_decoding."
+_SPEC_ACCEPTED = SPEC_DECODE_PREFIX + "num_accepted_draft_tokens"
+_SPEC_DRAFT = SPEC_DECODE_PREFIX + "num_draft_tokens"
+_SPEC_STEPS = SPEC_DECODE_PREFIX + "num_spec_steps"
+
+
+def _cache_and_spec(attrs: AttrMap) -> tuple[int | None, int | None, tuple[int, int, int] | None]:
+    """(cache reads, cache writes, speculative decoding) a span reports; None for what it does not say.
+
+    Speculative decoding counts only when all three numbers are there and consistent: accepted
+    draft tokens never exceed proposed ones, and a request with steps has at least one."""
+    read = _first_count(attrs, *CACHE_READ_KEYS)
+    write = _first_count(attrs, *CACHE_WRITE_KEYS)
+    if _SPEC_STEPS not in attrs:
+        return read, write, None
+    accepted, draft, steps = _count(attrs, _SPEC_ACCEPTED), _count(attrs, _SPEC_DRAFT), _count(attrs, _SPEC_STEPS)
+    if accepted is None or draft is None or steps is None:
+        raise MalformedSpan("incomplete_spec_decode", "speculative decoding needs accepted, draft tokens and steps")
+    if accepted < 0 or draft < 0 or steps < 0 or accepted > draft:
+        raise MalformedSpan("inconsistent_spec_decode",
+                            f"accepted {accepted}, draft {draft}, steps {steps}: accepted > draft or negative")
+    return read, write, (accepted, draft, steps)
 
 
 # GenAI semconv span names are "{gen_ai.operation.name} {model}".

@@ -280,3 +280,117 @@ SLO_TARGET = AccountingSpec(
     "alert LLMSloAttainmentBelowTarget compares met / (met + missed) against it.",
     ("model_name",))
 ACCOUNTING_METRICS = (TENANT_TOKENS, REQUEST_COST, UNPRICED_TOKENS, SLO_REQUESTS, SLO_TARGET)
+# Prefix-cache, speculative-decoding and LoRA accounting per request (issue 26, items 1-3). Every value is
+# None (nothing observed) unless the request's spans reported it: no zero is made up for a span that is silent.
+
+# Share of a request's prompt read from a cache: tenths, plus the two ends a prefix cache often lands on
+# (nothing shared, a full repeat) kept apart from their neighbours.
+CACHE_HIT_RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.99, 1.0)
+# Mean tokens per verify step including the bonus token: 1 (nothing accepted) to num_spec_tokens + 1;
+# num_speculative_tokens above 15 is rare (vLLM's EAGLE/MTP examples use 1-7).
+SPEC_ACCEPTANCE_LENGTH_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0)
+
+
+def _computed_prompt_tokens(r: RequestRecord) -> float | None:
+    """Prompt tokens prefilled by the engine, for a request whose cache reads were reported (vLLM's
+    ``num_prompt_tokens - num_cached_tokens``, v1/metrics/loggers.py:1312 @ 0.32.0)."""
+    if r.cached_tokens is None or r.prompt_tokens is None:
+        return None
+    return r.prompt_tokens - r.cached_tokens
+
+
+def _cache_hit_ratio(r: RequestRecord) -> float | None:
+    if r.cached_tokens is None or not r.prompt_tokens:
+        return None
+    return r.cached_tokens / r.prompt_tokens
+
+
+def _acceptance_length(r: RequestRecord) -> float | None:
+    """vLLM's per-request ``mean_acceptance_length``: 1 + accepted draft tokens / verify steps
+    (RequestSpecDecodeMetrics.to_dict, v1/metrics/stats.py @ 0.32.0); none for a request without steps."""
+    if r.spec_accepted_tokens is None or not r.spec_steps:
+        return None
+    return 1.0 + r.spec_accepted_tokens / r.spec_steps
+
+
+def vllm_cache_naming(max_model_len: int, max_model_len_by_model: dict[str, int] | None = None) -> Naming:
+    """vLLM's own names for what spans now carry per request: its cached-prompt-token counter, its
+    per-request computed-prefill histogram (v1/metrics/loggers.py:773, 1021 @ 0.32.0) and its
+    speculative-decoding counters (v1/spec_decode/metrics.py:229-231). Switched with the ``vllm`` naming."""
+    tokens = tokens_buckets(max_model_len)
+    per_model = tuple((model, tokens_buckets(length)) for model, length in sorted((max_model_len_by_model or {}).items()))
+    return Naming(
+        key="vllm",
+        label_names=("model_name", "engine_kind", "service_name"),
+        labels=lambda r: (r.model, r.engine_kind, r.service_name),
+        histograms=(
+            HistogramSpec("vllm:request_prefill_kv_computed_tokens", "{token}",
+                          "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+                          tokens, _computed_prompt_tokens, buckets_by_model=per_model),
+        ),
+        counters=(
+            CounterSpec("vllm:prompt_tokens_cached", "{token}", "Number of cached prompt tokens (local + external).",
+                        lambda r: r.cached_tokens),
+            CounterSpec("vllm:spec_decode_num_drafts", "{step}", "Number of spec decoding drafts.",
+                        lambda r: r.spec_steps),
+            CounterSpec("vllm:spec_decode_num_draft_tokens", "{token}", "Number of draft tokens.",
+                        lambda r: r.spec_draft_tokens),
+            CounterSpec("vllm:spec_decode_num_accepted_tokens", "{token}", "Number of accepted tokens.",
+                        lambda r: r.spec_accepted_tokens),
+        ),
+    )
+
+
+def own_cache_naming() -> Naming:
+    """The product's per-request cache and speculative-decoding metrics, whatever namings are on: the
+    GenAI conventions have no server-side cache or acceptance metric (v1.41.0; the standalone v0.1.0's
+    ``gen_ai.client.inference.usage.cache_*`` counters are client-side, with the version switch)."""
+    return Naming(
+        key="otel_llm",
+        label_names=("model_name", "engine_kind", "service_name"),
+        labels=lambda r: (r.model, r.engine_kind, r.service_name),
+        histograms=(
+            HistogramSpec("otel_llm_request_prefix_cache_hit_ratio", "1",
+                          "Per request: prompt tokens read from a cache / prompt tokens, for requests whose spans "
+                          "report cache reads.",
+                          CACHE_HIT_RATIO_BUCKETS, _cache_hit_ratio),
+            HistogramSpec("otel_llm_request_spec_decode_acceptance_length", "{token}",
+                          "Per request: 1 + accepted draft tokens / verify steps (vLLM's mean_acceptance_length, "
+                          "bonus token included); one observation per request, whatever its length.",
+                          SPEC_ACCEPTANCE_LENGTH_BUCKETS, _acceptance_length),
+        ),
+        counters=(
+            CounterSpec("otel_llm_prompt_tokens_cached", "{token}",
+                        "Prompt tokens read from a cache, of requests whose spans report cache reads.",
+                        lambda r: r.cached_tokens),
+            CounterSpec("otel_llm_prompt_tokens_computed", "{token}",
+                        "Prompt tokens prefilled (prompt minus cached), of requests whose spans report cache reads.",
+                        _computed_prompt_tokens),
+            CounterSpec("otel_llm_prompt_tokens_cache_write", "{token}",
+                        "Prompt tokens written to a cache (semconv cache_creation / cache_write), where reported.",
+                        lambda r: r.cache_write_tokens),
+        ),
+    )
+
+
+def adapter_naming() -> Naming:
+    """Requests and tokens per LoRA adapter: only requests that name a configured adapter, so the
+    existing families keep their labels. ``model_name`` is the adapter's configured base model."""
+    def labels(r: RequestRecord) -> tuple[str, ...]:
+        return (r.lora_base_model, r.lora_adapter, r.engine_kind, r.service_name)
+
+    return Naming(
+        key="otel_llm",
+        label_names=("model_name", "adapter", "engine_kind", "service_name"),
+        labels=labels,
+        histograms=(),
+        counters=(
+            CounterSpec("otel_llm_adapter_requests", "{request}", "Requests that named a LoRA adapter, by finished reason.",
+                        lambda r: 1 if r.lora_adapter else None, by_outcome=True),
+            CounterSpec("otel_llm_adapter_prompt_tokens", "{token}", "Prompt tokens of requests that named a LoRA adapter.",
+                        lambda r: r.prompt_tokens if r.lora_adapter else None),
+            CounterSpec("otel_llm_adapter_generation_tokens", "{token}",
+                        "Generated tokens of requests that named a LoRA adapter.",
+                        lambda r: r.completion_tokens if r.lora_adapter else None),
+        ),
+    )
