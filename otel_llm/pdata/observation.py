@@ -61,6 +61,8 @@ class EngineObservation:
     # assembly decides once it sees the whole trace.
     may_be_gateway: bool = False
     cached_tokens: int | None = None  # prompt tokens read from the prefix cache, where the engine says
+    cache_write_tokens: int | None = None  # prompt tokens written to a provider's cache, where a span says
+    reasoning_tokens: int | None = None  # output tokens spent reasoning, where a span says
     tpot_s: float | None = None  # a per-request mean inter-token latency the engine reports itself (Dynamo)
     # Per engine step after the first, from vLLM's token_generated events (vllm#32573); () without them.
     itl_s: tuple[float, ...] = ()

@@ -100,6 +100,9 @@ class RequestRecord:
     not_measurable: tuple[str, ...] = ()
     segments_derived: tuple[str, ...] = ()
     cached_tokens: int | None = None
+    # GenAI usage the span reports (cache writes: semconv v1.41 ``cache_creation``, genai v0.1 ``cache_write``).
+    cache_write_tokens: int | None = None
+    reasoning_tokens: int | None = None
     itl_s: tuple[float, ...] = ()  # per-step inter-token latencies (vLLM token events)
 
     @property

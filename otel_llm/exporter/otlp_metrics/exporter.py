@@ -18,8 +18,9 @@ Names, units, attributes
     ``{token}``, ``{request}``). Attributes are the label names as declared (dotted for
     ``gen_ai.*``); empty values are left out (Prometheus treats an empty label as absent, and
     semconv's ``error.type`` is only set on errors); ``server.port`` is an int, as semconv says.
-    The overflow series carries ``otel_llm_overflow=true``, as on ``/metrics``. Two scopes:
-    ``otel_llm`` with schema URL ``https://opentelemetry.io/schemas/1.41.0`` for ``gen_ai.*``, and
+    The overflow series carries ``otel.metric.overflow=true``, as the SDKs' cardinality limit does
+    (``otel_metric_overflow`` on ``/metrics``). Two scopes: ``otel_llm`` with the schema URL of the
+    ``gen_ai`` naming's conventions version (``definitions.GENAI_VERSIONS``) for ``gen_ai.*``, and
     ``otel_llm`` without one for the rest. Resource: ``service.name=otel-llm`` plus
     ``resource_attributes``.
 
@@ -63,6 +64,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from otel_llm import __version__
 from otel_llm.exporter.otlp_metrics.config import OtlpMetricsExporter
 from otel_llm.processor.llm_metrics.metrics.definitions import SEGMENT_METRIC
+from otel_llm.processor.llm_metrics.metrics.exposition import OVERFLOW_ATTRIBUTE
 from otel_llm.processor.llm_metrics.metrics.families import Family, HistogramFamily
 from otel_llm.processor.llm_metrics.metrics.recorder import MetricsRecorder
 
@@ -71,7 +73,6 @@ if TYPE_CHECKING:  # the SDK is imported when an exporter is built
 
 log = logging.getLogger(__name__)
 
-GENAI_SCHEMA_URL = "https://opentelemetry.io/schemas/1.41.0"
 METRICS_PATH = "/v1/metrics"
 _JITTER = 0.2
 _INT_ATTRIBUTES = frozenset({"server.port"})
@@ -86,7 +87,7 @@ class _HistogramSnapshot:
     description: str
     bounds: tuple[float, ...]
     label_names: tuple[str, ...]
-    genai: bool
+    schema_url: str  # its naming's conventions ("" = none)
     # key -> (per-bucket counts incl. +Inf, sum, count, {bucket index: (trace_id, span_id, value, ts)}, its bounds)
     series: dict[Key, tuple[tuple[float, ...], float, float, dict[int, tuple[str, str, float, float]], tuple[float, ...]]]
 
@@ -97,7 +98,7 @@ class _SumSnapshot:
     unit: str
     description: str
     label_names: tuple[str, ...]
-    genai: bool
+    schema_url: str
     series: dict[Key, float]
 
 
@@ -113,32 +114,33 @@ def take_snapshot(recorder: MetricsRecorder) -> Snapshot:
     snapshot = Snapshot(time.time_ns())
 
     def hist(name: str, unit: str, description: str, bounds: tuple[float, ...], label_names: tuple[str, ...],
-             family: HistogramFamily, genai: bool) -> None:
+             family: HistogramFamily, schema_url: str) -> None:
         series = {}
         for key, s in family.series.items():
             series[key] = (tuple(s.counts), s.total, s.count,
                            {i: (e.trace_id, e.span_id, e.value, e.timestamp) for i, e in s.exemplars.items()},
                            s.bounds or bounds)
-        snapshot.histograms.append(_HistogramSnapshot(name, unit, description, bounds, label_names, genai, series))
+        snapshot.histograms.append(_HistogramSnapshot(name, unit, description, bounds, label_names, schema_url,
+                                                      series))
 
     with recorder.lock:
         for bound in recorder.namings:
-            genai = bound.naming.key == "gen_ai"
+            schema_url = bound.naming.schema_url
             for exposed in bound.exposed:
                 hist(exposed.spec.name, exposed.spec.unit, exposed.spec.description, exposed.family.bounds,
-                     exposed.label_names, exposed.family, genai)
+                     exposed.label_names, exposed.family, schema_url)
             for counter in bound.counters:
-                names = bound.label_names + (("finished_reason",) if counter.spec.by_outcome else ())
+                names = bound.label_names + counter.extra_label_names
                 snapshot.sums.append(_SumSnapshot(counter.spec.name, counter.spec.unit, counter.spec.description,
-                                                  names, genai, dict(counter.family.series)))
+                                                  names, schema_url, dict(counter.family.series)))
         hist(SEGMENT_METRIC.name, SEGMENT_METRIC.unit, SEGMENT_METRIC.description, recorder.segments.bounds,
-             recorder.segment_label_names, recorder.segments, False)
+             recorder.segment_label_names, recorder.segments, "")
     return snapshot
 
 
 def _attributes(label_names: tuple[str, ...], key: Key) -> dict[str, Any]:
     if key == Family.OVERFLOW:
-        return {"otel_llm_overflow": "true"}
+        return {OVERFLOW_ATTRIBUTE: "true"}
     out: dict[str, Any] = {}
     for name, value in zip(label_names, key):
         if value == "":
@@ -172,7 +174,7 @@ def build_metrics_data(snapshot: Snapshot, previous: Snapshot | None, start_ns: 
     before_h = {h.name: h.series for h in previous.histograms} if delta and previous is not None else {}
     before_s = {s.name: s.series for s in previous.sums} if delta and previous is not None else {}
     since_s = previous.time_ns / 1e9 if delta and previous is not None else 0.0
-    metrics: dict[bool, list[Any]] = {True: [], False: []}
+    metrics: dict[str, list[Any]] = {}  # schema URL -> its scope's metrics
     points = 0
     for h in snapshot.histograms:
         old = before_h.get(h.name, {})
@@ -198,7 +200,7 @@ def build_metrics_data(snapshot: Snapshot, previous: Snapshot | None, start_ns: 
                 explicit_bounds=list(series_bounds), min=None, max=None, exemplars=sdk_exemplars))  # type: ignore[arg-type]
         if data_points:
             points += len(data_points)
-            metrics[h.genai].append(Metric(h.name, h.description, h.unit,
+            metrics.setdefault(h.schema_url, []).append(Metric(h.name, h.description, h.unit,
                                            Histogram(data_points, temporality)))
     for s in snapshot.sums:
         old_values = before_s.get(s.name, {})
@@ -212,14 +214,11 @@ def build_metrics_data(snapshot: Snapshot, previous: Snapshot | None, start_ns: 
                 value=int(value) if float(value).is_integer() else float(value)))
         if number_points:
             points += len(number_points)
-            metrics[s.genai].append(Metric(s.name, s.description, s.unit,
+            metrics.setdefault(s.schema_url, []).append(Metric(s.name, s.description, s.unit,
                                            Sum(number_points, temporality, is_monotonic=True)))
-    scopes = []
-    if metrics[True]:
-        scopes.append(ScopeMetrics(InstrumentationScope("otel_llm", __version__, GENAI_SCHEMA_URL), metrics[True],
-                                   GENAI_SCHEMA_URL))
-    if metrics[False]:
-        scopes.append(ScopeMetrics(InstrumentationScope("otel_llm", __version__), metrics[False], ""))
+    scopes = [ScopeMetrics(InstrumentationScope("otel_llm", __version__, schema_url or None), scope_metrics,
+                           schema_url)
+              for schema_url, scope_metrics in sorted(metrics.items(), reverse=True)]
     resource = Resource({"service.name": "otel-llm", "service.version": __version__, **resource_attributes})
     return MetricsData([ResourceMetrics(resource, scopes, "")]), points
 

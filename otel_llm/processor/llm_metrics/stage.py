@@ -41,8 +41,8 @@ def recorder_of(metrics: LlmMetricsProcessor) -> MetricsRecorder:
     if metrics.namings.vllm:
         namings.append(vllm_naming(metrics.max_model_len, metrics.max_model_len_by_model))
     if metrics.namings.gen_ai:
-        namings.append(genai_naming())
-        namings.append(genai_client_naming())
+        namings.append(genai_naming(metrics.namings.gen_ai_version))
+        namings.append(genai_client_naming(metrics.namings.gen_ai_version))
     namings.append(own_naming())
     return MetricsRecorder(namings, tuple(d.name for d in metrics.dimensions), metrics.series_limit,
                            series_limit_bytes=metrics.series_limit_mib * 1024 * 1024,

@@ -393,6 +393,12 @@ def _genai(span: Span, attrs: AttrMap) -> EngineObservation:
         is_error=is_error,
         error_type=error_type,
         may_be_gateway=True,
+        # Usage keys of both conventions (research/genai-semconv.md §2a-2b): cache_read and reasoning
+        # are the same in semconv v1.41.0 and genai v0.1.0; the cache write was renamed (genai #440).
+        cached_tokens=_first_count(attrs, "gen_ai.usage.cache_read.input_tokens"),
+        cache_write_tokens=_first_count(attrs, "gen_ai.usage.cache_write.input_tokens",
+                                        "gen_ai.usage.cache_creation.input_tokens"),
+        reasoning_tokens=_first_count(attrs, "gen_ai.usage.reasoning.output_tokens"),
     )
 
 

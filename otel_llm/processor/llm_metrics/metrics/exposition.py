@@ -14,7 +14,12 @@ from otel_llm.processor.llm_metrics.metrics.definitions import SEGMENT_METRIC, p
 from otel_llm.processor.llm_metrics.metrics.families import CounterFamily, Family, HistogramFamily
 from otel_llm.processor.llm_metrics.metrics.recorder import MetricsRecorder
 
-OVERFLOW_LABELS = {"otel_llm_overflow": "true"}
+# The overflow series of a capped metric, labelled as the OTel SDKs' cardinality limit and the
+# Collector's spanmetrics label theirs: attribute ``otel.metric.overflow=true`` (spec
+# metrics/sdk.md "Cardinality limits"; contrib PR #39664; research/field-2026.md, lessons §6),
+# which the OTLP->Prometheus rules expose as ``otel_metric_overflow`` (before: ``otel_llm_overflow``).
+OVERFLOW_ATTRIBUTE = "otel.metric.overflow"
+OVERFLOW_LABELS = {prometheus_label_name(OVERFLOW_ATTRIBUTE): "true"}
 
 
 def _le(bound: float) -> str:
@@ -33,16 +38,20 @@ class RecorderCollector(Collector):
         recorder = self._recorder
         with recorder.lock:
             snapshot = []
+            units: dict[str, str] = {}  # a family's unit, for its exposed name in the overflow count
             for bound in recorder.namings:
                 label_names = tuple(prometheus_label_name(n) for n in bound.label_names)
                 for hist in bound.exposed:
+                    units[hist.family.name] = hist.spec.unit
                     snapshot.append(_histogram(hist.spec.name, hist.spec.unit, hist.spec.description,
                                                hist.family.bounds,
                                                tuple(prometheus_label_name(n) for n in hist.label_names),
                                                hist.family))
                 for counter in bound.counters:
-                    names = label_names + (("finished_reason",) if counter.spec.by_outcome else ())
-                    snapshot.append(_counter(counter.spec.name, counter.spec.description, names, counter.family))
+                    names = label_names + tuple(prometheus_label_name(n) for n in counter.extra_label_names)
+                    snapshot.append(_counter(exposed_name(counter.spec.name, counter.spec.unit),
+                                             counter.spec.description, names, counter.family))
+                    units[counter.family.name] = counter.spec.unit
             snapshot.append(_histogram(SEGMENT_METRIC.name, SEGMENT_METRIC.unit, SEGMENT_METRIC.description,
                                        recorder.segments.bounds,
                                        tuple(prometheus_label_name(n) for n in recorder.segment_label_names),
@@ -51,7 +60,8 @@ class RecorderCollector(Collector):
                               "Observations sent to a metric's overflow series because its series cap was reached.",
                               "counter")
             for family in recorder.families():
-                overflow.add_sample("otel_llm_series_overflow_total", {"metric": exposed_name(family.name)},
+                overflow.add_sample("otel_llm_series_overflow_total",
+                                    {"metric": exposed_name(family.name, units.get(family.name, "s"))},
                                     family.overflowed)
             snapshot.append(overflow)
             too_long = Metric("otel_llm_label_values_too_long",

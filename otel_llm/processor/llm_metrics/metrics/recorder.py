@@ -40,6 +40,13 @@ class _BoundHistogram:
 class _BoundCounter:
     spec: CounterSpec
     family: CounterFamily
+    key_suffix: Key = ()  # the spec's fixed label value, if it has one
+
+    @property
+    def extra_label_names(self) -> tuple[str, ...]:
+        """Its label names after the naming's: the fixed label's, then ``finished_reason``."""
+        return ((self.spec.fixed_label[0],) if self.spec.fixed_label else ()) + (
+            ("finished_reason",) if self.spec.by_outcome else ())
 
 
 @dataclass(slots=True)
@@ -75,7 +82,9 @@ def _bind(naming: Naming, dimension_names: tuple[str, ...], series_limit: int, b
                 label_names + extra)
         histograms.append(_BoundHistogram(spec, shared.family, (spec.fixed_label[1],) if spec.fixed_label else ()))
     counter_labels = tuple(prometheus_label_name(n) for n in label_names) + ("finished_reason",)
-    counters = [_BoundCounter(c, CounterFamily(c.name, series_limit, budget, label_names=counter_labels))
+    counters = [_BoundCounter(c, CounterFamily(c.name, series_limit, budget, label_names=counter_labels + (
+                    (prometheus_label_name(c.fixed_label[0]),) if c.fixed_label else ())),
+                              (c.fixed_label[1],) if c.fixed_label else ())
                 for c in naming.counters]
     return BoundNaming(naming, label_names, histograms, counters, list(exposed.values()))
 
@@ -94,7 +103,7 @@ class _Plan:
         self.label_names = tuple(prometheus_label_name(n) for n in bound.label_names)
         self.hists = tuple((h.spec.value, h.spec.success_only, h.spec.per_step, h.family.bounds, h.family,
                             h.key_suffix) for h in bound.histograms)
-        self.counters = tuple((c.spec.value, c.spec.by_outcome, c.family) for c in bound.counters)
+        self.counters = tuple((c.spec.value, c.spec.by_outcome, c.family, c.key_suffix) for c in bound.counters)
         # Per key: the series of each histogram (None until first observed), then whether each is
         # the overflow series, then the name of a label whose value is too long ("" if none).
         self.cache: dict[Key, list[Any]] = {}
@@ -210,14 +219,16 @@ class MetricsRecorder:
                             family.overflowed += 1
                         if with_exemplars:
                             series.exemplars[index] = Exemplar(trace_id, span_id, value, now)
-                for value_of, by_outcome, counter_family in plan.counters:
+                for value_of, by_outcome, counter_family, counter_suffix in plan.counters:
                     amount = value_of(record)
                     if amount is None:
                         continue
                     if key is CounterFamily.OVERFLOW:
                         counter_family.add_overflow(amount * weight)
                     else:
-                        counter_family.add(key + (record.outcome,) if by_outcome else key, amount * weight)
+                        counter_key = key + counter_suffix if counter_suffix else key
+                        counter_family.add(counter_key + (record.outcome,) if by_outcome else counter_key,
+                                           amount * weight)
             if record.segments:
                 base = (record.model, record.engine_kind, record.service_name)
                 cache_key = base + dimensions
