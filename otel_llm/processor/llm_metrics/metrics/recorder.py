@@ -202,6 +202,8 @@ class MetricsRecorder:
                         series.counts[index] += weight
                         series.total += value * weight
                         series.count += weight
+                        if series.exponential is not None:
+                            series.exponential.observe(value, weight)
                         if slots[count + position]:
                             family.overflowed += 1
                         if with_exemplars:
@@ -215,6 +217,8 @@ class MetricsRecorder:
                         series.counts[index] += weight
                         series.total += value * weight
                         series.count += weight
+                        if series.exponential is not None:
+                            series.exponential.observe(value, weight)
                         if slots[count + position]:
                             family.overflowed += 1
                         if with_exemplars:
@@ -260,6 +264,8 @@ class MetricsRecorder:
                     series.counts[index] += weight
                     series.total += duration * weight
                     series.count += weight
+                    if series.exponential is not None:
+                        series.exponential.observe(duration, weight)
                     if overflow:
                         family.overflowed += 1
                     if with_exemplars:
@@ -285,6 +291,18 @@ class MetricsRecorder:
         series = slots[position] = _series_of(family, key)
         slots[count + position] = series is family.series.get(family.OVERFLOW)
         return series
+
+    def keep_exponential(self, max_size: int, max_scale: int) -> None:
+        """Every histogram series keeps base-2 exponential buckets too, within the largest limits any
+        caller asked for (a caller wanting smaller ones downscales a copy: ``ExponentialState.fitted``).
+        Called when the components start, before the first request is recorded."""
+        with self.lock:
+            histograms = [f for f in self.families() if isinstance(f, HistogramFamily)]
+            if any(f.series for f in histograms):
+                raise RuntimeError("exponential buckets must be asked for before the first observation")
+            for family in histograms:
+                old = family.exponential
+                family.exponential = (max(max_size, old[0]), max(max_scale, old[1])) if old else (max_size, max_scale)
 
     def families(self) -> list[HistogramFamily | CounterFamily]:
         out: list[HistogramFamily | CounterFamily] = [self.segments]
