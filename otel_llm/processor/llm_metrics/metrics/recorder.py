@@ -158,6 +158,9 @@ class MetricsRecorder:
         self._segment_too_long: dict[Key, str] = {}
         self.lock = threading.Lock()
         self.requests_recorded = 0
+        # Bucket limit of the native histogram parts a scrape gets (``exporters.prometheus.native_histograms``
+        # sets it with ``keep_exponential``); None: a scrape copies none.
+        self.native_max_size: int | None = None
 
     def record(self, record: RequestRecord, with_exemplars: bool = False) -> None:
         """Observe ``record`` in every naming of its side; ``with_exemplars`` only for traces the sampler kept.
