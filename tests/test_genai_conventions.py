@@ -132,6 +132,13 @@ def test_config_refuses_an_unknown_version_naming_the_path_and_the_choices(value
     assert "'1.41'" in message and "'0.1'" in message and repr(str(value)) in message
 
 
+def test_config_refuses_a_version_for_a_naming_that_is_off():
+    with pytest.raises(ConfigError) as error:
+        config_from_dict({"processors": {"llm_metrics": {"namings": {"gen_ai": False, "gen_ai_version": "0.1"}}}})
+    assert "processors.llm_metrics.namings.gen_ai_version" in str(error.value)
+    assert "applies only with namings.gen_ai: true" in str(error.value)
+
+
 def test_overflow_series_carries_the_sdk_label_on_metrics(make_server):
     """``series_limit: 1``: the second model's series is the overflow series, labelled
     ``otel_metric_overflow="true"`` (``otel.metric.overflow`` escaped, as spanmetrics' and the SDKs'

@@ -82,6 +82,8 @@ class LlmMetricsProcessor:
                               f"expected one of {', '.join(repr(v) for v in GENAI_VERSIONS)} (the GenAI conventions "
                               f"semconv v1.41.0 or semantic-conventions-genai v0.1.0), got "
                               f"{self.namings.gen_ai_version!r}")
+        if not self.namings.gen_ai and self.namings.gen_ai_version != "1.41":
+            raise ConfigError(f"{path}.namings.gen_ai_version", "applies only with namings.gen_ai: true")
         low, high = self.BOUNDS["max_model_len"]
         for model, length in self.max_model_len_by_model.items():
             if isinstance(length, bool) or not isinstance(length, int) or not low <= length <= high:
