@@ -140,3 +140,44 @@ def test_without_the_option_a_protobuf_scrape_gets_text(make_server):
     with urllib.request.urlopen(urllib.request.Request(server.metrics_url + "/metrics",
                                                        headers={"Accept": PROTOBUF}), timeout=10) as response:
         assert response.headers["Content-Type"].startswith("text/plain")
+
+
+def test_the_protobuf_exposition_carries_every_sample_the_text_one_does(make_server):
+    """Counters, gauges and histogram counts of the whole registry (the product's own telemetry
+    included), value for value: what a Prometheus switching format would otherwise lose."""
+    from google.protobuf.internal.decoder import _DecodeVarint  # the protobuf runtime's varint reader
+
+    from otel_llm.exporter.prometheus.protobuf import MetricFamily
+
+    server = make_server({"exporters": {"prometheus": {"native_histograms": True}},
+                          "processors": {"tail_sampling": {"decision_wait": "1s", "grace": "100ms"}}})
+    send(server, ttfts()[:20])
+    text = server.wait_until(lambda s: s.value(FAMILY + "_count") == 20 and s.value("otel_llm_traces_in_memory") == 0,
+                             timeout_s=60, what="20 TTFTs")
+    with urllib.request.urlopen(urllib.request.Request(server.metrics_url + "/metrics",
+                                                       headers={"Accept": PROTOBUF}), timeout=10) as response:
+        body = response.read()
+    samples: dict[tuple[str, frozenset], float] = {}
+    position = 0
+    while position < len(body):
+        length, position = _DecodeVarint(body, position)
+        family = MetricFamily.FromString(body[position:position + length])
+        position += length
+        for metric in family.metric:
+            labels = frozenset((p.name, p.value) for p in metric.label)
+            if metric.HasField("counter"):
+                samples[(family.name, labels)] = metric.counter.value
+            elif metric.HasField("gauge"):
+                samples[(family.name, labels)] = metric.gauge.value
+            elif metric.HasField("histogram"):
+                samples[(family.name + "_count", labels)] = metric.histogram.sample_count
+    expected = {(name, labels): value for (name, labels), value in text.samples.items()
+                if not name.endswith(("_bucket", "_sum", "_created")) and "quantile" not in dict(labels)}
+    missing = {k: v for k, v in expected.items() if k not in samples}
+    assert not missing, sorted(missing)[:10]
+    changed = {k: (v, samples[k]) for k, v in expected.items()
+               if not k[0].startswith(("process_", "otel_llm_http", "python_")) and samples[k] != v}
+    # Values move between two scrapes only for the process's own gauges; the span-derived ones are settled.
+    assert all(not k[0].startswith(("vllm:", "gen_ai_", "otel_llm_request")) for k in changed), changed
+    assert samples[(FAMILY + "_count", frozenset({("model_name", "m"), ("engine_kind", "vllm"),
+                                                  ("service_name", "raw")}))] == 20
