@@ -23,7 +23,7 @@ def test_series_cap_sends_new_label_sets_to_one_overflow_series(make_server):
     scrape = server.wait_for_requests(12)
     names = {ls.get("service_name") for ls in scrape.label_sets("vllm:e2e_request_latency_seconds_count")}
     assert len(names - {None}) == 5
-    assert scrape.value("vllm:e2e_request_latency_seconds_count", otel_llm_overflow="true") == 7
+    assert scrape.value("vllm:e2e_request_latency_seconds_count", otel_metric_overflow="true") == 7
     assert scrape.value("vllm:e2e_request_latency_seconds_count") == 12  # nothing lost
     assert scrape.value("otel_llm_series_overflow_total", metric="vllm:e2e_request_latency_seconds") == 7
 

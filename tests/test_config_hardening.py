@@ -184,7 +184,10 @@ def _numeric_fields(cls: Any, prefix: str) -> list[tuple[str, Any, Any, str]]:
 
 NUMERIC_FIELDS = _numeric_fields(Config, "")
 # What a section needs besides the field under test to be valid.
-REQUIRED = {"exporters.otlp": {"endpoint": "tempo:4317"}, "exporters.otlphttp": {"endpoint": "http://tempo:4318"}}
+REQUIRED = {"exporters.otlp": {"endpoint": "tempo:4317"}, "exporters.otlphttp": {"endpoint": "http://tempo:4318"},
+            # options refused unless their feature is on (exponential.*, native_histogram_max_buckets)
+            "exporters.otlp_metrics": {"histogram": "exponential"},
+            "exporters.prometheus": {"native_histograms": True}}
 
 
 # Fields checked against another (grace <= decision_wait, initial_interval <= max_interval): at

@@ -521,7 +521,7 @@ def test_hundred_thousand_model_names_hold_the_series_cap(make_server):
     series = scrape.label_sets("vllm:e2e_request_latency_seconds_count")
     assert len(series) == 501  # the cap plus one overflow series
     assert scrape.value("vllm:e2e_request_latency_seconds_count") == 100_000  # nothing lost
-    assert scrape.value("vllm:e2e_request_latency_seconds_count", otel_llm_overflow="true") == 100_000 - 500
+    assert scrape.value("vllm:e2e_request_latency_seconds_count", otel_metric_overflow="true") == 100_000 - 500
     assert scrape.value("otel_llm_series_overflow_total", metric="vllm:e2e_request_latency_seconds") == 99_500
 
 

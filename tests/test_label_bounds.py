@@ -66,7 +66,7 @@ def test_two_thousand_short_model_names_stay_within_the_byte_budget(make_server)
     assert _total(text, "otel_llm_series_overflow_total") > 0
     scrape = server.scrape()
     assert scrape.value("vllm:e2e_request_latency_seconds_count") == 2000  # nothing lost
-    assert scrape.value("vllm:e2e_request_latency_seconds_count", otel_llm_overflow="true") > 0
+    assert scrape.value("vllm:e2e_request_latency_seconds_count", otel_metric_overflow="true") > 0
 
 
 def test_the_byte_budget_is_shared_by_every_family_and_counted():

@@ -345,5 +345,5 @@ def test_accounting_series_are_capped_like_every_family(make_server):
         _vllm(server, f"model-{i}", [(0.1, 1.0)], start)
     scrape = server.wait_until(lambda s: s.value("otel_llm_slo_requests_total") == 4, what="4 SLO requests")
     assert len([ls for ls in scrape.label_sets("otel_llm_slo_requests_total") if "model_name" in ls]) == 2
-    assert scrape.value("otel_llm_slo_requests_total", otel_llm_overflow="true") == 2
+    assert scrape.value("otel_llm_slo_requests_total", otel_metric_overflow="true") == 2
     assert scrape.value("otel_llm_series_overflow_total", metric="otel_llm_slo_requests") == 2

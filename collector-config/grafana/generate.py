@@ -227,9 +227,9 @@ ROWS = [
     row(41, "Client vs server (the callers' GenAI CLIENT spans beside the server side)", [
         timeseries_panel(
             42, 'Client-observed vs server e2e duration p95, per model', 's',
-            "gen_ai_client_operation_duration_seconds (the caller's CLIENT span, from the applications that report one) next to gen_ai_server_request_duration_seconds (every request, server side). Both gen_ai naming; the gap is network, gateways and their queues.",
+            "gen_ai_client_operation_duration_seconds (semconv v1.41.0; gen_ai_client_inference_duration_seconds with namings.gen_ai_version 0.1) (the caller's CLIENT span, from the applications that report one) next to gen_ai_server_request_duration_seconds (every request, server side). Both gen_ai naming; the gap is network, gateways and their queues.",
             [
-                q('histogram_quantile(0.95, sum by (le, gen_ai_request_model) (rate(gen_ai_client_operation_duration_seconds_bucket{source="spans", gen_ai_request_model=~"$model"}[$__rate_interval])))', 'client p95 {{gen_ai_request_model}}', exemplar=True),
+                q('histogram_quantile(0.95, sum by (le, gen_ai_request_model) (rate(gen_ai_client_operation_duration_seconds_bucket{source="spans", gen_ai_request_model=~"$model"}[$__rate_interval]) or rate(gen_ai_client_inference_duration_seconds_bucket{source="spans", gen_ai_request_model=~"$model"}[$__rate_interval])))', 'client p95 {{gen_ai_request_model}}', exemplar=True),
                 q('histogram_quantile(0.95, sum by (le, gen_ai_request_model) (rate(gen_ai_server_request_duration_seconds_bucket{source="spans", gen_ai_request_model=~"$model", gen_ai_provider_name=~"$engine"}[$__rate_interval])))', 'server p95 {{gen_ai_request_model}}', exemplar=True),
             ]),
         timeseries_panel(

@@ -100,12 +100,13 @@ class RequestRecord:
     not_measurable: tuple[str, ...] = ()
     segments_derived: tuple[str, ...] = ()
     cached_tokens: int | None = None
+    # GenAI usage the span reports (cache writes: semconv v1.41 ``cache_creation``, genai v0.1 ``cache_write``).
+    cache_write_tokens: int | None = None
+    reasoning_tokens: int | None = None
     itl_s: tuple[float, ...] = ()  # per-step inter-token latencies (vLLM token events)
     # The configured tenant attribute's value if allow-listed, else the configured ``other``; ""
     # when no span of the request carries one (or no tenant is configured).
     tenant: str = ""
-    # Prompt tokens written to a cache for this request (semconv cache_creation / cache_write), where reported.
-    cache_write_tokens: int | None = None
     # Speculative decoding, where a span reports it (vLLM's per-request ``metrics.speculative_decoding``
     # keys): draft tokens accepted, draft tokens proposed, verify steps.
     spec_accepted_tokens: int | None = None

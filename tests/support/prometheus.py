@@ -67,6 +67,7 @@ class PrometheusServer:
         exemplars: bool = False,
         rule_files: Iterable[pathlib.Path] = (),
         extra_scrape_configs: list[dict] | None = None,
+        features: Iterable[str] = (),
     ) -> None:
         self.tmp_dir = pathlib.Path(tmp_dir)
         self.targets = list(targets)
@@ -74,6 +75,7 @@ class PrometheusServer:
         self.exemplars = exemplars
         self.rule_files = [pathlib.Path(p) for p in rule_files]
         self.extra_scrape_configs = list(extra_scrape_configs or [])
+        self.features = list(features)  # --enable-feature=<each>, e.g. native-histograms
 
         self.config_path = self.tmp_dir / "prometheus.yml"
         self.data_dir = self.tmp_dir / "prometheus-data"
@@ -142,6 +144,7 @@ class PrometheusServer:
         ]
         if self.exemplars:
             cmd.append("--enable-feature=exemplar-storage")
+        cmd.extend(f"--enable-feature={feature}" for feature in self.features)
 
         self._log_file = open(self.log_path, "ab")
         self._log_file.write(f"\n### {' '.join(cmd)}\n".encode())

@@ -22,6 +22,19 @@ class MetricsSendingQueue:
 
 
 @dataclass(frozen=True)
+class ExponentialHistogramConfig:
+    # The OTel SDK's Base2 Exponential Bucket Histogram Aggregation defaults (spec metrics/sdk.md):
+    # at most max_size buckets per sign, starting at max_scale and downscaling as values spread.
+    max_size: int = 160
+    max_scale: int = 20
+
+    BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
+        "max_size": (2, 16384),  # opentelemetry-sdk's own bounds on max_size
+        "max_scale": (-10, 20),  # the base-2 mappings' scales (ExponentMapping -10 .. LogarithmMapping 20)
+    }
+
+
+@dataclass(frozen=True)
 class OtlpMetricsExporter:
     """Both namings pushed as OTLP metrics (``exporters.otlp_metrics``, otel_llm/exporter/otlp_metrics/exporter.py)."""
 
@@ -36,6 +49,10 @@ class OtlpMetricsExporter:
     resource_attributes: dict[str, str] = field(default_factory=dict)  # beside service.name=otel-llm
     retry_on_failure: RetryOnFailure = field(default_factory=RetryOnFailure)
     sending_queue: MetricsSendingQueue = field(default_factory=MetricsSendingQueue)
+    # explicit: the buckets of /metrics; exponential: base-2 exponential histograms (OTLP
+    # ExponentialHistogram), with the limits of ``exponential``, every histogram of the families.
+    histogram: str = "explicit"
+    exponential: ExponentialHistogramConfig = field(default_factory=ExponentialHistogramConfig)
 
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
         "timeout": (0.001, 3600.0),  # 0 would make the SDK fall back to its own default
@@ -47,6 +64,10 @@ class OtlpMetricsExporter:
             raise ConfigError(f"{path}.protocol", f"expected grpc or http, got {self.protocol!r}")
         if self.temporality not in ("cumulative", "delta"):
             raise ConfigError(f"{path}.temporality", f"expected cumulative or delta, got {self.temporality!r}")
+        if self.histogram not in ("explicit", "exponential"):
+            raise ConfigError(f"{path}.histogram", f"expected explicit or exponential, got {self.histogram!r}")
+        if self.histogram != "exponential" and self.exponential != ExponentialHistogramConfig():
+            raise ConfigError(f"{path}.exponential", "applies only with histogram: exponential")
         if self.compression not in ("gzip", "none", ""):
             raise ConfigError(f"{path}.compression", f"expected gzip or none, got {self.compression!r}")
         if self.endpoint:

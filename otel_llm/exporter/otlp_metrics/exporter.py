@@ -18,8 +18,9 @@ Names, units, attributes
     ``{token}``, ``{request}``). Attributes are the label names as declared (dotted for
     ``gen_ai.*``); empty values are left out (Prometheus treats an empty label as absent, and
     semconv's ``error.type`` is only set on errors); ``server.port`` is an int, as semconv says.
-    The overflow series carries ``otel_llm_overflow=true``, as on ``/metrics``. Two scopes:
-    ``otel_llm`` with schema URL ``https://opentelemetry.io/schemas/1.41.0`` for ``gen_ai.*``, and
+    The overflow series carries ``otel.metric.overflow=true``, as the SDKs' cardinality limit does
+    (``otel_metric_overflow`` on ``/metrics``). Two scopes: ``otel_llm`` with the schema URL of the
+    ``gen_ai`` naming's conventions version (``definitions.GENAI_VERSIONS``) for ``gen_ai.*``, and
     ``otel_llm`` without one for the rest. Resource: ``service.name=otel-llm`` plus
     ``resource_attributes``.
 
@@ -63,6 +64,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from otel_llm import __version__
 from otel_llm.exporter.otlp_metrics.config import OtlpMetricsExporter
 from otel_llm.processor.llm_metrics.metrics.definitions import SEGMENT_METRIC
+from otel_llm.processor.llm_metrics.metrics.exponential import ExponentialState
+from otel_llm.processor.llm_metrics.metrics.exposition import OVERFLOW_ATTRIBUTE
 from otel_llm.processor.llm_metrics.metrics.families import Family, HistogramFamily
 from otel_llm.processor.llm_metrics.metrics.recorder import MetricsRecorder
 
@@ -71,7 +74,6 @@ if TYPE_CHECKING:  # the SDK is imported when an exporter is built
 
 log = logging.getLogger(__name__)
 
-GENAI_SCHEMA_URL = "https://opentelemetry.io/schemas/1.41.0"
 METRICS_PATH = "/v1/metrics"
 _JITTER = 0.2
 _INT_ATTRIBUTES = frozenset({"server.port"})
@@ -86,9 +88,11 @@ class _HistogramSnapshot:
     description: str
     bounds: tuple[float, ...]
     label_names: tuple[str, ...]
-    genai: bool
+    schema_url: str  # its naming's conventions ("" = none)
     # key -> (per-bucket counts incl. +Inf, sum, count, {bucket index: (trace_id, span_id, value, ts)}, its bounds)
     series: dict[Key, tuple[tuple[float, ...], float, float, dict[int, tuple[str, str, float, float]], tuple[float, ...]]]
+    # key -> its exponential buckets, fitted to the exporter's limits ({} = explicit buckets are pushed)
+    exponential: dict[Key, ExponentialState] = field(default_factory=dict)
 
 
 @dataclass
@@ -97,7 +101,7 @@ class _SumSnapshot:
     unit: str
     description: str
     label_names: tuple[str, ...]
-    genai: bool
+    schema_url: str
     series: dict[Key, float]
 
 
@@ -108,37 +112,42 @@ class Snapshot:
     sums: list[_SumSnapshot] = field(default_factory=list)
 
 
-def take_snapshot(recorder: MetricsRecorder) -> Snapshot:
-    """A copy of every family's cumulative state, under the recorder's lock (no encoding there)."""
+def take_snapshot(recorder: MetricsRecorder, exponential: tuple[int, int] | None = None) -> Snapshot:
+    """A copy of every family's cumulative state, under the recorder's lock (no encoding there);
+    ``exponential`` (max_size, max_scale): each series' exponential buckets too, fitted to them."""
     snapshot = Snapshot(time.time_ns())
 
     def hist(name: str, unit: str, description: str, bounds: tuple[float, ...], label_names: tuple[str, ...],
-             family: HistogramFamily, genai: bool) -> None:
+             family: HistogramFamily, schema_url: str) -> None:
         series = {}
+        states = {}
         for key, s in family.series.items():
             series[key] = (tuple(s.counts), s.total, s.count,
                            {i: (e.trace_id, e.span_id, e.value, e.timestamp) for i, e in s.exemplars.items()},
                            s.bounds or bounds)
-        snapshot.histograms.append(_HistogramSnapshot(name, unit, description, bounds, label_names, genai, series))
+            if exponential is not None and s.exponential is not None:
+                states[key] = s.exponential.fitted(*exponential)
+        snapshot.histograms.append(_HistogramSnapshot(name, unit, description, bounds, label_names, schema_url,
+                                                      series, states))
 
     with recorder.lock:
         for bound in recorder.namings:
-            genai = bound.naming.key == "gen_ai"
+            schema_url = bound.naming.schema_url
             for exposed in bound.exposed:
                 hist(exposed.spec.name, exposed.spec.unit, exposed.spec.description, exposed.family.bounds,
-                     exposed.label_names, exposed.family, genai)
+                     exposed.label_names, exposed.family, schema_url)
             for counter in bound.counters:
-                names = bound.label_names + (("finished_reason",) if counter.spec.by_outcome else ())
+                names = bound.label_names + counter.extra_label_names
                 snapshot.sums.append(_SumSnapshot(counter.spec.name, counter.spec.unit, counter.spec.description,
-                                                  names, genai, dict(counter.family.series)))
+                                                  names, schema_url, dict(counter.family.series)))
         hist(SEGMENT_METRIC.name, SEGMENT_METRIC.unit, SEGMENT_METRIC.description, recorder.segments.bounds,
-             recorder.segment_label_names, recorder.segments, False)
+             recorder.segment_label_names, recorder.segments, "")
     return snapshot
 
 
 def _attributes(label_names: tuple[str, ...], key: Key) -> dict[str, Any]:
     if key == Family.OVERFLOW:
-        return {"otel_llm_overflow": "true"}
+        return {OVERFLOW_ATTRIBUTE: "true"}
     out: dict[str, Any] = {}
     for name, value in zip(label_names, key):
         if value == "":
@@ -153,6 +162,9 @@ def build_metrics_data(snapshot: Snapshot, previous: Snapshot | None, start_ns: 
     and its number of points."""
     from opentelemetry.sdk.metrics.export import (
         AggregationTemporality,
+        Buckets,
+        ExponentialHistogram,
+        ExponentialHistogramDataPoint,
         Histogram,
         HistogramDataPoint,
         Metric,
@@ -170,13 +182,14 @@ def build_metrics_data(snapshot: Snapshot, previous: Snapshot | None, start_ns: 
     start = previous.time_ns if (delta and previous is not None) else start_ns
     now = snapshot.time_ns
     before_h = {h.name: h.series for h in previous.histograms} if delta and previous is not None else {}
+    old_exponential = {h.name: h.exponential for h in previous.histograms} if delta and previous is not None else {}
     before_s = {s.name: s.series for s in previous.sums} if delta and previous is not None else {}
     since_s = previous.time_ns / 1e9 if delta and previous is not None else 0.0
-    metrics: dict[bool, list[Any]] = {True: [], False: []}
+    metrics: dict[str, list[Any]] = {}  # schema URL -> its scope's metrics
     points = 0
     for h in snapshot.histograms:
         old = before_h.get(h.name, {})
-        data_points = []
+        data_points: list[Any] = []  # explicit or exponential points, one kind per family
         for key, (counts, total, count, exemplars, series_bounds) in h.series.items():
             if key in old:
                 old_counts, old_total, old_count, _, _ = old[key]
@@ -190,6 +203,20 @@ def build_metrics_data(snapshot: Snapshot, previous: Snapshot | None, start_ns: 
                                       trace_id=int(trace_id, 16))
                              for _, (trace_id, span_id, value, ts) in sorted(exemplars.items())
                              if trace_id and span_id and ts > since_s]
+            state = h.exponential.get(key)
+            if state is not None:
+                old_state = old_exponential.get(h.name, {}).get(key) if key in old else None
+                if old_state is not None:
+                    state = exponential_difference(state, old_state)
+                (positive_offset, positive), (negative_offset, negative) = state.positive.dense(), state.negative.dense()
+                data_points.append(ExponentialHistogramDataPoint(
+                    attributes=_attributes(h.label_names, key), start_time_unix_nano=start, time_unix_nano=now,
+                    count=int(round(count)), sum=float(total), scale=state.scale,
+                    zero_count=int(round(state.zero_count)),
+                    positive=Buckets(positive_offset, [int(round(c)) for c in positive]),
+                    negative=Buckets(negative_offset, [int(round(c)) for c in negative]),
+                    flags=0, min=None, max=None, exemplars=sdk_exemplars))  # type: ignore[arg-type]
+                continue
             # min/max None: not known from buckets. The SDK annotates them float, but its OTLP encoder
             # passes them to the protobuf message, where None leaves the optional fields unset.
             data_points.append(HistogramDataPoint(
@@ -198,8 +225,9 @@ def build_metrics_data(snapshot: Snapshot, previous: Snapshot | None, start_ns: 
                 explicit_bounds=list(series_bounds), min=None, max=None, exemplars=sdk_exemplars))  # type: ignore[arg-type]
         if data_points:
             points += len(data_points)
-            metrics[h.genai].append(Metric(h.name, h.description, h.unit,
-                                           Histogram(data_points, temporality)))
+            aggregation = ExponentialHistogram(data_points, temporality) if h.exponential \
+                else Histogram(data_points, temporality)
+            metrics.setdefault(h.schema_url, []).append(Metric(h.name, h.description, h.unit, aggregation))
     for s in snapshot.sums:
         old_values = before_s.get(s.name, {})
         number_points = []
@@ -212,16 +240,32 @@ def build_metrics_data(snapshot: Snapshot, previous: Snapshot | None, start_ns: 
                 value=int(value) if float(value).is_integer() else float(value)))
         if number_points:
             points += len(number_points)
-            metrics[s.genai].append(Metric(s.name, s.description, s.unit,
+            metrics.setdefault(s.schema_url, []).append(Metric(s.name, s.description, s.unit,
                                            Sum(number_points, temporality, is_monotonic=True)))
-    scopes = []
-    if metrics[True]:
-        scopes.append(ScopeMetrics(InstrumentationScope("otel_llm", __version__, GENAI_SCHEMA_URL), metrics[True],
-                                   GENAI_SCHEMA_URL))
-    if metrics[False]:
-        scopes.append(ScopeMetrics(InstrumentationScope("otel_llm", __version__), metrics[False], ""))
+    scopes = [ScopeMetrics(InstrumentationScope("otel_llm", __version__, schema_url or None), scope_metrics,
+                           schema_url)
+              for schema_url, scope_metrics in sorted(metrics.items(), reverse=True)]
     resource = Resource({"service.name": "otel-llm", "service.version": __version__, **resource_attributes})
     return MetricsData([ResourceMetrics(resource, scopes, "")]), points
+
+
+def exponential_difference(current: ExponentialState, before: ExponentialState) -> ExponentialState:
+    """``current`` minus ``before`` (an earlier state of the same series), at the coarser of their scales."""
+    out, old = current.copy(), before.copy()
+    scale = min(out.scale, old.scale)
+    out.downscale(out.scale - scale)
+    old.downscale(old.scale - scale)
+    out.zero_count -= old.zero_count
+    for mine, theirs in ((out.positive, old.positive), (out.negative, old.negative)):
+        for index, count in theirs.counts.items():
+            mine.counts[index] = mine.counts.get(index, 0.0) - count
+        live = [index for index, count in mine.counts.items() if count > 0]
+        mine.counts = {index: mine.counts[index] for index in live}
+        if live:
+            mine.low, mine.high = min(live), max(live)
+        else:
+            mine.low, mine.high = 0, -1
+    return out
 
 
 # --- self-telemetry --------------------------------------------------------------------------
@@ -291,6 +335,10 @@ class MetricsPushExporter:
         self.delta = settings.temporality == "delta"
         self._metrics = _Metrics(registry)
         self._exporter = sdk_exporter if sdk_exporter is not None else _sdk_exporter(settings)
+        self._exponential: tuple[int, int] | None = None
+        if settings.histogram == "exponential":
+            self._exponential = (settings.exponential.max_size, settings.exponential.max_scale)
+            recorder.keep_exponential(*self._exponential)
         self._start_ns = time.time_ns()
         self._queue: deque[Snapshot] = deque()
         self._cond = threading.Condition()
@@ -315,7 +363,7 @@ class MetricsPushExporter:
 
     def collect_now(self) -> None:
         """Snapshot the families and queue the snapshot (what every ``interval`` does)."""
-        snapshot = take_snapshot(self.recorder)
+        snapshot = take_snapshot(self.recorder, self._exponential)
         with self._cond:
             if len(self._queue) >= self.settings.sending_queue.queue_size:
                 self._queue.popleft()
@@ -422,7 +470,7 @@ class MetricsPushExporter:
             log.warning("%s: an export still in flight at shutdown; no final export", self.name)
         elif started:
             try:
-                self._send_with_retry(take_snapshot(self.recorder), None, deadline)
+                self._send_with_retry(take_snapshot(self.recorder, self._exponential), None, deadline)
             except Exception:
                 log.exception("%s: final export failed", self.name)
         self._threads.clear()

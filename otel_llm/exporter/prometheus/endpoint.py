@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.openmetrics import exposition as openmetrics
 
+from otel_llm.exporter.prometheus import protobuf
 from otel_llm.exporter.prometheus.config import PrometheusExporter
 from otel_llm.internal.httpserver import BackgroundHTTPServer, ConnectionLimits, QuietHandler, refused_connections
 from otel_llm.internal.security import TokenCheck
@@ -23,14 +24,17 @@ from otel_llm.exporter.store.sqlite import FUTURE_SKEW_NS, SORT_COLUMNS, StoreEr
 _TRACE_PATH = re.compile(r"^/api/traces/([0-9a-fA-F]{1,32})$")
 
 
-def encode_metrics(registry: CollectorRegistry, accept: str) -> tuple[bytes, str]:
-    """The exposition the scraper asked for in ``Accept``.
+def encode_metrics(registry: CollectorRegistry, accept: str, native_histograms: bool = False) -> tuple[bytes, str]:
+    """The exposition the scraper asked for in ``Accept``: with ``native_histograms``, the protobuf
+    MetricFamily format when the scraper prefers it (native histograms beside the classic buckets).
 
     prometheus_client 0.26 removes ``:`` from OpenMetrics *sample* names under ``underscores``
     escaping but keeps it in the family name, so Prometheus rejects every ``vllm:`` family. Every
     name we expose is already legacy-valid (dotted OTel names are translated when declared), and
     for legacy-valid names ``underscores`` escaping is the identity: render them unescaped.
     """
+    if native_histograms and protobuf.asks_for_protobuf(accept):
+        return protobuf.encode(registry.collect()), protobuf.CONTENT_TYPE
     encoder, content_type = choose_encoder(accept)
     if content_type.startswith("application/openmetrics-text"):
         # prometheus_client's openmetrics exposition has no annotations (generate_latest returns bytes).
@@ -43,6 +47,7 @@ def encode_metrics(registry: CollectorRegistry, accept: str) -> tuple[bytes, str
 class _Handler(QuietHandler):
     registry: ClassVar[CollectorRegistry]
     ready: ClassVar[threading.Event]
+    native_histograms: ClassVar[bool] = False
     store: ClassVar[StoreReader | None]
     not_ready: ClassVar[staticmethod[[], str | None] | None]  # a reason while a part cannot do its job
     token: ClassVar[TokenCheck]
@@ -107,7 +112,8 @@ class _Handler(QuietHandler):
         elif path.startswith("/api/"):
             self._api(path, urllib.parse.parse_qs(parsed.query))
         elif path == "/metrics":
-            body, content_type = encode_metrics(self.registry, self.headers.get("Accept") or "")
+            body, content_type = encode_metrics(self.registry, self.headers.get("Accept") or "",
+                                                self.native_histograms)
             self.send_body(200, body, content_type)
         elif path == "/healthz":
             self.send_body(200, b"ok\n", "text/plain")
@@ -137,7 +143,8 @@ class PrometheusEndpoint:
         token = TokenCheck(settings.auth)
         handler = type("PrometheusHandler", (_Handler,), {"registry": registry, "ready": ready, "store": store,
                                                           "not_ready": staticmethod(not_ready) if not_ready else None,
-                                                          "token": token})
+                                                          "token": token,
+                                                          "native_histograms": settings.native_histograms})
         limits = ConnectionLimits(max_connections=settings.max_connections,
                                   header_timeout_s=settings.read_header_timeout,
                                   request_timeout_s=settings.read_timeout, evict_idle=True,

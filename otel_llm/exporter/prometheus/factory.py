@@ -23,6 +23,13 @@ class PrometheusComponent:
         return self.endpoint.port if self.endpoint is not None else 0
 
     def start(self, host: Host) -> None:
+        if self.config.native_histograms:
+            if host.recorder is None:
+                raise OSError("native_histograms: the histograms come from processors.llm_metrics, which is not running")
+            # Prometheus schemas stop at 8 (prometheus/docs native_histograms.md); a finer state kept
+            # for an OTLP exporter is downscaled per scrape.
+            host.recorder.keep_exponential(self.config.native_histogram_max_buckets, 8)
+            host.recorder.native_max_size = self.config.native_histogram_max_buckets
         store = host.component("exporters.store")
         checks: list[Callable[[], str | None]] = ([store.problem] if store is not None else []) + [host.problem]
 

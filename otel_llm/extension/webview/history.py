@@ -132,7 +132,7 @@ class History:
                 continue
             if name in (SLO_FAMILY, COST_FAMILY, UNPRICED_FAMILY):
                 for sample in family.samples:
-                    if not sample.name.endswith("_total") or "otel_llm_overflow" in sample.labels:
+                    if not sample.name.endswith("_total") or "otel_metric_overflow" in sample.labels:
                         continue
                     labels = sample.labels
                     model = labels.get("model_name", "")

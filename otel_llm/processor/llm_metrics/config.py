@@ -14,6 +14,9 @@ from otel_llm.confmap import ConfigError, Duration, PositiveInt
 class Namings:
     vllm: bool = True
     gen_ai: bool = True
+    # Which GenAI conventions the gen_ai naming follows: "1.41" (semconv v1.41.0) or "0.1"
+    # (semantic-conventions-genai v0.1.0); definitions.GENAI_VERSIONS.
+    gen_ai_version: str = "1.41"
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,15 @@ class LlmMetricsProcessor:
     }
 
     def validate(self, path: str) -> None:
+        from otel_llm.processor.llm_metrics.metrics.definitions import GENAI_VERSIONS
+
+        if self.namings.gen_ai_version not in GENAI_VERSIONS:
+            raise ConfigError(f"{path}.namings.gen_ai_version",
+                              f"expected one of {', '.join(repr(v) for v in GENAI_VERSIONS)} (the GenAI conventions "
+                              f"semconv v1.41.0 or semantic-conventions-genai v0.1.0), got "
+                              f"{self.namings.gen_ai_version!r}")
+        if not self.namings.gen_ai and self.namings.gen_ai_version != "1.41":
+            raise ConfigError(f"{path}.namings.gen_ai_version", "applies only with namings.gen_ai: true")
         low, high = self.BOUNDS["max_model_len"]
         for model, length in self.max_model_len_by_model.items():
             if isinstance(length, bool) or not isinstance(length, int) or not low <= length <= high:
@@ -228,7 +240,10 @@ def _reserved_label_names() -> set[str]:
     from otel_llm.processor.llm_metrics.metrics import definitions
 
     names = {"le", "quantile", "segment", "finished_reason", "adapter"}
-    for naming in (definitions.genai_naming(), definitions.genai_client_naming(), definitions.own_naming(),
-                   definitions.vllm_naming(1)):
+    namings = [definitions.genai_naming(), definitions.own_naming(), definitions.vllm_naming(1)]
+    namings += [definitions.genai_client_naming(version) for version in definitions.GENAI_VERSIONS]
+    for naming in namings:
         names.update(definitions.prometheus_label_name(n) for n in naming.label_names)
+        fixed = [spec.fixed_label for spec in naming.histograms] + [spec.fixed_label for spec in naming.counters]
+        names.update(definitions.prometheus_label_name(label[0]) for label in fixed if label)
     return names

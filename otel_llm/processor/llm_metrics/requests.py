@@ -510,6 +510,7 @@ def build_record(buffered: BufferedSpan, joined: Joined, settings: RecordSetting
     record.prefill_s, record.decode_s, record.inference_s, record.tpot_s = (
         t.prefill_s, t.decode_s, t.inference_s, t.tpot_s)
     record.cached_tokens, record.itl_s, record.segments_derived = obs.cached_tokens, obs.itl_s, obs.derived
+    record.cache_write_tokens, record.reasoning_tokens = obs.cache_write_tokens, obs.reasoning_tokens
     record.not_measurable = t.not_measurable
     if side == Side.SERVER:
         record.segments = build_segments(buffered.start_unix_ns, t)

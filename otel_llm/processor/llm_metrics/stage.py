@@ -55,8 +55,8 @@ def recorder_of(metrics: LlmMetricsProcessor) -> MetricsRecorder:
         namings.append(vllm_naming(metrics.max_model_len, metrics.max_model_len_by_model))
         namings.append(vllm_cache_naming(metrics.max_model_len, metrics.max_model_len_by_model))
     if metrics.namings.gen_ai:
-        namings.append(genai_naming())
-        namings.append(genai_client_naming())
+        namings.append(genai_naming(metrics.namings.gen_ai_version))
+        namings.append(genai_client_naming(metrics.namings.gen_ai_version))
     namings.append(own_naming())
     namings.append(own_cache_naming())
     if metrics.lora_adapters:

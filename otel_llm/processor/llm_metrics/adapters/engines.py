@@ -399,6 +399,8 @@ def _genai(span: Span, attrs: AttrMap) -> EngineObservation:
         cached_tokens=cached,
         cache_write_tokens=written,
         spec_decode=spec,
+        # Reasoning tokens: the same key in semconv v1.41.0 and genai v0.1.0 (research/genai-semconv.md §2a-2b).
+        reasoning_tokens=_first_count(attrs, "gen_ai.usage.reasoning.output_tokens"),
     )
 
 

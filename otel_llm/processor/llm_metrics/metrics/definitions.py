@@ -69,6 +69,8 @@ class CounterSpec:
     description: str
     value: Value
     by_outcome: bool = False  # adds the ``finished_reason`` label
+    # One more label with a fixed value (``gen_ai.token.modality`` on the GenAI v0.1 usage counters).
+    fixed_label: tuple[str, str] | None = None
 
 
 Labels = Callable[[RequestRecord], tuple[str, ...]]
@@ -82,6 +84,8 @@ class Naming:
     histograms: tuple[HistogramSpec, ...]
     counters: tuple[CounterSpec, ...] = ()
     side: str = Side.SERVER  # which records it observes
+    # The conventions' schema URL its metrics are pushed under over OTLP (scope ``otel_llm``); "" = none.
+    schema_url: str = ""
 
 
 _UNIT_WORDS = {"s": "seconds", "ms": "milliseconds", "By": "bytes", "1": ""}
@@ -169,11 +173,14 @@ def _genai_tpot(r: RequestRecord) -> float | None:
     return r.tpot_s
 
 
-def genai_naming() -> Naming:
+def genai_naming(version: str = "1.41") -> Naming:
+    """The three ``gen_ai.server.*`` metrics: the same names, units and buckets in semconv v1.41.0 and
+    genai v0.1.0 (``gen-ai-metrics.md`` at both; research/field-2026.md §1.1); only the schema URL differs."""
     return Naming(
         key="gen_ai",
         label_names=GENAI_LABEL_NAMES,
         labels=_genai_labels,
+        schema_url=GENAI_VERSIONS[version],
         histograms=(
             HistogramSpec("gen_ai.server.time_to_first_token", "s", "Time to generate first token for successful responses.",
                           GENAI_TTFT_BUCKETS, lambda r: r.ttft_s, success_only=True),
@@ -186,15 +193,38 @@ def genai_naming() -> Naming:
     )
 
 
-def genai_client_naming() -> Naming:
-    """The GenAI client metrics (semconv v1.41.0), from client-side records only. Switched with the
-    ``gen_ai`` naming. ``time_per_output_chunk`` is not derived: it is one observation per chunk,
-    and no instrumentation puts per-chunk times on its span."""
+# The GenAI conventions a ``gen_ai`` naming can follow (``processors.llm_metrics.namings.gen_ai_version``):
+# version -> the schema URL of the scope its metrics are pushed in over OTLP.
+#   1.41: semantic-conventions v1.41.0, the last core release with GenAI content (research/genai-semconv.md §1a, §3).
+#   0.1:  semantic-conventions-genai v0.1.0, the first standalone release, "Depends on semantic-conventions
+#         v1.45.0" (its CHANGELOG; research/field-2026.md §1.1). Its schema URL follows the genai repo
+#         README's pattern ``https://opentelemetry.io/schemas/gen-ai/<version>`` (research/genai-semconv.md §3).
+GENAI_VERSIONS: dict[str, str] = {
+    "1.41": "https://opentelemetry.io/schemas/1.41.0",
+    "0.1": "https://opentelemetry.io/schemas/gen-ai/0.1.0",
+}
+DEFAULT_GENAI_VERSION = "1.41"
+# v0.1.0's usage counters carry the Required ``gen_ai.token.modality`` (text|image|audio|unknown,
+# research/genai-semconv.md §1d). Spans report one total per kind, not per modality: ``unknown``,
+# the convention's own value for it, never a guessed ``text``.
+GENAI_TOKEN_MODALITY = ("gen_ai.token.modality", "unknown")
+
+
+def genai_client_naming(version: str = DEFAULT_GENAI_VERSION) -> Naming:
+    """The GenAI client metrics of semconv ``version`` (``GENAI_VERSIONS``), from client-side records
+    only. Switched with the ``gen_ai`` naming. ``time_per_output_chunk`` (v1.41
+    ``gen_ai.client.operation.``, v0.1 ``gen_ai.client.inference.``) is not derived: it is one
+    observation per chunk, and no instrumentation puts per-chunk times on its span."""
+    if version == "0.1":
+        return _genai_client_naming_0_1()
+    if version != "1.41":
+        raise ValueError(f"unknown GenAI conventions version {version!r} (have: {', '.join(GENAI_VERSIONS)})")
     return Naming(
         key="gen_ai",
         label_names=GENAI_LABEL_NAMES,
         labels=_genai_labels,
         side=Side.CLIENT,
+        schema_url=GENAI_VERSIONS["1.41"],
         histograms=(
             HistogramSpec("gen_ai.client.operation.duration", "s", "GenAI operation duration.",
                           GENAI_DURATION_BUCKETS, lambda r: r.e2e_s),
@@ -207,6 +237,42 @@ def genai_client_naming() -> Naming:
             HistogramSpec("gen_ai.client.token.usage", "{token}", "Number of input and output tokens used.",
                           GENAI_CLIENT_TOKEN_BUCKETS, lambda r: r.completion_tokens,
                           fixed_label=("gen_ai.token.type", "output")),
+        ),
+    )
+
+
+def _genai_client_naming_0_1() -> Naming:
+    """semantic-conventions-genai v0.1.0 ``docs/gen-ai/client-inference.md`` (research/field-2026.md §1.1,
+    research/genai-semconv.md §1d): ``gen_ai.client.operation.duration`` becomes
+    ``gen_ai.client.inference.duration`` for inference (same buckets), the chunk metric
+    ``gen_ai.client.inference.time_to_first_chunk`` (genai PR #521), and the histogram
+    ``gen_ai.client.token.usage`` gives way to ``{token}`` Counters (genai PR #374), the cache and
+    reasoning ones included (each part of input resp. output tokens, as the span attributes are)."""
+    def usage(name: str, description: str, value: Value) -> CounterSpec:
+        return CounterSpec(f"gen_ai.client.inference.usage.{name}", "{token}", description, value,
+                           fixed_label=GENAI_TOKEN_MODALITY)
+
+    return Naming(
+        key="gen_ai",
+        label_names=GENAI_LABEL_NAMES,
+        labels=_genai_labels,
+        side=Side.CLIENT,
+        schema_url=GENAI_VERSIONS["0.1"],
+        histograms=(
+            HistogramSpec("gen_ai.client.inference.duration", "s", "GenAI inference operation duration.",
+                          GENAI_DURATION_BUCKETS, lambda r: r.e2e_s),
+            HistogramSpec("gen_ai.client.inference.time_to_first_chunk", "s",
+                          "Time to receive the first chunk, for streaming calls.",
+                          GENAI_DURATION_BUCKETS, lambda r: r.ttft_s),
+        ),
+        counters=(
+            usage("input_tokens", "Input tokens used (cached ones included).", lambda r: r.prompt_tokens),
+            usage("output_tokens", "Output tokens used (reasoning ones included).", lambda r: r.completion_tokens),
+            usage("cache_read.input_tokens", "Input tokens read from the provider's cache.",
+                  lambda r: r.cached_tokens),
+            usage("cache_write.input_tokens", "Input tokens written to the provider's cache.",
+                  lambda r: r.cache_write_tokens),
+            usage("reasoning.output_tokens", "Output tokens spent on reasoning.", lambda r: r.reasoning_tokens),
         ),
     )
 

@@ -11,10 +11,16 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar as PromExemplar
 
 from otel_llm.processor.llm_metrics.metrics.definitions import SEGMENT_METRIC, prometheus_label_name, prometheus_metric_name
+from otel_llm.processor.llm_metrics.metrics.exponential import ExponentialState
 from otel_llm.processor.llm_metrics.metrics.families import CounterFamily, Family, HistogramFamily
 from otel_llm.processor.llm_metrics.metrics.recorder import MetricsRecorder
 
-OVERFLOW_LABELS = {"otel_llm_overflow": "true"}
+# The overflow series of a capped metric, labelled as the OTel SDKs' cardinality limit and the
+# Collector's spanmetrics label theirs: attribute ``otel.metric.overflow=true`` (spec
+# metrics/sdk.md "Cardinality limits"; contrib PR #39664; research/field-2026.md, lessons §6),
+# which the OTLP->Prometheus rules expose as ``otel_metric_overflow`` (before: ``otel_llm_overflow``).
+OVERFLOW_ATTRIBUTE = "otel.metric.overflow"
+OVERFLOW_LABELS = {prometheus_label_name(OVERFLOW_ATTRIBUTE): "true"}
 
 
 def _le(bound: float) -> str:
@@ -25,6 +31,20 @@ def _unit_word(unit: str) -> str:
     return "seconds" if unit == "s" else ""
 
 
+class NativeHistogramMetric(Metric):
+    """A histogram family whose series may carry native (exponential) parts: labels as exposed ->
+    the series' exponential state, a copy fitted to Prometheus's limits under the recorder's lock.
+    The text encoders ignore them; ``exporters.prometheus``'s protobuf exposition sends them."""
+
+    def __init__(self, name: str, documentation: str, unit: str = "") -> None:
+        super().__init__(name, documentation, "histogram", unit)
+        self.native: dict[frozenset[tuple[str, str]], ExponentialState] = {}
+
+
+# Prometheus native histogram schemas go up to 8 (prometheus/docs native_histograms.md).
+NATIVE_MAX_SCHEMA = 8
+
+
 class RecorderCollector(Collector):
     def __init__(self, recorder: MetricsRecorder) -> None:
         self._recorder = recorder
@@ -33,27 +53,32 @@ class RecorderCollector(Collector):
         recorder = self._recorder
         with recorder.lock:
             snapshot = []
+            units: dict[str, str] = {}  # a family's unit, for its exposed name in the overflow count
             for bound in recorder.namings:
                 label_names = tuple(prometheus_label_name(n) for n in bound.label_names)
                 for hist in bound.exposed:
+                    units[hist.family.name] = hist.spec.unit
                     snapshot.append(_histogram(hist.spec.name, hist.spec.unit, hist.spec.description,
                                                hist.family.bounds,
                                                tuple(prometheus_label_name(n) for n in hist.label_names),
-                                               hist.family))
+                                               hist.family, recorder.native_max_size))
                 for counter in bound.counters:
-                    names = label_names + (("finished_reason",) if counter.spec.by_outcome else ())
-                    snapshot.append(_counter(counter.spec.name, counter.spec.description, names, counter.family))
+                    names = label_names + tuple(prometheus_label_name(n) for n in counter.extra_label_names)
+                    snapshot.append(_counter(exposed_name(counter.spec.name, counter.spec.unit),
+                                             counter.spec.description, names, counter.family))
+                    units[counter.family.name] = counter.spec.unit
             if recorder.accounting is not None:
                 snapshot.extend(recorder.accounting.collect(OVERFLOW_LABELS))
             snapshot.append(_histogram(SEGMENT_METRIC.name, SEGMENT_METRIC.unit, SEGMENT_METRIC.description,
                                        recorder.segments.bounds,
                                        tuple(prometheus_label_name(n) for n in recorder.segment_label_names),
-                                       recorder.segments))
+                                       recorder.segments, recorder.native_max_size))
             overflow = Metric("otel_llm_series_overflow",
                               "Observations sent to a metric's overflow series because its series cap was reached.",
                               "counter")
             for family in recorder.families():
-                overflow.add_sample("otel_llm_series_overflow_total", {"metric": exposed_name(family.name)},
+                overflow.add_sample("otel_llm_series_overflow_total",
+                                    {"metric": exposed_name(family.name, units.get(family.name, "s"))},
                                     family.overflowed)
             snapshot.append(overflow)
             too_long = Metric("otel_llm_label_values_too_long",
@@ -83,14 +108,16 @@ def exposed_name(name: str, unit: str = "s") -> str:
 
 
 def _histogram(name: str, unit: str, doc: str, bounds: tuple[float, ...], label_names: tuple[str, ...],
-               family: HistogramFamily) -> Metric:
+               family: HistogramFamily, native_max_size: int | None = None) -> Metric:
     metric_name = exposed_name(name, unit)
     word = _unit_word(unit)
     base = metric_name[: -len(word) - 1] if word and metric_name.endswith("_" + word) else metric_name
-    metric = Metric(base, doc, "histogram", word)
+    metric = NativeHistogramMetric(base, doc, word) if native_max_size else Metric(base, doc, "histogram", word)
     family_les = [_le(b) for b in bounds] + ["+Inf"]
     for key, series in family.series.items():
         labels = _labels(label_names, key)
+        if native_max_size and series.exponential is not None and isinstance(metric, NativeHistogramMetric):
+            metric.native[frozenset(labels.items())] = series.exponential.fitted(native_max_size, NATIVE_MAX_SCHEMA)
         les = [_le(b) for b in series.bounds] + ["+Inf"] if series.bounds else family_les
         cumulative = 0.0
         for index, le in enumerate(les):

@@ -13,6 +13,8 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from otel_llm.processor.llm_metrics.metrics.exponential import ExponentialState
+
 Key = tuple[str, ...]
 V = TypeVar("V")  # a series' state: HistogramSeries, or a counter's float
 
@@ -33,6 +35,8 @@ class HistogramSeries:
     exemplars: dict[int, Exemplar] = field(default_factory=dict)
     # Its own upper bounds where they differ from the family's (a model's max_model_len); () = the family's.
     bounds: tuple[float, ...] = ()
+    # The same observations in base-2 exponential buckets, kept only when an exporter asks for them.
+    exponential: ExponentialState | None = None
 
 
 class SeriesBudget:
@@ -97,7 +101,7 @@ class Family(Generic[V]):
 
 
 class HistogramFamily(Family[HistogramSeries]):
-    __slots__ = ("bounds", "bounds_by_model")
+    __slots__ = ("bounds", "bounds_by_model", "exponential")
 
     def __init__(self, name: str, bounds: tuple[float, ...], limit: int, budget: SeriesBudget | None = None,
                  label_names: tuple[str, ...] | None = None,
@@ -108,10 +112,13 @@ class HistogramFamily(Family[HistogramSeries]):
         # A series whose first label (the model) is here gets these bounds (vLLM's token buckets
         # follow each model's max_model_len).
         self.bounds_by_model = bounds_by_model or {}
+        # (max_size, max_scale) of the exponential state each new series keeps; None: none kept.
+        self.exponential: tuple[int, int] | None = None
 
     def new_series(self, key: Key) -> HistogramSeries:
         own = self.bounds_by_model.get(key[0], ()) if self.bounds_by_model and key else ()
-        return HistogramSeries([0.0] * (len(own or self.bounds) + 1), bounds=own)
+        return HistogramSeries([0.0] * (len(own or self.bounds) + 1), bounds=own,
+                               exponential=ExponentialState(*self.exponential) if self.exponential else None)
 
     def observe(self, key: Key, value: float, weight: float = 1.0, exemplar: Exemplar | None = None) -> None:
         series = self.series.get(key)
@@ -124,6 +131,8 @@ class HistogramFamily(Family[HistogramSeries]):
         series.counts[index] += weight
         series.total += value * weight
         series.count += weight
+        if series.exponential is not None:
+            series.exponential.observe(value, weight)
         if exemplar is not None:
             series.exemplars[index] = exemplar
 

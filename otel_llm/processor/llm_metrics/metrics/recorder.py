@@ -41,6 +41,13 @@ class _BoundHistogram:
 class _BoundCounter:
     spec: CounterSpec
     family: CounterFamily
+    key_suffix: Key = ()  # the spec's fixed label value, if it has one
+
+    @property
+    def extra_label_names(self) -> tuple[str, ...]:
+        """Its label names after the naming's: the fixed label's, then ``finished_reason``."""
+        return ((self.spec.fixed_label[0],) if self.spec.fixed_label else ()) + (
+            ("finished_reason",) if self.spec.by_outcome else ())
 
 
 @dataclass(slots=True)
@@ -76,7 +83,9 @@ def _bind(naming: Naming, dimension_names: tuple[str, ...], series_limit: int, b
                 label_names + extra)
         histograms.append(_BoundHistogram(spec, shared.family, (spec.fixed_label[1],) if spec.fixed_label else ()))
     counter_labels = tuple(prometheus_label_name(n) for n in label_names) + ("finished_reason",)
-    counters = [_BoundCounter(c, CounterFamily(c.name, series_limit, budget, label_names=counter_labels))
+    counters = [_BoundCounter(c, CounterFamily(c.name, series_limit, budget, label_names=counter_labels + (
+                    (prometheus_label_name(c.fixed_label[0]),) if c.fixed_label else ())),
+                              (c.fixed_label[1],) if c.fixed_label else ())
                 for c in naming.counters]
     return BoundNaming(naming, label_names, histograms, counters, list(exposed.values()))
 
@@ -95,7 +104,7 @@ class _Plan:
         self.label_names = tuple(prometheus_label_name(n) for n in bound.label_names)
         self.hists = tuple((h.spec.value, h.spec.success_only, h.spec.per_step, h.family.bounds, h.family,
                             h.key_suffix) for h in bound.histograms)
-        self.counters = tuple((c.spec.value, c.spec.by_outcome, c.family) for c in bound.counters)
+        self.counters = tuple((c.spec.value, c.spec.by_outcome, c.family, c.key_suffix) for c in bound.counters)
         # Per key: the series of each histogram (None until first observed), then whether each is
         # the overflow series, then the name of a label whose value is too long ("" if none).
         self.cache: dict[Key, list[Any]] = {}
@@ -151,6 +160,9 @@ class MetricsRecorder:
         self.lock = threading.Lock()
         self.requests_recorded = 0
         self.accounting: Accounting | None = None  # tenant tokens, cost, SLO attainment (when configured)
+        # Bucket limit of the native histogram parts a scrape gets (``exporters.prometheus.native_histograms``
+        # sets it with ``keep_exponential``); None: a scrape copies none.
+        self.native_max_size: int | None = None
 
     def record(self, record: RequestRecord, with_exemplars: bool = False) -> None:
         """Observe ``record`` in every naming of its side; ``with_exemplars`` only for traces the sampler kept.
@@ -195,6 +207,8 @@ class MetricsRecorder:
                         series.counts[index] += weight
                         series.total += value * weight
                         series.count += weight
+                        if series.exponential is not None:
+                            series.exponential.observe(value, weight)
                         if slots[count + position]:
                             family.overflowed += 1
                         if with_exemplars:
@@ -208,18 +222,22 @@ class MetricsRecorder:
                         series.counts[index] += weight
                         series.total += value * weight
                         series.count += weight
+                        if series.exponential is not None:
+                            series.exponential.observe(value, weight)
                         if slots[count + position]:
                             family.overflowed += 1
                         if with_exemplars:
                             series.exemplars[index] = Exemplar(trace_id, span_id, value, now)
-                for value_of, by_outcome, counter_family in plan.counters:
+                for value_of, by_outcome, counter_family, counter_suffix in plan.counters:
                     amount = value_of(record)
                     if amount is None:
                         continue
                     if key is CounterFamily.OVERFLOW:
                         counter_family.add_overflow(amount * weight)
                     else:
-                        counter_family.add(key + (record.outcome,) if by_outcome else key, amount * weight)
+                        counter_key = key + counter_suffix if counter_suffix else key
+                        counter_family.add(counter_key + (record.outcome,) if by_outcome else counter_key,
+                                           amount * weight)
             if record.segments:
                 base = (record.model, record.engine_kind, record.service_name)
                 cache_key = base + dimensions
@@ -251,6 +269,8 @@ class MetricsRecorder:
                     series.counts[index] += weight
                     series.total += duration * weight
                     series.count += weight
+                    if series.exponential is not None:
+                        series.exponential.observe(duration, weight)
                     if overflow:
                         family.overflowed += 1
                     if with_exemplars:
@@ -278,6 +298,18 @@ class MetricsRecorder:
         series = slots[position] = _series_of(family, key)
         slots[count + position] = series is family.series.get(family.OVERFLOW)
         return series
+
+    def keep_exponential(self, max_size: int, max_scale: int) -> None:
+        """Every histogram series keeps base-2 exponential buckets too, within the largest limits any
+        caller asked for (a caller wanting smaller ones downscales a copy: ``ExponentialState.fitted``).
+        Called when the components start, before the first request is recorded."""
+        with self.lock:
+            histograms = [f for f in self.families() if isinstance(f, HistogramFamily)]
+            if any(f.series for f in histograms):
+                raise RuntimeError("exponential buckets must be asked for before the first observation")
+            for family in histograms:
+                old = family.exponential
+                family.exponential = (max(max_size, old[0]), max(max_scale, old[1])) if old else (max_size, max_scale)
 
     def families(self) -> list[HistogramFamily | CounterFamily]:
         out: list[HistogramFamily | CounterFamily] = [self.segments]
