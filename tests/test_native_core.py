@@ -19,6 +19,7 @@ import json
 import marshal
 import os
 import random
+import re
 import sqlite3
 import tempfile
 import time
@@ -472,3 +473,69 @@ def test_the_choice_of_path_is_explicit() -> None:
     assert native_core.select("native")[0] is extension
     with pytest.raises(native_core.CoreUnavailable, match="expected one of"):
         native_core.select("fast")
+
+
+# --- end to end: /metrics and the store's rows ------------------------------------------------------
+
+_CREATED = re.compile(r"^[^ {]*_created[ {]")
+
+
+def _run_pipeline(path: str, requests: list[bytes], workdir: Path) -> tuple[list[str], dict[str, list[Any]]]:
+    """A real ``Service`` (the bench's config: the real loader, factories, ``Pipeline``, the SQLite
+    store) fed ``requests`` as the receivers' worker does, every trace completed, then read back."""
+    from prometheus_client import generate_latest
+
+    from bench.hotpath import build
+
+    workdir.mkdir(parents=True)
+    with implementation(path):
+        service, clock = build(workdir)
+        pipeline = service.pipeline
+        try:
+            for data in requests:
+                pipeline.buffer(data, False)
+            for _ in range(3):  # past the grace, then past the decision wait: every trace is completed
+                clock.now += 60.0
+                pipeline.assembler.tick()
+            for consumer in pipeline.consumers:
+                wait = getattr(consumer, "wait_written", None)
+                if wait is not None:
+                    assert wait(), "the store did not write in time"
+            # Every series but the two that differ by design: which core runs, and when a counter
+            # was created (prometheus_client's ``_created``: the wall clock).
+            metrics = [line for line in generate_latest(service.registry).decode().splitlines()
+                       if "otel_llm_core_info" not in line and not _CREATED.match(line)]
+        finally:
+            store = service.components.get("exporters.store")
+            if store is not None:
+                store.shutdown(5.0)
+    rows: dict[str, list[Any]] = {}
+    databases = sorted(workdir.rglob("*.db")) + sorted(workdir.rglob("*.sqlite*"))
+    assert databases, f"no store database under {workdir}"
+    with sqlite3.connect(databases[0]) as db:
+        for (table,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"):
+            columns = [c[1] for c in db.execute(f"PRAGMA table_info({table})")]
+            found = []
+            for row in db.execute(f"SELECT * FROM {table}"):
+                record = dict(zip(columns, row))
+                record.pop("stored_at", None)  # the wall clock of the write
+                if table == "spans" and record.get("attributes") is not None:
+                    record["attributes"] = json.loads(record["attributes"])  # a mapping: order is not data
+                found.append(json.dumps(record, sort_keys=True, default=repr))
+            rows[table] = sorted(found)
+    return metrics, rows
+
+
+def test_metrics_and_store_rows_are_identical_end_to_end() -> None:
+    requests = [data for name, data in {**REQUESTS, **_bench_requests()}.items() if _python_verdict(data)]
+    with tempfile.TemporaryDirectory(prefix="otel-llm-native-") as tmp:
+        reference_metrics, reference_rows = _run_pipeline("python", requests, Path(tmp) / "python")
+        native_metrics, native_rows = _run_pipeline("native", requests, Path(tmp) / "native")
+    assert native_metrics == reference_metrics
+    assert native_rows == reference_rows
+    # The comparison compared something: requests measured, spans and request records stored.
+    assert any(line.startswith("vllm:e2e_request_latency_seconds_bucket") for line in reference_metrics)
+    assert len(reference_rows.get("spans", [])) > 100 and len(reference_rows.get("requests", [])) > 10
+    samples = [line for line in reference_metrics if not line.startswith("#")]
+    print(f"end to end: {len(requests)} requests, {len(samples)} /metrics samples, "
+          + ", ".join(f"{len(rows)} {table} rows" for table, rows in sorted(reference_rows.items())) + ": 0 differences")
