@@ -114,4 +114,4 @@ demo: $(STAMP)
 	exit $$status
 
 clean:
-	rm -rf $(VENV) otel-llm-data .pytest_cache
+	rm -rf $(VENV) otel-llm-data .pytest_cache build otel_llm/_core*.so
