@@ -269,6 +269,7 @@ fn utf8(bytes: &[u8]) -> Result<&str> {
 struct SpanRow {
     resource_index: usize,
     scope_index: usize,
+    span_index: usize, // within its scope's spans, as the parsed request indexes it
     trace_id: (usize, usize),
     span_id: (usize, usize),
     parent_span_id: (usize, usize),
@@ -285,11 +286,12 @@ struct SpanRow {
 }
 
 fn read_span(buf: &[u8], start: usize, end: usize, resource_index: usize, scope_index: usize,
-             depth: u32) -> Result<SpanRow> {
+             span_index: usize, depth: u32) -> Result<SpanRow> {
     validate(buf, start, end, Msg::Span, depth)?;
     let mut row = SpanRow {
         resource_index,
         scope_index,
+        span_index,
         trace_id: (start, start),
         span_id: (start, start),
         parent_span_id: (start, start),
@@ -400,6 +402,7 @@ fn scan(buf: &[u8]) -> Result<(Vec<Origin>, Vec<SpanRow>)> {
                     let (s, e) = resource_spans.delimited()?;
                     let scope_index = origin.scopes.len();
                     let mut scope_bytes: Vec<u8> = Vec::new();
+                    let mut span_index = 0;
                     let mut scope_spans = Reader::new(buf, s, e);
                     while !scope_spans.done() {
                         let (number, wire_type) = scope_spans.tag()?;
@@ -411,7 +414,8 @@ fn scan(buf: &[u8]) -> Result<(Vec<Origin>, Vec<SpanRow>)> {
                             }
                             (2, 2) => {
                                 let (s, e) = scope_spans.delimited()?;
-                                spans.push(read_span(buf, s, e, resource_index, scope_index, 4)?);
+                                spans.push(read_span(buf, s, e, resource_index, scope_index, span_index, 4)?);
+                                span_index += 1;
                             }
                             (3, 2) => {
                                 let (s, e) = scope_spans.delimited()?;
@@ -441,7 +445,7 @@ fn append_occurrence(into: &mut Vec<u8>, bytes: &[u8]) {
 }
 
 /// `scan(data) -> (origins, spans)`: origins as `[(resource_bytes, [scope_bytes, ...]), ...]` in
-/// request order; spans as tuples `(resource_index, scope_index, trace_id, span_id, parent_span_id,
+/// request order; spans as tuples `(resource_index, scope_index, span_index, trace_id, span_id, parent_span_id,
 /// kind, status_code, start_unix_ns, end_unix_ns, trace_state, name, payload, attributes,
 /// duplicate_keys, events)`. Raises `ValueError` for bytes the Python path refuses too.
 #[pyfunction]
@@ -465,9 +469,10 @@ fn py_scan<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyTuple>> {
         Ok(utf8(&data[range.0..range.1]).map_err(|Malformed(r)| PyValueError::new_err(r))?.to_owned())
     };
     for row in &rows {
-        let fields: [PyObject; 15] = [
+        let fields: [PyObject; 16] = [
             row.resource_index.into_pyobject(py)?.into_any().unbind(),
             row.scope_index.into_pyobject(py)?.into_any().unbind(),
+            row.span_index.into_pyobject(py)?.into_any().unbind(),
             slice(row.trace_id).into_any().unbind(),
             slice(row.span_id).into_any().unbind(),
             slice(row.parent_span_id).into_any().unbind(),
