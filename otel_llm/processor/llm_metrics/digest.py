@@ -237,6 +237,8 @@ def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, 
     the view's re-serialization, whose map puts attributes in upb's hash order and keeps the last
     of a repeated key; a span with a repeated key, or one that may break an attribute limit, takes
     the Python path's steps here too, so the kept attributes are the same set in both."""
+    if not isinstance(data, bytes):
+        data = bytes(data)  # the adapter process's memoryview of its pipe message; the core reads bytes
     try:
         origin_rows, rows = extension.scan(data)
     except ValueError as exc:  # the same bytes the view's parse refuses (tests/test_native_core.py)
