@@ -540,3 +540,36 @@ def test_metrics_and_store_rows_are_identical_end_to_end() -> None:
     samples = [line for line in reference_metrics if not line.startswith("#")]
     print(f"end to end: {len(requests)} requests, {len(samples)} /metrics samples, "
           + ", ".join(f"{len(rows)} {table} rows" for table, rows in sorted(reference_rows.items())) + ": 0 differences")
+
+
+@pytest.mark.parametrize("path", ["python", "native"])
+def test_start_up_says_which_path_runs(path: str, caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    from bench.hotpath import build
+
+    caplog.set_level("INFO", logger="otel_llm.service.service")
+    with implementation(path):
+        service, _ = build(tmp_path)
+    try:
+        running = {sample.labels["implementation"]: sample.value
+                   for metric in service.registry.collect() if metric.name == "otel_llm_core_info"
+                   for sample in metric.samples}
+        assert running == {path: 1.0}
+        lines = [r.getMessage() for r in caplog.records if "per-span hot path" in r.getMessage()]
+        assert len(lines) == 1
+        assert ("compiled core" in lines[0]) == (path == "native")
+        assert path != "python" or "OTEL_LLM_CORE=python" in lines[0]
+    finally:
+        store = service.components.get("exporters.store")
+        if store is not None:
+            store.shutdown(5.0)
+
+
+def test_a_required_core_that_does_not_import_refuses_to_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native_core, "_import_extension", lambda: (None, "No module named 'otel_llm._core'"))
+    with pytest.raises(native_core.CoreUnavailable, match="OTEL_LLM_CORE=native but the compiled core does not import"):
+        native_core.select("native")
+    monkeypatch.setenv(native_core.REQUIRE_ENV, "1")
+    with pytest.raises(native_core.CoreUnavailable, match="OTEL_LLM_REQUIRE_NATIVE=1"):
+        native_core.select("auto")
+    monkeypatch.delenv(native_core.REQUIRE_ENV)
+    assert native_core.select("auto") == (None, "the compiled core is not installed (No module named 'otel_llm._core')")
