@@ -145,7 +145,7 @@ def _edge_requests() -> dict[str, bytes]:
     status_again = Span(status=Status(message="only a message")).SerializeToString()
     kind_again = Span(kind=Span.SPAN_KIND_CLIENT, name="renamed").SerializeToString()
     span_bytes = sp.SerializeToString() + status_again + kind_again
-    inner = (_ld(1, rs.resource.SerializeToString()) + _ld(1, Span(name="x").SerializeToString()[:0]) +
+    inner = (_ld(1, rs.resource.SerializeToString()) + _ld(1, b"") +  # the resource twice: merged
              _ld(2, _ld(1, ss.scope.SerializeToString()) + _ld(2, span_bytes) + _ld(1, b"\x0a\x03abc")))
     out["edge:fields_twice"] = bytes(data) + _ld(1, inner)
     # Unknown fields (a future field number) everywhere, and a known field with another wire type.

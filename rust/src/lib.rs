@@ -282,7 +282,6 @@ struct SpanRow {
     payload: (usize, usize),
     attributes: usize,       // distinct keys, as the view's map counts them
     duplicate_keys: bool,    // the view's map keeps the last of each: the Python path's bytes differ
-    events: usize,
 }
 
 fn read_span(buf: &[u8], start: usize, end: usize, resource_index: usize, scope_index: usize,
@@ -304,7 +303,6 @@ fn read_span(buf: &[u8], start: usize, end: usize, resource_index: usize, scope_
         payload: (start, end),
         attributes: 0,
         duplicate_keys: false,
-        events: 0,
     };
     let mut keys: Vec<&[u8]> = Vec::new();
     let mut reader = Reader::new(buf, start, end);
@@ -329,10 +327,6 @@ fn read_span(buf: &[u8], start: usize, end: usize, resource_index: usize, scope_
                 } else {
                     keys.push(key);
                 }
-            }
-            (11, Some(_)) => {
-                reader.delimited()?;
-                row.events += 1;
             }
             (15, Some(_)) => {
                 // A repeated message field merges: the last code seen in any occurrence wins.
@@ -370,7 +364,8 @@ fn entry_key(buf: &[u8], start: usize, end: usize) -> Result<&[u8]> {
     Ok(key)
 }
 
-/// A resource (or scope): its occurrences' bytes, which parse as their merge when concatenated.
+/// A resource and its scopes, each as its occurrences' bytes concatenated: a message field seen
+/// twice merges, and concatenated messages parse as their merge, as upb reads the request.
 struct Origin {
     resource: Vec<u8>,
     scopes: Vec<Vec<u8>>,
@@ -396,7 +391,7 @@ fn scan(buf: &[u8]) -> Result<(Vec<Origin>, Vec<SpanRow>)> {
                 (1, 2) => {
                     let (s, e) = resource_spans.delimited()?;
                     validate(buf, s, e, Msg::Resource, 3)?;
-                    append_occurrence(&mut origin.resource, &buf[s..e]);
+                    origin.resource.extend_from_slice(&buf[s..e]);
                 }
                 (2, 2) => {
                     let (s, e) = resource_spans.delimited()?;
@@ -410,7 +405,7 @@ fn scan(buf: &[u8]) -> Result<(Vec<Origin>, Vec<SpanRow>)> {
                             (1, 2) => {
                                 let (s, e) = scope_spans.delimited()?;
                                 validate(buf, s, e, Msg::Scope, 4)?;
-                                append_occurrence(&mut scope_bytes, &buf[s..e]);
+                                scope_bytes.extend_from_slice(&buf[s..e]);
                             }
                             (2, 2) => {
                                 let (s, e) = scope_spans.delimited()?;
@@ -438,16 +433,10 @@ fn scan(buf: &[u8]) -> Result<(Vec<Origin>, Vec<SpanRow>)> {
     Ok((origins, spans))
 }
 
-/// A message field seen twice merges; its occurrences concatenated (each as field 1 of nothing,
-/// i.e. just their bytes) parse to that merge, which is what the Python side parses them as.
-fn append_occurrence(into: &mut Vec<u8>, bytes: &[u8]) {
-    into.extend_from_slice(bytes);
-}
-
 /// `scan(data) -> (origins, spans)`: origins as `[(resource_bytes, [scope_bytes, ...]), ...]` in
 /// request order; spans as tuples `(resource_index, scope_index, span_index, trace_id, span_id, parent_span_id,
 /// kind, status_code, start_unix_ns, end_unix_ns, trace_state, name, payload, attributes,
-/// duplicate_keys, events)`. Raises `ValueError` for bytes the Python path refuses too.
+/// duplicate_keys)`. Raises `ValueError` for bytes the Python path refuses too.
 #[pyfunction]
 #[pyo3(name = "scan")]
 fn py_scan<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyTuple>> {
@@ -469,7 +458,7 @@ fn py_scan<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyTuple>> {
         Ok(utf8(&data[range.0..range.1]).map_err(|Malformed(r)| PyValueError::new_err(r))?.to_owned())
     };
     for row in &rows {
-        let fields: [PyObject; 16] = [
+        let fields: [PyObject; 15] = [
             row.resource_index.into_pyobject(py)?.into_any().unbind(),
             row.scope_index.into_pyobject(py)?.into_any().unbind(),
             row.span_index.into_pyobject(py)?.into_any().unbind(),
@@ -485,7 +474,6 @@ fn py_scan<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyTuple>> {
             slice(row.payload).into_any().unbind(),
             row.attributes.into_pyobject(py)?.into_any().unbind(),
             pyo3::types::PyBool::new(py, row.duplicate_keys).to_owned().into_any().unbind(),
-            row.events.into_pyobject(py)?.into_any().unbind(),
         ];
         span_list.append(PyTuple::new(py, fields)?)?;
     }

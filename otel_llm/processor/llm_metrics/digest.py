@@ -282,7 +282,7 @@ def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, 
     append = spans.append
     view_spans: list[list[Any]] | None = None  # the request as the view, parsed at the first candidate
     for (resource_index, scope_index, span_index, trace_id, span_id, parent_span_id, kind, status_code, start, end,
-         trace_state, name, payload, attribute_count, duplicate_keys, _events) in rows:
+         trace_state, name, payload, attribute_count, duplicate_keys) in rows:
         span: Any = None
         if duplicate_keys or len(payload) > max_value_bytes or attribute_count > max_attributes:
             # The Python path's own steps: the view's bytes, its limit check, the trim on plain OTLP.
