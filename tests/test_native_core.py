@@ -156,7 +156,87 @@ def _edge_requests() -> dict[str, bytes]:
     # A negative kind (an overlong 10-byte varint) and an empty request.
     out["edge:negative_kind"] = _ld(1, _ld(2, _ld(2, _ld(5, b"n") + b"\x30" + b"\xff" * 9 + b"\x01")))
     out["edge:empty"] = b""
+    out.update(_vllm_v1_variants())
     return out
+
+
+VLLM_V1 = {  # otel_llm_simulate.emitters.emit_vllm_v1's attributes: what the core reads itself
+    "gen_ai.latency.time_to_first_token": 0.25, "gen_ai.latency.e2e": 1.5, "gen_ai.latency.time_in_queue": 0.05,
+    "gen_ai.usage.prompt_tokens": 120, "gen_ai.usage.completion_tokens": 40,
+    "gen_ai.latency.time_in_model_prefill": 0.2, "gen_ai.latency.time_in_model_decode": 1.2,
+    "gen_ai.latency.time_in_model_inference": 1.4, "gen_ai.request.id": "req-1", "gen_ai.request.max_tokens": 512,
+    "gen_ai.request.model": "llama", "server.port": 8000,
+}
+
+
+def _vllm_v1_request(attributes: dict[str, Any], *, status: int = 0, events: int = 0, trace_state: str = "",
+                     raw_attributes: bytes = b"") -> bytes:
+    request = ExportTraceServiceRequest()
+    rs = request.resource_spans.add()
+    rs.resource.attributes.add(key="service.name", value=AnyValue(string_value="vllm-edge"))
+    span = rs.scope_spans.add().spans.add(
+        trace_id=bytes(range(1, 17)), span_id=b"\x05" * 8, name="llm_request", kind=Span.SPAN_KIND_SERVER,
+        start_time_unix_nano=1_700_000_000_000_000_000, end_time_unix_nano=1_700_000_001_500_000_000,
+        trace_state=trace_state)
+    span.attributes.extend(F.kv(attributes))
+    span.status.code = status
+    for index in range(events):
+        span.events.add(name="token_generated", time_unix_nano=span.start_time_unix_nano + (index + 1) * 1000)
+    data = bytearray(request.SerializeToString())
+    if raw_attributes:  # appended to the one span: re-encode the three enclosing lengths
+        span_bytes = span.SerializeToString() + raw_attributes
+        scope = _ld(2, span_bytes)
+        return _ld(1, _ld(1, rs.resource.SerializeToString()) + _ld(2, scope))
+    return bytes(data)
+
+
+def _vllm_v1_variants() -> dict[str, bytes]:
+    """The shape the core reads itself, and every way out of it (each must match the Python adapter)."""
+    def but(**changes: Any) -> dict[str, Any]:
+        attributes = dict(VLLM_V1)
+        for key, value in changes.items():
+            key = key.replace("__", ".")
+            if value is None:
+                attributes.pop(key, None)
+            else:
+                attributes[key] = value
+        return attributes
+
+    lat = "gen_ai__latency__"
+    variants = {
+        "plain": _vllm_v1_request(VLLM_V1),
+        "int_latency": _vllm_v1_request(but(**{lat + "e2e": 2})),
+        "numeric_string_latency": _vllm_v1_request(but(**{lat + "time_in_queue": " 0.5e-1 "})),
+        "text_latency": _vllm_v1_request(but(**{lat + "e2e": "slow"})),
+        "bool_latency": _vllm_v1_request(but(**{lat + "time_in_model_decode": True})),
+        "whole_double_tokens": _vllm_v1_request(but(gen_ai__usage__prompt_tokens=120.0)),
+        "fractional_double_tokens": _vllm_v1_request(but(gen_ai__usage__prompt_tokens=120.5)),
+        "new_token_keys": _vllm_v1_request(but(gen_ai__usage__prompt_tokens=None, gen_ai__usage__completion_tokens=None,
+                                               gen_ai__usage__input_tokens=7, gen_ai__usage__output_tokens=9)),
+        "double_port": _vllm_v1_request(but(server__port=8000.0)),
+        "bool_model": _vllm_v1_request(but(gen_ai__request__model=True)),
+        "array_model": _vllm_v1_request(but(gen_ai__request__model=["a", "b"])),
+        "cached_and_address": _vllm_v1_request(but(**{"gen_ai__usage__cache_read__input_tokens": 64,
+                                                      "server__address": "10.0.0.1"})),
+        "no_inference": _vllm_v1_request(but(**{lat + "time_in_model_inference": None})),
+        "finish_reasons_json": _vllm_v1_request(but(gen_ai__response__finish_reasons='["length"]')),
+        "error_status": _vllm_v1_request(VLLM_V1, status=Status.STATUS_CODE_ERROR),
+        "token_events": _vllm_v1_request(VLLM_V1, events=3),
+        "negative_e2e": _vllm_v1_request(but(**{lat + "e2e": -1.0})),
+        "nan_ttft": _vllm_v1_request(but(**{lat + "time_to_first_token": float("nan")})),
+        "huge_int_latency": _vllm_v1_request(but(**{lat + "e2e": 2**63 - 1})),
+        "kept_key_array": _vllm_v1_request(but(error__type=["x"])),
+        "kept_key_int": _vllm_v1_request(but(gen_ai__response__model=7)),
+        "bad_trace_state": _vllm_v1_request(VLLM_V1, trace_state="ot=th:zz"),
+        "sampled_trace_state": _vllm_v1_request(VLLM_V1, trace_state="ot=th:8"),
+        # An attribute whose value sets two oneof fields (upb keeps the last), and one with no value.
+        "two_oneofs": _vllm_v1_request(VLLM_V1, raw_attributes=_ld(9, _ld(1, b"gen_ai.request.model")
+                                                                   + _ld(2, _ld(1, b"first") + b"\x18\x05"))),
+        "empty_value": _vllm_v1_request(VLLM_V1, raw_attributes=_ld(9, _ld(1, b"gen_ai.operation.name") + _ld(2, b""))),
+        "value_twice": _vllm_v1_request(VLLM_V1, raw_attributes=_ld(9, _ld(1, b"gen_ai.operation.name")
+                                                                    + _ld(2, _ld(1, b"chat")) + _ld(2, b"\x18\x01"))),
+    }
+    return {f"edge:vllm_{name}": data for name, data in variants.items()}
 
 
 def _ld(field: int, payload: bytes) -> bytes:
@@ -187,6 +267,10 @@ SETTINGS = [
 def test_the_inputs_cover_what_the_brief_names() -> None:
     kinds = {name.split(":", 1)[0] for name in REQUESTS}
     assert kinds == {"fixture", "capture", "edge"}
+    with implementation("native"):  # the core reads the plain vLLM V1 span itself, not the Python adapter
+        rows = extension.scan(REQUESTS["edge:vllm_plain"], ("gen_ai.request.model",))[1]
+    assert rows[0][-1] == ((0.25, 1.5, 0.05, 0.2, 1.2, 1.4, 120, 40, 512, "llama", None, None, None, "8000", None),
+                           ("gen_ai.request.model", "llama"))
     assert sum(name.startswith("capture:") for name in REQUESTS) == sum(map(_is_traces, CAPTURE_FILES)) >= 60
     assert sum(name.startswith("fixture:") for name in REQUESTS) == len(F.BUILDERS) + 2 + 9  # trtllm_serve_disaggregated is a builder already
 

@@ -13,7 +13,7 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyList, PyString, PyTuple};
 
 /// upb's decode depth limit (100 levels below the message parsed) in this walk's counting, where
 /// the request is depth 1: measured against upb (tests/test_native_core.py, nested values and groups).
@@ -282,6 +282,7 @@ struct SpanRow {
     payload: (usize, usize),
     attributes: usize,       // distinct keys, as the view's map counts them
     duplicate_keys: bool,    // the view's map keeps the last of each: the Python path's bytes differ
+    events: usize,
 }
 
 fn read_span(buf: &[u8], start: usize, end: usize, resource_index: usize, scope_index: usize,
@@ -303,6 +304,7 @@ fn read_span(buf: &[u8], start: usize, end: usize, resource_index: usize, scope_
         payload: (start, end),
         attributes: 0,
         duplicate_keys: false,
+        events: 0,
     };
     let mut keys: Vec<&[u8]> = Vec::new();
     let mut reader = Reader::new(buf, start, end);
@@ -327,6 +329,10 @@ fn read_span(buf: &[u8], start: usize, end: usize, resource_index: usize, scope_
                 } else {
                     keys.push(key);
                 }
+            }
+            (11, Some(_)) => {
+                reader.delimited()?;
+                row.events += 1;
             }
             (15, Some(_)) => {
                 // A repeated message field merges: the last code seen in any occurrence wins.
@@ -433,13 +439,264 @@ fn scan(buf: &[u8]) -> Result<(Vec<Origin>, Vec<SpanRow>)> {
     Ok((origins, spans))
 }
 
+
+// --- stage 1.5: vLLM's request span read in Rust (the bench's most common shape) ------------------
+
+/// One attribute value as the adapters read it; anything else makes the span the Python path's.
+#[derive(Clone, Copy)]
+enum Value<'a> {
+    Str(&'a str),
+    Bool(bool),
+    Int(i64),
+    Double(f64),
+    Other, // array, kvlist, bytes, an index into a string table
+}
+
+/// The span's attributes (field 9 entries), or `None` when one is not a plain single value: no
+/// value, two oneof fields, a value message written twice (upb would merge them), a repeated key.
+fn plain_attributes<'a>(buf: &'a [u8], start: usize, end: usize) -> Result<Option<Vec<(&'a [u8], Value<'a>)>>> {
+    let mut out: Vec<(&[u8], Value)> = Vec::new();
+    let mut span = Reader::new(buf, start, end);
+    while !span.done() {
+        let (number, wire_type) = span.tag()?;
+        if number != 9 || wire_type != 2 {
+            span.skip(number, wire_type, 0)?;
+            continue;
+        }
+        let (s, e) = span.delimited()?;
+        let mut entry = Reader::new(buf, s, e);
+        let mut key: &[u8] = &[];
+        let mut value: Option<(usize, usize)> = None;
+        while !entry.done() {
+            let (number, wire_type) = entry.tag()?;
+            match (number, wire_type) {
+                (1, 2) => {
+                    let (ks, ke) = entry.delimited()?;
+                    key = &buf[ks..ke];
+                }
+                (2, 2) => {
+                    if value.is_some() {
+                        return Ok(None);
+                    }
+                    value = Some(entry.delimited()?);
+                }
+                _ => entry.skip(number, wire_type, 0)?,
+            }
+        }
+        let Some((vs, ve)) = value else { return Ok(None) };
+        let mut any = Reader::new(buf, vs, ve);
+        let mut found: Option<Value> = None;
+        while !any.done() {
+            let (number, wire_type) = any.tag()?;
+            let read = match (number, wire_type) {
+                (1, 2) => {
+                    let (a, b) = any.delimited()?;
+                    Some(Value::Str(utf8(&buf[a..b])?))
+                }
+                (2, 0) => Some(Value::Bool(any.varint()? != 0)),
+                (3, 0) => Some(Value::Int(any.varint()? as i64)),
+                (4, 1) => Some(Value::Double(f64::from_bits(any.fixed(8)?))),
+                (5 | 6 | 7, 2) => {
+                    any.delimited()?;
+                    Some(Value::Other)
+                }
+                (8, 0) => {
+                    any.varint()?;
+                    Some(Value::Other)
+                }
+                _ => {
+                    any.skip(number, wire_type, 0)?;
+                    None
+                }
+            };
+            if read.is_some() {
+                if found.is_some() {
+                    return Ok(None);
+                }
+                found = read;
+            }
+        }
+        let Some(found) = found else { return Ok(None) };
+        if out.iter().any(|(k, _)| *k == key) {
+            return Ok(None);
+        }
+        out.push((key, found));
+    }
+    Ok(Some(out))
+}
+
+struct Bail;
+
+fn lookup<'a>(attrs: &[(&[u8], Value<'a>)], key: &str) -> Option<Value<'a>> {
+    attrs.iter().find(|(k, _)| *k == key.as_bytes()).map(|(_, v)| *v)
+}
+
+/// `_number`: a double, or an int as float; a numeric string (Python's `float()` rules) is Python's.
+fn number(attrs: &[(&[u8], Value)], key: &str) -> std::result::Result<Option<f64>, Bail> {
+    match lookup(attrs, key) {
+        None => Ok(None),
+        Some(Value::Double(v)) => Ok(Some(v)),
+        Some(Value::Int(v)) => Ok(Some(v as f64)),
+        Some(_) => Err(Bail),
+    }
+}
+
+/// `_count`: an int; a double (whole-number check) or a string is Python's.
+fn count(attrs: &[(&[u8], Value)], key: &str) -> std::result::Result<Option<i64>, Bail> {
+    match lookup(attrs, key) {
+        None => Ok(None),
+        Some(Value::Int(v)) => Ok(Some(v)),
+        Some(_) => Err(Bail),
+    }
+}
+
+/// `get_str` for a present key: a string, an int in decimal, a bool as true/false; a double
+/// (Python's `repr`) or a composite value is Python's.
+fn text_of(attrs: &[(&[u8], Value)], key: &str) -> std::result::Result<Option<String>, Bail> {
+    match lookup(attrs, key) {
+        None => Ok(None),
+        Some(Value::Str(v)) => Ok(Some(v.to_owned())),
+        Some(Value::Int(v)) => Ok(Some(v.to_string())),
+        Some(Value::Bool(v)) => Ok(Some(if v { "true" } else { "false" }.to_owned())),
+        Some(_) => Err(Bail),
+    }
+}
+
+struct VllmObservation {
+    ttft: Option<f64>,
+    e2e: Option<f64>,
+    queue: Option<f64>,
+    prefill: Option<f64>,
+    decode: Option<f64>,
+    inference: Option<f64>,
+    prompt_tokens: Option<i64>,
+    completion_tokens: Option<i64>,
+    max_tokens: Option<i64>,
+    request_model: Option<String>,
+    response_model: Option<String>,
+    operation_name: Option<String>,
+    server_address: Option<String>,
+    server_port: Option<String>,
+    cached_tokens: Option<i64>,
+}
+
+const LAT: &str = "gen_ai.latency.";
+
+/// `classify` for a SERVER span carrying vLLM V1's `e2e` and `time_in_model_inference` (which
+/// `classify` hands to `_vllm` under any name), without events (token events are Python's), not
+/// an error, no finish reasons (their JSON text is Python's): `_vllm`'s reading of it. `Bail`
+/// for anything else, which the Python adapters then read.
+fn read_vllm(attrs: &[(&[u8], Value)]) -> std::result::Result<VllmObservation, Bail> {
+    let key = |k: &str| format!("{LAT}{k}");
+    if lookup(attrs, &key("e2e")).is_none() || lookup(attrs, &key("time_in_model_inference")).is_none()
+        || lookup(attrs, "gen_ai.response.finish_reasons").is_some() {
+        return Err(Bail);
+    }
+    let mut prompt = count(attrs, "gen_ai.usage.prompt_tokens")?;
+    if prompt.is_none() {
+        prompt = count(attrs, "gen_ai.usage.input_tokens")?;
+    }
+    let mut completion = count(attrs, "gen_ai.usage.completion_tokens")?;
+    if completion.is_none() {
+        completion = count(attrs, "gen_ai.usage.output_tokens")?;
+    }
+    Ok(VllmObservation {
+        inference: number(attrs, &key("time_in_model_inference"))?,
+        prefill: number(attrs, &key("time_in_model_prefill"))?,
+        ttft: number(attrs, &key("time_to_first_token"))?,
+        e2e: number(attrs, &key("e2e"))?,
+        queue: number(attrs, &key("time_in_queue"))?,
+        decode: number(attrs, &key("time_in_model_decode"))?,
+        prompt_tokens: prompt,
+        completion_tokens: completion,
+        max_tokens: count(attrs, "gen_ai.request.max_tokens")?,
+        request_model: text_of(attrs, "gen_ai.request.model")?,
+        response_model: text_of(attrs, "gen_ai.response.model")?,
+        operation_name: text_of(attrs, "gen_ai.operation.name")?,
+        server_address: text_of(attrs, "server.address")?,
+        server_port: text_of(attrs, "server.port")?,
+        cached_tokens: count(attrs, "gen_ai.usage.cache_read.input_tokens")?,
+    })
+}
+
+/// `buffered_value` of the kept keys present, as (key, value, key, value, ...); `Bail` for a
+/// composite value (Python's `any_value_to_python`).
+fn kept<'py>(py: Python<'py>, attrs: &[(&[u8], Value)], keys: &[String]) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let mut items: Vec<PyObject> = Vec::new();
+    for key in keys {
+        let Some(value) = lookup(attrs, key) else { continue };
+        let object: PyObject = match value {
+            Value::Str(v) => PyString::intern(py, v).into_any().unbind(),
+            Value::Bool(v) => PyBool::new(py, v).to_owned().into_any().unbind(),
+            Value::Int(v) => v.into_pyobject(py)?.into_any().unbind(),
+            Value::Double(v) => v.into_pyobject(py)?.into_any().unbind(),
+            Value::Other => return Ok(None),
+        };
+        items.push(PyString::intern(py, key).into_any().unbind());
+        items.push(object);
+    }
+    Ok(Some(PyTuple::new(py, items)?))
+}
+
+fn vllm_row<'py>(py: Python<'py>, data: &[u8], row: &SpanRow, kept_keys: &[String]) -> PyResult<PyObject> {
+    let none = || py.None();
+    // SERVER, no events, not an error, no repeated key: the only spans read here.
+    if row.kind != 2 || row.events != 0 || row.status_code == 2 || row.duplicate_keys {
+        return Ok(none());
+    }
+    let attrs = match plain_attributes(data, row.payload.0, row.payload.1) {
+        Ok(Some(attrs)) => attrs,
+        Ok(None) => return Ok(none()),
+        Err(Malformed(reason)) => return Err(PyValueError::new_err(reason)),
+    };
+    let Ok(observation) = read_vllm(&attrs) else { return Ok(none()) };
+    let Some(slim) = kept(py, &attrs, kept_keys)? else { return Ok(none()) };
+    let text = |v: &Option<String>| -> PyObject {
+        match v {
+            Some(v) => PyString::intern(py, v).into_any().unbind(),
+            None => py.None(),
+        }
+    };
+    let float = |v: Option<f64>| -> PyResult<PyObject> {
+        Ok(match v {
+            Some(v) => v.into_pyobject(py)?.into_any().unbind(),
+            None => py.None(),
+        })
+    };
+    let int = |v: Option<i64>| -> PyResult<PyObject> {
+        Ok(match v {
+            Some(v) => v.into_pyobject(py)?.into_any().unbind(),
+            None => py.None(),
+        })
+    };
+    let fields: [PyObject; 15] = [
+        float(observation.ttft)?,
+        float(observation.e2e)?,
+        float(observation.queue)?,
+        float(observation.prefill)?,
+        float(observation.decode)?,
+        float(observation.inference)?,
+        int(observation.prompt_tokens)?,
+        int(observation.completion_tokens)?,
+        int(observation.max_tokens)?,
+        text(&observation.request_model),
+        text(&observation.response_model),
+        text(&observation.operation_name),
+        text(&observation.server_address),
+        text(&observation.server_port),
+        int(observation.cached_tokens)?,
+    ];
+    Ok(PyTuple::new(py, [PyTuple::new(py, fields)?.into_any(), slim.into_any()])?.into_any().unbind())
+}
+
 /// `scan(data) -> (origins, spans)`: origins as `[(resource_bytes, [scope_bytes, ...]), ...]` in
 /// request order; spans as tuples `(resource_index, scope_index, span_index, trace_id, span_id, parent_span_id,
 /// kind, status_code, start_unix_ns, end_unix_ns, trace_state, name, payload, attributes,
-/// duplicate_keys)`. Raises `ValueError` for bytes the Python path refuses too.
+/// duplicate_keys, vllm)`; `vllm`, with `kept_keys` given, is `(observation fields, kept attributes)`
+/// for a span `read_vllm` reads, else `None`. Raises `ValueError` for bytes the Python path refuses too.
 #[pyfunction]
-#[pyo3(name = "scan")]
-fn py_scan<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyTuple>> {
+#[pyo3(name = "scan", signature = (data, kept_keys=None))]
+fn py_scan<'py>(py: Python<'py>, data: &[u8], kept_keys: Option<Vec<String>>) -> PyResult<Bound<'py, PyTuple>> {
     let (origins, rows) = scan(data).map_err(|Malformed(reason)| {
         PyValueError::new_err(format!("malformed ExportTraceServiceRequest: {reason}"))
     })?;
@@ -458,7 +715,11 @@ fn py_scan<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyTuple>> {
         Ok(utf8(&data[range.0..range.1]).map_err(|Malformed(r)| PyValueError::new_err(r))?.to_owned())
     };
     for row in &rows {
-        let fields: [PyObject; 15] = [
+        let vllm = match &kept_keys {
+            Some(keys) => vllm_row(py, data, row, keys)?,
+            None => py.None(),
+        };
+        let fields: [PyObject; 16] = [
             row.resource_index.into_pyobject(py)?.into_any().unbind(),
             row.scope_index.into_pyobject(py)?.into_any().unbind(),
             row.span_index.into_pyobject(py)?.into_any().unbind(),
@@ -473,7 +734,8 @@ fn py_scan<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyTuple>> {
             text(row.name)?.into_pyobject(py)?.into_any().unbind(),
             slice(row.payload).into_any().unbind(),
             row.attributes.into_pyobject(py)?.into_any().unbind(),
-            pyo3::types::PyBool::new(py, row.duplicate_keys).to_owned().into_any().unbind(),
+            PyBool::new(py, row.duplicate_keys).to_owned().into_any().unbind(),
+            vllm,
         ];
         span_list.append(PyTuple::new(py, fields)?)?;
     }

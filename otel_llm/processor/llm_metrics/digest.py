@@ -33,7 +33,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from otel_llm.pdata.attributes import buffered_value
 from otel_llm.pdata.otlp_view import ExportTraceServiceRequest as ViewRequest, Span as ViewSpan
 from otel_llm.processor.llm_metrics.adapters.engines import classify, may_be_llm
-from otel_llm.pdata.observation import EngineObservation, MalformedSpan
+from otel_llm.pdata.observation import EngineKind, EngineObservation, MalformedSpan
 from otel_llm.processor.llm_metrics.requests import adjusted_count
 from otel_llm.processor.llm_metrics.segments import derive_timings
 from otel_llm.pdata.spans import FIRST_TOKEN_EVENT, BufferedSpan, Origin
@@ -240,7 +240,7 @@ def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, 
     if not isinstance(data, bytes):
         data = bytes(data)  # the adapter process's memoryview of its pipe message; the core reads bytes
     try:
-        origin_rows, rows = extension.scan(data)
+        origin_rows, rows = extension.scan(data, settings.kept_attribute_keys)
     except ValueError as exc:  # the same bytes the view's parse refuses (tests/test_native_core.py)
         raise DecodeError(str(exc)) from None
     limits = settings.limits
@@ -282,8 +282,9 @@ def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, 
     append = spans.append
     view_spans: list[list[Any]] | None = None  # the request as the view, parsed at the first candidate
     for (resource_index, scope_index, span_index, trace_id, span_id, parent_span_id, kind, status_code, start, end,
-         trace_state, name, payload, attribute_count, duplicate_keys) in rows:
+         trace_state, name, payload, attribute_count, duplicate_keys, vllm) in rows:
         span: Any = None
+        slim: tuple[Any, ...] = ()
         if duplicate_keys or len(payload) > max_value_bytes or attribute_count > max_attributes:
             # The Python path's own steps: the view's bytes, its limit check, the trim on plain OTLP.
             received = payload
@@ -296,7 +297,23 @@ def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, 
                     payload = original.SerializeToString()
                     span = ViewSpan.FromString(payload)
         service_name = service_names[resource_index]
-        if span is None and not may_be_llm(kind, name):
+        if span is None and vllm is not None:  # read by the core: vLLM's request span, plain values
+            observation_fields, slim = vllm
+            read = _vllm_observation(*observation_fields)
+            observation: EngineObservation | None = read
+            attrs = None
+            try:
+                derive_timings(read, max_latency)
+                if trace_state:
+                    adjusted_count(trace_state)
+            except MalformedSpan as exc:
+                refusal = (exc.reason, service_name)
+                malformed[refusal] = malformed.get(refusal, 0) + 1
+                observation, slim = None, ()
+                passed_through += 1
+            else:
+                matched[read.adapter] = matched.get(read.adapter, 0) + 1
+        elif span is None and not may_be_llm(kind, name):
             observation, attrs = None, None
             passed_through += 1
         else:
@@ -323,7 +340,6 @@ def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, 
                     passed_through += 1
                 else:
                     matched[observation.adapter] = matched.get(observation.adapter, 0) + 1
-        slim: tuple[Any, ...] = ()
         if attrs:
             slim = tuple(item for key in kept_keys if key in attrs for item in (key, buffered_value(attrs[key])))
         if kind == _SERVER and span is not None and span.events:
@@ -340,6 +356,22 @@ def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, 
         else:
             append(BufferedSpan(*fields, observation))
     return portable_origins if portable else [], spans, (matched, malformed, passed_through, truncated)
+
+
+def _vllm_observation(ttft: float | None, e2e: float | None, queue: float | None, prefill: float | None,
+                      decode: float | None, inference: float | None, prompt: int | None, completion: int | None,
+                      max_tokens: int | None, request_model: str | None, response_model: str | None,
+                      operation: str | None, server_address: str | None, server_port: str | None,
+                      cached: int | None) -> EngineObservation:
+    """``adapters.engines._vllm``'s observation from the values the core read (``rust/src/lib.rs``
+    ``read_vllm``: a span with ``time_in_model_inference``, hence ``vllm_v1``; no events, no error,
+    no finish reasons: those spans are the Python adapter's)."""
+    return EngineObservation(
+        engine_kind=EngineKind.VLLM, adapter="vllm_v1", ttft_s=ttft, e2e_s=e2e, queue_s=queue, prefill_s=prefill,
+        decode_s=decode, inference_s=inference, prompt_tokens=prompt, completion_tokens=completion,
+        max_tokens=max_tokens, request_model=request_model, response_model=response_model, finish_reason=None,
+        operation_name=operation, provider_name="vllm", server_address=server_address, server_port=server_port,
+        is_error=False, error_type=None, cached_tokens=cached, itl_s=())
 
 
 def _counts(counts: tuple[Any, ...]) -> DigestCounts:
