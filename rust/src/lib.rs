@@ -452,10 +452,13 @@ enum Value<'a> {
     Other, // array, kvlist, bytes, an index into a string table
 }
 
+/// A span's attributes by key, in the order received.
+type Attributes<'a> = Vec<(&'a [u8], Value<'a>)>;
+
 /// The span's attributes (field 9 entries), or `None` when one is not a plain single value: no
 /// value, two oneof fields, a value message written twice (upb would merge them), a repeated key.
-fn plain_attributes<'a>(buf: &'a [u8], start: usize, end: usize) -> Result<Option<Vec<(&'a [u8], Value<'a>)>>> {
-    let mut out: Vec<(&[u8], Value)> = Vec::new();
+fn plain_attributes(buf: &[u8], start: usize, end: usize) -> Result<Option<Attributes<'_>>> {
+    let mut out: Attributes = Vec::new();
     let mut span = Reader::new(buf, start, end);
     while !span.done() {
         let (number, wire_type) = span.tag()?;
@@ -496,7 +499,7 @@ fn plain_attributes<'a>(buf: &'a [u8], start: usize, end: usize) -> Result<Optio
                 (2, 0) => Some(Value::Bool(any.varint()? != 0)),
                 (3, 0) => Some(Value::Int(any.varint()? as i64)),
                 (4, 1) => Some(Value::Double(f64::from_bits(any.fixed(8)?))),
-                (5 | 6 | 7, 2) => {
+                (5..=7, 2) => {
                     any.delimited()?;
                     Some(Value::Other)
                 }
