@@ -1,4 +1,28 @@
 # otel-llm image: `otel-llm serve|validate|simulate ...` (docker-compose.yml builds it with `build: .`).
+
+# Stage 1: the wheel, with the compiled core (rust/, otel_llm._core) built by cargo. The final image
+# carries no toolchain; a wheel without the core fails this stage rather than shipping the slow path.
+FROM python:3.11-slim AS builder
+ARG RUST_VERSION=1.95.0
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/root/.cargo/bin:$PATH
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates curl gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/* \
+    && curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs \
+       | sh -s -- -y --profile minimal --default-toolchain "$RUST_VERSION"
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY rust ./rust
+COPY otel_llm ./otel_llm
+# The simulator is a package of its own beside the server; the compose demo runs it from this image.
+COPY otel_llm_simulate ./otel_llm_simulate
+RUN pip wheel --no-deps --wheel-dir /wheels . \
+    && python -c "import glob, zipfile; names = zipfile.ZipFile(glob.glob('/wheels/otel_llm-*.whl')[0]).namelist(); \
+assert any(n.startswith('otel_llm/_core.') for n in names), 'the compiled core is not in the wheel'"
+
+# Stage 2: the runtime image.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -6,12 +30,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY otel_llm ./otel_llm
-# The simulator is a package of its own beside the server; the compose demo runs it from this image.
-COPY otel_llm_simulate ./otel_llm_simulate
-RUN pip install . && rm -rf /src
+COPY --from=builder /wheels /wheels
+RUN pip install /wheels/otel_llm-*.whl && rm -rf /wheels
 
 # Not root: a user of its own (uid 10001, as the Helm chart's pod securityContext) owning only the
 # data directory; a named volume mounted there takes its ownership on first use.

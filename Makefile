@@ -7,11 +7,16 @@ TSTAMP := $(VENV)/.installed-test
 
 .PHONY: run test bench demo clean services peers engines instrumentations docs docs-serve
 
+# The compiled core (rust/, otel_llm._core) is built by `pip install` through setuptools-rust when
+# cargo is on PATH; its build directory lives outside the tree so a rebuild is warm (README: build times).
+export CARGO_TARGET_DIR ?= $(HOME)/.cache/otel-llm/cargo-target
+CORE_SOURCES := rust/Cargo.toml rust/Cargo.lock $(wildcard rust/src/*.rs)
+
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(STAMP): $(BIN)/python pyproject.toml
+$(STAMP): $(BIN)/python pyproject.toml $(CORE_SOURCES)
 	$(BIN)/pip install --quiet -e .
 	touch $@
 
@@ -57,7 +62,7 @@ instrumentations:
 # The type check first ([tool.mypy] in pyproject.toml: strict on the component packages); a type error fails the target.
 test: $(TSTAMP) services peers engines instrumentations
 	$(BIN)/python -m mypy
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	OTEL_LLM_REQUIRE_NATIVE=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The generated references (docs/reference/, the reason tables of docs/troubleshooting.md, docs/index.md
 # from README.md), from the code's declarations: run after changing a metric, an option or a counted
@@ -118,4 +123,4 @@ demo: $(STAMP)
 	exit $$status
 
 clean:
-	rm -rf $(VENV) otel-llm-data .pytest_cache
+	rm -rf $(VENV) otel-llm-data .pytest_cache build otel_llm/_core*.so

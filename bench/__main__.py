@@ -74,13 +74,13 @@ class Server:
     """A server process on loopback ports; ``stop()`` is safe to call twice."""
 
     def __init__(self, name: str, argv: list[str], workdir: Path, grpc_port: int, http_port: int,
-                 metrics_port: int | None = None, cwd: Path | None = None) -> None:
+                 metrics_port: int | None = None, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
         self.name = name
         self.grpc_port, self.http_port, self.metrics_port = grpc_port, http_port, metrics_port
         self.log_path = workdir / f"{name}.log"
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=cwd or workdir,
-                                     start_new_session=True)
+                                     start_new_session=True, env={**os.environ, **env} if env else None)
         self.pid = self.proc.pid
 
     @property
@@ -183,11 +183,12 @@ def pipeline_config(workdir: Path, name: str, grpc_port: int, http_port: int, me
 
 
 def start_pipeline(workdir: Path, name: str, tail_sampling: dict[str, Any],
-                   service: dict[str, Any] | None = None, otlp: dict[str, Any] | None = None) -> Server:
+                   service: dict[str, Any] | None = None, otlp: dict[str, Any] | None = None,
+                   env: dict[str, str] | None = None) -> Server:
     grpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
     config = pipeline_config(workdir, name, grpc_port, http_port, metrics_port, tail_sampling, service, otlp)
     argv = otel_llm_command() + ["--log-level", "WARNING", "serve", "--config", str(config)]
-    server = Server(name, argv, workdir, grpc_port, http_port, metrics_port)
+    server = Server(name, argv, workdir, grpc_port, http_port, metrics_port, env=env)
     server.wait_ready()
     return server
 
@@ -340,6 +341,86 @@ def rss_phase(load: Load, workdir: Path, batches: Path, spans: int, warmup_spans
         return result
     finally:
         server.stop()
+
+
+# --- the compiled core against the Python reference (issue 25) ----------------------------------------
+
+def _hotpath(core: str, passes: int) -> dict[str, float]:
+    """``bench/hotpath.py`` in a process of its own with ``OTEL_LLM_CORE=core``: CPU us per span by stage."""
+    out = subprocess.run([PYTHON, "-m", "bench.hotpath", "--passes", str(passes)], capture_output=True, text=True,
+                         env={**os.environ, "OTEL_LLM_CORE": core}, cwd=Path(__file__).resolve().parent.parent,
+                         timeout=900)
+    if out.returncode:
+        raise RuntimeError(f"bench.hotpath with OTEL_LLM_CORE={core} failed:\n{out.stdout}{out.stderr}")
+    figures = {}
+    for line in out.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] in ("parse+adapter", "buffer", "completion", "total"):
+            figures[parts[0]] = float(parts[1])
+    return figures
+
+
+def core_phases(load: Load, workdir: Path, batches: Path, durations: dict[str, float], servers: list[Server],
+                passes: int) -> dict[str, Any]:
+    """The same work on both paths in one run: the hot path in one process (bench/hotpath.py), then a
+    saturated gRPC server (default config) per path; the native figures over the Python ones."""
+    out: dict[str, Any] = {}
+    for core in ("python", "native"):
+        hot = _hotpath(core, passes)
+        out[f"hotpath_{core}_us_per_span"] = hot
+        log(f"  hot path in one process, OTEL_LLM_CORE={core}: " + ", ".join(f"{k} {v:.2f}" for k, v in hot.items())
+            + " CPU us per span")
+    for core in ("python", "native"):
+        server = start_pipeline(workdir, f"pipeline-core-{core}", {"decision_wait": "10s", "grace": "1s"},
+                                env={"OTEL_LLM_CORE": core})
+        servers.append(server)
+        info = server.scrape()
+        running = [name for name in info if name.startswith("otel_llm_core_info{") and info[name] == 1.0]
+        log(f"  OTEL_LLM_CORE={core}: the server reports {running}")
+        out[f"grpc_saturate_{core}"] = saturate_phase(load, server, batches, "grpc", durations["warmup"],
+                                                      durations["saturate"])
+        server.stop()
+    python_hot = out["hotpath_python_us_per_span"].get("total")
+    native_hot = out["hotpath_native_us_per_span"].get("total")
+    out["hotpath_native_vs_python"] = native_hot / python_hot if python_hot and native_hot else None
+    python_cpu = cpu_per_million(out["grpc_saturate_python"])
+    native_cpu = cpu_per_million(out["grpc_saturate_native"])
+    out["cpu_native_vs_python"] = native_cpu / python_cpu if python_cpu and native_cpu else None
+    python_sps = out["grpc_saturate_python"].get("spans_per_s")
+    native_sps = out["grpc_saturate_native"].get("spans_per_s")
+    out["spans_per_s_native_vs_python"] = native_sps / python_sps if python_sps and native_sps else None
+    return out
+
+
+def report_core(core: dict[str, Any], baseline_cpu_us: float | None, baseline_sps: float | None,
+                floor_us: float | None) -> None:
+    log("compiled core (OTEL_LLM_CORE=native) against the Python reference, same run:")
+    for core_name in ("python", "native"):
+        res = core.get(f"grpc_saturate_{core_name}", {})
+        cpu, sps = cpu_per_million(res), res.get("spans_per_s")
+        hot = core.get(f"hotpath_{core_name}_us_per_span", {}).get("total")
+        log(f"  {core_name:6}: hot path {fmt(hot, 2)} CPU us/span in one process; gRPC saturated {fmt(sps, 0)} spans/s, "
+            f"{fmt(cpu, 1)} CPU-s per M spans"
+            + (f", {fmt(cpu / baseline_cpu_us, 2)}x the sink's CPU" if cpu and baseline_cpu_us else "")
+            + (f", {fmt(sps / baseline_sps, 3)} of the sink's spans/s" if sps and baseline_sps else "")
+            + (f", {fmt(cpu / floor_us, 2)}x the floor's CPU" if cpu and floor_us else ""))
+    log(f"  native / python: hot path CPU {fmt(core.get('hotpath_native_vs_python'), 2)}, server CPU per span "
+        f"{fmt(core.get('cpu_native_vs_python'), 2)}, saturated spans/s {fmt(core.get('spans_per_s_native_vs_python'), 2)}")
+
+
+def core_result_line(core: dict[str, Any]) -> str:
+    native = core.get("grpc_saturate_native", {})
+    python = core.get("grpc_saturate_python", {})
+    return (f"core_native_cpu_us_per_span={fmt(cpu_per_million(native), 2)} "
+            f"core_python_cpu_us_per_span={fmt(cpu_per_million(python), 2)} "
+            f"core_native_spans_per_s={fmt(native.get('spans_per_s'), 0)} "
+            f"core_python_spans_per_s={fmt(python.get('spans_per_s'), 0)} "
+            f"core_hotpath_native_us={fmt(core.get('hotpath_native_us_per_span', {}).get('total'), 2)} "
+            f"core_hotpath_python_us={fmt(core.get('hotpath_python_us_per_span', {}).get('total'), 2)}")
+
+
+class _CoreOnly(Exception):
+    pass
 
 
 class _IntakeLogOnly(Exception):
@@ -530,6 +611,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--intake-log-only", action="store_true",
                         help="only the crash-safe intake phase: gRPC without the log, with fsync interval, with "
                              "fsync always (the full run includes it too)")
+    parser.add_argument("--core-only", action="store_true",
+                        help="only the compiled core against the Python path: the floor, the sink (gRPC saturated) "
+                             "and, per path, the hot path in one process and a saturated gRPC server")
+    parser.add_argument("--core-passes", type=int, default=5, help="bench/hotpath.py passes per path")
     parser.add_argument("--intake-log-rounds", type=int, default=2,
                         help="interleaved rounds of the crash-safe intake phase (medians are reported)")
     args = parser.parse_args(argv)
@@ -566,6 +651,16 @@ def main(argv: list[str] | None = None) -> int:
         results["floor_us_per_span"] = floor.measure(complete)
         log("floor of any pure-Python pipeline (bench/floor.py; in this process, CPU us per span, cumulative): "
             + ", ".join(f"{step} {us:.2f}" for step, us in results["floor_us_per_span"].items()))
+        if args.core_only:
+            log("baseline sink (parse and discard, grpcio + stdlib HTTP, 4 workers), gRPC saturated:")
+            baseline = start_baseline(workdir)
+            servers.append(baseline)
+            results["baseline"] = {"grpc_saturate": saturate_phase(load, baseline, throughput_file, "grpc",
+                                                                   durations["warmup"], durations["saturate"])}
+            baseline.stop()
+            log("otel-llm serve per path (default config, decision_wait 10s, grace 1s):")
+            results["core"] = core_phases(load, workdir, throughput_file, durations, servers, args.core_passes)
+            raise _CoreOnly
 
         log("baseline sink (parse and discard, grpcio + stdlib HTTP, 4 workers):")
         baseline = start_baseline(workdir)
@@ -588,6 +683,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile:
             profile_phase(load, pipeline, throughput_file, Path(args.profile), max(args.saturate, 8.0))
         pipeline.stop()
+
+        log("otel-llm serve per path: the compiled core and the Python reference (OTEL_LLM_CORE):")
+        results["core"] = core_phases(load, workdir, throughput_file, durations, servers, args.core_passes)
 
         log("the Collector peer (our otelcol-llm-front build: signal_to_metrics, tail_sampling, delta_to_cumulative, "
             "prometheus; bench/collector_peer.py):")
@@ -625,7 +723,7 @@ def main(argv: list[str] | None = None) -> int:
             f"intake while holding {fmt(r['send_spans_per_s'], 0)} spans/s" + (f"; {r['warning']}" if "warning" in r else ""))
         log("  RSS growth over the measured spans, by process: " + ", ".join(
             f"{name} {kib / 1024:+.1f} MiB" for name, kib in r["rss_growth_kib_by_process"].items()))
-    except _IntakeLogOnly:
+    except (_IntakeLogOnly, _CoreOnly):
         pass
     except Exception as exc:  # still print what was measured, and a RESULT line with nan for the rest
         failed = True
@@ -646,6 +744,19 @@ def main(argv: list[str] | None = None) -> int:
         if "intake_log" in results:
             report_intake_log(results["intake_log"], args.rate)
         log(f"  elapsed {time.monotonic() - started:.0f} s")
+        return 1 if failed else 0
+    if args.core_only:
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+        log()
+        floor_total = (results.get("floor_us_per_span") or {}).get("per request")
+        base_saturate = results.get("baseline", {}).get("grpc_saturate", {})
+        report_core(results.get("core", {}), cpu_per_million(base_saturate), base_saturate.get("spans_per_s"),
+                    floor_total)
+        log(f"  elapsed {time.monotonic() - started:.0f} s")
+        log(f"RESULT core {core_result_line(results.get('core', {}))} "
+            f"baseline_cpu_us_per_span={fmt(cpu_per_million(base_saturate), 2)} "
+            f"baseline_spans_per_s={fmt(base_saturate.get('spans_per_s'), 0)} floor_us_per_span={fmt(floor_total, 2)}")
         return 1 if failed else 0
     base = results.get("baseline", {})
     pipe = results.get("pipeline", {})
@@ -726,6 +837,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"  {label:48} {fmt(value, digits):>10}  target {target}{verdict}")
     if "intake_log" in results:
         report_intake_log(results["intake_log"], args.rate)
+    if "core" in results:
+        report_core(results["core"], base_cpu_us, b_sps, floor_total_us)
     log(f"  elapsed {results['summary']['elapsed_s']:.0f} s")
     peer = collector_peer.summary(sys.modules[__name__], results.get("collector", {}), pipe, rss, args.rate)
     results["summary"].update(peer)
@@ -742,7 +855,7 @@ def main(argv: list[str] | None = None) -> int:
         f"export_p99_vs_baseline={fmt(p99_vs_base, 2)} "
         f"collector_spans_per_s={fmt(peer['collector_spans_per_s'], 0)} "
         f"collector_cpu_s_per_mspans={fmt(peer['collector_cpu_s_per_mspans'], 1)} "
-        f"cpu_vs_collector={fmt(peer['cpu_vs_collector'], 2)}")
+        f"cpu_vs_collector={fmt(peer['cpu_vs_collector'], 2)} {core_result_line(results.get('core', {}))}")
     return 1 if failed else 0
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from otel_llm.internal import core as native_core
 from otel_llm.component import CreateSettings, Host, KeptTraceConsumer, Kind, Signal, factories
 from otel_llm.config import Config, ConfigError, check_certificates, exposed_without_token, intake_log_directory
 from otel_llm.exporter.store.exporter import StoreComponent
@@ -70,6 +71,16 @@ class Service:
         context = spawn_context()
         counters = ReceiverCounters(context)
         self.telemetry = SelfTelemetry(self.registry, counters)
+        try:
+            extension, why_python = native_core.active()
+        except native_core.CoreUnavailable as exc:
+            raise OSError(str(exc)) from None
+        implementation = native_core.NATIVE if extension is not None else native_core.PYTHON
+        self.telemetry.core_info.labels(implementation).set(1)
+        if extension is not None:
+            log.info("per-span hot path: the compiled core (%s)", extension.__file__)
+        else:
+            log.info("per-span hot path: pure Python (%s)", why_python)
         processors = {path.partition(".")[2]: component.config for path, component in self.components.items()
                       if path.startswith("processors.")}
         limiter = processors.get("memory_limiter")

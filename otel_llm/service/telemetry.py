@@ -76,6 +76,10 @@ class SelfTelemetry:
             ["engine_kind", "outcome"], registry=registry)
         self.traces_completed = Counter(
             "otel_llm_traces_completed", "Traces completed, by what completed them.", ["reason"], registry=registry)
+        self.core_info = Gauge(
+            "otel_llm_core_info", "Which implementation runs the per-span hot path: 1 for native (the compiled "
+            "core, otel_llm._core) or python (the reference; OTEL_LLM_CORE=python, or no Rust at install).",
+            ["implementation"], registry=registry)
         self.traces_in_memory = Gauge(
             "otel_llm_traces_in_memory", "Traces buffered awaiting assembly and decision.", registry=registry)
         self.traces_held_open_calls = Gauge(

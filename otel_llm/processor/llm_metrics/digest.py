@@ -32,14 +32,16 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from otel_llm.pdata.attributes import buffered_value
 from otel_llm.pdata.otlp_view import ExportTraceServiceRequest as ViewRequest, Span as ViewSpan
-from otel_llm.processor.llm_metrics.adapters.engines import classify
-from otel_llm.pdata.observation import EngineObservation, MalformedSpan
+from otel_llm.processor.llm_metrics.adapters.engines import classify, may_be_llm
+from otel_llm.pdata.observation import EngineKind, EngineObservation, MalformedSpan
 from otel_llm.processor.llm_metrics.requests import adjusted_count
 from otel_llm.processor.llm_metrics.segments import derive_timings
 from otel_llm.pdata.spans import FIRST_TOKEN_EVENT, BufferedSpan, Origin
 from otel_llm.processor.llm_metrics.config import LlmMetricsProcessor
 from otel_llm.processor.redaction.config import RedactionProcessor
+from otel_llm.internal import core as native_core
 from otel_llm.internal.runtime import name_process, tune_gc
+from google.protobuf.message import DecodeError
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +142,13 @@ def _digest(data: RequestData, settings: DigestSettings, portable: bool) -> tupl
 
     The request is read through ``otlp_view`` (attributes as a map, looked up in upb). A span over
     an attribute limit is trimmed on the request parsed as plain OTLP instead, so that the first
-    ``max_attributes`` in the order received are the ones kept, and read back into the view."""
+    ``max_attributes`` in the order received are the ones kept, and read back into the view.
+
+    With the compiled core (``otel_llm.internal.core``) the request is walked in Rust instead
+    (``_digest_native``); this function's body stays the reference it is tested against."""
+    extension = native_core.active()[0]
+    if extension is not None:
+        return _digest_native(extension, data, settings, portable)
     request = ViewRequest()
     request.ParseFromString(data)
     upstream: ExportTraceServiceRequest | None = None  # parsed only if a span breaks a limit
@@ -217,6 +225,153 @@ def _digest(data: RequestData, settings: DigestSettings, portable: bool) -> tupl
                 else:
                     append(BufferedSpan(*fields, observation))
     return origins, spans, (matched, malformed, passed_through, truncated)
+
+
+def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, portable: bool) -> tuple[Any, ...]:
+    """``_digest`` with the request walked by the compiled core: one call returns every span's
+    buffered fields and its bytes, so a span no adapter can claim (``may_be_llm``) is buffered
+    without any protobuf object; for the candidates, ``classify`` reads the request parsed once into
+    the view, as the Python path does (a span parsed alone costs ~8x more: an upb arena each).
+
+    A span is buffered as the bytes received (attribute order as sent). The Python path buffers
+    the view's re-serialization, whose map puts attributes in upb's hash order and keeps the last
+    of a repeated key; a span with a repeated key, or one that may break an attribute limit, takes
+    the Python path's steps here too, so the kept attributes are the same set in both."""
+    if not isinstance(data, bytes):
+        data = bytes(data)  # the adapter process's memoryview of its pipe message; the core reads bytes
+    try:
+        origin_rows, rows = extension.scan(data, settings.kept_attribute_keys)
+    except ValueError as exc:  # the same bytes the view's parse refuses (tests/test_native_core.py)
+        raise DecodeError(str(exc)) from None
+    limits = settings.limits
+    max_attributes, max_value_bytes = limits.max_attributes, limits.max_value_bytes
+    max_latency = settings.max_latency_s
+    kept_keys = settings.kept_attribute_keys
+    first_token_events = settings.first_token_events
+    matched: dict[str, int] = {}
+    malformed: dict[tuple[str, str], int] = {}
+    passed_through = truncated = 0
+    spans_per_resource = [0] * len(origin_rows)
+    for row in rows:
+        spans_per_resource[row[0]] += 1
+    origins: list[list[Any]] = []  # per resource, per scope: an Origin (or its index on the pipe)
+    portable_origins: list[Any] = []
+    service_names: list[str] = []
+    for resource_index, (resource_bytes, scope_rows) in enumerate(origin_rows):
+        resource = Resource()
+        resource.ParseFromString(resource_bytes)
+        if limits.enforce_resource(resource):
+            truncated += spans_per_resource[resource_index]
+        resource_strings = {kv.key: kv.value.string_value for kv in resource.attributes
+                            if kv.value.HasField("string_value")}
+        service_name = resource_strings.get("service.name") or "unknown_service"
+        service_names.append(service_name)
+        per_scope: list[Any] = []
+        if portable:
+            serialized = resource.SerializeToString()
+        for scope_bytes in scope_rows:
+            scope = InstrumentationScope()
+            scope.ParseFromString(scope_bytes)
+            if portable:
+                per_scope.append(len(portable_origins))
+                portable_origins.append((serialized, scope.SerializeToString(), service_name, resource_strings))
+            else:
+                per_scope.append(Origin(resource, scope, service_name, resource_strings))
+        origins.append(per_scope)
+    spans: list[Any] = []
+    append = spans.append
+    view_spans: list[list[Any]] | None = None  # the request as the view, parsed at the first candidate
+    for (resource_index, scope_index, span_index, trace_id, span_id, parent_span_id, kind, status_code, start, end,
+         trace_state, name, payload, attribute_count, duplicate_keys, vllm) in rows:
+        span: Any = None
+        slim: tuple[Any, ...] = ()
+        if duplicate_keys or len(payload) > max_value_bytes or attribute_count > max_attributes:
+            # The Python path's own steps: the view's bytes, its limit check, the trim on plain OTLP.
+            received = payload
+            span = ViewSpan.FromString(received)
+            payload = span.SerializeToString()
+            if limits.exceeded_by(span, len(payload)):
+                original = Span.FromString(received)  # plain OTLP: attributes in the order received
+                if limits.enforce(original):
+                    truncated += 1
+                    payload = original.SerializeToString()
+                    span = ViewSpan.FromString(payload)
+        service_name = service_names[resource_index]
+        if span is None and vllm is not None:  # read by the core: vLLM's request span, plain values
+            observation_fields, slim = vllm
+            read = _vllm_observation(*observation_fields)
+            observation: EngineObservation | None = read
+            attrs = None
+            try:
+                derive_timings(read, max_latency)
+                if trace_state:
+                    adjusted_count(trace_state)
+            except MalformedSpan as exc:
+                refusal = (exc.reason, service_name)
+                malformed[refusal] = malformed.get(refusal, 0) + 1
+                observation, slim = None, ()
+                passed_through += 1
+            else:
+                matched[read.adapter] = matched.get(read.adapter, 0) + 1
+        elif span is None and not may_be_llm(kind, name):
+            observation, attrs = None, None
+            passed_through += 1
+        else:
+            if span is None:
+                if view_spans is None:
+                    request = ViewRequest()
+                    request.ParseFromString(data)
+                    view_spans = [[scope_spans.spans for scope_spans in resource_spans.scope_spans]
+                                  for resource_spans in request.resource_spans]
+                span = view_spans[resource_index][scope_index][span_index]
+            try:
+                observation, attrs = classify(span)
+                if observation is not None and not observation.part:
+                    derive_timings(observation, max_latency)
+                    if span.trace_state:
+                        adjusted_count(span.trace_state)  # a weight nobody sane chose is malformed
+            except MalformedSpan as exc:
+                refusal = (exc.reason, service_name)
+                malformed[refusal] = malformed.get(refusal, 0) + 1
+                observation, attrs = None, None
+                passed_through += 1
+            else:
+                if observation is None:
+                    passed_through += 1
+                else:
+                    matched[observation.adapter] = matched.get(observation.adapter, 0) + 1
+        if attrs:
+            slim = tuple(item for key in kept_keys if key in attrs for item in (key, buffered_value(attrs[key])))
+        if kind == _SERVER and span is not None and span.events:
+            event_ns = next((e.time_unix_nano for e in span.events if e.name in first_token_events), 0)
+            if event_ns:
+                slim += (FIRST_TOKEN_EVENT, event_ns)
+        if span is not None:  # a trimmed span's fields are the trimmed view's (ids and times are never trimmed)
+            trace_id, span_id, parent_span_id, status_code, trace_state = (
+                span.trace_id, span.span_id, span.parent_span_id, span.status.code, span.trace_state)
+        origin = origins[resource_index][scope_index]
+        fields = (trace_id, span_id, parent_span_id, kind, status_code, start, end, trace_state, payload, origin, slim)
+        if portable:
+            append((*fields, _observation_tuple(observation) if observation is not None else None))
+        else:
+            append(BufferedSpan(*fields, observation))
+    return portable_origins if portable else [], spans, (matched, malformed, passed_through, truncated)
+
+
+def _vllm_observation(ttft: float | None, e2e: float | None, queue: float | None, prefill: float | None,
+                      decode: float | None, inference: float | None, prompt: int | None, completion: int | None,
+                      max_tokens: int | None, request_model: str | None, response_model: str | None,
+                      operation: str | None, server_address: str | None, server_port: str | None,
+                      cached: int | None) -> EngineObservation:
+    """``adapters.engines._vllm``'s observation from the values the core read (``rust/src/lib.rs``
+    ``read_vllm``: a span with ``time_in_model_inference``, hence ``vllm_v1``; no events, no error,
+    no finish reasons: those spans are the Python adapter's)."""
+    return EngineObservation(
+        engine_kind=EngineKind.VLLM, adapter="vllm_v1", ttft_s=ttft, e2e_s=e2e, queue_s=queue, prefill_s=prefill,
+        decode_s=decode, inference_s=inference, prompt_tokens=prompt, completion_tokens=completion,
+        max_tokens=max_tokens, request_model=request_model, response_model=response_model, finish_reason=None,
+        operation_name=operation, provider_name="vllm", server_address=server_address, server_port=server_port,
+        is_error=False, error_type=None, cached_tokens=cached, itl_s=())
 
 
 def _counts(counts: tuple[Any, ...]) -> DigestCounts:

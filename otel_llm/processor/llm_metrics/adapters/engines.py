@@ -491,7 +491,14 @@ _INTERNAL_NAMES = frozenset({VLLM_SPAN_NAME, *TGI_HANDLER_SPANS, *LITELLM_SPAN_N
 
 def _may_be_llm(span: Span, name: str) -> bool:
     """Cheap test on name and kind, so the attributes of plain application spans are never read."""
-    if span.kind in (_SPAN_KIND_SERVER, Span.SPAN_KIND_CLIENT):
+    return may_be_llm(span.kind, name)
+
+
+def may_be_llm(kind: int, name: str) -> bool:
+    """``classify``'s first test, on a span's kind and name alone: ``False`` means ``classify``
+    returns ``(None, no attributes)`` without reading anything else (the compiled core's callers
+    then never parse the span)."""
+    if kind in (_SPAN_KIND_SERVER, Span.SPAN_KIND_CLIENT):
         return True  # engines' request spans, gateways, GenAI client calls
     return (name in _INTERNAL_NAMES or " Req " in name or name.split(" ", 1)[0] in GENAI_OPERATIONS
             or name.startswith(LOGFIRE_AGENT_LLM_PREFIXES))

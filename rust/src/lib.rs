@@ -1,0 +1,771 @@
+//! otel-llm's compiled core, stage one: one call per export request that walks the raw
+//! `ExportTraceServiceRequest` bytes with a bounds-checked reader and returns, per span, the few
+//! fields the adapter stage buffers plus the span's own bytes, so no protobuf Python object is
+//! built for a span no adapter reads.
+//!
+//! The walk validates what upb (protobuf's Python backend) validates when the Python path parses
+//! the same bytes into `otel_llm.pdata.otlp_view`, so both paths accept and refuse the same
+//! input: lengths within their parent, varints of at most 10 bytes, wire types 0-5 with matched
+//! groups, field number 1 or more, UTF-8 in every proto3 `string` field the schema knows, and
+//! upb's nesting limit. A known field with an unexpected wire type is an unknown field, as in upb.
+//! The schema is the installed opentelemetry-proto's (tests/test_native_core.py checks it against
+//! the descriptors, so a proto upgrade that adds a field fails the suite rather than drifting).
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyList, PyString, PyTuple};
+
+/// upb's decode depth limit (100 levels below the message parsed) in this walk's counting, where
+/// the request is depth 1: measured against upb (tests/test_native_core.py, nested values and groups).
+const MAX_DEPTH: u32 = 101;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Msg {
+    Request,
+    ResourceSpans,
+    Resource,
+    EntityRef,
+    ScopeSpans,
+    Scope,
+    Span,
+    AttributesEntry,
+    Event,
+    Link,
+    Status,
+    KeyValue,
+    AnyValue,
+    ArrayValue,
+    KeyValueList,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Field {
+    Str,
+    Bytes,
+    Varint,
+    Fixed64,
+    Fixed32,
+    Message(Msg),
+}
+
+/// The schema: what a field number of a message holds; `None` for a field it does not know.
+fn field_of(msg: Msg, number: u32) -> Option<Field> {
+    use Field::*;
+    match (msg, number) {
+        (Msg::Request, 1) => Some(Message(Msg::ResourceSpans)),
+        (Msg::ResourceSpans, 1) => Some(Message(Msg::Resource)),
+        (Msg::ResourceSpans, 2) => Some(Message(Msg::ScopeSpans)),
+        (Msg::ResourceSpans, 3) => Some(Str),
+        (Msg::Resource, 1) => Some(Message(Msg::KeyValue)),
+        (Msg::Resource, 2) => Some(Varint),
+        (Msg::Resource, 3) => Some(Message(Msg::EntityRef)),
+        (Msg::EntityRef, 1..=4) => Some(Str),
+        (Msg::ScopeSpans, 1) => Some(Message(Msg::Scope)),
+        (Msg::ScopeSpans, 2) => Some(Message(Msg::Span)),
+        (Msg::ScopeSpans, 3) => Some(Str),
+        (Msg::Scope, 1 | 2) => Some(Str),
+        (Msg::Scope, 3) => Some(Message(Msg::KeyValue)),
+        (Msg::Scope, 4) => Some(Varint),
+        (Msg::Span, 1 | 2 | 4) => Some(Bytes),
+        (Msg::Span, 3 | 5) => Some(Str),
+        (Msg::Span, 6 | 10 | 12 | 14) => Some(Varint),
+        (Msg::Span, 7 | 8) => Some(Fixed64),
+        (Msg::Span, 9) => Some(Message(Msg::AttributesEntry)),
+        (Msg::Span, 11) => Some(Message(Msg::Event)),
+        (Msg::Span, 13) => Some(Message(Msg::Link)),
+        (Msg::Span, 15) => Some(Message(Msg::Status)),
+        (Msg::Span, 16) => Some(Fixed32),
+        (Msg::AttributesEntry, 1) => Some(Str),
+        (Msg::AttributesEntry, 2) => Some(Message(Msg::AnyValue)),
+        (Msg::Event, 1) => Some(Fixed64),
+        (Msg::Event, 2) => Some(Str),
+        (Msg::Event, 3) => Some(Message(Msg::KeyValue)),
+        (Msg::Event, 4) => Some(Varint),
+        (Msg::Link, 1 | 2) => Some(Bytes),
+        (Msg::Link, 3) => Some(Str),
+        (Msg::Link, 4) => Some(Message(Msg::KeyValue)),
+        (Msg::Link, 5) => Some(Varint),
+        (Msg::Link, 6) => Some(Fixed32),
+        (Msg::Status, 2) => Some(Str),
+        (Msg::Status, 3) => Some(Varint),
+        (Msg::KeyValue, 1) => Some(Str),
+        (Msg::KeyValue, 2) => Some(Message(Msg::AnyValue)),
+        (Msg::KeyValue, 3) => Some(Varint),
+        (Msg::AnyValue, 1) => Some(Str),
+        (Msg::AnyValue, 2 | 3 | 8) => Some(Varint),
+        (Msg::AnyValue, 4) => Some(Fixed64),
+        (Msg::AnyValue, 5) => Some(Message(Msg::ArrayValue)),
+        (Msg::AnyValue, 6) => Some(Message(Msg::KeyValueList)),
+        (Msg::AnyValue, 7) => Some(Bytes),
+        (Msg::ArrayValue, 1) => Some(Message(Msg::AnyValue)),
+        (Msg::KeyValueList, 1) => Some(Message(Msg::KeyValue)),
+        _ => None,
+    }
+}
+
+fn expected_wire_type(field: Field) -> u8 {
+    match field {
+        Field::Varint => 0,
+        Field::Fixed64 => 1,
+        Field::Str | Field::Bytes | Field::Message(_) => 2,
+        Field::Fixed32 => 5,
+    }
+}
+
+#[derive(Debug)]
+struct Malformed(&'static str);
+
+type Result<T> = std::result::Result<T, Malformed>;
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    end: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn new(buf: &'a [u8], start: usize, end: usize) -> Self {
+        Reader { buf, pos: start, end }
+    }
+
+    fn done(&self) -> bool {
+        self.pos >= self.end
+    }
+
+    fn varint(&mut self) -> Result<u64> {
+        let mut value: u64 = 0;
+        for index in 0..10 {
+            if self.pos >= self.end {
+                return Err(Malformed("truncated varint"));
+            }
+            let byte = self.buf[self.pos];
+            self.pos += 1;
+            value |= u64::from(byte & 0x7f) << (7 * index);
+            if byte & 0x80 == 0 {
+                return Ok(value);
+            }
+        }
+        Err(Malformed("varint longer than 10 bytes"))
+    }
+
+    fn tag(&mut self) -> Result<(u32, u8)> {
+        let tag = self.varint()?;
+        if tag > u64::from(u32::MAX) {
+            return Err(Malformed("tag over 32 bits"));
+        }
+        let number = (tag >> 3) as u32;
+        if number == 0 {
+            return Err(Malformed("field number 0"));
+        }
+        Ok((number, (tag & 7) as u8))
+    }
+
+    fn fixed(&mut self, size: usize) -> Result<u64> {
+        if self.end - self.pos < size {
+            return Err(Malformed("truncated fixed-width value"));
+        }
+        let mut value: u64 = 0;
+        for (index, byte) in self.buf[self.pos..self.pos + size].iter().enumerate() {
+            value |= u64::from(*byte) << (8 * index);
+        }
+        self.pos += size;
+        Ok(value)
+    }
+
+    /// A length-delimited field's (start, end) within the buffer.
+    fn delimited(&mut self) -> Result<(usize, usize)> {
+        let length = self.varint()?;
+        let remaining = (self.end - self.pos) as u64;
+        if length > remaining {
+            return Err(Malformed("length past the end of its message"));
+        }
+        let start = self.pos;
+        self.pos += length as usize;
+        Ok((start, self.pos))
+    }
+
+    /// Skips an unknown field's value; a group is walked to its matching end.
+    fn skip(&mut self, number: u32, wire_type: u8, depth: u32) -> Result<()> {
+        match wire_type {
+            0 => {
+                self.varint()?;
+            }
+            1 => {
+                self.fixed(8)?;
+            }
+            2 => {
+                self.delimited()?;
+            }
+            3 => {
+                if depth + 1 > MAX_DEPTH {
+                    return Err(Malformed("nested too deeply"));
+                }
+                loop {
+                    if self.done() {
+                        return Err(Malformed("unterminated group"));
+                    }
+                    let (inner, inner_type) = self.tag()?;
+                    if inner_type == 4 {
+                        if inner != number {
+                            return Err(Malformed("mismatched end group"));
+                        }
+                        break;
+                    }
+                    self.skip(inner, inner_type, depth + 1)?;
+                }
+            }
+            4 => return Err(Malformed("unexpected end group")),
+            5 => {
+                self.fixed(4)?;
+            }
+            _ => return Err(Malformed("invalid wire type")),
+        }
+        Ok(())
+    }
+}
+
+/// Validates the message `msg` in `buf[start..end]` and everything in it.
+fn validate(buf: &[u8], start: usize, end: usize, msg: Msg, depth: u32) -> Result<()> {
+    if depth > MAX_DEPTH {
+        return Err(Malformed("nested too deeply"));
+    }
+    let mut reader = Reader::new(buf, start, end);
+    while !reader.done() {
+        let (number, wire_type) = reader.tag()?;
+        match field_of(msg, number) {
+            Some(field) if expected_wire_type(field) == wire_type => match field {
+                Field::Varint => {
+                    reader.varint()?;
+                }
+                Field::Fixed64 => {
+                    reader.fixed(8)?;
+                }
+                Field::Fixed32 => {
+                    reader.fixed(4)?;
+                }
+                Field::Bytes => {
+                    reader.delimited()?;
+                }
+                Field::Str => {
+                    let (s, e) = reader.delimited()?;
+                    utf8(&buf[s..e])?;
+                }
+                Field::Message(inner) => {
+                    let (s, e) = reader.delimited()?;
+                    validate(buf, s, e, inner, depth + 1)?;
+                }
+            },
+            _ => reader.skip(number, wire_type, depth)?,
+        }
+    }
+    Ok(())
+}
+
+fn utf8(bytes: &[u8]) -> Result<&str> {
+    std::str::from_utf8(bytes).map_err(|_| Malformed("invalid UTF-8 in a string field"))
+}
+
+/// What the adapter stage reads of one span without parsing it in Python.
+struct SpanRow {
+    resource_index: usize,
+    scope_index: usize,
+    span_index: usize, // within its scope's spans, as the parsed request indexes it
+    trace_id: (usize, usize),
+    span_id: (usize, usize),
+    parent_span_id: (usize, usize),
+    trace_state: (usize, usize),
+    name: (usize, usize),
+    kind: i32,
+    status_code: i32,
+    start_unix_ns: u64,
+    end_unix_ns: u64,
+    payload: (usize, usize),
+    attributes: usize,       // distinct keys, as the view's map counts them
+    duplicate_keys: bool,    // the view's map keeps the last of each: the Python path's bytes differ
+    events: usize,
+}
+
+fn read_span(buf: &[u8], start: usize, end: usize, resource_index: usize, scope_index: usize,
+             span_index: usize, depth: u32) -> Result<SpanRow> {
+    validate(buf, start, end, Msg::Span, depth)?;
+    let mut row = SpanRow {
+        resource_index,
+        scope_index,
+        span_index,
+        trace_id: (start, start),
+        span_id: (start, start),
+        parent_span_id: (start, start),
+        trace_state: (start, start),
+        name: (start, start),
+        kind: 0,
+        status_code: 0,
+        start_unix_ns: 0,
+        end_unix_ns: 0,
+        payload: (start, end),
+        attributes: 0,
+        duplicate_keys: false,
+        events: 0,
+    };
+    let mut keys: Vec<&[u8]> = Vec::new();
+    let mut reader = Reader::new(buf, start, end);
+    // Validated above: every read below succeeds; `?` stays so a slip is an error, never a panic.
+    while !reader.done() {
+        let (number, wire_type) = reader.tag()?;
+        let known = field_of(Msg::Span, number).filter(|f| expected_wire_type(*f) == wire_type);
+        match (number, known) {
+            (1, Some(_)) => row.trace_id = reader.delimited()?,
+            (2, Some(_)) => row.span_id = reader.delimited()?,
+            (3, Some(_)) => row.trace_state = reader.delimited()?,
+            (4, Some(_)) => row.parent_span_id = reader.delimited()?,
+            (5, Some(_)) => row.name = reader.delimited()?,
+            (6, Some(_)) => row.kind = reader.varint()? as u32 as i32,
+            (7, Some(_)) => row.start_unix_ns = reader.fixed(8)?,
+            (8, Some(_)) => row.end_unix_ns = reader.fixed(8)?,
+            (9, Some(_)) => {
+                let (s, e) = reader.delimited()?;
+                let key = entry_key(buf, s, e)?;
+                if keys.contains(&key) {
+                    row.duplicate_keys = true;
+                } else {
+                    keys.push(key);
+                }
+            }
+            (11, Some(_)) => {
+                reader.delimited()?;
+                row.events += 1;
+            }
+            (15, Some(_)) => {
+                // A repeated message field merges: the last code seen in any occurrence wins.
+                let (s, e) = reader.delimited()?;
+                let mut status = Reader::new(buf, s, e);
+                while !status.done() {
+                    let (inner, inner_type) = status.tag()?;
+                    if inner == 3 && inner_type == 0 {
+                        row.status_code = status.varint()? as u32 as i32;
+                    } else {
+                        status.skip(inner, inner_type, depth + 1)?;
+                    }
+                }
+            }
+            _ => reader.skip(number, wire_type, depth)?,
+        }
+    }
+    row.attributes = keys.len();
+    Ok(row)
+}
+
+/// A map entry's key: the last field 1 of the entry, "" without one.
+fn entry_key(buf: &[u8], start: usize, end: usize) -> Result<&[u8]> {
+    let mut key: &[u8] = &[];
+    let mut reader = Reader::new(buf, start, end);
+    while !reader.done() {
+        let (number, wire_type) = reader.tag()?;
+        if number == 1 && wire_type == 2 {
+            let (s, e) = reader.delimited()?;
+            key = &buf[s..e];
+        } else {
+            reader.skip(number, wire_type, 0)?;
+        }
+    }
+    Ok(key)
+}
+
+/// A resource and its scopes, each as its occurrences' bytes concatenated: a message field seen
+/// twice merges, and concatenated messages parse as their merge, as upb reads the request.
+struct Origin {
+    resource: Vec<u8>,
+    scopes: Vec<Vec<u8>>,
+}
+
+fn scan(buf: &[u8]) -> Result<(Vec<Origin>, Vec<SpanRow>)> {
+    let mut origins: Vec<Origin> = Vec::new();
+    let mut spans: Vec<SpanRow> = Vec::new();
+    let mut request = Reader::new(buf, 0, buf.len());
+    while !request.done() {
+        let (number, wire_type) = request.tag()?;
+        if number != 1 || wire_type != 2 {
+            request.skip(number, wire_type, 1)?;
+            continue;
+        }
+        let (rs_start, rs_end) = request.delimited()?;
+        let resource_index = origins.len();
+        let mut origin = Origin { resource: Vec::new(), scopes: Vec::new() };
+        let mut resource_spans = Reader::new(buf, rs_start, rs_end);
+        while !resource_spans.done() {
+            let (number, wire_type) = resource_spans.tag()?;
+            match (number, wire_type) {
+                (1, 2) => {
+                    let (s, e) = resource_spans.delimited()?;
+                    validate(buf, s, e, Msg::Resource, 3)?;
+                    origin.resource.extend_from_slice(&buf[s..e]);
+                }
+                (2, 2) => {
+                    let (s, e) = resource_spans.delimited()?;
+                    let scope_index = origin.scopes.len();
+                    let mut scope_bytes: Vec<u8> = Vec::new();
+                    let mut span_index = 0;
+                    let mut scope_spans = Reader::new(buf, s, e);
+                    while !scope_spans.done() {
+                        let (number, wire_type) = scope_spans.tag()?;
+                        match (number, wire_type) {
+                            (1, 2) => {
+                                let (s, e) = scope_spans.delimited()?;
+                                validate(buf, s, e, Msg::Scope, 4)?;
+                                scope_bytes.extend_from_slice(&buf[s..e]);
+                            }
+                            (2, 2) => {
+                                let (s, e) = scope_spans.delimited()?;
+                                spans.push(read_span(buf, s, e, resource_index, scope_index, span_index, 4)?);
+                                span_index += 1;
+                            }
+                            (3, 2) => {
+                                let (s, e) = scope_spans.delimited()?;
+                                utf8(&buf[s..e])?;
+                            }
+                            _ => scope_spans.skip(number, wire_type, 3)?,
+                        }
+                    }
+                    origin.scopes.push(scope_bytes);
+                }
+                (3, 2) => {
+                    let (s, e) = resource_spans.delimited()?;
+                    utf8(&buf[s..e])?;
+                }
+                _ => resource_spans.skip(number, wire_type, 2)?,
+            }
+        }
+        origins.push(origin);
+    }
+    Ok((origins, spans))
+}
+
+
+// --- stage 1.5: vLLM's request span read in Rust (the bench's most common shape) ------------------
+
+/// One attribute value as the adapters read it; anything else makes the span the Python path's.
+#[derive(Clone, Copy)]
+enum Value<'a> {
+    Str(&'a str),
+    Bool(bool),
+    Int(i64),
+    Double(f64),
+    Other, // array, kvlist, bytes, an index into a string table
+}
+
+/// A span's attributes by key, in the order received.
+type Attributes<'a> = Vec<(&'a [u8], Value<'a>)>;
+
+/// The span's attributes (field 9 entries), or `None` when one is not a plain single value: no
+/// value, two oneof fields, a value message written twice (upb would merge them), a repeated key.
+fn plain_attributes(buf: &[u8], start: usize, end: usize) -> Result<Option<Attributes<'_>>> {
+    let mut out: Attributes = Vec::new();
+    let mut span = Reader::new(buf, start, end);
+    while !span.done() {
+        let (number, wire_type) = span.tag()?;
+        if number != 9 || wire_type != 2 {
+            span.skip(number, wire_type, 0)?;
+            continue;
+        }
+        let (s, e) = span.delimited()?;
+        let mut entry = Reader::new(buf, s, e);
+        let mut key: &[u8] = &[];
+        let mut value: Option<(usize, usize)> = None;
+        while !entry.done() {
+            let (number, wire_type) = entry.tag()?;
+            match (number, wire_type) {
+                (1, 2) => {
+                    let (ks, ke) = entry.delimited()?;
+                    key = &buf[ks..ke];
+                }
+                (2, 2) => {
+                    if value.is_some() {
+                        return Ok(None);
+                    }
+                    value = Some(entry.delimited()?);
+                }
+                _ => entry.skip(number, wire_type, 0)?,
+            }
+        }
+        let Some((vs, ve)) = value else { return Ok(None) };
+        let mut any = Reader::new(buf, vs, ve);
+        let mut found: Option<Value> = None;
+        while !any.done() {
+            let (number, wire_type) = any.tag()?;
+            let read = match (number, wire_type) {
+                (1, 2) => {
+                    let (a, b) = any.delimited()?;
+                    Some(Value::Str(utf8(&buf[a..b])?))
+                }
+                (2, 0) => Some(Value::Bool(any.varint()? != 0)),
+                (3, 0) => Some(Value::Int(any.varint()? as i64)),
+                (4, 1) => Some(Value::Double(f64::from_bits(any.fixed(8)?))),
+                (5..=7, 2) => {
+                    any.delimited()?;
+                    Some(Value::Other)
+                }
+                (8, 0) => {
+                    any.varint()?;
+                    Some(Value::Other)
+                }
+                _ => {
+                    any.skip(number, wire_type, 0)?;
+                    None
+                }
+            };
+            if read.is_some() {
+                if found.is_some() {
+                    return Ok(None);
+                }
+                found = read;
+            }
+        }
+        let Some(found) = found else { return Ok(None) };
+        if out.iter().any(|(k, _)| *k == key) {
+            return Ok(None);
+        }
+        out.push((key, found));
+    }
+    Ok(Some(out))
+}
+
+struct Bail;
+
+fn lookup<'a>(attrs: &[(&[u8], Value<'a>)], key: &str) -> Option<Value<'a>> {
+    attrs.iter().find(|(k, _)| *k == key.as_bytes()).map(|(_, v)| *v)
+}
+
+/// `_number`: a double, or an int as float; a numeric string (Python's `float()` rules) is Python's.
+fn number(attrs: &[(&[u8], Value)], key: &str) -> std::result::Result<Option<f64>, Bail> {
+    match lookup(attrs, key) {
+        None => Ok(None),
+        Some(Value::Double(v)) => Ok(Some(v)),
+        Some(Value::Int(v)) => Ok(Some(v as f64)),
+        Some(_) => Err(Bail),
+    }
+}
+
+/// `_count`: an int; a double (whole-number check) or a string is Python's.
+fn count(attrs: &[(&[u8], Value)], key: &str) -> std::result::Result<Option<i64>, Bail> {
+    match lookup(attrs, key) {
+        None => Ok(None),
+        Some(Value::Int(v)) => Ok(Some(v)),
+        Some(_) => Err(Bail),
+    }
+}
+
+/// `get_str` for a present key: a string, an int in decimal, a bool as true/false; a double
+/// (Python's `repr`) or a composite value is Python's.
+fn text_of(attrs: &[(&[u8], Value)], key: &str) -> std::result::Result<Option<String>, Bail> {
+    match lookup(attrs, key) {
+        None => Ok(None),
+        Some(Value::Str(v)) => Ok(Some(v.to_owned())),
+        Some(Value::Int(v)) => Ok(Some(v.to_string())),
+        Some(Value::Bool(v)) => Ok(Some(if v { "true" } else { "false" }.to_owned())),
+        Some(_) => Err(Bail),
+    }
+}
+
+struct VllmObservation {
+    ttft: Option<f64>,
+    e2e: Option<f64>,
+    queue: Option<f64>,
+    prefill: Option<f64>,
+    decode: Option<f64>,
+    inference: Option<f64>,
+    prompt_tokens: Option<i64>,
+    completion_tokens: Option<i64>,
+    max_tokens: Option<i64>,
+    request_model: Option<String>,
+    response_model: Option<String>,
+    operation_name: Option<String>,
+    server_address: Option<String>,
+    server_port: Option<String>,
+    cached_tokens: Option<i64>,
+}
+
+const LAT: &str = "gen_ai.latency.";
+const READ_USAGE_KEYS: [&[u8]; 5] = [b"gen_ai.usage.prompt_tokens", b"gen_ai.usage.input_tokens",
+    b"gen_ai.usage.completion_tokens", b"gen_ai.usage.output_tokens", b"gen_ai.usage.cache_read.input_tokens"];
+
+/// `classify` for a SERVER span carrying vLLM V1's `e2e` and `time_in_model_inference` (which
+/// `classify` hands to `_vllm` under any name), without events (token events are Python's), not
+/// an error, no finish reasons (their JSON text is Python's): `_vllm`'s reading of it. `Bail`
+/// for anything else, which the Python adapters then read.
+fn read_vllm(attrs: &[(&[u8], Value)]) -> std::result::Result<VllmObservation, Bail> {
+    let key = |k: &str| format!("{LAT}{k}");
+    if lookup(attrs, &key("e2e")).is_none() || lookup(attrs, &key("time_in_model_inference")).is_none()
+        || lookup(attrs, "gen_ai.response.finish_reasons").is_some() {
+        return Err(Bail);
+    }
+    // Usage and per-request metrics keys beyond the ones read below (cache writes, SGLang's cached
+    // tokens, reasoning, vLLM's speculative-decoding object, and whatever a later adapter reads) are
+    // Python's: the core never drops a number the reference would take.
+    if attrs.iter().any(|(k, _)| (k.starts_with(b"gen_ai.usage.") && !READ_USAGE_KEYS.contains(k))
+        || k.starts_with(b"vllm.metrics.")) {
+        return Err(Bail);
+    }
+    let mut prompt = count(attrs, "gen_ai.usage.prompt_tokens")?;
+    if prompt.is_none() {
+        prompt = count(attrs, "gen_ai.usage.input_tokens")?;
+    }
+    let mut completion = count(attrs, "gen_ai.usage.completion_tokens")?;
+    if completion.is_none() {
+        completion = count(attrs, "gen_ai.usage.output_tokens")?;
+    }
+    Ok(VllmObservation {
+        inference: number(attrs, &key("time_in_model_inference"))?,
+        prefill: number(attrs, &key("time_in_model_prefill"))?,
+        ttft: number(attrs, &key("time_to_first_token"))?,
+        e2e: number(attrs, &key("e2e"))?,
+        queue: number(attrs, &key("time_in_queue"))?,
+        decode: number(attrs, &key("time_in_model_decode"))?,
+        prompt_tokens: prompt,
+        completion_tokens: completion,
+        max_tokens: count(attrs, "gen_ai.request.max_tokens")?,
+        request_model: text_of(attrs, "gen_ai.request.model")?,
+        response_model: text_of(attrs, "gen_ai.response.model")?,
+        operation_name: text_of(attrs, "gen_ai.operation.name")?,
+        server_address: text_of(attrs, "server.address")?,
+        server_port: text_of(attrs, "server.port")?,
+        cached_tokens: count(attrs, "gen_ai.usage.cache_read.input_tokens")?,
+    })
+}
+
+/// `buffered_value` of the kept keys present, as (key, value, key, value, ...); `Bail` for a
+/// composite value (Python's `any_value_to_python`).
+fn kept<'py>(py: Python<'py>, attrs: &[(&[u8], Value)], keys: &[String]) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let mut items: Vec<PyObject> = Vec::new();
+    for key in keys {
+        let Some(value) = lookup(attrs, key) else { continue };
+        let object: PyObject = match value {
+            Value::Str(v) => PyString::intern(py, v).into_any().unbind(),
+            Value::Bool(v) => PyBool::new(py, v).to_owned().into_any().unbind(),
+            Value::Int(v) => v.into_pyobject(py)?.into_any().unbind(),
+            Value::Double(v) => v.into_pyobject(py)?.into_any().unbind(),
+            Value::Other => return Ok(None),
+        };
+        items.push(PyString::intern(py, key).into_any().unbind());
+        items.push(object);
+    }
+    Ok(Some(PyTuple::new(py, items)?))
+}
+
+fn vllm_row<'py>(py: Python<'py>, data: &[u8], row: &SpanRow, kept_keys: &[String]) -> PyResult<PyObject> {
+    let none = || py.None();
+    // SERVER, no events, not an error, no repeated key: the only spans read here.
+    if row.kind != 2 || row.events != 0 || row.status_code == 2 || row.duplicate_keys {
+        return Ok(none());
+    }
+    let attrs = match plain_attributes(data, row.payload.0, row.payload.1) {
+        Ok(Some(attrs)) => attrs,
+        Ok(None) => return Ok(none()),
+        Err(Malformed(reason)) => return Err(PyValueError::new_err(reason)),
+    };
+    let Ok(observation) = read_vllm(&attrs) else { return Ok(none()) };
+    let Some(slim) = kept(py, &attrs, kept_keys)? else { return Ok(none()) };
+    let text = |v: &Option<String>| -> PyObject {
+        match v {
+            Some(v) => PyString::intern(py, v).into_any().unbind(),
+            None => py.None(),
+        }
+    };
+    let float = |v: Option<f64>| -> PyResult<PyObject> {
+        Ok(match v {
+            Some(v) => v.into_pyobject(py)?.into_any().unbind(),
+            None => py.None(),
+        })
+    };
+    let int = |v: Option<i64>| -> PyResult<PyObject> {
+        Ok(match v {
+            Some(v) => v.into_pyobject(py)?.into_any().unbind(),
+            None => py.None(),
+        })
+    };
+    let fields: [PyObject; 15] = [
+        float(observation.ttft)?,
+        float(observation.e2e)?,
+        float(observation.queue)?,
+        float(observation.prefill)?,
+        float(observation.decode)?,
+        float(observation.inference)?,
+        int(observation.prompt_tokens)?,
+        int(observation.completion_tokens)?,
+        int(observation.max_tokens)?,
+        text(&observation.request_model),
+        text(&observation.response_model),
+        text(&observation.operation_name),
+        text(&observation.server_address),
+        text(&observation.server_port),
+        int(observation.cached_tokens)?,
+    ];
+    Ok(PyTuple::new(py, [PyTuple::new(py, fields)?.into_any(), slim.into_any()])?.into_any().unbind())
+}
+
+/// `scan(data) -> (origins, spans)`: origins as `[(resource_bytes, [scope_bytes, ...]), ...]` in
+/// request order; spans as tuples `(resource_index, scope_index, span_index, trace_id, span_id, parent_span_id,
+/// kind, status_code, start_unix_ns, end_unix_ns, trace_state, name, payload, attributes,
+/// duplicate_keys, vllm)`; `vllm`, with `kept_keys` given, is `(observation fields, kept attributes)`
+/// for a span `read_vllm` reads, else `None`. Raises `ValueError` for bytes the Python path refuses too.
+#[pyfunction]
+#[pyo3(name = "scan", signature = (data, kept_keys=None))]
+fn py_scan<'py>(py: Python<'py>, data: &[u8], kept_keys: Option<Vec<String>>) -> PyResult<Bound<'py, PyTuple>> {
+    let (origins, rows) = scan(data).map_err(|Malformed(reason)| {
+        PyValueError::new_err(format!("malformed ExportTraceServiceRequest: {reason}"))
+    })?;
+    let origin_list = PyList::empty(py);
+    for origin in &origins {
+        let scopes = PyList::empty(py);
+        for scope in &origin.scopes {
+            scopes.append(PyBytes::new(py, scope))?;
+        }
+        origin_list.append((PyBytes::new(py, &origin.resource), scopes))?;
+    }
+    let span_list = PyList::empty(py);
+    let slice = |range: (usize, usize)| PyBytes::new(py, &data[range.0..range.1]);
+    let text = |range: (usize, usize)| -> PyResult<String> {
+        // Validated UTF-8 already; checked again rather than trusted unchecked.
+        Ok(utf8(&data[range.0..range.1]).map_err(|Malformed(r)| PyValueError::new_err(r))?.to_owned())
+    };
+    for row in &rows {
+        let vllm = match &kept_keys {
+            Some(keys) => vllm_row(py, data, row, keys)?,
+            None => py.None(),
+        };
+        let fields: [PyObject; 16] = [
+            row.resource_index.into_pyobject(py)?.into_any().unbind(),
+            row.scope_index.into_pyobject(py)?.into_any().unbind(),
+            row.span_index.into_pyobject(py)?.into_any().unbind(),
+            slice(row.trace_id).into_any().unbind(),
+            slice(row.span_id).into_any().unbind(),
+            slice(row.parent_span_id).into_any().unbind(),
+            row.kind.into_pyobject(py)?.into_any().unbind(),
+            row.status_code.into_pyobject(py)?.into_any().unbind(),
+            row.start_unix_ns.into_pyobject(py)?.into_any().unbind(),
+            row.end_unix_ns.into_pyobject(py)?.into_any().unbind(),
+            text(row.trace_state)?.into_pyobject(py)?.into_any().unbind(),
+            text(row.name)?.into_pyobject(py)?.into_any().unbind(),
+            slice(row.payload).into_any().unbind(),
+            row.attributes.into_pyobject(py)?.into_any().unbind(),
+            PyBool::new(py, row.duplicate_keys).to_owned().into_any().unbind(),
+            vllm,
+        ];
+        span_list.append(PyTuple::new(py, fields)?)?;
+    }
+    PyTuple::new(py, [origin_list.into_any(), span_list.into_any()])
+}
+
+/// `validate(data) -> None`: the same walk without building anything (the fuzz test's verdicts).
+#[pyfunction]
+#[pyo3(name = "validate")]
+fn py_validate(data: &[u8]) -> PyResult<()> {
+    validate(data, 0, data.len(), Msg::Request, 1)
+        .map_err(|Malformed(reason)| PyValueError::new_err(format!("malformed ExportTraceServiceRequest: {reason}")))
+}
+
+#[pymodule]
+fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_function(wrap_pyfunction!(py_scan, module)?)?;
+    module.add_function(wrap_pyfunction!(py_validate, module)?)?;
+    module.add("MAX_DEPTH", MAX_DEPTH)?;
+    Ok(())
+}

@@ -1,0 +1,668 @@
+"""The compiled core (``otel_llm._core``, ``rust/``) against the Python reference it replaces.
+
+Every engine fixture, every emitter and SGLang capture and a sample of the bench's workload go
+through the adapter stage on both paths (``OTEL_LLM_CORE`` forced per run) and must give the same
+buffered spans, the same counts, and, end to end through a real pipeline with its SQLite store,
+the same ``/metrics`` text and the same store rows. Hostile bytes must get the same verdict from
+the core's decoder as from upb's parse into ``otlp_view`` (the Python path's), and a seeded
+mutation run (bounded count) checks that no input crashes the core or gets another verdict.
+
+Where the two legitimately differ, the comparison says so: the Python path buffers a span as the
+view's re-serialization (upb's map puts attributes in hash order), the core as received, so span
+attributes are compared as a mapping, never as an order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import marshal
+import os
+import random
+import re
+import sqlite3
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+
+from otel_llm.internal import core as native_core
+from otel_llm.pdata.attributes import any_value_to_python
+from otel_llm.pdata.otlp_view import DESCRIPTOR as VIEW_DESCRIPTOR, ExportTraceServiceRequest as ViewRequest
+from otel_llm.processor.llm_metrics import digest as digest_module
+from otel_llm.processor.llm_metrics.digest import AttributeLimits, DigestSettings
+from tests.support import engine_fixtures as F
+
+TESTDATA = Path(__file__).parent / "testdata"
+
+try:
+    from otel_llm import _core as extension  # type: ignore[attr-defined]
+except ImportError as exc:  # pragma: no cover - only on a machine without Rust
+    extension = None
+    if os.environ.get(native_core.REQUIRE_ENV) == "1":
+        raise AssertionError(f"{native_core.REQUIRE_ENV}=1 (make test) but the compiled core does not import: "
+                             f"{exc}; is cargo on PATH at install time?") from None
+
+pytestmark = pytest.mark.skipif(
+    extension is None, reason="the compiled core is not built (no cargo at install): only the Python path exists "
+                              "here, nothing to compare it with")
+
+
+@contextlib.contextmanager
+def implementation(name: str) -> Iterator[None]:
+    saved = native_core._selected
+    native_core._selected = native_core.select(name)
+    try:
+        yield
+    finally:
+        native_core._selected = saved
+
+
+# --- the inputs -----------------------------------------------------------------------------------
+
+def _fixture_requests() -> dict[str, bytes]:
+    requests = {f"fixture:{name}": builder().SerializeToString() for name, builder in F.BUILDERS.items()}
+    requests["fixture:dynamo_request_disagg"] = F.dynamo_request(disaggregated=True).SerializeToString()
+    requests["fixture:llmd_mooncake"] = F.llmd_disaggregated(connector="mooncake").SerializeToString()
+    requests["fixture:trtllm_serve_disaggregated"] = F.trtllm_serve_disaggregated().SerializeToString()
+    variants = {
+        "vllm_llm_request_old_keys": F.vllm_request_span(span_name_style="llm_request", token_keys="old"),
+        "vllm_finish_reasons_array": F.vllm_request_span(finish_reasons_as="array"),
+        "vllm_no_token_events": F.vllm_request_span(token_events=False, cached_tokens=None),
+        "vllm_event_limit": F.vllm_request_span(decode_steps=(0.001,) * 200),
+        # Malformed variants the adapters refuse (counted by reason): the refusal must match too.
+        "vllm_out_of_order_events": F.shift_event(F.vllm_request_span(), "token_generated", 1.0, 1),
+        "vllm_non_numeric_latency": F.set_attr(F.vllm_request_span(span_name_style="llm_request"), "llm_request",
+                                               "gen_ai.latency.e2e", "fast"),
+        "vllm_no_e2e": F.set_attr(F.vllm_request_span(span_name_style="llm_request"), "llm_request",
+                                  "gen_ai.latency.e2e", None),
+        "triton_no_queue_start": F.drop_events(F.triton_request(), ["QUEUE_START"]),
+        "dynamo_without_worker": F.drop_spans(F.dynamo_request(), ["engine.generate"]),
+    }
+    requests.update({f"fixture:{name}": request.SerializeToString() for name, request in variants.items()})
+    return requests
+
+
+def _is_traces(path: Path) -> bool:
+    """The emitters' captures hold their metrics and logs requests too (``*.metrics.N``, ``*.logs.N``)."""
+    return ".metrics." not in path.name and ".logs." not in path.name
+
+
+CAPTURE_FILES = sorted(TESTDATA.rglob("*.binpb"))
+
+
+def _capture_requests() -> dict[str, bytes]:
+    return {f"capture:{path.parent.name}/{path.name}": path.read_bytes() for path in CAPTURE_FILES if _is_traces(path)}
+
+
+def _bench_requests() -> dict[str, bytes]:
+    from bench.workload import generate
+    return {f"bench:{index}": batch.payload for index, batch in enumerate(generate(2, seed=7, min_spans=200,
+                                                                                     max_spans=300))}
+
+
+def _edge_requests() -> dict[str, bytes]:
+    """Shapes the fixtures do not have, built by hand: where a byte-level decoder could go wrong."""
+    base = F.BUILDERS["vllm_request_span"]()
+    out: dict[str, bytes] = {}
+    # A repeated attribute key: the view keeps the last, plain OTLP both.
+    dup = ExportTraceServiceRequest()
+    dup.CopyFrom(base)
+    span = dup.resource_spans[0].scope_spans[0].spans[0]
+    extra = span.attributes.add()
+    extra.key = span.attributes[0].key
+    extra.value.string_value = "second value"
+    out["edge:duplicate_key"] = dup.SerializeToString()
+    # A span over the attribute limits (the settings below: 8 attributes, 64 bytes a value).
+    big = ExportTraceServiceRequest()
+    big.CopyFrom(base)
+    span = big.resource_spans[0].scope_spans[0].spans[0]
+    span.attributes.add(key="long", value=AnyValue(string_value="x" * 500))
+    span.events.add(name="e", time_unix_nano=span.start_time_unix_nano,
+                    attributes=[KeyValue(key=f"k{i}", value=AnyValue(int_value=i)) for i in range(20)])
+    out["edge:over_limits"] = big.SerializeToString()
+    # Fields written twice: scalars take the last, messages (status, resource, scope) merge.
+    twice = ExportTraceServiceRequest()
+    twice.CopyFrom(base)
+    data = bytearray(twice.SerializeToString())
+    resource_spans = twice.resource_spans[0]
+    second = ExportTraceServiceRequest()
+    rs = second.resource_spans.add()
+    rs.resource.attributes.add(key="extra.resource.key", value=AnyValue(string_value="merged"))
+    ss = rs.scope_spans.add()
+    ss.scope.version = "9.9"
+    sp = ss.spans.add()
+    sp.CopyFrom(resource_spans.scope_spans[0].spans[0])
+    sp.span_id = b"\x01" * 8
+    sp.status.CopyFrom(Status(code=Status.STATUS_CODE_ERROR))
+    status_again = Span(status=Status(message="only a message")).SerializeToString()
+    kind_again = Span(kind=Span.SPAN_KIND_CLIENT, name="renamed").SerializeToString()
+    span_bytes = sp.SerializeToString() + status_again + kind_again
+    inner = (_ld(1, rs.resource.SerializeToString()) + _ld(1, b"") +  # the resource twice: merged
+             _ld(2, _ld(1, ss.scope.SerializeToString()) + _ld(2, span_bytes) + _ld(1, b"\x0a\x03abc")))
+    out["edge:fields_twice"] = bytes(data) + _ld(1, inner)
+    # Unknown fields (a future field number) everywhere, and a known field with another wire type.
+    unknown = bytearray(base.SerializeToString())
+    out["edge:unknown_fields"] = bytes(unknown) + _ld(1, _ld(2, _ld(2, Span(name="u").SerializeToString()
+                                                                     + b"\xf8\x01\x05" + b"\x30" + b"\x01"
+                                                                     + b"\x2a\x00")) + b"\xa0\x06\x07")
+    # A negative kind (an overlong 10-byte varint) and an empty request.
+    out["edge:negative_kind"] = _ld(1, _ld(2, _ld(2, _ld(5, b"n") + b"\x30" + b"\xff" * 9 + b"\x01")))
+    out["edge:empty"] = b""
+    out.update(_vllm_v1_variants())
+    return out
+
+
+VLLM_V1 = {  # otel_llm_simulate.emitters.emit_vllm_v1's attributes: what the core reads itself
+    "gen_ai.latency.time_to_first_token": 0.25, "gen_ai.latency.e2e": 1.5, "gen_ai.latency.time_in_queue": 0.05,
+    "gen_ai.usage.prompt_tokens": 120, "gen_ai.usage.completion_tokens": 40,
+    "gen_ai.latency.time_in_model_prefill": 0.2, "gen_ai.latency.time_in_model_decode": 1.2,
+    "gen_ai.latency.time_in_model_inference": 1.4, "gen_ai.request.id": "req-1", "gen_ai.request.max_tokens": 512,
+    "gen_ai.request.model": "llama", "server.port": 8000,
+}
+
+
+def _vllm_v1_request(attributes: dict[str, Any], *, status: int = 0, events: int = 0, trace_state: str = "",
+                     raw_attributes: bytes = b"") -> bytes:
+    request = ExportTraceServiceRequest()
+    rs = request.resource_spans.add()
+    rs.resource.attributes.add(key="service.name", value=AnyValue(string_value="vllm-edge"))
+    span = rs.scope_spans.add().spans.add(
+        trace_id=bytes(range(1, 17)), span_id=b"\x05" * 8, name="llm_request", kind=Span.SPAN_KIND_SERVER,
+        start_time_unix_nano=1_700_000_000_000_000_000, end_time_unix_nano=1_700_000_001_500_000_000,
+        trace_state=trace_state)
+    span.attributes.extend(F.kv(attributes))
+    span.status.code = status
+    for index in range(events):
+        span.events.add(name="token_generated", time_unix_nano=span.start_time_unix_nano + (index + 1) * 1000)
+    data = bytearray(request.SerializeToString())
+    if raw_attributes:  # appended to the one span: re-encode the three enclosing lengths
+        span_bytes = span.SerializeToString() + raw_attributes
+        scope = _ld(2, span_bytes)
+        return _ld(1, _ld(1, rs.resource.SerializeToString()) + _ld(2, scope))
+    return bytes(data)
+
+
+def _vllm_v1_variants() -> dict[str, bytes]:
+    """The shape the core reads itself, and every way out of it (each must match the Python adapter)."""
+    def but(**changes: Any) -> dict[str, Any]:
+        attributes = dict(VLLM_V1)
+        for key, value in changes.items():
+            key = key.replace("__", ".")
+            if value is None:
+                attributes.pop(key, None)
+            else:
+                attributes[key] = value
+        return attributes
+
+    lat = "gen_ai__latency__"
+    variants = {
+        "plain": _vllm_v1_request(VLLM_V1),
+        "int_latency": _vllm_v1_request(but(**{lat + "e2e": 2})),
+        "numeric_string_latency": _vllm_v1_request(but(**{lat + "time_in_queue": " 0.5e-1 "})),
+        "text_latency": _vllm_v1_request(but(**{lat + "e2e": "slow"})),
+        "bool_latency": _vllm_v1_request(but(**{lat + "time_in_model_decode": True})),
+        "whole_double_tokens": _vllm_v1_request(but(gen_ai__usage__prompt_tokens=120.0)),
+        "fractional_double_tokens": _vllm_v1_request(but(gen_ai__usage__prompt_tokens=120.5)),
+        "new_token_keys": _vllm_v1_request(but(gen_ai__usage__prompt_tokens=None, gen_ai__usage__completion_tokens=None,
+                                               gen_ai__usage__input_tokens=7, gen_ai__usage__output_tokens=9)),
+        "double_port": _vllm_v1_request(but(server__port=8000.0)),
+        "bool_model": _vllm_v1_request(but(gen_ai__request__model=True)),
+        "array_model": _vllm_v1_request(but(gen_ai__request__model=["a", "b"])),
+        "cached_and_address": _vllm_v1_request(but(**{"gen_ai__usage__cache_read__input_tokens": 64,
+                                                      "server__address": "10.0.0.1"})),
+        # Keys the Python adapter reads and the core does not: every one sends the span to Python.
+        "cache_write": _vllm_v1_request(but(**{"gen_ai__usage__cache_creation__input_tokens": 16})),
+        "sglang_cached_tokens": _vllm_v1_request(but(**{"gen_ai__usage__cached_tokens": 8})),
+        "reasoning_tokens": _vllm_v1_request(but(**{"gen_ai__usage__reasoning__output_tokens": 5})),
+        "spec_decode": _vllm_v1_request(but(**{"vllm__metrics__speculative_decoding__num_accepted_draft_tokens": 6,
+                                               "vllm__metrics__speculative_decoding__num_draft_tokens": 9,
+                                               "vllm__metrics__speculative_decoding__num_spec_steps": 3})),
+        "spec_decode_incomplete": _vllm_v1_request(but(**{
+            "vllm__metrics__speculative_decoding__num_spec_steps": 3})),
+        "no_inference": _vllm_v1_request(but(**{lat + "time_in_model_inference": None})),
+        "finish_reasons_json": _vllm_v1_request(but(gen_ai__response__finish_reasons='["length"]')),
+        "error_status": _vllm_v1_request(VLLM_V1, status=Status.STATUS_CODE_ERROR),
+        "token_events": _vllm_v1_request(VLLM_V1, events=3),
+        "negative_e2e": _vllm_v1_request(but(**{lat + "e2e": -1.0})),
+        "nan_ttft": _vllm_v1_request(but(**{lat + "time_to_first_token": float("nan")})),
+        "huge_int_latency": _vllm_v1_request(but(**{lat + "e2e": 2**63 - 1})),
+        "kept_key_array": _vllm_v1_request(but(error__type=["x"])),
+        "kept_key_int": _vllm_v1_request(but(gen_ai__response__model=7)),
+        "bad_trace_state": _vllm_v1_request(VLLM_V1, trace_state="ot=th:zz"),
+        "sampled_trace_state": _vllm_v1_request(VLLM_V1, trace_state="ot=th:8"),
+        # An attribute whose value sets two oneof fields (upb keeps the last), and one with no value.
+        "two_oneofs": _vllm_v1_request(VLLM_V1, raw_attributes=_ld(9, _ld(1, b"gen_ai.request.model")
+                                                                   + _ld(2, _ld(1, b"first") + b"\x18\x05"))),
+        "empty_value": _vllm_v1_request(VLLM_V1, raw_attributes=_ld(9, _ld(1, b"gen_ai.operation.name") + _ld(2, b""))),
+        "value_twice": _vllm_v1_request(VLLM_V1, raw_attributes=_ld(9, _ld(1, b"gen_ai.operation.name")
+                                                                    + _ld(2, _ld(1, b"chat")) + _ld(2, b"\x18\x01"))),
+    }
+    return {f"edge:vllm_{name}": data for name, data in variants.items()}
+
+
+def _ld(field: int, payload: bytes) -> bytes:
+    return _varint((field << 3) | 2) + _varint(len(payload)) + payload
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+REQUESTS = {**_fixture_requests(), **_capture_requests(), **_edge_requests()}
+SETTINGS = [
+    DigestSettings(AttributeLimits(256, 16 * 1024), 3600.0,
+                   ("gen_ai.request.model", "gen_ai.response.model", "http.route", "url.path", "error.type"),
+                   frozenset({"first_token"})),
+    DigestSettings(AttributeLimits(8, 64), 3600.0, ("gen_ai.request.model", "error.type"), frozenset()),
+]
+
+
+def test_the_inputs_cover_what_the_brief_names() -> None:
+    kinds = {name.split(":", 1)[0] for name in REQUESTS}
+    assert kinds == {"fixture", "capture", "edge"}
+    with implementation("native"):  # the core reads the plain vLLM V1 span itself, not the Python adapter
+        rows = extension.scan(REQUESTS["edge:vllm_plain"], ("gen_ai.request.model",))[1]
+    assert rows[0][-1] == ((0.25, 1.5, 0.05, 0.2, 1.2, 1.4, 120, 40, 512, "llama", None, None, None, "8000", None),
+                           ("gen_ai.request.model", "llama"))
+    assert sum(name.startswith("capture:") for name in REQUESTS) == sum(map(_is_traces, CAPTURE_FILES)) >= 60
+    assert sum(name.startswith("fixture:") for name in REQUESTS) == len(F.BUILDERS) + 2 + 9  # trtllm_serve_disaggregated is a builder already
+
+
+def test_the_cores_schema_is_the_installed_protos() -> None:
+    """The core knows each field by number; a proto upgrade adding one must fail here, not drift."""
+    expected = {
+        "ExportTraceServiceRequest": {1}, "ResourceSpans": {1, 2, 3}, "Resource": {1, 2, 3}, "EntityRef": {1, 2, 3, 4},
+        "ScopeSpans": {1, 2, 3}, "InstrumentationScope": {1, 2, 3, 4}, "Span": set(range(1, 17)),
+        "AttributesEntry": {1, 2}, "Event": {1, 2, 3, 4}, "Link": {1, 2, 3, 4, 5, 6}, "Status": {2, 3},
+        "KeyValue": {1, 2, 3}, "AnyValue": set(range(1, 9)), "ArrayValue": {1}, "KeyValueList": {1},
+    }  # rust/src/lib.rs field_of(), spelled out
+    seen: dict[str, set[int]] = {}
+
+    def walk(message: Any) -> None:
+        if message.name in seen:
+            return
+        seen[message.name] = {f.number for f in message.fields}
+        for f in message.fields:
+            if f.message_type is not None:
+                walk(f.message_type)
+
+    walk(VIEW_DESCRIPTOR.message_types_by_name["ExportTraceServiceRequest"])
+    assert seen == expected
+
+
+# --- the adapter stage, both paths ----------------------------------------------------------------
+
+def _span_row(span: Any) -> tuple[Any, ...]:
+    parsed = Span.FromString(span.payload)
+    attributes = {kv.key: any_value_to_python(kv.value) for kv in parsed.attributes}
+    del parsed.attributes[:]
+    origin = span.origin
+    return (span.trace_id, span.span_id, span.parent_span_id, span.kind, span.status_code, span.start_unix_ns,
+            span.end_unix_ns, span.trace_state, parsed.SerializeToString(deterministic=True),
+            json.dumps(attributes, sort_keys=True, default=repr), origin.resource.SerializeToString(deterministic=True),
+            origin.scope.SerializeToString(deterministic=True), origin.service_name, origin.resource_strings,
+            span.attrs, span.observation)
+
+
+def _digest(data: bytes, settings: DigestSettings) -> tuple[Any, Any]:
+    try:
+        spans, counts = digest_module.digest_in_process(data, settings)
+    except DecodeError:
+        return "refused", None
+    return [_span_row(s) for s in spans], counts
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=["default_limits", "tight_limits"])
+def test_every_fixture_and_capture_digests_the_same_on_both_paths(settings: DigestSettings) -> None:
+    compared = spans = 0
+    for name, data in {**REQUESTS, **_bench_requests()}.items():
+        with implementation("python"):
+            reference = _digest(data, settings)
+        with implementation("native"):
+            native = _digest(data, settings)
+        assert native[0] == reference[0], name
+        assert native[1] == reference[1], name
+        compared += 1
+        spans += len(reference[0]) if reference[0] != "refused" else 0
+    assert compared == len(REQUESTS) + 2 and spans > 500
+
+
+def test_the_adapter_process_pipe_carries_the_same_on_both_paths() -> None:
+    compared = 0
+    for name, data in REQUESTS.items():
+        results = []
+        for path in ("python", "native"):
+            with implementation(path):
+                try:
+                    # A memoryview, as the adapter process digests a slice of its pipe message.
+                    spans, counts = digest_module.decode(digest_module.digest(memoryview(data), SETTINGS[0]))
+                except DecodeError:
+                    results.append("refused")
+                else:
+                    results.append(([_span_row(s) for s in spans], counts))
+        assert results[0] == results[1], name
+        compared += results[0] != "refused"
+    assert compared == len(REQUESTS)  # every one of them is a valid trace request
+
+
+def test_a_limit_trims_the_same_attributes_on_both_paths() -> None:
+    data = REQUESTS["edge:over_limits"]
+    with implementation("native"):
+        spans, counts = digest_module.digest_in_process(data, SETTINGS[1])
+    assert counts.truncated >= 1
+    kept = Span.FromString(spans[0].payload)
+    # The first 8 attributes in the order received (the Python path's rule), independently listed.
+    received = ExportTraceServiceRequest.FromString(data).resource_spans[0].scope_spans[0].spans[0]
+    assert sorted(kv.key for kv in kept.attributes) == sorted(kv.key for kv in received.attributes[:8])
+    assert all(len(kv.attributes) <= 8 for kv in kept.events)
+
+
+def test_a_span_no_adapter_can_claim_is_buffered_as_received() -> None:
+    request = ExportTraceServiceRequest()
+    span = request.resource_spans.add().scope_spans.add().spans.add(
+        trace_id=b"\x11" * 16, span_id=b"\x22" * 8, name="SELECT users", kind=Span.SPAN_KIND_INTERNAL)
+    for key in ("z", "a", "m"):
+        span.attributes.add(key=key, value=AnyValue(string_value=key))
+    data = request.SerializeToString()
+    with implementation("native"):
+        spans, counts = digest_module.digest_in_process(data, SETTINGS[0])
+    assert counts.passed_through == 1 and spans[0].observation is None
+    assert spans[0].payload == span.SerializeToString()  # the bytes received, attribute order kept
+
+
+# --- hostile input: the same verdict ------------------------------------------------------------
+
+def _python_verdict(data: bytes) -> bool:
+    try:
+        ViewRequest.FromString(data)
+    except DecodeError:
+        return False
+    return True
+
+
+def _native_verdict(data: bytes) -> bool:
+    assert extension is not None
+    try:
+        extension.validate(data)
+    except ValueError:
+        validated = False
+    else:
+        validated = True
+    try:
+        extension.scan(data)
+    except ValueError:
+        scanned = False
+    else:
+        scanned = True
+    assert scanned == validated, data.hex()
+    return validated
+
+
+def _nested_value(depth: int) -> bytes:
+    value = _ld(1, b"x")
+    for _ in range(depth):
+        value = _ld(5, _ld(1, value))  # AnyValue{array_value{values: [value]}}
+    return _ld(1, _ld(2, _ld(2, _ld(5, b"d") + _ld(9, _ld(1, b"k") + _ld(2, value)))))
+
+
+def _mixed_nesting(arrays: int, kvlists: int) -> bytes:
+    """Values nested through arrays (two messages a level) and key-value lists (three a level)."""
+    value = _ld(1, b"x")
+    for _ in range(kvlists):
+        value = _ld(6, _ld(1, _ld(1, b"k") + _ld(2, value)))
+    for _ in range(arrays):
+        value = _ld(5, _ld(1, value))
+    return _ld(1, _ld(2, _ld(2, _ld(5, b"d") + _ld(9, _ld(1, b"k") + _ld(2, value)))))
+
+
+def _group(depth: int, field: int = 9, close: int | None = None) -> bytes:
+    """A group (wire type 3) on a Span field number: unknown there, so skipped, its nesting counted."""
+    body = b""
+    for _ in range(depth):
+        body = _varint((field << 3) | 3) + body + _varint(((close or field) << 3) | 4)
+    return _ld(1, _ld(2, _ld(2, _ld(5, b"d") + body)))
+
+
+def _hostile() -> dict[str, bytes]:
+    valid = REQUESTS["fixture:vllm_request_span"]
+    out = {f"truncated_at_{cut}": valid[:cut] for cut in range(1, len(valid), 7)}
+    out["length_past_end"] = _varint(0x0A) + _varint(1 << 40) + b"abc"
+    out["length_overflows"] = b"\x0a" + b"\xff" * 9 + b"\x01"
+    out["varint_11_bytes"] = _ld(1, _ld(2, _ld(2, b"\x30" + b"\x80" * 10 + b"\x01")))
+    out["tag_over_32_bits"] = b"\x80\x80\x80\x80\x10\x00"
+    out["field_number_0"] = b"\x02\x00"
+    out["wire_type_6"] = b"\x0e"
+    out["wire_type_7"] = b"\x0f"
+    out["end_group_alone"] = b"\x0c"
+    out["wrong_wire_type_resource_spans"] = b"\x08\x01"  # field 1 as a varint: unknown, accepted
+    out["wrong_wire_type_span_name"] = _ld(1, _ld(2, _ld(2, b"\x28\x05")))
+    out["invalid_utf8_name"] = _ld(1, _ld(2, _ld(2, _ld(5, b"\xff\xfe"))))
+    out["invalid_utf8_attribute_key"] = _ld(1, _ld(2, _ld(2, _ld(9, _ld(1, b"\xc3\x28")))))
+    out["invalid_utf8_in_bytes_field"] = _ld(1, _ld(2, _ld(2, _ld(1, b"\xff" * 16))))
+    out["invalid_utf8_in_unknown_field"] = _ld(1, _ld(2, _ld(2, _ld(17, b"\xff"))))
+    out["invalid_utf8_deep_value"] = _ld(1, _ld(2, _ld(2, _ld(9, _ld(2, _ld(6, _ld(1, _ld(1, b"\xff"))))))))
+    out["invalid_utf8_resource"] = _ld(1, _ld(1, _ld(1, _ld(1, b"\xff"))))
+    out["invalid_utf8_scope_name"] = _ld(1, _ld(2, _ld(1, _ld(1, b"\xff"))))
+    for path in CAPTURE_FILES:  # a metrics or logs request sent to the traces endpoint
+        if not _is_traces(path):
+            out[f"not_traces:{path.name}"] = path.read_bytes()
+    out["truncated_fixed64"] = _ld(1, _ld(2, _ld(2, b"\x39\x01\x02")))
+    for depth in (10, 40, 47, 48, 49, 60, 200):
+        out[f"nested_values_{depth}"] = _nested_value(depth)
+    for depth in (1, 2, 50, 94, 95, 96, 97, 98, 120):
+        out[f"nested_groups_{depth}"] = _group(depth)
+    for arrays, kvlists in ((46, 1), (45, 2), (44, 1)):  # one level past, at and below upb's limit
+        out[f"nested_mixed_{arrays}_{kvlists}"] = _mixed_nesting(arrays, kvlists)
+    out["group_mismatched_end"] = _group(1, field=9, close=10)
+    out["group_unterminated"] = _ld(1, _ld(2, _ld(2, b"\x4b")))
+    return out
+
+
+HOSTILE = _hostile()
+
+
+def test_hostile_inputs_get_the_python_paths_verdict() -> None:
+    refused = 0
+    for name, data in HOSTILE.items():
+        reference = _python_verdict(data)
+        assert _native_verdict(data) == reference, name
+        refused += not reference
+    # What upb is known to do with these, stated independently of both implementations.
+    assert _python_verdict(HOSTILE["wrong_wire_type_resource_spans"])
+    assert _python_verdict(HOSTILE["invalid_utf8_in_bytes_field"])
+    assert not _python_verdict(HOSTILE["invalid_utf8_deep_value"])
+    assert _python_verdict(HOSTILE["nested_values_47"]) and not _python_verdict(HOSTILE["nested_values_48"])
+    assert _python_verdict(HOSTILE["nested_mixed_46_1"]) and not _python_verdict(HOSTILE["nested_mixed_45_2"])
+    assert _python_verdict(HOSTILE["nested_groups_97"]) and not _python_verdict(HOSTILE["nested_groups_98"])
+    assert refused >= len(HOSTILE) // 2
+
+
+def test_a_refused_request_is_refused_by_the_adapter_stage_on_both_paths() -> None:
+    for name in ("length_past_end", "invalid_utf8_name", "nested_values_60", "truncated_at_8"):
+        for path in ("python", "native"):
+            with implementation(path):
+                with pytest.raises(DecodeError):
+                    digest_module.digest_in_process(HOSTILE[name], SETTINGS[0])
+
+
+# --- fuzz: seeded mutations, bounded ----------------------------------------------------------------
+
+FUZZ_INPUTS = 20_000  # ~1 s here; the digest on both paths for a quarter of the accepted ones
+
+
+def _mutate(rng: random.Random, data: bytes) -> bytes:
+    buf = bytearray(data)
+    for _ in range(1 if rng.random() < 0.7 else rng.randint(2, 4)):
+        op = rng.randrange(6)
+        if not buf:
+            buf.extend(rng.randbytes(rng.randint(1, 8)))
+            continue
+        at = rng.randrange(len(buf))
+        if op == 0:
+            buf[at] ^= 1 << rng.randrange(8)
+        elif op == 1:
+            buf[at] = rng.choice((0x00, 0x7F, 0x80, 0xFF, 0x0A, 0x12, 0x0B, 0x0C, 0x0E, 0xC3))
+        elif op == 2:
+            del buf[at:at + rng.randint(1, 16)]
+        elif op == 3:
+            buf[at:at] = rng.randbytes(rng.randint(1, 8))
+        elif op == 4:
+            del buf[at:]
+        else:
+            start = rng.randrange(len(buf))
+            buf[at:at] = buf[start:start + rng.randint(1, 64)]
+    return bytes(buf)
+
+
+def test_fuzz_the_decoder_against_upb() -> None:
+    rng = random.Random(25)
+    seeds = [data for name, data in REQUESTS.items() if len(data) < 20_000]
+    seeds += [data for name, data in HOSTILE.items() if not name.startswith("truncated_at_")]
+    accepted = refused = digested = 0
+    started = time.monotonic()
+    for index in range(FUZZ_INPUTS):
+        data = _mutate(rng, rng.choice(seeds))
+        verdict = _python_verdict(data)
+        assert _native_verdict(data) == verdict, f"input {index}: {data.hex()}"
+        if not verdict:
+            refused += 1
+            continue
+        accepted += 1
+        if index % 4 == 0:  # the whole stage on a quarter of the accepted ones: same spans or same failure
+            results = []
+            for path in ("python", "native"):
+                with implementation(path):
+                    try:
+                        results.append(_digest(data, SETTINGS[index % 2]))
+                    except Exception as exc:  # noqa: BLE001 - compared, not hidden
+                        results.append(type(exc).__name__)
+            assert results[0] == results[1], f"input {index}: {data.hex()}"
+            digested += 1
+    elapsed = time.monotonic() - started
+    print(f"fuzz: {FUZZ_INPUTS} inputs ({accepted} accepted, {refused} refused, {digested} digested on both paths) "
+          f"in {elapsed:.1f} s")
+    assert accepted > FUZZ_INPUTS // 20 and refused > FUZZ_INPUTS // 10
+
+
+# --- start-up: which path runs ------------------------------------------------------------------------
+
+def test_the_choice_of_path_is_explicit() -> None:
+    assert native_core.select("python") == (None, "OTEL_LLM_CORE=python")
+    assert native_core.select("native")[0] is extension
+    with pytest.raises(native_core.CoreUnavailable, match="expected one of"):
+        native_core.select("fast")
+
+
+# --- end to end: /metrics and the store's rows ------------------------------------------------------
+
+_CREATED = re.compile(r"^[^ {]*_created[ {]")
+
+
+def _run_pipeline(path: str, requests: list[bytes], workdir: Path) -> tuple[list[str], dict[str, list[Any]]]:
+    """A real ``Service`` (the bench's config: the real loader, factories, ``Pipeline``, the SQLite
+    store) fed ``requests`` as the receivers' worker does, every trace completed, then read back."""
+    from prometheus_client import generate_latest
+
+    from bench.hotpath import build
+
+    workdir.mkdir(parents=True)
+    with implementation(path):
+        service, clock = build(workdir)
+        pipeline = service.pipeline
+        try:
+            for data in requests:
+                pipeline.buffer(data, False)
+            for _ in range(3):  # past the grace, then past the decision wait: every trace is completed
+                clock.now += 60.0
+                pipeline.assembler.tick()
+            for consumer in pipeline.consumers:
+                wait = getattr(consumer, "wait_written", None)
+                if wait is not None:
+                    assert wait(), "the store did not write in time"
+            # Every series but the two that differ by design: which core runs, and when a counter
+            # was created (prometheus_client's ``_created``: the wall clock).
+            metrics = [line for line in generate_latest(service.registry).decode().splitlines()
+                       if "otel_llm_core_info" not in line and not _CREATED.match(line)]
+        finally:
+            store = service.components.get("exporters.store")
+            if store is not None:
+                store.shutdown(5.0)
+    rows: dict[str, list[Any]] = {}
+    databases = sorted(workdir.rglob("*.db")) + sorted(workdir.rglob("*.sqlite*"))
+    assert databases, f"no store database under {workdir}"
+    with sqlite3.connect(databases[0]) as db:
+        for (table,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"):
+            columns = [c[1] for c in db.execute(f"PRAGMA table_info({table})")]
+            found = []
+            for row in db.execute(f"SELECT * FROM {table}"):
+                record = dict(zip(columns, row))
+                record.pop("stored_at", None)  # the wall clock of the write
+                if table == "spans" and record.get("attributes") is not None:
+                    record["attributes"] = json.loads(record["attributes"])  # a mapping: order is not data
+                found.append(json.dumps(record, sort_keys=True, default=repr))
+            rows[table] = sorted(found)
+    return metrics, rows
+
+
+def test_metrics_and_store_rows_are_identical_end_to_end() -> None:
+    requests = [data for name, data in {**REQUESTS, **_bench_requests()}.items() if _python_verdict(data)]
+    with tempfile.TemporaryDirectory(prefix="otel-llm-native-") as tmp:
+        reference_metrics, reference_rows = _run_pipeline("python", requests, Path(tmp) / "python")
+        native_metrics, native_rows = _run_pipeline("native", requests, Path(tmp) / "native")
+    assert native_metrics == reference_metrics
+    assert native_rows == reference_rows
+    # The comparison compared something: requests measured, spans and request records stored.
+    assert any(line.startswith("vllm:e2e_request_latency_seconds_bucket") for line in reference_metrics)
+    assert len(reference_rows.get("spans", [])) > 100 and len(reference_rows.get("requests", [])) > 10
+    samples = [line for line in reference_metrics if not line.startswith("#")]
+    print(f"end to end: {len(requests)} requests, {len(samples)} /metrics samples, "
+          + ", ".join(f"{len(rows)} {table} rows" for table, rows in sorted(reference_rows.items())) + ": 0 differences")
+
+
+@pytest.mark.parametrize("path", ["python", "native"])
+def test_start_up_says_which_path_runs(path: str, caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    from bench.hotpath import build
+
+    caplog.set_level("INFO", logger="otel_llm.service.service")
+    with implementation(path):
+        service, _ = build(tmp_path)
+    try:
+        running = {sample.labels["implementation"]: sample.value
+                   for metric in service.registry.collect() if metric.name == "otel_llm_core_info"
+                   for sample in metric.samples}
+        assert running == {path: 1.0}
+        lines = [r.getMessage() for r in caplog.records if "per-span hot path" in r.getMessage()]
+        assert len(lines) == 1
+        assert ("compiled core" in lines[0]) == (path == "native")
+        assert path != "python" or "OTEL_LLM_CORE=python" in lines[0]
+    finally:
+        store = service.components.get("exporters.store")
+        if store is not None:
+            store.shutdown(5.0)
+
+
+def test_a_required_core_that_does_not_import_refuses_to_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native_core, "_import_extension", lambda: (None, "No module named 'otel_llm._core'"))
+    with pytest.raises(native_core.CoreUnavailable, match="OTEL_LLM_CORE=native but the compiled core does not import"):
+        native_core.select("native")
+    monkeypatch.setenv(native_core.REQUIRE_ENV, "1")
+    with pytest.raises(native_core.CoreUnavailable, match="OTEL_LLM_REQUIRE_NATIVE=1"):
+        native_core.select("auto")
+    monkeypatch.delenv(native_core.REQUIRE_ENV)
+    assert native_core.select("auto") == (None, "the compiled core is not installed (No module named 'otel_llm._core')")
