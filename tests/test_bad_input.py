@@ -3,6 +3,7 @@ reaches a histogram, and the server keeps serving everyone else."""
 
 from __future__ import annotations
 
+import base64
 import gzip
 import json
 import math
@@ -16,6 +17,7 @@ import urllib.request
 
 import grpc
 import pytest
+from google.protobuf import json_format
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -289,7 +291,7 @@ def test_summary_shows_hostile_service_names_inert(server):
     assert "evil\\x1b[2J\\nname" in out.stdout
 
 
-@pytest.mark.parametrize("protocol", ["grpc", "http"])
+@pytest.mark.parametrize("protocol", ["grpc", "http", "http/json"])
 def test_a_90_level_nested_attribute_is_cut_not_a_400(server, protocol):
     """A 90-level nested attribute map on one span of two exceeds the protobuf decoder's depth: the
     value is cut at 16 levels (counted), and both spans are admitted and measured, not the whole
@@ -308,9 +310,15 @@ def test_a_90_level_nested_attribute_is_cut_not_a_400(server, protocol):
     payload = request.SerializeToString()
     if protocol == "grpc":
         grpc_raw(server, payload)
-    else:
+    elif protocol == "http":
         assert http_post(server, payload)[0] == 200
+    else:  # OTLP/JSON: ids in hex, as the spec writes them; the parser's recursion bound was the 400
+        document = json_format.MessageToDict(request)
+        for span in document["resourceSpans"][0]["scopeSpans"][0]["spans"]:
+            for key in ("traceId", "spanId"):
+                span[key] = base64.b64decode(span[key]).hex()
+        assert http_post(server, json.dumps(document).encode(), content_type="application/json")[0] == 200
     scrape = server.wait_for_requests(2)
-    assert scrape.value("otel_llm_receiver_cut_values_total", protocol=protocol) == 1
+    assert scrape.value("otel_llm_receiver_cut_values_total", protocol=protocol.split("/")[0]) == 1
     assert scrape.value("otel_llm_receiver_accepted_spans_total") == 2
     assert scrape.value("otel_llm_receiver_refused_requests_total") == 0

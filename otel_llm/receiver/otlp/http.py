@@ -29,7 +29,7 @@ from otel_llm.receiver.otlp.admission import (
     Admitter,
     request_spans,
 )
-from otel_llm.receiver.otlp.otlpjson import OtlpJsonError, parse_otlp_json
+from otel_llm.receiver.otlp.otlpjson import OtlpJsonError, parse_otlp_json_cutting
 from otel_llm.receiver.otlp.nesting import cut_deep_values, too_deep
 from otel_llm.receiver.otlp.othersignals import PATHS, count_items, new_request, new_response
 from otel_llm.internal.security import TokenCheck, server_ssl_context
@@ -335,7 +335,9 @@ class _Handler(QuietHandler):
         payload: bytes | None = None
         try:
             if content_type == JSON:
-                request = parse_otlp_json(body)
+                request, cuts = parse_otlp_json_cutting(body)
+                if cuts:  # attribute values nested past the decoder's depth: cut there, the rest admitted
+                    self.admitter.cut_values(PROTOCOL, cuts)
             else:
                 request = ExportTraceServiceRequest()
                 payload = body
