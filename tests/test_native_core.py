@@ -278,7 +278,8 @@ def test_the_inputs_cover_what_the_brief_names() -> None:
     assert kinds == {"fixture", "capture", "edge"}
     with implementation("native"):  # the core reads the plain vLLM V1 span itself, not the Python adapter
         rows = extension.scan(REQUESTS["edge:vllm_plain"], ("gen_ai.request.model",))[1]
-    assert rows[0][-1] == ((0.25, 1.5, 0.05, 0.2, 1.2, 1.4, 120, 40, 512, "llama", None, None, None, "8000", None),
+    assert rows[0][-1] == ("vllm_v1",
+                           (0.25, 1.5, 0.05, 0.2, 1.2, 1.4, 120, 40, 512, "llama", None, None, None, "8000", None, None),
                            ("gen_ai.request.model", "llama"))
     assert sum(name.startswith("capture:") for name in REQUESTS) == sum(map(_is_traces, CAPTURE_FILES)) >= 60
     assert sum(name.startswith("fixture:") for name in REQUESTS) == len(F.BUILDERS) + 2 + 9  # trtllm_serve_disaggregated is a builder already

@@ -23,6 +23,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass, fields
 from multiprocessing.connection import Connection
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -32,8 +33,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from otel_llm.pdata.attributes import buffered_value
 from otel_llm.pdata.otlp_view import ExportTraceServiceRequest as ViewRequest, Span as ViewSpan
-from otel_llm.processor.llm_metrics.adapters.engines import classify, may_be_llm
-from otel_llm.pdata.observation import EngineKind, EngineObservation, MalformedSpan
+from otel_llm.processor.llm_metrics.adapters.engines import SGLANG_STAGES, classify, may_be_llm
+from otel_llm.pdata.observation import EngineKind, EngineObservation, MalformedSpan, Part
 from otel_llm.processor.llm_metrics.requests import adjusted_count
 from otel_llm.processor.llm_metrics.segments import derive_timings
 from otel_llm.pdata.spans import FIRST_TOKEN_EVENT, BufferedSpan, Origin
@@ -46,6 +47,7 @@ from google.protobuf.message import DecodeError
 log = logging.getLogger(__name__)
 
 _SERVER = Span.SPAN_KIND_SERVER
+_INTERNAL = Span.SPAN_KIND_INTERNAL
 _OBSERVATION_FIELDS = tuple(f.name for f in fields(EngineObservation))
 _observation_tuple = operator.attrgetter(*_OBSERVATION_FIELDS)
 
@@ -282,7 +284,7 @@ def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, 
     append = spans.append
     view_spans: list[list[Any]] | None = None  # the request as the view, parsed at the first candidate
     for (resource_index, scope_index, span_index, trace_id, span_id, parent_span_id, kind, status_code, start, end,
-         trace_state, name, payload, attribute_count, duplicate_keys, vllm) in rows:
+         trace_state, name, payload, attribute_count, duplicate_keys, read_by_core) in rows:
         span: Any = None
         slim: tuple[Any, ...] = ()
         if duplicate_keys or len(payload) > max_value_bytes or attribute_count > max_attributes:
@@ -297,22 +299,32 @@ def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, 
                     payload = original.SerializeToString()
                     span = ViewSpan.FromString(payload)
         service_name = service_names[resource_index]
-        if span is None and vllm is not None:  # read by the core: vLLM's request span, plain values
-            observation_fields, slim = vllm
-            read = _vllm_observation(*observation_fields)
-            observation: EngineObservation | None = read
+        if span is None and kind == _INTERNAL and name in SGLANG_STAGES:
+            # ``classify`` reads no attribute of an SGLang stage: its name and interval are the part.
+            observation: EngineObservation | None = EngineObservation(
+                engine_kind=EngineKind.SGLANG, adapter=Part.SGLANG_STAGE, part=Part.SGLANG_STAGE, marks=("stage", name))
             attrs = None
-            try:
-                derive_timings(read, max_latency)
-                if trace_state:
-                    adjusted_count(trace_state)
-            except MalformedSpan as exc:
-                refusal = (exc.reason, service_name)
-                malformed[refusal] = malformed.get(refusal, 0) + 1
-                observation, slim = None, ()
+            matched[Part.SGLANG_STAGE] = matched.get(Part.SGLANG_STAGE, 0) + 1
+        elif span is None and read_by_core is not None:  # read by the core (rust/src/lib.rs ``read_shape``)
+            shape, observation_fields, slim = read_by_core
+            attrs = None
+            if shape == "none":  # a candidate ``classify`` claims for no adapter
+                observation = None
                 passed_through += 1
             else:
-                matched[read.adapter] = matched.get(read.adapter, 0) + 1
+                read = _NATIVE_READINGS[shape](*observation_fields)
+                observation = read
+                try:
+                    derive_timings(read, max_latency)
+                    if trace_state:
+                        adjusted_count(trace_state)
+                except MalformedSpan as exc:
+                    refusal = (exc.reason, service_name)
+                    malformed[refusal] = malformed.get(refusal, 0) + 1
+                    observation, slim = None, ()
+                    passed_through += 1
+                else:
+                    matched[read.adapter] = matched.get(read.adapter, 0) + 1
         elif span is None and not may_be_llm(kind, name):
             observation, attrs = None, None
             passed_through += 1
@@ -362,16 +374,61 @@ def _vllm_observation(ttft: float | None, e2e: float | None, queue: float | None
                       decode: float | None, inference: float | None, prompt: int | None, completion: int | None,
                       max_tokens: int | None, request_model: str | None, response_model: str | None,
                       operation: str | None, server_address: str | None, server_port: str | None,
-                      cached: int | None) -> EngineObservation:
+                      cached: int | None, finish_reason: str | None) -> EngineObservation:
     """``adapters.engines._vllm``'s observation from the values the core read (``rust/src/lib.rs``
-    ``read_vllm``: a span with ``time_in_model_inference``, hence ``vllm_v1``; no events, no error,
-    no finish reasons: those spans are the Python adapter's)."""
+    ``read_vllm``: a span with ``time_in_model_inference``, hence ``vllm_v1``; no events, no error:
+    those spans are the Python adapter's)."""
     return EngineObservation(
         engine_kind=EngineKind.VLLM, adapter="vllm_v1", ttft_s=ttft, e2e_s=e2e, queue_s=queue, prefill_s=prefill,
         decode_s=decode, inference_s=inference, prompt_tokens=prompt, completion_tokens=completion,
-        max_tokens=max_tokens, request_model=request_model, response_model=response_model, finish_reason=None,
-        operation_name=operation, provider_name="vllm", server_address=server_address, server_port=server_port,
-        is_error=False, error_type=None, cached_tokens=cached, itl_s=())
+        max_tokens=max_tokens, request_model=request_model, response_model=response_model,
+        finish_reason=finish_reason, operation_name=operation, provider_name="vllm", server_address=server_address,
+        server_port=server_port, is_error=False, error_type=None, cached_tokens=cached, itl_s=())
+
+
+def _sglang_observation(ttft: float | None, e2e: float | None, queue: float | None, decode: float | None,
+                        prompt: int | None, completion: int | None, cached: int | None,
+                        dispatch_to_first: float | None, max_tokens: int | None, request_model: str | None,
+                        response_model: str | None, finish_reason: str | None, is_error: bool,
+                        error_type: str | None) -> EngineObservation:
+    """``adapters.engines._sglang``'s observation from the values the core read (``read_sglang``)."""
+    return EngineObservation(
+        engine_kind=EngineKind.SGLANG, adapter="sglang", ttft_s=ttft, e2e_s=e2e, queue_s=queue, decode_s=decode,
+        prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached,
+        marks=("dispatch_to_first_token_s", dispatch_to_first) if dispatch_to_first is not None else (),
+        max_tokens=max_tokens, request_model=request_model, response_model=response_model,
+        finish_reason=finish_reason, provider_name="sglang", is_error=is_error, error_type=error_type)
+
+
+def _tgi_observation(total: float | None, validation: float | None, queue: float | None, inference: float | None,
+                     operation: str, is_error: bool, error_type: str | None) -> EngineObservation:
+    """``adapters.engines._tgi``'s observation from the values the core read (``read_tgi``)."""
+    return EngineObservation(
+        engine_kind=EngineKind.TGI, adapter="tgi", e2e_s=total, preprocess_s=validation, queue_s=queue,
+        inference_s=inference, operation_name=operation, provider_name="tgi", is_error=is_error,
+        error_type=error_type)
+
+
+def _genai_observation(ttft: float | None, prompt: int | None, completion: int | None, max_tokens: int | None,
+                       request_model: str | None, response_model: str | None, finish_reason: str | None,
+                       operation: str | None, provider: str | None, server_address: str | None,
+                       server_port: str | None, is_error: bool, error_type: str | None, cached: int | None,
+                       cache_written: int | None, reasoning: int | None) -> EngineObservation:
+    """``adapters.engines._genai``'s observation from the values the core read (``read_genai``: no
+    speculative-decoding keys, no events)."""
+    return EngineObservation(
+        engine_kind=EngineKind.GENAI, adapter="genai", ttft_s=ttft, prompt_tokens=prompt,
+        completion_tokens=completion, max_tokens=max_tokens, request_model=request_model,
+        response_model=response_model, finish_reason=finish_reason, operation_name=operation,
+        provider_name=provider, server_address=server_address, server_port=server_port, is_error=is_error,
+        error_type=error_type, may_be_gateway=True, cached_tokens=cached, cache_write_tokens=cache_written,
+        spec_decode=None, reasoning_tokens=reasoning)
+
+
+# The core's shape name -> the observation its fields make (rust/src/lib.rs ``read_shape``).
+_NATIVE_READINGS: dict[str, Callable[..., EngineObservation]] = {
+    "vllm_v1": _vllm_observation, "sglang": _sglang_observation, "tgi": _tgi_observation,
+    "genai": _genai_observation}
 
 
 def _counts(counts: tuple[Any, ...]) -> DigestCounts:
