@@ -157,6 +157,7 @@ def _edge_requests() -> dict[str, bytes]:
     out["edge:negative_kind"] = _ld(1, _ld(2, _ld(2, _ld(5, b"n") + b"\x30" + b"\xff" * 9 + b"\x01")))
     out["edge:empty"] = b""
     out.update(_vllm_v1_variants())
+    out.update(_shape_variants())
     return out
 
 
@@ -248,6 +249,164 @@ def _vllm_v1_variants() -> dict[str, bytes]:
     return {f"edge:vllm_{name}": data for name, data in variants.items()}
 
 
+def _span_request(name: str, kind: int, attributes: dict[str, Any], *, status: int = 0, events: int = 0,
+                  trace_state: str = "") -> bytes:
+    """One span of any name and kind in a request of its own (the shapes stage two reads in Rust)."""
+    request = ExportTraceServiceRequest()
+    rs = request.resource_spans.add()
+    rs.resource.attributes.add(key="service.name", value=AnyValue(string_value="shape-edge"))
+    span = rs.scope_spans.add().spans.add(
+        trace_id=bytes(range(2, 18)), span_id=b"\x06" * 8, name=name, kind=kind,
+        start_time_unix_nano=1_700_000_000_000_000_000, end_time_unix_nano=1_700_000_002_000_000_000,
+        trace_state=trace_state)
+    span.attributes.extend(F.kv(attributes))
+    span.status.code = status
+    for index in range(events):
+        span.events.add(name="exception", time_unix_nano=span.start_time_unix_nano + (index + 1) * 1000,
+                        attributes=F.kv({"exception.type": "openai.RateLimitError"}))
+    return request.SerializeToString()
+
+
+GATEWAY = {  # otel_llm_simulate.emitters.emit_gateway's attributes, with a time to first token
+    "http.request.method": "POST", "http.route": "/v1/chat/completions", "url.path": "/v1/chat/completions",
+    "url.scheme": "http", "http.response.status_code": 200, "server.address": "llm-gateway", "server.port": 4000,
+    "gen_ai.operation.name": "chat", "gen_ai.request.model": "llama", "gen_ai.server.time_to_first_token": 0.3,
+}
+SGLANG_ROOT = {  # emit_sglang's root at the end of a request
+    "rid": "abc", "module": "sglang::request", "gen_ai.usage.completion_tokens": 40,
+    "gen_ai.usage.prompt_tokens": 120, "gen_ai.usage.cached_tokens": 16, "gen_ai.request.id": "abc",
+    "gen_ai.request.max_tokens": 256, "gen_ai.response.model": "deepseek", "gen_ai.response.finish_reasons": '["stop"]',
+    "gen_ai.latency.time_to_first_token": 0.2, "gen_ai.latency.e2e": 1.5, "gen_ai.latency.time_in_model_decode": 1.1,
+    "gen_ai.latency.time_in_model_inference": 1.3, "gen_ai.latency.time_in_model_prefill": 0.25,
+}
+TGI_HANDLER = {  # emit_tgi's handler span on success: Rust Duration Debug text
+    "parameters": "GenerateParameters { .. }", "total_time": "1.502345ms", "validation_time": "120.5µs",
+    "queue_time": "3ms", "inference_time": "1.2s", "time_per_token": "30ms", "seed": "None",
+}
+
+
+def _changed(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    attributes = dict(base)
+    for key, value in changes.items():
+        key = key.replace("__", ".")
+        if value is None:
+            attributes.pop(key, None)
+        else:
+            attributes[key] = value
+    return attributes
+
+
+def _shape_variants() -> dict[str, bytes]:
+    """Stage two's shapes (GenAI gateway/client, SGLang's root and stages, TGI's handler): each read
+    by the core, and each way out of its reading (every one must match the Python adapters)."""
+    server, client, internal = Span.SPAN_KIND_SERVER, Span.SPAN_KIND_CLIENT, Span.SPAN_KIND_INTERNAL
+    error = Status.STATUS_CODE_ERROR
+    gw = "POST /v1/chat/completions"
+    fr = "gen_ai__response__finish_reasons"
+    genai = {
+        "plain": _span_request(gw, server, GATEWAY),
+        "client": _span_request("chat llama", client, _changed(GATEWAY, gen_ai__provider__name="openai",
+                                                               gen_ai__response__model="llama-3")),
+        "internal_named": _span_request("chat llama", internal, GATEWAY),
+        "internal_unnamed": _span_request("handler", internal, GATEWAY),  # may_be_llm: not a candidate
+        "logfire_name": _span_request("Chat completion with 'llama'", internal, GATEWAY),
+        "int_ttft": _span_request(gw, server, _changed(GATEWAY, gen_ai__server__time_to_first_token=1)),
+        "string_ttft": _span_request(gw, server, _changed(GATEWAY, gen_ai__server__time_to_first_token="0.3")),
+        "text_ttft": _span_request(gw, server, _changed(GATEWAY, gen_ai__server__time_to_first_token="soon")),
+        "chunk_ttft_first": _span_request(gw, server, _changed(GATEWAY, gen_ai__response__time_to_first_chunk=0.1)),
+        "error": _span_request(gw, server, _changed(GATEWAY, error__type="500"), status=error),
+        "error_empty_type": _span_request(gw, server, _changed(GATEWAY, error__type=""), status=error),
+        "error_no_type": _span_request(gw, server, GATEWAY, status=error),
+        "error_exception_event": _span_request(gw, server, GATEWAY, status=error, events=1),
+        "error_int_type": _span_request(gw, server, _changed(GATEWAY, error__type=500), status=error),
+        "error_double_type": _span_request(gw, server, _changed(GATEWAY, error__type=5.0), status=error),
+        "usage_all": _span_request(gw, client, _changed(GATEWAY, **{
+            "gen_ai__usage__input_tokens": 10, "gen_ai__usage__prompt_tokens": 11, "gen_ai__usage__output_tokens": 5,
+            "gen_ai__usage__cache_read__input_tokens": 4, "gen_ai__usage__cache_write__input_tokens": 3,
+            "gen_ai__usage__reasoning__output_tokens": 2, "gen_ai__request__max_tokens": 64})),
+        "usage_old_keys": _span_request(gw, client, _changed(GATEWAY, gen_ai__usage__prompt_tokens=11,
+                                                             gen_ai__usage__completion_tokens=6,
+                                                             gen_ai__usage__cache_creation__input_tokens=9)),
+        "usage_unread_key": _span_request(gw, server, _changed(GATEWAY, gen_ai__usage__audio_tokens=3)),
+        "usage_double": _span_request(gw, server, _changed(GATEWAY, gen_ai__usage__input_tokens=10.0)),
+        "usage_string": _span_request(gw, server, _changed(GATEWAY, gen_ai__usage__input_tokens="10")),
+        "spec_decode": _span_request(gw, server, _changed(GATEWAY, **{
+            "vllm__metrics__speculative_decoding__num_spec_steps": 3})),
+        "provider_empty_then_system": _span_request(gw, server, _changed(GATEWAY, gen_ai__provider__name="",
+                                                                         gen_ai__system="openai")),
+        "provider_int": _span_request(gw, server, _changed(GATEWAY, gen_ai__provider__name=7)),
+        "traceloop_type": _span_request("openai.chat", client, _changed(
+            GATEWAY, gen_ai__operation__name=None, llm__request__type="completion")),
+        "traceloop_unknown_type": _span_request("openai.chat", client, _changed(
+            GATEWAY, gen_ai__operation__name=None, llm__request__type="rerank")),
+        "response_model_only": _span_request(gw, server, {"gen_ai.response.model": "m"}),
+        "double_port": _span_request(gw, server, _changed(GATEWAY, server__port=4000.0)),
+        "bool_model": _span_request(gw, server, _changed(GATEWAY, gen_ai__request__model=False)),
+        "array_model": _span_request(gw, server, _changed(GATEWAY, gen_ai__request__model=["a"])),
+        "kept_key_array": _span_request(gw, server, _changed(GATEWAY, http__route=["a"])),
+        "no_genai_keys": _span_request("GET /health", server, {"http.route": "/health", "url.path": "/health"}),
+        "no_attributes": _span_request("GET", client, {}),
+        "triton_name": _span_request("InferRequest", server, GATEWAY),
+        "triton_model_key": _span_request(gw, server, _changed(GATEWAY, triton__model_name="m")),
+        "module_array": _span_request(gw, server, _changed(GATEWAY, module=["sglang::request"])),
+        "module_other": _span_request(gw, server, _changed(GATEWAY, module="auth")),
+        "bad_trace_state": _span_request(gw, server, GATEWAY, trace_state="ot=th:zz"),
+        "negative_ttft": _span_request(gw, server, _changed(GATEWAY, gen_ai__server__time_to_first_token=-1.0)),
+        "finish_json": _span_request(gw, server, _changed(GATEWAY, **{fr: '["length", "stop"]'})),
+        "finish_json_spaced": _span_request(gw, server, _changed(GATEWAY, **{fr: '  [ "length" ,"stop" ]  '})),
+        "finish_json_empty": _span_request(gw, server, _changed(GATEWAY, **{fr: "[]"})),
+        "finish_json_broken": _span_request(gw, server, _changed(GATEWAY, **{fr: '["length"'})),
+        "finish_json_number": _span_request(gw, server, _changed(GATEWAY, **{fr: "[1, \"stop\"]"})),
+        "finish_json_escape": _span_request(gw, server, _changed(GATEWAY, **{fr: '["a\\"b"]'})),
+        "finish_json_tab": _span_request(gw, server, _changed(GATEWAY, **{fr: '\t["stop"]'})),
+        "finish_json_unicode": _span_request(gw, server, _changed(GATEWAY, **{fr: '["arrêt"]'})),
+        "finish_json_trailing": _span_request(gw, server, _changed(GATEWAY, **{fr: '["stop"] x'})),
+        "finish_bare": _span_request(gw, server, _changed(GATEWAY, **{fr: " stop "})),
+        "finish_blank": _span_request(gw, server, _changed(GATEWAY, **{fr: "   "})),
+        "finish_array": _span_request(gw, server, _changed(GATEWAY, **{fr: ["stop"]})),
+    }
+    sglang = {
+        "plain": _span_request(" Req abc", internal, SGLANG_ROOT),
+        "prefill_role": _span_request("prefill Req abc", internal, SGLANG_ROOT),
+        "non_streaming": _span_request(" Req abc", internal, _changed(
+            SGLANG_ROOT, gen_ai__latency__time_in_model_decode=0.0)),
+        "non_streaming_one_token": _span_request(" Req abc", internal, _changed(
+            SGLANG_ROOT, gen_ai__latency__time_in_model_decode=0.0, gen_ai__usage__completion_tokens=1)),
+        "aborted": _span_request(" Req abc", internal, _changed(SGLANG_ROOT, **{fr: '["abort"]'}), status=error),
+        "module_without_e2e": _span_request(" Req abc", internal, _changed(SGLANG_ROOT, gen_ai__latency__e2e=None)),
+        "e2e_on_client": _span_request("call", client, _changed(SGLANG_ROOT, module=None)),
+        "e2e_on_server_without_inference": _span_request("POST", server, _changed(
+            SGLANG_ROOT, gen_ai__latency__time_in_model_inference=None)),
+        "unread_usage_key": _span_request(" Req abc", internal, _changed(
+            SGLANG_ROOT, gen_ai__usage__cache_read__input_tokens=4)),
+        "string_latency": _span_request(" Req abc", internal, _changed(SGLANG_ROOT, gen_ai__latency__e2e="1.5")),
+        "negative_e2e": _span_request(" Req abc", internal, _changed(SGLANG_ROOT, gen_ai__latency__e2e=-1.5)),
+        "stage": _span_request("prefill_forward", internal, {"thread_label": "Scheduler"}),
+        "stage_as_server": _span_request("prefill_forward", server, {}),
+    }
+    tgi = {
+        "generate": _span_request("generate", internal, TGI_HANDLER),
+        "chat": _span_request("chat_completions", internal, TGI_HANDLER),
+        "completions_on_server": _span_request("completions", server, TGI_HANDLER),
+        "inner_no_fields": _span_request("generate_stream", internal, {}),
+        "units": _span_request("generate", internal, _changed(TGI_HANDLER, total_time="12ns", queue_time="7us",
+                                                             validation_time="4μs", inference_time="0.5s")),
+        "spaced_duration": _span_request("generate", internal, _changed(TGI_HANDLER, total_time=" 1.5 ms ")),
+        "trailing_newline": _span_request("generate", internal, _changed(TGI_HANDLER, total_time="1.5ms\n")),
+        "bad_duration": _span_request("generate", internal, _changed(TGI_HANDLER, queue_time="fast")),
+        "two_dots": _span_request("generate", internal, _changed(TGI_HANDLER, queue_time="1.2.3ms")),
+        "no_fraction_digits": _span_request("generate", internal, _changed(TGI_HANDLER, queue_time="1.ms")),
+        "int_duration": _span_request("generate", internal, _changed(TGI_HANDLER, total_time=5)),
+        "minutes": _span_request("generate", internal, _changed(TGI_HANDLER, total_time="1m")),
+        "error_without_fields": _span_request("generate", internal, {}, status=error),
+        "error_with_type": _span_request("generate", internal, {"error.type": "oom"}, status=error),
+        "error_with_event": _span_request("generate", internal, {}, status=error, events=1),
+        "with_e2e": _span_request("generate", internal, _changed(TGI_HANDLER, gen_ai__latency__e2e=1.0)),
+    }
+    return {**{f"edge:genai_{k}": v for k, v in genai.items()}, **{f"edge:sglang_{k}": v for k, v in sglang.items()},
+            **{f"edge:tgi_{k}": v for k, v in tgi.items()}}
+
+
 def _ld(field: int, payload: bytes) -> bytes:
     return _varint((field << 3) | 2) + _varint(len(payload)) + payload
 
@@ -327,6 +486,93 @@ def _digest(data: bytes, settings: DigestSettings) -> tuple[Any, Any]:
     except DecodeError:
         return "refused", None
     return [_span_row(s) for s in spans], counts
+
+
+# What the core reads itself (its shape name) and what it hands to the Python adapters (None): each
+# variant's verdict, set by reading engines.py's rules, so a core that read nothing, or read past a
+# value it cannot reproduce, fails here while the differential test alone would still pass.
+CORE_READS = {
+    **{f"genai_{name}": "genai" for name in (
+        "plain", "client", "internal_named", "logfire_name", "int_ttft", "chunk_ttft_first", "error",
+        "error_empty_type", "error_no_type", "error_int_type", "usage_all", "usage_old_keys",
+        "provider_empty_then_system", "provider_int", "traceloop_type", "traceloop_unknown_type",
+        "response_model_only", "bool_model", "module_other", "bad_trace_state", "negative_ttft", "finish_json",
+        "finish_json_spaced", "finish_json_empty", "finish_bare", "finish_blank")},
+    "genai_no_genai_keys": "none", "genai_no_attributes": "none",
+    **{f"genai_{name}": None for name in (
+        "internal_unnamed", "string_ttft", "text_ttft", "error_exception_event", "error_double_type",
+        "usage_unread_key", "usage_double", "usage_string", "spec_decode", "double_port", "array_model",
+        "kept_key_array", "triton_name", "triton_model_key", "module_array", "finish_json_broken",
+        "finish_json_number", "finish_json_escape", "finish_json_tab", "finish_json_unicode", "finish_json_trailing",
+        "finish_array")},
+    **{f"sglang_{name}": "sglang" for name in (
+        "plain", "prefill_role", "non_streaming", "non_streaming_one_token", "aborted", "module_without_e2e",
+        "e2e_on_client", "negative_e2e")},
+    **{f"sglang_{name}": None for name in (
+        "e2e_on_server_without_inference", "unread_usage_key", "string_latency", "stage")},
+    "sglang_stage_as_server": "none",
+    **{f"tgi_{name}": "tgi" for name in (
+        "generate", "chat", "completions_on_server", "units", "error_without_fields", "error_with_type")},
+    "tgi_inner_no_fields": "none", "tgi_with_e2e": "sglang",
+    **{f"tgi_{name}": None for name in (
+        "spaced_duration", "trailing_newline", "bad_duration", "two_dots", "no_fraction_digits", "int_duration",
+        "minutes", "error_with_event")},
+}
+
+
+def _read_by_core(name: str) -> Any:
+    return extension.scan(REQUESTS[f"edge:{name}"], SETTINGS[0].kept_attribute_keys)[1][0][-1]
+
+
+def test_the_core_reads_stage_twos_shapes_itself_and_hands_the_rest_to_python() -> None:
+    assert set(CORE_READS) == {name.removeprefix("edge:") for name in REQUESTS
+                               if name.startswith(("edge:genai_", "edge:sglang_", "edge:tgi_"))}
+    verdicts = {name: (_read_by_core(name) or (None,))[0] for name in CORE_READS}
+    assert verdicts == CORE_READS
+    # The values, computed from the attributes the variants were built with.
+    route = "/v1/chat/completions"
+    assert _read_by_core("genai_plain")[1:] == (
+        (0.3, None, None, None, "llama", None, None, "chat", None, "llm-gateway", "4000", False, None, None, None, None),
+        ("gen_ai.request.model", "llama", "http.route", route, "url.path", route))
+    assert _read_by_core("genai_usage_all")[1][1:4] == (10, 5, 64)
+    assert _read_by_core("genai_usage_all")[1][13:] == (4, 3, 2)
+    assert _read_by_core("genai_error_empty_type")[1][11:13] == (True, "_OTHER")
+    assert _read_by_core("genai_finish_json_spaced")[1][6] == "length"
+    assert _read_by_core("genai_finish_bare")[1][6] == "stop"
+    assert _read_by_core("genai_traceloop_type")[1][7] == "text_completion"
+    assert _read_by_core("genai_provider_empty_then_system")[1][8] == "openai"
+    assert _read_by_core("sglang_plain")[1] == (0.2, 1.5, None, 1.1, 120, 40, 16, 0.25, 256, None, "deepseek", "stop",
+                                                False, None)
+    assert _read_by_core("sglang_non_streaming")[1][:4] == (None, 1.5, None, None)
+    assert _read_by_core("sglang_aborted")[1][11:] == ("abort", True, "_OTHER")
+    total, validation, queue, inference, operation, is_error, error_type = _read_by_core("tgi_generate")[1]
+    assert (total, validation, queue, inference) == pytest.approx((1.502345e-3, 120.5e-6, 3e-3, 1.2), rel=1e-12)
+    assert (operation, is_error, error_type) == ("text_completion", False, None)
+    assert _read_by_core("tgi_chat")[1][4] == "chat"
+    assert _read_by_core("tgi_units")[1][:4] == pytest.approx((12e-9, 4e-6, 7e-6, 0.5), rel=1e-12)
+    assert _read_by_core("tgi_error_without_fields")[1] == (None, None, None, None, "text_completion", True, "_OTHER")
+
+
+def test_a_request_of_shapes_the_core_reads_is_never_parsed_in_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stage two's point: the bench's requests (vLLM, SGLang, TGI, gateways) never build the view."""
+    parses: list[int] = []
+
+    def counting_view() -> ViewRequest:
+        parses.append(1)
+        return ViewRequest()
+
+    monkeypatch.setattr(digest_module, "ViewRequest", counting_view)
+    bench = _bench_requests()
+    with implementation("native"):
+        for data in bench.values():
+            spans, counts = digest_module.digest_in_process(data, SETTINGS[0])
+            assert len(spans) >= 200 and counts.matched
+        assert parses == []
+        digest_module.digest_in_process(REQUESTS["fixture:triton_request"], SETTINGS[0])  # Python's adapters
+    assert parses == [1]
+    with implementation("python"):  # the reference parses every request
+        digest_module.digest_in_process(next(iter(bench.values())), SETTINGS[0])
+    assert parses == [1, 1]
 
 
 @pytest.mark.parametrize("settings", SETTINGS, ids=["default_limits", "tight_limits"])
