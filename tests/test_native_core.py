@@ -352,6 +352,9 @@ def _shape_variants() -> dict[str, bytes]:
         "module_other": _span_request(gw, server, _changed(GATEWAY, module="auth")),
         "bad_trace_state": _span_request(gw, server, GATEWAY, trace_state="ot=th:zz"),
         "negative_ttft": _span_request(gw, server, _changed(GATEWAY, gen_ai__server__time_to_first_token=-1.0)),
+        "absurd_tokens": _span_request(gw, client, _changed(GATEWAY, gen_ai__usage__output_tokens=10**9)),
+        "negative_tokens": _span_request(gw, client, _changed(GATEWAY, gen_ai__usage__input_tokens=-1)),
+        "absurd_ttft": _span_request(gw, server, _changed(GATEWAY, gen_ai__server__time_to_first_token=1e9)),
         "finish_json": _span_request(gw, server, _changed(GATEWAY, **{fr: '["length", "stop"]'})),
         "finish_json_spaced": _span_request(gw, server, _changed(GATEWAY, **{fr: '  [ "length" ,"stop" ]  '})),
         "finish_json_empty": _span_request(gw, server, _changed(GATEWAY, **{fr: "[]"})),
@@ -381,6 +384,10 @@ def _shape_variants() -> dict[str, bytes]:
             SGLANG_ROOT, gen_ai__usage__cache_read__input_tokens=4)),
         "string_latency": _span_request(" Req abc", internal, _changed(SGLANG_ROOT, gen_ai__latency__e2e="1.5")),
         "negative_e2e": _span_request(" Req abc", internal, _changed(SGLANG_ROOT, gen_ai__latency__e2e=-1.5)),
+        "ttft_after_e2e": _span_request(" Req abc", internal, _changed(SGLANG_ROOT,
+                                                                       gen_ai__latency__time_to_first_token=1.6)),
+        "ttft_within_tolerance": _span_request(" Req abc", internal, _changed(
+            SGLANG_ROOT, gen_ai__latency__time_to_first_token=1.51)),
         "stage": _span_request("prefill_forward", internal, {"thread_label": "Scheduler"}),
         "stage_as_server": _span_request("prefill_forward", server, {}),
     }
@@ -402,6 +409,7 @@ def _shape_variants() -> dict[str, bytes]:
         "error_with_type": _span_request("generate", internal, {"error.type": "oom"}, status=error),
         "error_with_event": _span_request("generate", internal, {}, status=error, events=1),
         "with_e2e": _span_request("generate", internal, _changed(TGI_HANDLER, gen_ai__latency__e2e=1.0)),
+        "absurd_duration": _span_request("generate", internal, _changed(TGI_HANDLER, total_time="5000s")),
     }
     return {**{f"edge:genai_{k}": v for k, v in genai.items()}, **{f"edge:sglang_{k}": v for k, v in sglang.items()},
             **{f"edge:tgi_{k}": v for k, v in tgi.items()}}
@@ -439,7 +447,7 @@ def test_the_inputs_cover_what_the_brief_names() -> None:
         rows = extension.scan(REQUESTS["edge:vllm_plain"], ("gen_ai.request.model",))[1]
     assert rows[0][-1] == ("vllm_v1",
                            (0.25, 1.5, 0.05, 0.2, 1.2, 1.4, 120, 40, 512, "llama", None, None, None, "8000", None, None),
-                           ("gen_ai.request.model", "llama"))
+                           ("gen_ai.request.model", "llama"), False)  # no bounds given: not checked
     assert sum(name.startswith("capture:") for name in REQUESTS) == sum(map(_is_traces, CAPTURE_FILES)) >= 60
     assert sum(name.startswith("fixture:") for name in REQUESTS) == len(F.BUILDERS) + 2 + 9  # trtllm_serve_disaggregated is a builder already
 
@@ -496,7 +504,8 @@ CORE_READS = {
         "plain", "client", "internal_named", "logfire_name", "int_ttft", "chunk_ttft_first", "error",
         "error_empty_type", "error_no_type", "error_int_type", "usage_all", "usage_old_keys",
         "provider_empty_then_system", "provider_int", "traceloop_type", "traceloop_unknown_type",
-        "response_model_only", "bool_model", "module_other", "bad_trace_state", "negative_ttft", "finish_json",
+        "response_model_only", "bool_model", "module_other", "bad_trace_state", "negative_ttft", "absurd_tokens",
+        "negative_tokens", "absurd_ttft", "finish_json",
         "finish_json_spaced", "finish_json_empty", "finish_bare", "finish_blank")},
     "genai_no_genai_keys": "none", "genai_no_attributes": "none",
     **{f"genai_{name}": None for name in (
@@ -507,12 +516,13 @@ CORE_READS = {
         "finish_array")},
     **{f"sglang_{name}": "sglang" for name in (
         "plain", "prefill_role", "non_streaming", "non_streaming_one_token", "aborted", "module_without_e2e",
-        "e2e_on_client", "negative_e2e")},
+        "e2e_on_client", "negative_e2e", "ttft_after_e2e", "ttft_within_tolerance")},
     **{f"sglang_{name}": None for name in (
         "e2e_on_server_without_inference", "unread_usage_key", "string_latency", "stage")},
     "sglang_stage_as_server": "none",
     **{f"tgi_{name}": "tgi" for name in (
-        "generate", "chat", "completions_on_server", "units", "error_without_fields", "error_with_type")},
+        "generate", "chat", "completions_on_server", "units", "error_without_fields", "error_with_type",
+        "absurd_duration")},
     "tgi_inner_no_fields": "none", "tgi_with_e2e": "sglang",
     **{f"tgi_{name}": None for name in (
         "spaced_duration", "trailing_newline", "bad_duration", "two_dots", "no_fraction_digits", "int_duration",
@@ -520,8 +530,11 @@ CORE_READS = {
 }
 
 
-def _read_by_core(name: str) -> Any:
-    return extension.scan(REQUESTS[f"edge:{name}"], SETTINGS[0].kept_attribute_keys)[1][0][-1]
+BOUNDS = (3600.0, 100_000_000, 1e-3, 0.01)  # segments.py's: max latency, max tokens, TTFT's tolerance over e2e
+
+
+def _read_by_core(name: str, bounds: tuple[float, int, float, float] = BOUNDS) -> Any:
+    return extension.scan(REQUESTS[f"edge:{name}"], SETTINGS[0].kept_attribute_keys, bounds)[1][0][-1]
 
 
 def test_the_core_reads_stage_twos_shapes_itself_and_hands_the_rest_to_python() -> None:
@@ -533,7 +546,7 @@ def test_the_core_reads_stage_twos_shapes_itself_and_hands_the_rest_to_python() 
     route = "/v1/chat/completions"
     assert _read_by_core("genai_plain")[1:] == (
         (0.3, None, None, None, "llama", None, None, "chat", None, "llm-gateway", "4000", False, None, None, None, None),
-        ("gen_ai.request.model", "llama", "http.route", route, "url.path", route))
+        ("gen_ai.request.model", "llama", "http.route", route, "url.path", route), True)
     assert _read_by_core("genai_usage_all")[1][1:4] == (10, 5, 64)
     assert _read_by_core("genai_usage_all")[1][13:] == (4, 3, 2)
     assert _read_by_core("genai_error_empty_type")[1][11:13] == (True, "_OTHER")
@@ -551,6 +564,28 @@ def test_the_core_reads_stage_twos_shapes_itself_and_hands_the_rest_to_python() 
     assert _read_by_core("tgi_chat")[1][4] == "chat"
     assert _read_by_core("tgi_units")[1][:4] == pytest.approx((12e-9, 4e-6, 7e-6, 0.5), rel=1e-12)
     assert _read_by_core("tgi_error_without_fields")[1] == (None, None, None, None, "text_completion", True, "_OTHER")
+
+
+def test_the_cores_bounds_check_says_what_derive_timings_says() -> None:
+    """The core's ``valid`` lets the adapter stage skip ``derive_timings``: it must be true exactly
+    where the reference's ``derive_timings`` accepts the observation."""
+    outcomes: dict[bool, int] = {True: 0, False: 0}
+    for name in REQUESTS:
+        if not name.startswith("edge:"):
+            continue
+        for row in extension.scan(REQUESTS[name], SETTINGS[0].kept_attribute_keys, BOUNDS)[1]:
+            read = row[-1]
+            if read is None or read[0] == "none":
+                continue
+            observation = digest_module._NATIVE_READINGS[read[0]](*read[1])
+            try:
+                digest_module.derive_timings(observation, BOUNDS[0])
+                accepted = True
+            except digest_module.MalformedSpan:
+                accepted = False
+            assert read[3] is accepted, name
+            outcomes[accepted] += 1
+    assert outcomes[True] >= 40 and outcomes[False] >= 10, outcomes
 
 
 def test_a_request_of_shapes_the_core_reads_is_never_parsed_in_python(monkeypatch: pytest.MonkeyPatch) -> None:

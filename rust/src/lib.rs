@@ -618,6 +618,38 @@ enum Out {
 struct Reading {
     shape: &'static str,
     fields: Vec<Out>,
+    checked: Option<Checked>,
+}
+
+/// The values `segments.derive_timings` validates, as the observation holds them.
+#[derive(Default)]
+struct Checked {
+    latencies: [Option<f64>; 7], // ttft, e2e, queue, prefill, decode, inference, preprocess
+    prompt: Option<i64>,
+    completion: Option<i64>,
+}
+
+/// `derive_timings`' bounds (segments.py), given by the caller so they are declared once.
+#[derive(Clone, Copy)]
+struct Bounds {
+    max_latency_s: f64,
+    max_tokens: i64,
+    abs_tolerance_s: f64,
+    rel_tolerance: f64,
+}
+
+/// True when `derive_timings` cannot refuse these values (no adapter read here derives prefill or
+/// decode, nor reports a per-token latency): every latency in [0, max] and finite, every token
+/// count in [0, max], TTFT within e2e's tolerance. False sends the observation through
+/// `derive_timings` in Python, which names the refusal (or finds none).
+fn passes(checked: &Checked, bounds: &Bounds) -> bool {
+    let [ttft, e2e, ..] = checked.latencies;
+    checked.latencies.iter().flatten().all(|v| (0.0..=bounds.max_latency_s).contains(v) && *v != f64::INFINITY)
+        && [checked.prompt, checked.completion].iter().flatten().all(|t| (0..=bounds.max_tokens).contains(t))
+        && match (ttft, e2e) {
+            (Some(ttft), Some(e2e)) => ttft <= e2e + (bounds.abs_tolerance_s + bounds.rel_tolerance * e2e),
+            _ => true,
+        }
 }
 
 /// `_first_count`: the first present key's count.
@@ -767,13 +799,17 @@ fn read_vllm(attrs: &[(&[u8], Value)]) -> std::result::Result<Reading, Bail> {
     let lat = |k: &str| format!("{LAT}{k}");
     let prompt = first_count(attrs, &["gen_ai.usage.prompt_tokens", "gen_ai.usage.input_tokens"])?;
     let completion = first_count(attrs, &["gen_ai.usage.completion_tokens", "gen_ai.usage.output_tokens"])?;
-    Ok(Reading { shape: "vllm_v1", fields: vec![
-        Out::Float(number(attrs, &lat("time_to_first_token"))?),
-        Out::Float(number(attrs, &lat("e2e"))?),
-        Out::Float(number(attrs, &lat("time_in_queue"))?),
-        Out::Float(number(attrs, &lat("time_in_model_prefill"))?),
-        Out::Float(number(attrs, &lat("time_in_model_decode"))?),
-        Out::Float(number(attrs, &lat("time_in_model_inference"))?),
+    let latencies = [number(attrs, &lat("time_to_first_token"))?, number(attrs, &lat("e2e"))?,
+        number(attrs, &lat("time_in_queue"))?, number(attrs, &lat("time_in_model_prefill"))?,
+        number(attrs, &lat("time_in_model_decode"))?, number(attrs, &lat("time_in_model_inference"))?, None];
+    let [ttft, e2e, queue, prefill, decode, inference, _] = latencies;
+    Ok(Reading { shape: "vllm_v1", checked: Some(Checked { latencies, prompt, completion }), fields: vec![
+        Out::Float(ttft),
+        Out::Float(e2e),
+        Out::Float(queue),
+        Out::Float(prefill),
+        Out::Float(decode),
+        Out::Float(inference),
         Out::Int(prompt),
         Out::Int(completion),
         Out::Int(count(attrs, "gen_ai.request.max_tokens")?),
@@ -802,12 +838,16 @@ fn read_sglang(status_code: i32, attrs: &[(&[u8], Value)]) -> std::result::Resul
         ttft = None;
         decode = None;
     }
-    Ok(Reading { shape: "sglang", fields: vec![
+    let e2e = number(attrs, &lat("e2e"))?;
+    let queue = number(attrs, &lat("time_in_queue"))?;
+    let prompt = first_count(attrs, &["gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens"])?;
+    let checked = Checked { latencies: [ttft, e2e, queue, None, decode, None, None], prompt, completion };
+    Ok(Reading { shape: "sglang", checked: Some(checked), fields: vec![
         Out::Float(ttft),
-        Out::Float(number(attrs, &lat("e2e"))?),
-        Out::Float(number(attrs, &lat("time_in_queue"))?),
+        Out::Float(e2e),
+        Out::Float(queue),
         Out::Float(decode),
-        Out::Int(first_count(attrs, &["gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens"])?),
+        Out::Int(prompt),
         Out::Int(completion),
         Out::Int(count(attrs, "gen_ai.usage.cached_tokens")?),
         Out::Float(number(attrs, &lat("time_in_model_prefill"))?),
@@ -825,14 +865,18 @@ fn read_tgi(name: &str, status_code: i32, attrs: &[(&[u8], Value)]) -> std::resu
     let total = tgi_duration(attrs, "total_time")?;
     let (is_error, error_type) = error_of(status_code, attrs)?;
     if total.is_none() && !is_error {
-        return Ok(Reading { shape: "none", fields: Vec::new() });
+        return Ok(Reading { shape: "none", fields: Vec::new(), checked: None });
     }
     let operation = if name == "chat_completions" { "chat" } else { "text_completion" };
-    Ok(Reading { shape: "tgi", fields: vec![
+    let validation = tgi_duration(attrs, "validation_time")?;
+    let queue = tgi_duration(attrs, "queue_time")?;
+    let inference = tgi_duration(attrs, "inference_time")?;
+    let checked = Checked { latencies: [None, total, queue, None, None, inference, validation], ..Checked::default() };
+    Ok(Reading { shape: "tgi", checked: Some(checked), fields: vec![
         Out::Float(total),
-        Out::Float(tgi_duration(attrs, "validation_time")?),
-        Out::Float(tgi_duration(attrs, "queue_time")?),
-        Out::Float(tgi_duration(attrs, "inference_time")?),
+        Out::Float(validation),
+        Out::Float(queue),
+        Out::Float(inference),
         Out::Text(Some(operation.to_owned())),
         Out::Flag(is_error || total.is_none()),
         Out::Text(error_type.or_else(|| total.is_none().then(|| "_OTHER".to_owned()))),
@@ -858,10 +902,14 @@ fn read_genai(status_code: i32, attrs: &[(&[u8], Value)]) -> std::result::Result
     } else {
         None
     };
-    Ok(Reading { shape: "genai", fields: vec![
-        Out::Float(first_number(attrs, &["gen_ai.response.time_to_first_chunk", "gen_ai.server.time_to_first_token"])?),
-        Out::Int(first_count(attrs, &["gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens"])?),
-        Out::Int(first_count(attrs, &["gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens"])?),
+    let ttft = first_number(attrs, &["gen_ai.response.time_to_first_chunk", "gen_ai.server.time_to_first_token"])?;
+    let prompt = first_count(attrs, &["gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens"])?;
+    let completion = first_count(attrs, &["gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens"])?;
+    let checked = Checked { latencies: [ttft, None, None, None, None, None, None], prompt, completion };
+    Ok(Reading { shape: "genai", checked: Some(checked), fields: vec![
+        Out::Float(ttft),
+        Out::Int(prompt),
+        Out::Int(completion),
         Out::Int(count(attrs, "gen_ai.request.max_tokens")?),
         Out::Text(text_of(attrs, "gen_ai.request.model")?),
         Out::Text(text_of(attrs, "gen_ai.response.model")?),
@@ -917,7 +965,7 @@ fn read_shape(kind: i32, name: &str, status_code: i32, attrs: &[(&[u8], Value)])
         .any(|k| lookup(attrs, k).is_some()) {
         return read_genai(status_code, attrs);
     }
-    Ok(Reading { shape: "none", fields: Vec::new() })
+    Ok(Reading { shape: "none", fields: Vec::new(), checked: None })
 }
 
 /// `buffered_value` of the kept keys present, as (key, value, key, value, ...); `Bail` for a
@@ -939,8 +987,10 @@ fn kept<'py>(py: Python<'py>, attrs: &[(&[u8], Value)], keys: &[String]) -> PyRe
     Ok(Some(PyTuple::new(py, items)?))
 }
 
-/// `(shape, observation fields, kept attributes)` for a span the core reads, else `None`.
-fn read_row<'py>(py: Python<'py>, data: &[u8], row: &SpanRow, kept_keys: &[String]) -> PyResult<PyObject> {
+/// `(shape, observation fields, kept attributes, valid)` for a span the core reads, else `None`;
+/// `valid`: `derive_timings` cannot refuse the observation (`passes`; false without `bounds`).
+fn read_row<'py>(py: Python<'py>, data: &[u8], row: &SpanRow, kept_keys: &[String], bounds: Option<&Bounds>)
+                 -> PyResult<PyObject> {
     let none = || py.None();
     // No events (token, exception and first-token events are Python's), no repeated key.
     if row.events != 0 || row.duplicate_keys {
@@ -954,6 +1004,10 @@ fn read_row<'py>(py: Python<'py>, data: &[u8], row: &SpanRow, kept_keys: &[Strin
     };
     let Ok(reading) = read_shape(row.kind, name, row.status_code, &attrs) else { return Ok(none()) };
     let Some(slim) = kept(py, &attrs, kept_keys)? else { return Ok(none()) };
+    let valid = match (&reading.checked, bounds) {
+        (Some(checked), Some(bounds)) => passes(checked, bounds),
+        _ => false,
+    };
     let mut fields: Vec<PyObject> = Vec::with_capacity(reading.fields.len());
     for field in reading.fields {
         fields.push(match field {
@@ -965,17 +1019,23 @@ fn read_row<'py>(py: Python<'py>, data: &[u8], row: &SpanRow, kept_keys: &[Strin
         });
     }
     let shape = PyString::intern(py, reading.shape).into_any();
-    Ok(PyTuple::new(py, [shape, PyTuple::new(py, fields)?.into_any(), slim.into_any()])?.into_any().unbind())
+    let valid = PyBool::new(py, valid).to_owned().into_any();
+    Ok(PyTuple::new(py, [shape, PyTuple::new(py, fields)?.into_any(), slim.into_any(), valid])?.into_any().unbind())
 }
 
 /// `scan(data) -> (origins, spans)`: origins as `[(resource_bytes, [scope_bytes, ...]), ...]` in
 /// request order; spans as tuples `(resource_index, scope_index, span_index, trace_id, span_id, parent_span_id,
 /// kind, status_code, start_unix_ns, end_unix_ns, trace_state, name, payload, attributes,
-/// duplicate_keys, read)`; `read`, with `kept_keys` given, is `(shape, observation fields, kept attributes)`
-/// for a span `read_shape` reads, else `None`. Raises `ValueError` for bytes the Python path refuses too.
+/// duplicate_keys, read)`; `read`, with `kept_keys` given, is `(shape, observation fields, kept attributes,
+/// valid)` for a span `read_shape` reads, else `None`; `bounds` are `derive_timings`' (max latency
+/// in s, max tokens, absolute and relative tolerance of TTFT over e2e). Raises `ValueError` for bytes the Python path refuses too.
 #[pyfunction]
-#[pyo3(name = "scan", signature = (data, kept_keys=None))]
-fn py_scan<'py>(py: Python<'py>, data: &[u8], kept_keys: Option<Vec<String>>) -> PyResult<Bound<'py, PyTuple>> {
+#[pyo3(name = "scan", signature = (data, kept_keys=None, bounds=None))]
+fn py_scan<'py>(py: Python<'py>, data: &[u8], kept_keys: Option<Vec<String>>, bounds: Option<(f64, i64, f64, f64)>)
+                -> PyResult<Bound<'py, PyTuple>> {
+    let bounds = bounds.map(|(max_latency_s, max_tokens, abs_tolerance_s, rel_tolerance)| {
+        Bounds { max_latency_s, max_tokens, abs_tolerance_s, rel_tolerance }
+    });
     let (origins, rows) = scan(data).map_err(|Malformed(reason)| {
         PyValueError::new_err(format!("malformed ExportTraceServiceRequest: {reason}"))
     })?;
@@ -995,7 +1055,7 @@ fn py_scan<'py>(py: Python<'py>, data: &[u8], kept_keys: Option<Vec<String>>) ->
     };
     for row in &rows {
         let read = match &kept_keys {
-            Some(keys) => read_row(py, data, row, keys)?,
+            Some(keys) => read_row(py, data, row, keys, bounds.as_ref())?,
             None => py.None(),
         };
         let fields: [PyObject; 16] = [

@@ -36,7 +36,8 @@ from otel_llm.pdata.otlp_view import ExportTraceServiceRequest as ViewRequest, S
 from otel_llm.processor.llm_metrics.adapters.engines import SGLANG_STAGES, classify, may_be_llm
 from otel_llm.pdata.observation import EngineKind, EngineObservation, MalformedSpan, Part
 from otel_llm.processor.llm_metrics.requests import adjusted_count
-from otel_llm.processor.llm_metrics.segments import derive_timings
+from otel_llm.processor.llm_metrics.segments import (
+    ABS_TOLERANCE_S, MAX_TOKENS_PER_REQUEST, REL_TOLERANCE, derive_timings)
 from otel_llm.pdata.spans import FIRST_TOKEN_EVENT, BufferedSpan, Origin
 from otel_llm.processor.llm_metrics.config import LlmMetricsProcessor
 from otel_llm.processor.redaction.config import RedactionProcessor
@@ -242,7 +243,9 @@ def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, 
     if not isinstance(data, bytes):
         data = bytes(data)  # the adapter process's memoryview of its pipe message; the core reads bytes
     try:
-        origin_rows, rows = extension.scan(data, settings.kept_attribute_keys)
+        origin_rows, rows = extension.scan(data, settings.kept_attribute_keys,
+                                           (settings.max_latency_s, MAX_TOKENS_PER_REQUEST, ABS_TOLERANCE_S,
+                                            REL_TOLERANCE))
     except ValueError as exc:  # the same bytes the view's parse refuses (tests/test_native_core.py)
         raise DecodeError(str(exc)) from None
     limits = settings.limits
@@ -306,7 +309,7 @@ def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, 
             attrs = None
             matched[Part.SGLANG_STAGE] = matched.get(Part.SGLANG_STAGE, 0) + 1
         elif span is None and read_by_core is not None:  # read by the core (rust/src/lib.rs ``read_shape``)
-            shape, observation_fields, slim = read_by_core
+            shape, observation_fields, slim, valid = read_by_core
             attrs = None
             if shape == "none":  # a candidate ``classify`` claims for no adapter
                 observation = None
@@ -315,7 +318,8 @@ def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, 
                 read = _NATIVE_READINGS[shape](*observation_fields)
                 observation = read
                 try:
-                    derive_timings(read, max_latency)
+                    if not valid:  # the core's bounds check failed: derive_timings names the refusal
+                        derive_timings(read, max_latency)
                     if trace_state:
                         adjusted_count(trace_state)
                 except MalformedSpan as exc:
