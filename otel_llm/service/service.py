@@ -120,11 +120,13 @@ class Service:
 
     # --- the decision cache and the pending traces across a graceful restart ------------------
 
-    def _handover_path(self) -> Path | None:
+    def _handover_file(self) -> Path | None:
         decisions = self._decisions_path()
-        if decisions is None or not self.config.service.hand_over_pending_traces:
-            return None
-        return decisions.parent / HANDOVER_FILE
+        return None if decisions is None else decisions.parent / HANDOVER_FILE
+
+    def _handover_path(self) -> Path | None:
+        """Where a stop writes its pending traces; None when it decides them instead."""
+        return self._handover_file() if self.config.service.hand_over_pending_traces else None
 
     def _hand_over(self, path: Path, pending: list[PendingTrace]) -> list[PendingTrace]:
         """Write ``pending`` for the next start; returns what was not written (decided now, as without)."""
@@ -135,15 +137,16 @@ class Service:
         return result.not_written or []
 
     def _take_over(self) -> None:
-        path = self._handover_path()
+        # Whatever this run's setting: a handover a previous run wrote is taken, never left unread.
+        path = self._handover_file()
         if path is None:
             return
         read = read_handover(path)
         if read is None:
             return
         if read.damaged:
-            log.error("the previous run's handover %s is damaged: %d traces after the damage are lost", path,
-                      read.damaged)
+            log.error("the previous run's handover %s is damaged: the traces from the damage on are lost", path)
+            self.telemetry.handover_damaged.inc(read.damaged)
         spans = self.pipeline.take_over(read.requests)
         self.telemetry.spans_taken_over.inc(spans)
         log.info("took over %d pending traces (%d spans) from the previous run", len(read.requests), spans)

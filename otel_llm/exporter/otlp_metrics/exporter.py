@@ -64,7 +64,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from otel_llm import __version__
 from otel_llm.exporter.otlp_metrics.config import OtlpMetricsExporter
 from otel_llm.processor.llm_metrics.metrics.definitions import SEGMENT_METRIC
-from otel_llm.processor.llm_metrics.metrics.exponential import ExponentialState
+from otel_llm.processor.llm_metrics.metrics.exponential import ExponentialState, whole_counts
 from otel_llm.processor.llm_metrics.metrics.exposition import OVERFLOW_ATTRIBUTE
 from otel_llm.processor.llm_metrics.metrics.families import Family, HistogramFamily
 from otel_llm.processor.llm_metrics.metrics.recorder import MetricsRecorder
@@ -209,19 +209,22 @@ def build_metrics_data(snapshot: Snapshot, previous: Snapshot | None, start_ns: 
                 if old_state is not None:
                     state = exponential_difference(state, old_state)
                 (positive_offset, positive), (negative_offset, negative) = state.positive.dense(), state.negative.dense()
+                # OTLP: count = zero_count + the buckets, exactly (weights can be fractional).
+                zero, negative_whole, positive_whole = whole_counts(state.zero_count, negative, positive)
                 data_points.append(ExponentialHistogramDataPoint(
                     attributes=_attributes(h.label_names, key), start_time_unix_nano=start, time_unix_nano=now,
-                    count=int(round(count)), sum=float(total), scale=state.scale,
-                    zero_count=int(round(state.zero_count)),
-                    positive=Buckets(positive_offset, [int(round(c)) for c in positive]),
-                    negative=Buckets(negative_offset, [int(round(c)) for c in negative]),
+                    count=zero + sum(negative_whole) + sum(positive_whole), sum=float(total), scale=state.scale,
+                    zero_count=zero,
+                    positive=Buckets(positive_offset, positive_whole),
+                    negative=Buckets(negative_offset, negative_whole),
                     flags=0, min=None, max=None, exemplars=sdk_exemplars))  # type: ignore[arg-type]
                 continue
             # min/max None: not known from buckets. The SDK annotates them float, but its OTLP encoder
             # passes them to the protobuf message, where None leaves the optional fields unset.
+            bucket_counts = whole_counts(0.0, [], list(counts))[2]  # OTLP: count = the buckets' sum, exactly
             data_points.append(HistogramDataPoint(
                 attributes=_attributes(h.label_names, key), start_time_unix_nano=start, time_unix_nano=now,
-                count=int(round(count)), sum=float(total), bucket_counts=[int(round(c)) for c in counts],
+                count=sum(bucket_counts), sum=float(total), bucket_counts=bucket_counts,
                 explicit_bounds=list(series_bounds), min=None, max=None, exemplars=sdk_exemplars))  # type: ignore[arg-type]
         if data_points:
             points += len(data_points)
