@@ -77,10 +77,9 @@ class Service:
             raise OSError(str(exc)) from None
         implementation = native_core.NATIVE if extension is not None else native_core.PYTHON
         self.telemetry.core_info.labels(implementation).set(1)
-        if extension is not None:
-            log.info("per-span hot path: the compiled core (%s)", extension.__file__)
-        else:
-            log.info("per-span hot path: pure Python (%s)", why_python)
+        # Said once the service has started (a start that fails says only why, on one line).
+        self._core_line = (f"per-span hot path: the compiled core ({extension.__file__})" if extension is not None
+                           else f"per-span hot path: pure Python ({why_python})")
         processors = {path.partition(".")[2]: component.config for path, component in self.components.items()
                       if path.startswith("processors.")}
         limiter = processors.get("memory_limiter")
@@ -272,6 +271,7 @@ class Service:
             # Nothing was accepted yet: no grace period to give anyone.
             self.stop(grace_s=0.0)
             raise
+        log.info("%s", self._core_line)
         for exposure in self.exposed_without_token:  # allowed, said once (and on the Status page)
             log.warning("listening beyond loopback without a token: %s", exposure)
         self.ready.set()
