@@ -73,9 +73,22 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+URL_DEFAULT = "http://127.0.0.1:9464"
+
+
 def _validate(args: argparse.Namespace) -> int:
     if args.explain:
+        if args.config is not None:
+            print("otel-llm validate: --explain reads a running instance (--url), not a config file: give one "
+                  "or the other", file=sys.stderr)
+            return EXIT_CONFIG
+        if args.top < 1:
+            print(f"otel-llm validate: --top must be at least 1, got {args.top}", file=sys.stderr)
+            return EXIT_CONFIG
         return _explain(args)
+    if args.top != 3 or args.url != URL_DEFAULT:
+        print("otel-llm validate: --url and --top go with --explain", file=sys.stderr)
+        return EXIT_CONFIG
     if args.config is None:
         print("otel-llm validate: give a config file, or --explain [--url URL] for a running instance", file=sys.stderr)
         return EXIT_CONFIG
@@ -208,7 +221,7 @@ def build_parser(simulate: bool = True) -> argparse.ArgumentParser:
     validate.add_argument("--explain", action="store_true",
                           help="read a running otel-llm's own counters (--url) and name the likeliest reasons numbers "
                                "are missing, each with its section of docs/troubleshooting.md")
-    validate.add_argument("--url", default="http://127.0.0.1:9464",
+    validate.add_argument("--url", default=URL_DEFAULT,
                           help="with --explain: the otel-llm whose /metrics to read (default: %(default)s)")
     validate.add_argument("--top", type=int, default=3, help="with --explain: how many reasons to show (default: 3)")
     validate.set_defaults(func=_validate)

@@ -372,3 +372,36 @@ def test_config_runs_only_what_a_pipeline_lists_and_refuses_the_rest():
     with pytest.raises(ConfigError) as info:
         config_from_dict({"exporters": {"otlp_metrics": {"protocol": "http", "endpoint": "127.0.0.1:4318"}}})
     assert info.value.path == "exporters.otlp_metrics.endpoint"
+
+
+def test_accounting_counters_and_slo_targets_are_pushed_as_on_metrics(tmp_path):
+    """SLO outcomes, unpriced tokens and the SLO target reach exporters.otlp_metrics with the values
+    /metrics shows (a push-only deployment had none of them)."""
+    with MetricsSink() as sink:
+        running = start_server(str(tmp_path / "store"), {
+            "processors": {**FAST["processors"], "llm_metrics": {
+                "slo": {"default": {"e2e": "5s", "target": 0.9}},
+                "cost": {"currency": "USD", "prices": {"a-model-nobody-serves": {"input": 1.0}}}}},
+            "exporters": {"otlp_metrics": {"protocol": "http", "endpoint": f"http://127.0.0.1:{sink.port}",
+                                           "interval": "1h", "timeout": "5s", "retry_on_failure": FAST_RETRY}}})
+        try:
+            p = make_plan(seed=63, rate=5.0, duration_s=10.0)
+            assert run_plan(p, otlp_exporter_factory(f"127.0.0.1:{running.grpc_port}", "grpc"), realtime=False).ok
+            scrape = running.wait_until(lambda s: settled(s, len(p.requests)), timeout_s=60, what="the plan")
+            exporter_of(running).collect_now()
+            (pushed,) = poll(sink.snapshot, lambda r: len(r) >= 1, 20, "an export")[:1]
+        finally:
+            running.stop()
+
+    def total(name: str) -> float:
+        return sum(pt.as_int or pt.as_double for m in metrics_named(pushed, name) for pt in m.sum.data_points)
+
+    def scraped(family: str) -> float:
+        return sum(v for (name, _), v in scrape.samples.items() if name == family)
+
+    slo = scraped("otel_llm_slo_requests_total")
+    assert slo > 0 and total("otel_llm_slo_requests") == slo
+    unpriced = scraped("otel_llm_unpriced_tokens_total")
+    assert unpriced > 0 and total("otel_llm_unpriced_tokens") == unpriced
+    targets = {pt.as_double for m in metrics_named(pushed, "otel_llm_slo_target_ratio") for pt in m.gauge.data_points}
+    assert targets == {0.9}

@@ -919,14 +919,15 @@ def test_metrics_and_store_rows_are_identical_end_to_end() -> None:
 
 @pytest.mark.parametrize("path", ["python", "native"])
 def test_start_up_says_which_path_runs(path: str, caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
-    from bench.hotpath import build
+    """One line once the service has started (a start that fails says only why), and the metric."""
+    from tests.support.otelllm import start_server
 
     caplog.set_level("INFO", logger="otel_llm.service.service")
     with implementation(path):
-        service, _ = build(tmp_path)
+        running_server = start_server(str(tmp_path / "store"))
     try:
         running = {sample.labels["implementation"]: sample.value
-                   for metric in service.registry.collect() if metric.name == "otel_llm_core_info"
+                   for metric in running_server.service.registry.collect() if metric.name == "otel_llm_core_info"
                    for sample in metric.samples}
         assert running == {path: 1.0}
         lines = [r.getMessage() for r in caplog.records if "per-span hot path" in r.getMessage()]
@@ -934,9 +935,7 @@ def test_start_up_says_which_path_runs(path: str, caplog: pytest.LogCaptureFixtu
         assert ("compiled core" in lines[0]) == (path == "native")
         assert path != "python" or "OTEL_LLM_CORE=python" in lines[0]
     finally:
-        store = service.components.get("exporters.store")
-        if store is not None:
-            store.shutdown(5.0)
+        running_server.stop()
 
 
 def test_a_required_core_that_does_not_import_refuses_to_start(monkeypatch: pytest.MonkeyPatch) -> None:

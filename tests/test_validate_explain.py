@@ -123,3 +123,15 @@ def test_explain_says_when_it_cannot_reach_the_instance() -> None:
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert "cannot read http://127.0.0.1:9/metrics" in result.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--explain", "otel-llm.yaml"], "not a config file"),
+    (["--explain", "--top", "0"], "--top must be at least 1"),
+    (["--top", "5", "otel-llm.yaml"], "--url and --top go with --explain"),
+    (["--url", "http://127.0.0.1:9", "otel-llm.yaml"], "--url and --top go with --explain"),
+])
+def test_explain_refuses_options_it_would_ignore(args: list[str], message: str) -> None:
+    result = subprocess.run([sys.executable, "-m", "otel_llm", "validate", *args], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2 and message in result.stderr, result.stderr

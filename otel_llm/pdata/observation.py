@@ -64,6 +64,7 @@ class EngineObservation:
     cache_write_tokens: int | None = None  # prompt tokens written to a cache, where the emitter says
     # (accepted draft tokens, proposed draft tokens, verify steps) of speculative decoding; None where unsaid.
     spec_decode: tuple[int, int, int] | None = None
+    spec_decode_rejected: str | None = None  # why the span's speculative-decoding numbers were not taken
     reasoning_tokens: int | None = None  # output tokens spent reasoning, where a span says
     tpot_s: float | None = None  # a per-request mean inter-token latency the engine reports itself (Dynamo)
     # Per engine step after the first, from vLLM's token_generated events (vllm#32573); () without them.

@@ -13,9 +13,11 @@ them: nothing of them was measured yet (a trace is measured when it is decided).
 The file holds what the intake log would hold: the spans as received, with ``processors.redaction``'s
 rules applied before they are written (no content on disk). Records are ``RECORD`` (length, CRC-32)
 then one ``ExportTraceServiceRequest`` per trace; a damaged record ends the reading, counted in the log.
-The file is read by one start only and then deleted. A replica removed for good leaves it on its
-volume: its traces are measured when a process next starts on that volume, not before (the stop logs
-how many it handed over and where).
+The file is read by one start only and then deleted (whatever that start's own setting). A replica
+removed for good leaves it on its volume: its traces are measured when a process next starts on that
+volume, not before (the stop logs how many it handed over and where). Taken over, the traces are
+pending in the new process like any other: a crash of it before they are decided loses them, as it
+loses any pending trace (the intake log does not cover them).
 """
 
 from __future__ import annotations
@@ -125,6 +127,12 @@ class HandoverRead:
 def read_handover(path: Path) -> HandoverRead | None:
     """The previous stop's handover (deleted once read: one start takes it); None without one."""
     try:
+        size = path.stat().st_size
+        if size > MAX_HANDOVER_BYTES + (1 << 20):
+            log.error("the previous run's handover %s is %d bytes, more than a stop writes: not read, moved "
+                      "to %s", path, size, path.with_suffix(".refused"))
+            os.replace(path, path.with_suffix(".refused"))
+            return HandoverRead([], damaged=1)
         data = path.read_bytes()
     except FileNotFoundError:
         return None

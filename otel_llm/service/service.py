@@ -77,10 +77,9 @@ class Service:
             raise OSError(str(exc)) from None
         implementation = native_core.NATIVE if extension is not None else native_core.PYTHON
         self.telemetry.core_info.labels(implementation).set(1)
-        if extension is not None:
-            log.info("per-span hot path: the compiled core (%s)", extension.__file__)
-        else:
-            log.info("per-span hot path: pure Python (%s)", why_python)
+        # Said once the service has started (a start that fails says only why, on one line).
+        self._core_line = (f"per-span hot path: the compiled core ({extension.__file__})" if extension is not None
+                           else f"per-span hot path: pure Python ({why_python})")
         processors = {path.partition(".")[2]: component.config for path, component in self.components.items()
                       if path.startswith("processors.")}
         limiter = processors.get("memory_limiter")
@@ -120,11 +119,13 @@ class Service:
 
     # --- the decision cache and the pending traces across a graceful restart ------------------
 
-    def _handover_path(self) -> Path | None:
+    def _handover_file(self) -> Path | None:
         decisions = self._decisions_path()
-        if decisions is None or not self.config.service.hand_over_pending_traces:
-            return None
-        return decisions.parent / HANDOVER_FILE
+        return None if decisions is None else decisions.parent / HANDOVER_FILE
+
+    def _handover_path(self) -> Path | None:
+        """Where a stop writes its pending traces; None when it decides them instead."""
+        return self._handover_file() if self.config.service.hand_over_pending_traces else None
 
     def _hand_over(self, path: Path, pending: list[PendingTrace]) -> list[PendingTrace]:
         """Write ``pending`` for the next start; returns what was not written (decided now, as without)."""
@@ -135,15 +136,16 @@ class Service:
         return result.not_written or []
 
     def _take_over(self) -> None:
-        path = self._handover_path()
+        # Whatever this run's setting: a handover a previous run wrote is taken, never left unread.
+        path = self._handover_file()
         if path is None:
             return
         read = read_handover(path)
         if read is None:
             return
         if read.damaged:
-            log.error("the previous run's handover %s is damaged: %d traces after the damage are lost", path,
-                      read.damaged)
+            log.error("the previous run's handover %s is damaged: the traces from the damage on are lost", path)
+            self.telemetry.handover_damaged.inc(read.damaged)
         spans = self.pipeline.take_over(read.requests)
         self.telemetry.spans_taken_over.inc(spans)
         log.info("took over %d pending traces (%d spans) from the previous run", len(read.requests), spans)
@@ -269,6 +271,7 @@ class Service:
             # Nothing was accepted yet: no grace period to give anyone.
             self.stop(grace_s=0.0)
             raise
+        log.info("%s", self._core_line)
         for exposure in self.exposed_without_token:  # allowed, said once (and on the Status page)
             log.warning("listening beyond loopback without a token: %s", exposure)
         self.ready.set()

@@ -108,6 +108,9 @@ class SelfTelemetry:
             "otel_llm_spans_taken_over", "Spans of traces a gracefully stopped predecessor handed over undecided "
             "(service.hand_over_pending_traces), "
             "buffered again at start.", registry=registry)
+        self.handover_damaged = Counter(
+            "otel_llm_handover_damaged_records", "Damaged records found in a predecessor's handover at start: the "
+            "traces from the damage to the end of the file are lost (the log says which file).", registry=registry)
         self.spans_truncated = Counter(
             "otel_llm_spans_truncated", "Spans whose attributes were cut to the configured limits.", registry=registry)
         # What could not be measured, per service, next to the requests it counted (the web view's

@@ -63,8 +63,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from otel_llm import __version__
 from otel_llm.exporter.otlp_metrics.config import OtlpMetricsExporter
-from otel_llm.processor.llm_metrics.metrics.definitions import SEGMENT_METRIC
-from otel_llm.processor.llm_metrics.metrics.exponential import ExponentialState
+from otel_llm.processor.llm_metrics.metrics.definitions import ACCOUNTING_METRICS, SEGMENT_METRIC, SLO_TARGET
+from otel_llm.processor.llm_metrics.metrics.exponential import ExponentialState, whole_counts
 from otel_llm.processor.llm_metrics.metrics.exposition import OVERFLOW_ATTRIBUTE
 from otel_llm.processor.llm_metrics.metrics.families import Family, HistogramFamily
 from otel_llm.processor.llm_metrics.metrics.recorder import MetricsRecorder
@@ -110,6 +110,7 @@ class Snapshot:
     time_ns: int
     histograms: list[_HistogramSnapshot] = field(default_factory=list)
     sums: list[_SumSnapshot] = field(default_factory=list)
+    gauges: list[_SumSnapshot] = field(default_factory=list)  # a value now, not a total (the SLO targets)
 
 
 def take_snapshot(recorder: MetricsRecorder, exponential: tuple[int, int] | None = None) -> Snapshot:
@@ -142,6 +143,16 @@ def take_snapshot(recorder: MetricsRecorder, exponential: tuple[int, int] | None
                                                   names, schema_url, dict(counter.family.series)))
         hist(SEGMENT_METRIC.name, SEGMENT_METRIC.unit, SEGMENT_METRIC.description, recorder.segments.bounds,
              recorder.segment_label_names, recorder.segments, "")
+        accounting = recorder.accounting
+        if accounting is not None:  # tenant tokens, cost, SLO outcomes and targets, as on /metrics
+            for spec in ACCOUNTING_METRICS:
+                if spec.kind == "counter":
+                    snapshot.sums.append(_SumSnapshot(spec.name, spec.unit, spec.description, spec.label_names, "",
+                                                      dict(accounting.families[spec.name].series)))
+            if accounting.targets:
+                snapshot.gauges.append(_SumSnapshot(
+                    SLO_TARGET.name, SLO_TARGET.unit, SLO_TARGET.description, SLO_TARGET.label_names, "",
+                    {(model,): target for model, target in accounting.targets.items()}))
     return snapshot
 
 
@@ -165,6 +176,7 @@ def build_metrics_data(snapshot: Snapshot, previous: Snapshot | None, start_ns: 
         Buckets,
         ExponentialHistogram,
         ExponentialHistogramDataPoint,
+        Gauge,
         Histogram,
         HistogramDataPoint,
         Metric,
@@ -209,19 +221,22 @@ def build_metrics_data(snapshot: Snapshot, previous: Snapshot | None, start_ns: 
                 if old_state is not None:
                     state = exponential_difference(state, old_state)
                 (positive_offset, positive), (negative_offset, negative) = state.positive.dense(), state.negative.dense()
+                # OTLP: count = zero_count + the buckets, exactly (weights can be fractional).
+                zero, negative_whole, positive_whole = whole_counts(state.zero_count, negative, positive)
                 data_points.append(ExponentialHistogramDataPoint(
                     attributes=_attributes(h.label_names, key), start_time_unix_nano=start, time_unix_nano=now,
-                    count=int(round(count)), sum=float(total), scale=state.scale,
-                    zero_count=int(round(state.zero_count)),
-                    positive=Buckets(positive_offset, [int(round(c)) for c in positive]),
-                    negative=Buckets(negative_offset, [int(round(c)) for c in negative]),
+                    count=zero + sum(negative_whole) + sum(positive_whole), sum=float(total), scale=state.scale,
+                    zero_count=zero,
+                    positive=Buckets(positive_offset, positive_whole),
+                    negative=Buckets(negative_offset, negative_whole),
                     flags=0, min=None, max=None, exemplars=sdk_exemplars))  # type: ignore[arg-type]
                 continue
             # min/max None: not known from buckets. The SDK annotates them float, but its OTLP encoder
             # passes them to the protobuf message, where None leaves the optional fields unset.
+            bucket_counts = whole_counts(0.0, [], list(counts))[2]  # OTLP: count = the buckets' sum, exactly
             data_points.append(HistogramDataPoint(
                 attributes=_attributes(h.label_names, key), start_time_unix_nano=start, time_unix_nano=now,
-                count=int(round(count)), sum=float(total), bucket_counts=[int(round(c)) for c in counts],
+                count=sum(bucket_counts), sum=float(total), bucket_counts=bucket_counts,
                 explicit_bounds=list(series_bounds), min=None, max=None, exemplars=sdk_exemplars))  # type: ignore[arg-type]
         if data_points:
             points += len(data_points)
@@ -242,6 +257,12 @@ def build_metrics_data(snapshot: Snapshot, previous: Snapshot | None, start_ns: 
             points += len(number_points)
             metrics.setdefault(s.schema_url, []).append(Metric(s.name, s.description, s.unit,
                                            Sum(number_points, temporality, is_monotonic=True)))
+    for g in snapshot.gauges:  # a gauge's value is the same in either temporality
+        gauge_points = [NumberDataPoint(attributes=_attributes(g.label_names, key), start_time_unix_nano=start,
+                                        time_unix_nano=now, value=float(value)) for key, value in g.series.items()]
+        if gauge_points:
+            points += len(gauge_points)
+            metrics.setdefault(g.schema_url, []).append(Metric(g.name, g.description, g.unit, Gauge(gauge_points)))
     scopes = [ScopeMetrics(InstrumentationScope("otel_llm", __version__, schema_url or None), scope_metrics,
                            schema_url)
               for schema_url, scope_metrics in sorted(metrics.items(), reverse=True)]

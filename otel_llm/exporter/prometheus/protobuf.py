@@ -26,6 +26,7 @@ from typing import Any
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from prometheus_client.metrics_core import Metric
 
+from otel_llm.processor.llm_metrics.metrics.exponential import whole_counts
 from otel_llm.processor.llm_metrics.metrics.exposition import NativeHistogramMetric
 
 CONTENT_TYPE = "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited"
@@ -116,16 +117,14 @@ def _labels(metric: Any, labels: dict[str, str]) -> None:
         pair.name, pair.value = name, value
 
 
-def _spans(state_buckets: tuple[int, list[float]], target: Any, spans_field: str, deltas_field: str) -> None:
+def _spans(offset: int, counts: list[int], target: Any, spans_field: str, deltas_field: str) -> None:
     """Sparse buckets: runs of non-empty buckets as spans (offset = gap from the previous run's end),
     counts as deltas from the previous bucket."""
-    offset, counts = state_buckets
     spans, deltas = getattr(target, spans_field), getattr(target, deltas_field)
     previous_end = None
     previous_count = 0
     index = offset + 1  # OTel index -> Prometheus index
-    for count in counts:
-        whole = int(round(count))
+    for whole in counts:
         if whole > 0:
             if previous_end is None or index != previous_end:
                 span = spans.add()
@@ -166,9 +165,13 @@ def _histogram(family: Any, metric: Metric) -> None:
         if state is not None and MIN_SCHEMA <= state.scale <= MAX_SCHEMA:
             histogram.schema = state.scale
             histogram.zero_threshold = 0.0
-            histogram.zero_count = int(round(state.zero_count))
-            _spans(state.positive.dense(), histogram, "positive_span", "positive_delta")
-            _spans(state.negative.dense(), histogram, "negative_span", "negative_delta")
+            (negative_offset, negative), (positive_offset, positive) = state.negative.dense(), state.positive.dense()
+            zero, negative_whole, positive_whole = whole_counts(state.zero_count, negative, positive)
+            histogram.zero_count = zero
+            _spans(positive_offset, positive_whole, histogram, "positive_span", "positive_delta")
+            _spans(negative_offset, negative_whole, histogram, "negative_span", "negative_delta")
+            # Prometheus refuses a native histogram whose buckets hold more than its count.
+            histogram.sample_count = max(histogram.sample_count, zero + sum(negative_whole) + sum(positive_whole))
             if not histogram.positive_span:
                 # The spec's "no-op span": without it an empty native histogram reads as a classic one.
                 histogram.positive_span.add(offset=0, length=0)

@@ -164,6 +164,8 @@ class LlmMetricsProcessor:
             if dim.name.startswith("__") or dim.name in (reserved := reserved or _reserved_label_names()):
                 raise ConfigError(f"{where}.name",
                                   f"{dim.name!r} is a label the metrics have already (or Prometheus reserves)")
+            if self.lora_adapters and dim.name == "adapter":
+                raise ConfigError(f"{where}.name", "'adapter' is the label of the LoRA adapter counters (lora_adapters)")
             seen.add(dim.name)
             if not dim.attribute:
                 raise ConfigError(f"{where}.attribute", "required")
@@ -239,7 +241,7 @@ def _reserved_label_names() -> set[str]:
     would give series with a duplicate label, which Prometheus rejects with the whole scrape."""
     from otel_llm.processor.llm_metrics.metrics import definitions
 
-    names = {"le", "quantile", "segment", "finished_reason", "adapter"}
+    names = {"le", "quantile", "segment", "finished_reason"}
     namings = [definitions.genai_naming(), definitions.own_naming(), definitions.vllm_naming(1)]
     namings += [definitions.genai_client_naming(version) for version in definitions.GENAI_VERSIONS]
     for naming in namings:

@@ -540,6 +540,8 @@ def _read_cache_and_spec(record: RequestRecord, obs: EngineObservation, lookup: 
 
     A count the request's own prompt cannot hold is rejected (counted), never observed."""
     cached, written, spec = record.cached_tokens, obs.cache_write_tokens, obs.spec_decode
+    if obs.spec_decode_rejected:
+        rejected.append(obs.spec_decode_rejected)
     for span in lookup:
         if cached is not None and written is not None and spec is not None:
             break

@@ -113,11 +113,20 @@ def parse_otlp_json_cutting(body: bytes) -> tuple[ExportTraceServiceRequest, int
                 _hex_ids_to_base64(span)
                 for link in _objects(span.get("links"), "links"):
                     _hex_ids_to_base64(link)
-    cut = _cut_in_request(_objects(resource_spans, "resourceSpans"))
-    request = ExportTraceServiceRequest()
-    try:
-        json_format.ParseDict(document, request, ignore_unknown_fields=True, max_recursion_depth=64)
-    except (json_format.ParseError, binascii.Error, TypeError, ValueError, AttributeError, KeyError,
-            RecursionError) as exc:
-        raise OtlpJsonError(f"not an ExportTraceServiceRequest: {exc}") from None
+    cut = 0
+    for attempt in range(2):
+        request = ExportTraceServiceRequest()
+        try:
+            json_format.ParseDict(document, request, ignore_unknown_fields=True, max_recursion_depth=64)
+            break
+        except json_format.ParseError as exc:
+            # Only values the parser cannot take are cut, as on the protobuf path (upb's depth), so a
+            # span keeps the same attributes whichever encoding brought it.
+            if attempt or "too deep" not in str(exc):
+                raise OtlpJsonError(f"not an ExportTraceServiceRequest: {exc}") from None
+            cut = _cut_in_request(_objects(resource_spans, "resourceSpans"))
+            if not cut:
+                raise OtlpJsonError(f"not an ExportTraceServiceRequest: {exc}") from None
+        except (binascii.Error, TypeError, ValueError, AttributeError, KeyError, RecursionError) as exc:
+            raise OtlpJsonError(f"not an ExportTraceServiceRequest: {exc}") from None
     return request, cut

@@ -59,3 +59,19 @@ def test_fast_index_is_the_sdk_mapping():
         factor = math.ldexp(1 / math.log(2), scale)
         for value in values:
             assert fast_index(value, scale, factor, mapping) == mapping.map_to_index(value), (scale, value)
+
+
+def test_weighted_counts_become_integers_that_add_up_to_the_rounded_total():
+    """Sampled spans weigh 1.6 each: three per bucket rounded one by one give 2 + 2 + 2 = 6 > 5, a
+    point whose buckets hold more than its count (OTLP forbids it, Prometheus refuses the native
+    histogram). Rounded on the running total they give 5, each bucket within 1 of its weight."""
+    from otel_llm.processor.llm_metrics.metrics.exponential import whole_counts
+
+    weights = [1.6, 1.6, 1.6]
+    assert sum(round(w) for w in weights) == 6
+    zero, negative, positive = whole_counts(0.0, [], weights)
+    assert (zero, negative) == (0, []) and sum(positive) == 5
+    assert all(abs(whole - weight) < 1 for whole, weight in zip(positive, weights))
+    zero, negative, positive = whole_counts(0.7, [1.6, 0.2], [0.3, 2.9])
+    assert zero + sum(negative) + sum(positive) == round(0.7 + 1.6 + 0.2 + 0.3 + 2.9)
+    assert min([zero, *negative, *positive]) >= 0

@@ -171,7 +171,7 @@ def _vllm(span: Span, attrs: AttrMap) -> EngineObservation:
     completion = _count(attrs, "gen_ai.usage.completion_tokens")
     if completion is None:
         completion = _count(attrs, "gen_ai.usage.output_tokens")
-    cached, written, spec = _cache_and_spec(attrs)
+    cached, written, spec, spec_problem = _cache_and_spec(attrs)
     return EngineObservation(
         engine_kind=EngineKind.VLLM,
         adapter="vllm_v1" if v1 else "vllm_v0",
@@ -196,6 +196,7 @@ def _vllm(span: Span, attrs: AttrMap) -> EngineObservation:
         cached_tokens=cached,
         cache_write_tokens=written,
         spec_decode=spec,
+        spec_decode_rejected=spec_problem,
         itl_s=itl,
     )
 
@@ -376,7 +377,7 @@ def _tgi(span: Span, attrs: AttrMap) -> EngineObservation | None:
 def _genai(span: Span, attrs: AttrMap) -> EngineObservation:
     is_error, error_type = _error_of(span, attrs)
     finish = _finish_reason(attrs)
-    cached, written, spec = _cache_and_spec(attrs)
+    cached, written, spec, spec_problem = _cache_and_spec(attrs)
     return EngineObservation(
         engine_kind=EngineKind.GENAI,
         adapter="genai",
@@ -399,6 +400,7 @@ def _genai(span: Span, attrs: AttrMap) -> EngineObservation:
         cached_tokens=cached,
         cache_write_tokens=written,
         spec_decode=spec,
+        spec_decode_rejected=spec_problem,
         # Reasoning tokens: the same key in semconv v1.41.0 and genai v0.1.0 (research/genai-semconv.md §2a-2b).
         reasoning_tokens=_first_count(attrs, "gen_ai.usage.reasoning.output_tokens"),
     )
@@ -452,22 +454,23 @@ _SPEC_DRAFT = SPEC_DECODE_PREFIX + "num_draft_tokens"
 _SPEC_STEPS = SPEC_DECODE_PREFIX + "num_spec_steps"
 
 
-def _cache_and_spec(attrs: AttrMap) -> tuple[int | None, int | None, tuple[int, int, int] | None]:
-    """(cache reads, cache writes, speculative decoding) a span reports; None for what it does not say.
+def _cache_and_spec(attrs: AttrMap) -> tuple[int | None, int | None, tuple[int, int, int] | None, str | None]:
+    """(cache reads, cache writes, speculative decoding, why speculative decoding was not taken) a span
+    reports; None for what it does not say.
 
     Speculative decoding counts only when all three numbers are there and consistent: accepted
-    draft tokens never exceed proposed ones, and a request with steps has at least one."""
+    draft tokens never exceed proposed ones. Otherwise only it is dropped (a rejected value, counted
+    at assembly): the request's latencies and its join do not depend on an optional extra."""
     read = _first_count(attrs, *CACHE_READ_KEYS)
     write = _first_count(attrs, *CACHE_WRITE_KEYS)
-    if _SPEC_STEPS not in attrs:
-        return read, write, None
+    if not any(key in attrs for key in (_SPEC_ACCEPTED, _SPEC_DRAFT, _SPEC_STEPS)):
+        return read, write, None, None
     accepted, draft, steps = _count(attrs, _SPEC_ACCEPTED), _count(attrs, _SPEC_DRAFT), _count(attrs, _SPEC_STEPS)
     if accepted is None or draft is None or steps is None:
-        raise MalformedSpan("incomplete_spec_decode", "speculative decoding needs accepted, draft tokens and steps")
+        return read, write, None, "incomplete_spec_decode"
     if accepted < 0 or draft < 0 or steps < 0 or accepted > draft:
-        raise MalformedSpan("inconsistent_spec_decode",
-                            f"accepted {accepted}, draft {draft}, steps {steps}: accepted > draft or negative")
-    return read, write, (accepted, draft, steps)
+        return read, write, None, "inconsistent_spec_decode"
+    return read, write, (accepted, draft, steps), None
 
 
 # GenAI semconv span names are "{gen_ai.operation.name} {model}".

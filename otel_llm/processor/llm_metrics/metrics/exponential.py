@@ -163,3 +163,26 @@ class ExponentialState:
         out.downscale(change)
         out.max_size = max_size
         return out
+
+
+def whole_counts(zero: float, negative: list[float], positive: list[float]) -> tuple[int, list[int], list[int]]:
+    """The zero, negative and positive bucket counts as integers whose sum is the rounded total.
+
+    Counts are weighted (a sampled span's adjusted count can be 1.45): rounding each bucket on its
+    own can make the buckets add up to more than the point's count, which OTLP forbids and Prometheus
+    refuses for a native histogram. Rounding the running total instead keeps every bucket within 1 of
+    its weight and the sum exact."""
+    running = 0.0
+    previous = 0
+
+    def take(value: float) -> int:
+        nonlocal running, previous
+        running += value
+        now = int(round(running))
+        whole, previous = max(0, now - previous), max(previous, now)
+        return whole
+
+    zero_whole = take(zero)
+    negative_whole = [take(c) for c in negative]
+    positive_whole = [take(c) for c in positive]
+    return zero_whole, negative_whole, positive_whole
