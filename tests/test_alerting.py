@@ -402,8 +402,13 @@ def test_prometheus_alerts_route_fold_and_resolve_through_alertmanager(make_serv
             page_fp = next(a["fingerprint"] for a in am.alerts()
                            if a["labels"]["alertname"] == "LLMRequestErrorRatioHigh" and a["labels"]["model_name"] == paged)
             assert all(s["inhibitedBy"] == [page_fp] for s in held().values()), held()
+            # The paged model's leading-indicator tickets were held, never sent. (Its SLO-attainment
+            # ticket is a symptom of its own, inhibited by the page only once the page fires: with the
+            # compressed rules it can fire first, and a ticket sent is not recalled.)
             assert not [n for n in sink.snapshot()
-                        if n["receiver"] == "ticket" and any(m == paged for _, m, _ in _names(n))]
+                        if n["receiver"] == "ticket" and any(m == paged and name in ("LLMKVCacheSaturated",
+                                                                                    "LLMQueueBacklog")
+                                                             for name, m, _ in _names(n))]
             pages = {m for n in sink.snapshot() if n["receiver"] == "pager" for _, m, _ in _names(n)}
             assert pages == {paged}, pages  # the steady model never paged
 
