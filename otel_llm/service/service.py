@@ -150,7 +150,6 @@ class Service:
         self.telemetry.spans_taken_over.inc(spans)
         log.info("took over %d pending traces (%d spans) from the previous run", len(read.requests), spans)
 
-
     def _decisions_path(self) -> Path | None:
         """Beside the store: a sender that never got the answer to a request this process took
         (its stop cut the call) sends it again to the next one, which must know those spans."""
