@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans, Span
 
 from otel_llm.pdata.spans import PendingTrace
 from otel_llm.processor.redaction.synthesis import Redaction
@@ -54,25 +54,25 @@ def every_pending_trace(trace: PendingTrace) -> bool:
 def encode_trace(trace: PendingTrace, redaction: Redaction | None) -> tuple[bytes, int]:
     """One trace as an ``ExportTraceServiceRequest`` (its resources and scopes as they came), and its span count."""
     request = ExportTraceServiceRequest()
-    scopes: dict[int, list[Span]] = {}
-    resource_spans_of: dict[int, object] = {}
+    spans_by_origin: dict[int, list[Span]] = {}
+    scope_spans_by_origin: dict[int, ScopeSpans] = {}
     for buffered in trace.spans.values():
         origin = buffered.origin
-        key = id(origin)
-        spans = scopes.get(key)
+        key = id(origin)  # one Origin per resource and scope of a received request
+        spans = spans_by_origin.get(key)
         if spans is None:
             resource_spans = request.resource_spans.add()
             resource_spans.resource.CopyFrom(origin.resource)
             scope_spans = resource_spans.scope_spans.add()
             scope_spans.scope.CopyFrom(origin.scope)
-            resource_spans_of[key] = scope_spans
-            spans = scopes[key] = []
+            scope_spans_by_origin[key] = scope_spans
+            spans = spans_by_origin[key] = []
         span = Span.FromString(buffered.payload)
         if redaction is not None:
             redaction.apply(span)
         spans.append(span)
-    for key, spans in scopes.items():
-        resource_spans_of[key].spans.extend(spans)  # type: ignore[attr-defined]
+    for key, spans in spans_by_origin.items():
+        scope_spans_by_origin[key].spans.extend(spans)
     return request.SerializeToString(), len(trace.spans)
 
 
