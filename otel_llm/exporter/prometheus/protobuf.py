@@ -27,6 +27,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from prometheus_client.metrics_core import Metric
 
 from otel_llm.processor.llm_metrics.metrics.exponential import whole_counts
+from otel_llm.receiver.otlp.nesting import encode_varint
 from otel_llm.processor.llm_metrics.metrics.exposition import NativeHistogramMetric
 
 CONTENT_TYPE = "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited"
@@ -97,18 +98,6 @@ def _build() -> Any:
 
 DESCRIPTOR = _build()
 MetricFamily: Any = message_factory.GetMessageClass(DESCRIPTOR.message_types_by_name["MetricFamily"])
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
 
 
 def _labels(metric: Any, labels: dict[str, str]) -> None:
@@ -233,7 +222,7 @@ def encode(metrics: Iterable[Metric]) -> bytes:
         for family in families:
             if family.metric:
                 body = family.SerializeToString()
-                out += _varint(len(body)) + body
+                out += encode_varint(len(body)) + body
     return bytes(out)
 
 

@@ -48,7 +48,8 @@ def _varint(data: bytes, offset: int) -> tuple[int, int]:
         shift += 7
 
 
-def _encode_varint(value: int) -> bytes:
+def encode_varint(value: int) -> bytes:
+    """A protobuf base-128 varint (also the length prefix of the delimited exposition format)."""
     out = bytearray()
     while True:
         byte = value & 0x7F
@@ -61,7 +62,7 @@ def _encode_varint(value: int) -> bytes:
 
 
 def _cut_value() -> bytes:
-    return b"\x0a" + _encode_varint(len(CUT_TEXT)) + CUT_TEXT  # AnyValue.string_value (field 1)
+    return b"\x0a" + encode_varint(len(CUT_TEXT)) + CUT_TEXT  # AnyValue.string_value (field 1)
 
 
 def _rewrite(data: bytes, kind: int, value_depth: int, cuts: list[int]) -> bytes:
@@ -91,7 +92,7 @@ def _rewrite(data: bytes, kind: int, value_depth: int, cuts: list[int]) -> bytes
                     inner = _cut_value()
                 else:
                     inner = _rewrite(data[body:offset], child, depth, cuts)
-                out.append(_encode_varint(key) + _encode_varint(len(inner)) + inner)
+                out.append(encode_varint(key) + encode_varint(len(inner)) + inner)
                 continue
         else:
             raise _Malformed(f"wire type {wire}")
