@@ -197,11 +197,7 @@ def _digest(data: RequestData, settings: DigestSettings, portable: bool) -> tupl
                         payload = original.SerializeToString()
                         span = ViewSpan.FromString(payload)
                 try:
-                    observation, attrs = classify(span)
-                    if observation is not None and not observation.part:
-                        derive_timings(observation, max_latency)
-                        if span.trace_state:
-                            adjusted_count(span.trace_state)  # a weight nobody sane chose is malformed
+                    observation, attrs = _read_checked(span, max_latency)
                 except MalformedSpan as exc:
                     refusal = (exc.reason, service_name)
                     malformed[refusal] = malformed.get(refusal, 0) + 1
@@ -341,11 +337,7 @@ def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, 
                                   for resource_spans in request.resource_spans]
                 span = view_spans[resource_index][scope_index][span_index]
             try:
-                observation, attrs = classify(span)
-                if observation is not None and not observation.part:
-                    derive_timings(observation, max_latency)
-                    if span.trace_state:
-                        adjusted_count(span.trace_state)  # a weight nobody sane chose is malformed
+                observation, attrs = _read_checked(span, max_latency)
             except MalformedSpan as exc:
                 refusal = (exc.reason, service_name)
                 malformed[refusal] = malformed.get(refusal, 0) + 1
@@ -443,6 +435,17 @@ def _counts(counts: tuple[Any, ...]) -> DigestCounts:
 def digest(request: RequestData | ExportTraceServiceRequest, settings: DigestSettings) -> bytes:
     """``request`` (ids already checked) as the marshal data ``decode`` reads: the adapter process's output."""
     return marshal.dumps(_digest(_as_data(request), settings, portable=True))
+
+
+def _read_checked(span: Any, max_latency: float) -> tuple[Any, Any]:
+    """``classify`` and the checks a request span must pass (its latencies, its sampling weight): both
+    the view path and the core's hand-back take this; raises ``MalformedSpan``."""
+    observation, attrs = classify(span)
+    if observation is not None and not observation.part:
+        derive_timings(observation, max_latency)
+        if span.trace_state:
+            adjusted_count(span.trace_state)  # a weight nobody sane chose is malformed
+    return observation, attrs
 
 
 def decode(data: bytes) -> tuple[list[BufferedSpan], DigestCounts]:
