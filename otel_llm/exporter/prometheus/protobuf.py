@@ -27,7 +27,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from prometheus_client.metrics_core import Metric
 
 from otel_llm.processor.llm_metrics.metrics.exponential import whole_counts
-from otel_llm.receiver.otlp.nesting import encode_varint
+from otel_llm.internal.wire import encode_varint
 from otel_llm.processor.llm_metrics.metrics.exposition import NativeHistogramMetric
 
 CONTENT_TYPE = "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited"

@@ -9,6 +9,8 @@ The receivers count each cut value (``otel_llm_receiver_cut_values_total``) and 
 
 from __future__ import annotations
 
+from otel_llm.internal.wire import MalformedWire, decode_varint, encode_varint
+
 MAX_VALUE_DEPTH = 16  # AnyValue levels kept (3 decoder levels each; the span itself is 6 deep)
 CUT_TEXT = b"[otel-llm: value nested deeper than 16 levels, cut]"
 
@@ -31,36 +33,6 @@ _CHILDREN: dict[int, dict[int, int]] = {
 }
 
 
-class _Malformed(ValueError):
-    pass
-
-
-def _varint(data: bytes, offset: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if offset >= len(data) or shift > 63:
-            raise _Malformed("truncated varint")
-        byte = data[offset]
-        offset += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, offset
-        shift += 7
-
-
-def encode_varint(value: int) -> bytes:
-    """A protobuf base-128 varint (also the length prefix of the delimited exposition format)."""
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
 def _cut_value() -> bytes:
     return b"\x0a" + encode_varint(len(CUT_TEXT)) + CUT_TEXT  # AnyValue.string_value (field 1)
 
@@ -71,19 +43,19 @@ def _rewrite(data: bytes, kind: int, value_depth: int, cuts: list[int]) -> bytes
     offset = 0
     while offset < len(data):
         start = offset
-        key, offset = _varint(data, offset)
+        key, offset = decode_varint(data, offset)
         field, wire = key >> 3, key & 7
         if wire == 0:
-            _, offset = _varint(data, offset)
+            _, offset = decode_varint(data, offset)
         elif wire == 1:
             offset += 8
         elif wire == 5:
             offset += 4
         elif wire == 2:
-            length, body = _varint(data, offset)
+            length, body = decode_varint(data, offset)
             offset = body + length
             if offset > len(data):
-                raise _Malformed("truncated field")
+                raise MalformedWire("truncated field")
             child = children.get(field)
             if child is not None:
                 depth = value_depth + (child == _ANY_VALUE)
@@ -95,9 +67,9 @@ def _rewrite(data: bytes, kind: int, value_depth: int, cuts: list[int]) -> bytes
                 out.append(encode_varint(key) + encode_varint(len(inner)) + inner)
                 continue
         else:
-            raise _Malformed(f"wire type {wire}")
+            raise MalformedWire(f"wire type {wire}")
         if offset > len(data):
-            raise _Malformed("truncated field")
+            raise MalformedWire("truncated field")
         out.append(data[start:offset])
     return b"".join(out)
 
@@ -109,7 +81,7 @@ def cut_deep_values(payload: bytes) -> tuple[bytes, int] | None:
     cuts = [0]
     try:
         return _rewrite(payload, _REQUEST, 0, cuts), cuts[0]
-    except _Malformed:
+    except MalformedWire:
         return None
 
 
