@@ -21,7 +21,7 @@ import signal
 import struct
 import threading
 from collections import deque
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from collections.abc import Callable
 from typing import Any
@@ -33,8 +33,9 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from otel_llm.pdata.attributes import buffered_value
 from otel_llm.pdata.otlp_view import ExportTraceServiceRequest as ViewRequest, Span as ViewSpan
-from otel_llm.processor.llm_metrics.adapters.engines import SGLANG_STAGES, classify, may_be_llm
-from otel_llm.pdata.observation import EngineKind, EngineObservation, MalformedSpan, Part
+from otel_llm.processor.llm_metrics.adapters.engines import (
+    SGLANG_STAGES, classify, may_be_llm, sglang_stage_observation)
+from otel_llm.pdata.observation import OBSERVATION_FIELDS, EngineKind, EngineObservation, MalformedSpan, Part
 from otel_llm.processor.llm_metrics.requests import adjusted_count
 from otel_llm.processor.llm_metrics.segments import (
     ABS_TOLERANCE_S, MAX_TOKENS_PER_REQUEST, REL_TOLERANCE, derive_timings)
@@ -49,8 +50,7 @@ log = logging.getLogger(__name__)
 
 _SERVER = Span.SPAN_KIND_SERVER
 _INTERNAL = Span.SPAN_KIND_INTERNAL
-_OBSERVATION_FIELDS = tuple(f.name for f in fields(EngineObservation))
-_observation_tuple = operator.attrgetter(*_OBSERVATION_FIELDS)
+_observation_tuple = operator.attrgetter(*OBSERVATION_FIELDS)
 
 # Message tags on the adapters → pipeline pipe; receiver events pass through unchanged.
 DIGESTED = b"D"  # D, header, marshal((origins, rows, counts))
@@ -300,8 +300,7 @@ def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, 
         service_name = service_names[resource_index]
         if span is None and kind == _INTERNAL and name in SGLANG_STAGES:
             # ``classify`` reads no attribute of an SGLang stage: its name and interval are the part.
-            observation: EngineObservation | None = EngineObservation(
-                engine_kind=EngineKind.SGLANG, adapter=Part.SGLANG_STAGE, part=Part.SGLANG_STAGE, marks=("stage", name))
+            observation: EngineObservation | None = sglang_stage_observation(name)
             attrs = None
             matched[Part.SGLANG_STAGE] = matched.get(Part.SGLANG_STAGE, 0) + 1
         elif span is None and read_by_core is not None:  # read by the core (rust/src/lib.rs ``read_shape``)
