@@ -40,27 +40,6 @@ OBSERVATION_FIELDS = (
     "operation_name", "provider_name", "server_address", "server_port", "is_error", "error_type", "may_be_gateway",
     "cached_tokens", "cache_write_tokens", "spec_decode", "spec_decode_rejected", "reasoning_tokens", "tpot_s",
     "itl_s", "part", "marks", "derived")
-# The fields few engines or spans set: held together in one slot, as (name, value, ...) of those
-# not at their default (a flat tuple: a dict costs 240 B), rather than a slot each, since every
-# buffered engine span holds an observation.
-_RARE_DEFAULTS: dict[str, object] = {
-    "preprocess_s": None, "error_type": None, "cache_write_tokens": None, "spec_decode": None,
-    "spec_decode_rejected": None, "reasoning_tokens": None, "tpot_s": None, "itl_s": (), "marks": (), "derived": ()}
-
-
-def _rare(name: str) -> property:
-    default = _RARE_DEFAULTS[name]
-
-    def read(self: EngineObservation) -> object:
-        rare = self._rare
-        for index in range(0, len(rare), 2):
-            if rare[index] == name:
-                return rare[index + 1]
-        return default
-
-    return property(read, doc=f"{name} (default {default!r})")
-
-
 class EngineObservation:
     """Latencies in seconds as the engine reported them; ``None`` where the engine has no such field.
     Not changed once its adapter made it (an SGLang stage's is shared by every span of the stage)."""
@@ -68,7 +47,7 @@ class EngineObservation:
     __slots__ = ("engine_kind", "adapter", "ttft_s", "e2e_s", "queue_s", "prefill_s", "decode_s", "inference_s",
                  "prompt_tokens", "completion_tokens", "max_tokens", "request_model", "response_model",
                  "finish_reason", "operation_name", "provider_name", "server_address", "server_port", "is_error",
-                 "may_be_gateway", "cached_tokens", "part", "_rare")
+                 "may_be_gateway", "cached_tokens", "part", "__dict__")
 
     engine_kind: str  # an EngineKind value
     adapter: str  # which adapter matched, e.g. "vllm_v1", visible on the trace for debugging
@@ -95,31 +74,37 @@ class EngineObservation:
     cached_tokens: int | None  # prompt tokens read from the prefix cache, where the engine says
     # Non-empty: the span is a part of a request read from its root at assembly (a ``Part`` value).
     part: str
-    _rare: tuple[object, ...]
+    # The fields few engines or spans set: not a slot each (8 B in every observation, and every
+    # buffered engine span holds one) but class attributes holding their defaults, overridden in
+    # the instance's ``__dict__`` (made only then) when set; read as fast as a slot either way.
+    preprocess_s: float | None = None  # only engines that report it directly (TGI validation_time)
+    error_type: str | None = None
+    cache_write_tokens: int | None = None  # prompt tokens written to a cache, where the emitter says
+    # (accepted draft tokens, proposed draft tokens, verify steps) of speculative decoding.
+    spec_decode: tuple[int, int, int] | None = None
+    spec_decode_rejected: str | None = None  # why the span's speculative-decoding numbers were not taken
+    reasoning_tokens: int | None = None  # output tokens spent reasoning, where a span says
+    tpot_s: float | None = None  # a per-request mean inter-token latency the engine reports itself (Dynamo)
+    # Per engine step after the first, from vLLM's token_generated events (vllm#32573).
+    itl_s: tuple[float, ...] = ()
+    # (key, value, ...) a root or part carries for assembly: event times (unix ns), a few attribute values.
+    marks: tuple[object, ...] = ()
+    # The engine's prefill/decode are derived from other numbers, not measured (trtllm-serve).
+    derived: tuple[str, ...] = ()
 
     def __init__(self, engine_kind: str, adapter: str, ttft_s: float | None = None, e2e_s: float | None = None,
                  queue_s: float | None = None, prefill_s: float | None = None, decode_s: float | None = None,
-                 inference_s: float | None = None,
-                 preprocess_s: float | None = None,  # only engines that report it directly (TGI validation_time)
+                 inference_s: float | None = None, preprocess_s: float | None = None,
                  prompt_tokens: int | None = None, completion_tokens: int | None = None,
                  max_tokens: int | None = None, request_model: str | None = None, response_model: str | None = None,
                  finish_reason: str | None = None, operation_name: str | None = None,
                  provider_name: str | None = None, server_address: str | None = None,
                  server_port: str | None = None, is_error: bool = False, error_type: str | None = None,
                  may_be_gateway: bool = False, cached_tokens: int | None = None,
-                 cache_write_tokens: int | None = None,  # prompt tokens written to a cache, where the emitter says
-                 # (accepted draft tokens, proposed draft tokens, verify steps) of speculative decoding.
-                 spec_decode: tuple[int, int, int] | None = None,
-                 spec_decode_rejected: str | None = None,  # why the span's speculative-decoding numbers were not taken
-                 reasoning_tokens: int | None = None,  # output tokens spent reasoning, where a span says
-                 tpot_s: float | None = None,  # a per-request mean inter-token latency the engine reports (Dynamo)
-                 # Per engine step after the first, from vLLM's token_generated events (vllm#32573).
-                 itl_s: tuple[float, ...] = (),
-                 part: str = "",
-                 # (key, value, ...) a root or part carries for assembly: event times (unix ns), a few attribute values.
-                 marks: tuple[object, ...] = (),
-                 # The engine's prefill/decode are derived from other numbers, not measured (trtllm-serve).
-                 derived: tuple[str, ...] = ()) -> None:
+                 cache_write_tokens: int | None = None, spec_decode: tuple[int, int, int] | None = None,
+                 spec_decode_rejected: str | None = None, reasoning_tokens: int | None = None,
+                 tpot_s: float | None = None, itl_s: tuple[float, ...] = (), part: str = "",
+                 marks: tuple[object, ...] = (), derived: tuple[str, ...] = ()) -> None:
         self.engine_kind = engine_kind
         self.adapter = adapter
         self.ttft_s = ttft_s
@@ -142,40 +127,27 @@ class EngineObservation:
         self.may_be_gateway = may_be_gateway
         self.cached_tokens = cached_tokens
         self.part = part
-        rare: tuple[object, ...] = ()
-        if (preprocess_s is not None or error_type is not None or cache_write_tokens is not None
-                or spec_decode is not None or spec_decode_rejected is not None or reasoning_tokens is not None
-                or tpot_s is not None or itl_s or marks or derived):
-            given = {"preprocess_s": preprocess_s, "error_type": error_type, "cache_write_tokens": cache_write_tokens,
-                     "spec_decode": spec_decode, "spec_decode_rejected": spec_decode_rejected,
-                     "reasoning_tokens": reasoning_tokens, "tpot_s": tpot_s, "itl_s": itl_s, "marks": marks,
-                     "derived": derived}
-            rare = tuple(item for name, value in given.items() if value != _RARE_DEFAULTS[name]
-                         for item in (name, value))
-        self._rare = rare
-
-    if TYPE_CHECKING:
-        preprocess_s: float | None
-        error_type: str | None
-        cache_write_tokens: int | None
-        spec_decode: tuple[int, int, int] | None
-        spec_decode_rejected: str | None
-        reasoning_tokens: int | None
-        tpot_s: float | None
-        itl_s: tuple[float, ...]
-        marks: tuple[object, ...]
-        derived: tuple[str, ...]
-    else:
-        preprocess_s = _rare("preprocess_s")
-        error_type = _rare("error_type")
-        cache_write_tokens = _rare("cache_write_tokens")
-        spec_decode = _rare("spec_decode")
-        spec_decode_rejected = _rare("spec_decode_rejected")
-        reasoning_tokens = _rare("reasoning_tokens")
-        tpot_s = _rare("tpot_s")
-        itl_s = _rare("itl_s")
-        marks = _rare("marks")
-        derived = _rare("derived")
+        # The rarely set fields: into the instance's __dict__ only when not at their class default.
+        if preprocess_s is not None:
+            self.preprocess_s = preprocess_s
+        if error_type is not None:
+            self.error_type = error_type
+        if cache_write_tokens is not None:
+            self.cache_write_tokens = cache_write_tokens
+        if spec_decode is not None:
+            self.spec_decode = spec_decode
+        if spec_decode_rejected is not None:
+            self.spec_decode_rejected = spec_decode_rejected
+        if reasoning_tokens is not None:
+            self.reasoning_tokens = reasoning_tokens
+        if tpot_s is not None:
+            self.tpot_s = tpot_s
+        if itl_s:
+            self.itl_s = itl_s
+        if marks:
+            self.marks = marks
+        if derived:
+            self.derived = derived
 
     def as_tuple(self) -> tuple[object, ...]:
         """Every field in ``OBSERVATION_FIELDS`` order: ``EngineObservation(*as_tuple())`` is an equal copy."""

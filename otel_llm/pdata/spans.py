@@ -3,7 +3,6 @@ the tail sampler's buffer and on to the request records (``processors.llm_metric
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,66 +28,28 @@ class Origin:
 FIRST_TOKEN_EVENT = "\x00first_token_event_unix_ns"
 
 
-# Both times of a span in one 16-byte bytes object (49 B) instead of two ints of 36 B each and a slot.
-_TIMES = struct.Struct("<QQ")
-
-
+@dataclass(slots=True)
 class BufferedSpan:
     """What a trace holds of one span until its decision: the few fields assembly reads, and the
     span itself as bytes, parsed again only if the trace is kept. Holding protobuf messages instead
     would pin each whole export request in memory and give the garbage collector ~3x the objects.
 
-    Held by the hundred thousand, so its size is counted (``python -m bench --rss-only``): the
-    times are packed (read far less often than they are held), ``trace_id`` and ``parent_span_id``
-    are replaced by their trace's and their parent's objects once buffered (``TraceAssembler``)."""
+    Held by the hundred thousand (``python -m bench --rss-only``): once buffered, ``trace_id`` and
+    ``parent_span_id`` are the objects of its trace and of its parent (``TraceAssembler``), equal
+    ``attrs`` are one tuple (``digest.shared_attrs``), an SGLang stage's observation one object."""
 
-    __slots__ = ("trace_id", "span_id", "parent_span_id", "kind", "status_code", "_times", "trace_state", "payload",
-                 "origin", "attrs", "observation")
-
-    def __init__(self, trace_id: bytes, span_id: bytes, parent_span_id: bytes, kind: int, status_code: int,
-                 start_unix_ns: int, end_unix_ns: int, trace_state: str,
-                 payload: bytes,  # the span as received (attributes possibly truncated to the configured limits)
-                 origin: Origin,  # shared by every span of one resource and scope in a request
-                 attrs: tuple[Any, ...],  # (key, value, key, value, ...) of only the keys assembly reads; () otherwise
-                 observation: EngineObservation | None = None,  # validated by its adapter and derive_timings
-                 ) -> None:
-        self.trace_id = trace_id
-        self.span_id = span_id
-        self.parent_span_id = parent_span_id
-        self.kind = kind
-        self.status_code = status_code
-        self._times = _TIMES.pack(start_unix_ns, end_unix_ns)
-        self.trace_state = trace_state
-        self.payload = payload
-        self.origin = origin
-        self.attrs = attrs
-        self.observation = observation
-
-    @property
-    def start_unix_ns(self) -> int:
-        start: int = _TIMES.unpack(self._times)[0]
-        return start
-
-    @property
-    def end_unix_ns(self) -> int:
-        end: int = _TIMES.unpack(self._times)[1]
-        return end
-
-    def _key(self) -> tuple[Any, ...]:
-        return (self.trace_id, self.span_id, self.parent_span_id, self.kind, self.status_code, self._times,
-                self.trace_state, self.payload, self.origin, self.attrs, self.observation)
-
-    def __eq__(self, other: object) -> bool:
-        return self._key() == other._key() if isinstance(other, BufferedSpan) else NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass it replaced
-
-    def __repr__(self) -> str:
-        return (f"BufferedSpan(trace_id={self.trace_id!r}, span_id={self.span_id!r}, "
-                f"parent_span_id={self.parent_span_id!r}, kind={self.kind}, status_code={self.status_code}, "
-                f"start_unix_ns={self.start_unix_ns}, end_unix_ns={self.end_unix_ns}, "
-                f"trace_state={self.trace_state!r}, payload=<{len(self.payload)} bytes>, origin={self.origin!r}, "
-                f"attrs={self.attrs!r}, observation={self.observation!r})")
+    trace_id: bytes
+    span_id: bytes
+    parent_span_id: bytes
+    kind: int
+    status_code: int
+    start_unix_ns: int
+    end_unix_ns: int
+    trace_state: str
+    payload: bytes  # the span as received (attributes possibly truncated to the configured limits)
+    origin: Origin  # shared by every span of one resource and scope in a request
+    attrs: tuple[Any, ...]  # (key, value, key, value, ...) of only the keys assembly reads; () otherwise
+    observation: EngineObservation | None = None  # validated by its adapter and derive_timings
 
     @property
     def resource(self) -> Resource:
