@@ -117,21 +117,20 @@ def _span(span_id: int, parent_id: int | None) -> BufferedSpan:
                         2, 0, 1, 2, "", b"", ORIGIN, ())
 
 
-def test_a_trace_holds_one_object_per_id_whichever_span_comes_first() -> None:
+def test_a_child_buffered_after_its_parent_holds_the_parents_id_object() -> None:
     assembler = TraceAssembler(AssemblySettings(decision_wait_s=1e9, grace_s=0.0), _Discard(), clock=lambda: 0.0)
-    # Trace of root 1 <- 2 <- 3 and 1 <- 4: children 3 and 2 come before their parents, 4 after.
+    # Trace of root 1 <- 2 <- 3 and 1 <- 4: span 3 comes before its parent 2, 2 and 4 after theirs.
     assembler.add_batch([_span(3, 2)])
-    assembler.add_batch([_span(2, 1), _span(1, None)])
+    assembler.add_batch([_span(1, None), _span(2, 1)])
     assembler.add_batch([_span(4, 1)])
     (trace,) = assembler._pending.values()
-    spans = trace.spans
-    assert sorted(spans) == [i.to_bytes(8, "big") for i in (1, 2, 3, 4)]
-    for child, parent in ((3, 2), (2, 1), (4, 1)):
-        child_span, parent_span = spans[child.to_bytes(8, "big")], spans[parent.to_bytes(8, "big")]
-        assert child_span.parent_span_id == parent.to_bytes(8, "big")
-        assert child_span.parent_span_id is parent_span.span_id
+    spans = {int.from_bytes(span_id, "big"): span for span_id, span in trace.spans.items()}
+    assert sorted(spans) == [1, 2, 3, 4]
+    assert [spans[child].parent_span_id for child in (2, 3, 4)] == [(1).to_bytes(8, "big"), (2).to_bytes(8, "big"),
+                                                                     (1).to_bytes(8, "big")]
+    assert spans[2].parent_span_id is spans[1].span_id and spans[4].parent_span_id is spans[1].span_id
     assert all(span.trace_id is trace.trace_id for span in spans.values())
-    assert trace.is_rooted(spans[(3).to_bytes(8, "big")])
+    assert trace.is_rooted(spans[3]) and trace.is_rooted(spans[4])
 
 
 class _Discard:

@@ -39,9 +39,6 @@ class AssemblySettings:
     decided_cache_size: int = 100_000
 
 
-# Traces up to this many spans have their children's parent ids shared when the parent arrives last.
-_SHARE_IDS_UP_TO = 16
-
 _SPAN_KIND_CLIENT = 3  # opentelemetry.proto.trace.v1.Span.SPAN_KIND_CLIENT
 
 
@@ -158,16 +155,12 @@ class TraceAssembler:
         span_id = buffered.span_id
         previous = spans.get(span_id)
         spans[span_id] = buffered
-        # One id object for a span and its children's parent ids (41 B each child held): a child
-        # buffered after its parent takes the parent's; one buffered before it, in a trace small
-        # enough to look through (most are), is pointed at the parent's when the parent comes.
+        # A child buffered after its parent holds the parent's id object, not a copy (41 B). One
+        # buffered before it keeps its own: pointing it at the parent's when the parent comes
+        # would mean looking through the trace's spans (~0.15 us per span for ~14 B).
         parent = spans.get(buffered.parent_span_id)
         if parent is not None:
             buffered.parent_span_id = parent.span_id
-        if previous is None and len(spans) <= _SHARE_IDS_UP_TO:
-            for other in spans.values():
-                if other.parent_span_id == span_id:
-                    other.parent_span_id = span_id
         if buffered.is_engine and (previous is None or not previous.is_engine):
             trace.has_engine_span = True
             trace.unrooted += 1
