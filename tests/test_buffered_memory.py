@@ -17,7 +17,8 @@ from otel_llm.internal import core as native_core
 from otel_llm.pdata.observation import OBSERVATION_FIELDS, EngineObservation
 from otel_llm.pdata.traces import CompletedTrace
 from otel_llm.processor.llm_metrics.adapters.engines import SGLANG_STAGES, sglang_stage_observation
-from otel_llm.processor.llm_metrics.digest import AttributeLimits, DigestSettings, digest_in_process, shared_attrs
+from otel_llm.processor.llm_metrics.digest import (
+    AttributeLimits, DigestSettings, decode, digest, digest_in_process, shared_attrs)
 from otel_llm.processor.tail_sampling.assembler import AssemblySettings, BufferedSpan, Origin, TraceAssembler
 
 ORIGIN = Origin(Resource(), InstrumentationScope(), "svc", {})
@@ -87,13 +88,16 @@ def test_spans_of_one_model_hold_one_attributes_tuple_on_either_path(core: str) 
     settings = DigestSettings(AttributeLimits(256, 16 * 1024), 3600.0, ("gen_ai.request.model",), frozenset())
     saved = native_core._selected
     native_core._selected = selected
+    request = _genai_request(["gpt-a", "gpt-b", "gpt-a"])
     try:
-        spans, _ = digest_in_process(_genai_request(["gpt-a", "gpt-b", "gpt-a"]), settings)
+        in_process, _ = digest_in_process(request, settings)
+        over_the_pipe, _ = decode(digest(request, settings))  # service.adapter_process: true
     finally:
         native_core._selected = saved
-    assert [span.attrs for span in spans] == [("gen_ai.request.model", model) for model in ("gpt-a", "gpt-b", "gpt-a")]
-    assert spans[0].attrs is spans[2].attrs and spans[1].attrs is not spans[0].attrs
-    assert all(span.observation is not None and span.observation.request_model == span.attrs[1] for span in spans)
+    for spans in (in_process, over_the_pipe):
+        assert [span.attrs for span in spans] == [("gen_ai.request.model", m) for m in ("gpt-a", "gpt-b", "gpt-a")]
+        assert spans[0].attrs is spans[2].attrs and spans[1].attrs is not spans[0].attrs
+        assert all(span.observation is not None and span.observation.request_model == span.attrs[1] for span in spans)
 
 
 def _extension_built() -> bool:

@@ -482,7 +482,7 @@ def decode(data: bytes) -> tuple[list[BufferedSpan], DigestCounts]:
         origins.append(Origin(resource, scope, service_name, resource_strings))
     observation = EngineObservation
     spans = [BufferedSpan(trace_id, span_id, parent, kind, status, start, end, trace_state, payload,
-                          origins[origin], attrs, observation(*fields) if fields is not None else None)
+                          origins[origin], shared_attrs(attrs), observation(*fields) if fields is not None else None)
              for trace_id, span_id, parent, kind, status, start, end, trace_state, payload, origin, attrs, fields
              in rows]
     return spans, _counts(counts)
