@@ -13,7 +13,7 @@ Runs, in one go and in about eight minutes on two cores:
    (``fsync: interval`` and ``always``), interleaved rounds, ratios against "off" (alone with
    ``--intake-log-only``);
 4. a second ``otel-llm serve`` holding every trace pending (long ``decision_wait``), to measure
-   RSS per buffered span;
+   RSS per buffered span (alone with ``--rss-only``, about a minute);
 
 and ends with one ``RESULT ...`` line. See ``bench/README.md``.
 """
@@ -423,6 +423,10 @@ class _CoreOnly(Exception):
     pass
 
 
+class _RssOnly(Exception):
+    """``--rss-only``: the other phases are skipped."""
+
+
 class _IntakeLogOnly(Exception):
     """``--intake-log-only``: the other phases are skipped."""
 
@@ -596,6 +600,23 @@ def write_batches(path: Path, batches: list) -> None:
         pickle.dump([astuple(b) for b in batches], f, protocol=pickle.HIGHEST_PROTOCOL)
 
 
+def rss_phase_logged(load: Load, workdir: Path, pending_file: Path, args: argparse.Namespace,
+                     results: dict[str, Any]) -> None:
+    log(f"otel-llm serve holding every trace (decision_wait 600s), {args.rss_spans} spans of unrooted traces:")
+    results["rss"] = rss_phase(load, workdir, pending_file, args.rss_spans, warmup_spans=min(20_000, args.rss_spans),
+                               rate=args.rate)
+    r = results["rss"]
+    log(f"  RSS idle {r['idle_rss_kib'] / 1024:.0f} MiB, after warm-up {r['rss_after_warmup_kib'] / 1024:.0f} MiB, "
+        f"after {fmt(r['spans_buffered'], 0)} spans buffered {r['rss_after_kib'] / 1024:.0f} MiB "
+        f"(traces in memory {fmt(r['traces_in_memory'], 0)}, completed {fmt(r['traces_completed'], 0)}); "
+        f"{fmt(r['rss_per_buffered_span_bytes'], 0)} bytes per buffered span, "
+        f"{fmt(r['rss_per_buffered_trace_bytes'], 0)} per buffered trace "
+        f"({fmt(r['rss_per_buffered_span_incl_fixed_bytes'], 0)} including the warm-up and fixed costs); "
+        f"intake while holding {fmt(r['send_spans_per_s'], 0)} spans/s" + (f"; {r['warning']}" if "warning" in r else ""))
+    log("  RSS growth over the measured spans, by process: " + ", ".join(
+        f"{name} {kib / 1024:+.1f} MiB" for name, kib in r["rss_growth_kib_by_process"].items()))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--saturate", type=float, default=8.0, help="seconds measured per saturation phase")
@@ -614,6 +635,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--core-only", action="store_true",
                         help="only the compiled core against the Python path: the floor, the sink (gRPC saturated) "
                              "and, per path, the hot path in one process and a saturated gRPC server")
+    parser.add_argument("--rss-only", action="store_true",
+                        help="only the RSS phase: bytes per buffered span of every trace held pending (~1 minute)")
     parser.add_argument("--core-passes", type=int, default=5, help="bench/hotpath.py passes per path")
     parser.add_argument("--intake-log-rounds", type=int, default=2,
                         help="interleaved rounds of the crash-safe intake phase (medians are reported)")
@@ -647,6 +670,10 @@ def main(argv: list[str] | None = None) -> int:
             results["intake_log"] = intake_log_phases(load, workdir, throughput_file, durations, args.rate, servers,
                                                       rounds=args.intake_log_rounds)
             raise _IntakeLogOnly
+
+        if args.rss_only:
+            rss_phase_logged(load, workdir, pending_file, args, results)
+            raise _RssOnly
 
         results["floor_us_per_span"] = floor.measure(complete)
         log("floor of any pure-Python pipeline (bench/floor.py; in this process, CPU us per span, cumulative): "
@@ -710,20 +737,8 @@ def main(argv: list[str] | None = None) -> int:
         results["intake_log"] = intake_log_phases(load, workdir, throughput_file, durations, args.rate, servers,
                                                   rounds=args.intake_log_rounds)
 
-        log(f"otel-llm serve holding every trace (decision_wait 600s), {args.rss_spans} spans of unrooted traces:")
-        results["rss"] = rss_phase(load, workdir, pending_file, args.rss_spans, warmup_spans=min(20_000, args.rss_spans),
-                                   rate=args.rate)
-        r = results["rss"]
-        log(f"  RSS idle {r['idle_rss_kib'] / 1024:.0f} MiB, after warm-up {r['rss_after_warmup_kib'] / 1024:.0f} MiB, "
-            f"after {fmt(r['spans_buffered'], 0)} spans buffered {r['rss_after_kib'] / 1024:.0f} MiB "
-            f"(traces in memory {fmt(r['traces_in_memory'], 0)}, completed {fmt(r['traces_completed'], 0)}); "
-            f"{fmt(r['rss_per_buffered_span_bytes'], 0)} bytes per buffered span, "
-            f"{fmt(r['rss_per_buffered_trace_bytes'], 0)} per buffered trace "
-            f"({fmt(r['rss_per_buffered_span_incl_fixed_bytes'], 0)} including the warm-up and fixed costs); "
-            f"intake while holding {fmt(r['send_spans_per_s'], 0)} spans/s" + (f"; {r['warning']}" if "warning" in r else ""))
-        log("  RSS growth over the measured spans, by process: " + ", ".join(
-            f"{name} {kib / 1024:+.1f} MiB" for name, kib in r["rss_growth_kib_by_process"].items()))
-    except (_IntakeLogOnly, _CoreOnly):
+        rss_phase_logged(load, workdir, pending_file, args, results)
+    except (_IntakeLogOnly, _CoreOnly, _RssOnly):
         pass
     except Exception as exc:  # still print what was measured, and a RESULT line with nan for the rest
         failed = True
@@ -744,6 +759,14 @@ def main(argv: list[str] | None = None) -> int:
         if "intake_log" in results:
             report_intake_log(results["intake_log"], args.rate)
         log(f"  elapsed {time.monotonic() - started:.0f} s")
+        return 1 if failed else 0
+    if args.rss_only:
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+        per_span = results.get("rss", {}).get("rss_per_buffered_span_bytes")
+        log(f"  elapsed {time.monotonic() - started:.0f} s")
+        log(f"RESULT rss core={os.environ.get('OTEL_LLM_CORE', 'auto')} rss_per_buffered_span_bytes={fmt(per_span, 0)} "
+            f"target<={TARGETS['rss_per_buffered_span_bytes']}")
         return 1 if failed else 0
     if args.core_only:
         if args.json:

@@ -21,7 +21,7 @@ import signal
 import struct
 import threading
 from collections import deque
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from collections.abc import Callable
 from typing import Any
@@ -33,8 +33,9 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from otel_llm.pdata.attributes import buffered_value
 from otel_llm.pdata.otlp_view import ExportTraceServiceRequest as ViewRequest, Span as ViewSpan
-from otel_llm.processor.llm_metrics.adapters.engines import SGLANG_STAGES, classify, may_be_llm
-from otel_llm.pdata.observation import EngineKind, EngineObservation, MalformedSpan, Part
+from otel_llm.processor.llm_metrics.adapters.engines import (
+    SGLANG_STAGES, classify, may_be_llm, sglang_stage_observation)
+from otel_llm.pdata.observation import OBSERVATION_FIELDS, EngineKind, EngineObservation, MalformedSpan, Part
 from otel_llm.processor.llm_metrics.requests import adjusted_count
 from otel_llm.processor.llm_metrics.segments import (
     ABS_TOLERANCE_S, MAX_TOKENS_PER_REQUEST, REL_TOLERANCE, derive_timings)
@@ -49,8 +50,7 @@ log = logging.getLogger(__name__)
 
 _SERVER = Span.SPAN_KIND_SERVER
 _INTERNAL = Span.SPAN_KIND_INTERNAL
-_OBSERVATION_FIELDS = tuple(f.name for f in fields(EngineObservation))
-_observation_tuple = operator.attrgetter(*_OBSERVATION_FIELDS)
+_observation_tuple = operator.attrgetter(*OBSERVATION_FIELDS)
 
 # Message tags on the adapters → pipeline pipe; receiver events pass through unchanged.
 DIGESTED = b"D"  # D, header, marshal((origins, rows, counts))
@@ -131,6 +131,27 @@ class DigestCounts:
 
 
 RequestData = bytes | memoryview
+
+# Spans that carry the same attributes for assembly (a model, a route, a tenant) hold one tuple of
+# them, not a copy each (~90 B per span held); up to this many distinct tuples are shared.
+SHARED_ATTRS_LIMIT = 4096
+_shared_attrs: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+
+def shared_attrs(attrs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``attrs``, or the equal tuple an earlier span holds. Only all-string values are shared:
+    tuple equality alone would let ``1``, ``1.0`` and ``True`` stand for one another."""
+    if not attrs:
+        return attrs
+    try:
+        shared = _shared_attrs.get(attrs)
+    except TypeError:  # a list or map value (unhashable): held as it is
+        return attrs
+    if shared is not None:
+        return shared
+    if len(_shared_attrs) < SHARED_ATTRS_LIMIT and all(type(value) is str for value in attrs[1::2]):
+        _shared_attrs[attrs] = attrs
+    return attrs
 
 
 def _as_data(request: RequestData | ExportTraceServiceRequest) -> RequestData:
@@ -218,7 +239,8 @@ def _digest(data: RequestData, settings: DigestSettings, portable: bool) -> tupl
                     if event_ns:
                         slim += (FIRST_TOKEN_EVENT, event_ns)
                 fields = (span.trace_id, span.span_id, span.parent_span_id, kind, span.status.code,
-                          span.start_time_unix_nano, span.end_time_unix_nano, span.trace_state, payload, origin, slim)
+                          span.start_time_unix_nano, span.end_time_unix_nano, span.trace_state, payload, origin,
+                          shared_attrs(slim))
                 if portable:
                     append((*fields, _observation_tuple(observation) if observation is not None else None))
                 else:
@@ -300,8 +322,7 @@ def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, 
         service_name = service_names[resource_index]
         if span is None and kind == _INTERNAL and name in SGLANG_STAGES:
             # ``classify`` reads no attribute of an SGLang stage: its name and interval are the part.
-            observation: EngineObservation | None = EngineObservation(
-                engine_kind=EngineKind.SGLANG, adapter=Part.SGLANG_STAGE, part=Part.SGLANG_STAGE, marks=("stage", name))
+            observation: EngineObservation | None = sglang_stage_observation(name)
             attrs = None
             matched[Part.SGLANG_STAGE] = matched.get(Part.SGLANG_STAGE, 0) + 1
         elif span is None and read_by_core is not None:  # read by the core (rust/src/lib.rs ``read_shape``)
@@ -358,7 +379,8 @@ def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, 
             trace_id, span_id, parent_span_id, status_code, trace_state = (
                 span.trace_id, span.span_id, span.parent_span_id, span.status.code, span.trace_state)
         origin = origins[resource_index][scope_index]
-        fields = (trace_id, span_id, parent_span_id, kind, status_code, start, end, trace_state, payload, origin, slim)
+        fields = (trace_id, span_id, parent_span_id, kind, status_code, start, end, trace_state, payload, origin,
+                  shared_attrs(slim))
         if portable:
             append((*fields, _observation_tuple(observation) if observation is not None else None))
         else:
@@ -460,7 +482,7 @@ def decode(data: bytes) -> tuple[list[BufferedSpan], DigestCounts]:
         origins.append(Origin(resource, scope, service_name, resource_strings))
     observation = EngineObservation
     spans = [BufferedSpan(trace_id, span_id, parent, kind, status, start, end, trace_state, payload,
-                          origins[origin], attrs, observation(*fields) if fields is not None else None)
+                          origins[origin], shared_attrs(attrs), observation(*fields) if fields is not None else None)
              for trace_id, span_id, parent, kind, status, start, end, trace_state, payload, origin, attrs, fields
              in rows]
     return spans, _counts(counts)

@@ -155,6 +155,12 @@ class TraceAssembler:
         span_id = buffered.span_id
         previous = spans.get(span_id)
         spans[span_id] = buffered
+        # A child buffered after its parent holds the parent's id object, not a copy (41 B). One
+        # buffered before it keeps its own: pointing it at the parent's when the parent comes
+        # would mean looking through the trace's spans (~0.15 us per span for ~14 B).
+        parent = spans.get(buffered.parent_span_id)
+        if parent is not None:
+            buffered.parent_span_id = parent.span_id
         if buffered.is_engine and (previous is None or not previous.is_engine):
             trace.has_engine_span = True
             trace.unrooted += 1

@@ -6,6 +6,7 @@ point; it returns ``None`` for spans that match no adapter (they are passed thro
 
 from __future__ import annotations
 
+import functools
 
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
@@ -511,6 +512,13 @@ def _part(kind: str, adapter: str, part: str, marks: tuple) -> EngineObservation
     return EngineObservation(engine_kind=kind, adapter=adapter, part=part, marks=marks)
 
 
+@functools.cache  # bounded: called only for the names of SGLANG_STAGES
+def sglang_stage_observation(name: str) -> EngineObservation:
+    """One observation per SGLang stage, shared by every buffered span of that stage (~300 B each
+    otherwise); nothing changes an observation once its adapter made it."""
+    return _part(EngineKind.SGLANG, "sglang_stage", Part.SGLANG_STAGE, ("stage", name))
+
+
 def classify(span: Span) -> tuple[EngineObservation | None, AttrMap]:
     """The adapter's reading of ``span``, or ``None`` when no adapter claims it.
 
@@ -522,7 +530,7 @@ def classify(span: Span) -> tuple[EngineObservation | None, AttrMap]:
     kind = span.kind
     if kind == _SPAN_KIND_INTERNAL and name in SGLANG_STAGES:
         # No attribute is read: the stage's name and interval are what assembly needs.
-        return _part(EngineKind.SGLANG, "sglang_stage", Part.SGLANG_STAGE, ("stage", name)), _NO_ATTRS
+        return sglang_stage_observation(name), _NO_ATTRS
     # The adapter stage reads spans through ``otlp_view``, whose attributes are already a map.
     attrs = span.attributes if type(span) is ViewSpan else attribute_map(span.attributes)
     if name == VLLM_SPAN_NAME and kind == _SPAN_KIND_SERVER:
