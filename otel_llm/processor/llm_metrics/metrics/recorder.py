@@ -91,21 +91,6 @@ def _bind(naming: Naming, dimension_names: tuple[str, ...], series_limit: int, b
     return BoundNaming(naming, label_names, histograms, counters, list(exposed.values()))
 
 
-# The bytecode of ``lambda r: r.name``: a value spec of exactly that shape is read as ``record.name``
-# in a plan's compiled observer, without the call (most specs are plain field reads).
-_FIELD_READ = (lambda r: r.model).__code__
-
-
-def _field_of(value: Callable[..., Any]) -> str | None:
-    """The attribute ``value`` returns unchanged when it is a plain field read, else None."""
-    code = getattr(value, "__code__", None)
-    if (code is None or code.co_code != _FIELD_READ.co_code or code.co_argcount != 1 or len(code.co_names) != 1
-            or getattr(value, "__closure__", None) or getattr(value, "__defaults__", None)
-            or not code.co_names[0].isidentifier()):
-        return None
-    return code.co_names[0]
-
-
 def _same_labels(a: BoundNaming, b: BoundNaming) -> bool:
     """Whether two namings build the same label key from a record (same label names, and the same
     function or one of the same code without captured state): their series can share one key lookup."""
@@ -159,15 +144,16 @@ def _field_of(value: Callable[..., Any]) -> str | None:
     return code.co_names[0]
 
 
-Observer = Callable[[RequestRecord, float, bool, Key, bool, str, str, float], str]
+Observer = Callable[[RequestRecord, float, bool, Key, str, str, float], str]
 
 
 def _compile(side: str, bounds: list[BoundNaming], series_limit: int,
-             new_slots: Callable[[_Plan, Key], list[Any]]) -> Observer:
+             new_slots: Callable[[_Plan, Key], list[Any]]) -> tuple[Observer, Observer]:
     """One side's recording loop unrolled for its namings' specs, as Python source generated once
     (as ``dataclasses`` and ``namedtuple`` build their methods): ``observe(record, weight, succeeded,
-    dimensions, with_exemplars, trace_id, span_id, now)`` records ``record`` in every naming of
-    ``side`` and returns the first label too long for a series ("" if none).
+    dimensions, trace_id, span_id, now)`` records ``record`` in every naming of
+    ``side`` and returns the first label too long for a series ("" if none); the second function
+    returned is the same with exemplars (for kept traces).
 
     A record pays no per-spec tuple unpacking, branch on a spec's options or call for a plain field
     read, and namings with the same labels share one key and one cache lookup. Per observation it
@@ -187,8 +173,16 @@ def _compile(side: str, bounds: list[BoundNaming], series_limit: int,
     plans = [_Plan(plan.bounds, series_limit) for plan in plans]  # hists and counters of every member
     scope: dict[str, Any] = {"bisect_left": bisect_left, "Exemplar": Exemplar, "OVERFLOW": CounterFamily.OVERFLOW,
                              "new_slots": new_slots, "resolve": MetricsRecorder._resolve}
-    lines = ["def observe(record, weight, succeeded, dimensions, with_exemplars, trace_id, span_id, now):",
-             "    too_long = ''"]
+    exec(compile(_source(bounds, group_of, plans, scope, exemplars=False) + "\n\n"  # noqa: S102
+                 + _source(bounds, group_of, plans, scope, exemplars=True), f"<observe {side}>", "exec"), scope)
+    return scope["observe"], scope["observe_with_exemplars"]
+
+
+def _source(bounds: list[BoundNaming], group_of: list[int], plans: list[_Plan], scope: dict[str, Any],
+            exemplars: bool) -> str:
+    """The observer's source: with ``exemplars``, each observation also links the record's trace."""
+    function = "observe_with_exemplars" if exemplars else "observe"
+    lines = [f"def {function}(record, weight, succeeded, dimensions, trace_id, span_id, now):", "    too_long = ''"]
     hist_offset = [0] * len(plans)
     counter_offset = [0] * len(plans)
     started: set[int] = set()
@@ -246,13 +240,15 @@ def _compile(side: str, bounds: list[BoundNaming], series_limit: int,
                 f"{indent}series.counts[index] += weight",
                 f"{indent}series.total += value * weight",
                 f"{indent}series.count += weight",
-                f"{indent}if series.exponential is not None:",
-                f"{indent}    series.exponential.observe(value, weight)",
-                f"{indent}if slots_{g}[{count + position}]:",
-                f"{indent}    family_{name}.overflowed += 1",
-                f"{indent}if with_exemplars:",
-                f"{indent}    series.exemplars[index] = Exemplar(trace_id, span_id, value, now)",
+                f"{indent}extra = slots_{g}[{count + position}]",
+                f"{indent}if extra:",
+                f"{indent}    if extra & {_EXPONENTIAL}:",
+                f"{indent}        series.exponential.observe(value, weight)",
+                f"{indent}    if extra & {_OVERFLOWED}:",
+                f"{indent}        family_{name}.overflowed += 1",
             ]
+            if exemplars:
+                lines.append(f"{indent}series.exemplars[index] = Exemplar(trace_id, span_id, value, now)")
         for _ in bound.counters:
             position = counter_offset[group]
             counter_offset[group] += 1
@@ -278,9 +274,7 @@ def _compile(side: str, bounds: list[BoundNaming], series_limit: int,
                 f"                counter_series_{name}[counter_key] = current + amount * weight",
             ]
     lines.append("    return too_long")
-    exec(compile("\n".join(lines), f"<observe {side}>", "exec"), scope)  # noqa: S102
-    observe: Observer = scope["observe"]
-    return observe
+    return "\n".join(lines)
 
 
 def _series_of(family: HistogramFamily, key: Key) -> HistogramSeries:
@@ -294,6 +288,17 @@ def _series_of(family: HistogramFamily, key: Key) -> HistogramSeries:
         if series is None:
             series = family.series[key] = family.new_series(key)
     return series
+
+
+# What an observation does besides its bucket, count and sum, per series (fixed once the series
+# exists: exponential buckets are asked for before the first observation), as one flag word so the
+# common series (neither) costs one test.
+_OVERFLOWED = 1  # it is the overflow series: each observation counts in ``family.overflowed``
+_EXPONENTIAL = 2  # it keeps exponential buckets too
+
+
+def _extra(series: HistogramSeries, overflow: bool) -> int:
+    return (_OVERFLOWED if overflow else 0) | (_EXPONENTIAL if series.exponential is not None else 0)
 
 
 def _too_long(key: Key, names: tuple[str, ...], limit: int) -> str:
@@ -319,7 +324,7 @@ class MetricsRecorder:
         self._by_side: dict[str, list[BoundNaming]] = {}
         for bound in self.namings:
             self._by_side.setdefault(bound.naming.side, []).append(bound)
-        self._observers: dict[str, Observer] = {
+        self._observers: dict[str, tuple[Observer, Observer]] = {
             side: _compile(side, bounds, series_limit, self._slots) for side, bounds in self._by_side.items()}
         self.segment_label_names = ("model_name", "engine_kind", "service_name", "segment") + dimension_names
         self.segments = HistogramFamily(SEGMENT_METRIC.name, SEGMENT_METRIC.buckets, series_limit, self.budget,
@@ -350,9 +355,9 @@ class MetricsRecorder:
         too_long = ""
         with self.lock:
             self.requests_recorded += 1
-            observe = self._observers.get(record.side)
-            if observe is not None:
-                too_long = observe(record, weight, succeeded, dimensions, with_exemplars, trace_id, span_id, now)
+            observers = self._observers.get(record.side)
+            if observers is not None:
+                too_long = observers[1 if with_exemplars else 0](record, weight, succeeded, dimensions, trace_id, span_id, now)
             if record.segments:
                 base = (record.model, record.engine_kind, record.service_name)
                 cache_key = base + dimensions
@@ -395,22 +400,22 @@ class MetricsRecorder:
                 self.accounting.record(record)
 
     def _slots(self, plan: _Plan, key: Key) -> list[Any]:
-        """A new cache entry: [series per histogram..., whether each is the overflow series..., the
-        label whose value is too long or ""]. A too-long value resolves to the overflow series at once."""
+        """A new cache entry: [series per histogram..., what else each observation does (``_extra``)...,
+        the label whose value is too long or ""]. A too-long value resolves to the overflow series at once."""
         count = len(plan.hists)
-        slots: list[Any] = [None] * count + [False] * count + [_too_long(key, plan.label_names,
-                                                                          self.max_label_value_bytes)]
+        slots: list[Any] = [None] * count + [0] * count + [_too_long(key, plan.label_names,
+                                                                      self.max_label_value_bytes)]
         if slots[-1]:
             for position, hist in enumerate(plan.hists):
                 family = hist[4]
-                slots[position] = _series_of(family, family.OVERFLOW)
-                slots[count + position] = True
+                series = slots[position] = _series_of(family, family.OVERFLOW)
+                slots[count + position] = _extra(series, True)
         return slots
 
     @staticmethod
     def _resolve(slots: list, position: int, count: int, family: HistogramFamily, key: Key) -> HistogramSeries:
         series = slots[position] = _series_of(family, key)
-        slots[count + position] = series is family.series.get(family.OVERFLOW)
+        slots[count + position] = _extra(series, series is family.series.get(family.OVERFLOW))
         return series
 
     def keep_exponential(self, max_size: int, max_scale: int) -> None:
