@@ -47,6 +47,7 @@ class ErrorsPolicy(Policy):
 
 
 _FAILED = Outcome.FAILED
+_SERVER = Side.SERVER
 _FAILED_OUTCOMES = frozenset((Outcome.ERROR, Outcome.ABORT))
 _STATUS_ERROR = Status.STATUS_CODE_ERROR
 
@@ -110,9 +111,12 @@ class SlowestPolicy(Policy):
         slow = False
         quantile = self.quantile
         with self._lock:
-            now: float | None = None  # read once per trace: its requests are judged at one instant
+            # Read once per trace (its requests are judged at one instant), and its time slice
+            # found once: every window has the same length and slices.
+            now: float | None = None
+            slice_id = slice_position = 0
             for record in records:
-                if record.outcome in _FAILED or record.side != Side.SERVER:  # not record.succeeded
+                if record.outcome in _FAILED or record.side != _SERVER:  # not record.succeeded
                     continue
                 model = record.model
                 windows = self._by_model.get(model)
@@ -120,7 +124,9 @@ class SlowestPolicy(Policy):
                     if len(self._by_model) >= self._by_model_limit:
                         self._by_model.clear()
                     windows = self._by_model[model] = [None] * len(self._readers)
-                for position, read in enumerate(self._readers):
+                position = -1
+                for read in self._readers:
+                    position += 1
                     value = read(record)
                     if value is None:
                         continue
@@ -130,7 +136,8 @@ class SlowestPolicy(Policy):
                         assert window is not None
                     if now is None:
                         now = self._clock()
-                    threshold = window.quantile_then_add(quantile, value, now)
+                        slice_id, slice_position = window.slice_at(now)
+                    threshold = window.quantile_then_add(quantile, value, now, slice_id, slice_position)
                     if threshold is None or value > threshold:
                         slow = True
         return slow

@@ -31,6 +31,9 @@ def _upper_edge(index: int) -> float:
 
 
 class RollingQuantile:
+    __slots__ = ("_slice_s", "_slices", "_clock", "_counts", "_slice_ids", "_merged", "total", "_cached",
+                 "_cached_at", "_added_since")
+
     def __init__(self, window_s: float, slices: int = 10, clock: Callable[[], float] = time.monotonic) -> None:
         self._slice_s = window_s / slices
         self._slices = slices
@@ -78,11 +81,15 @@ class RollingQuantile:
         """Upper edge of the bin holding the q-quantile of the window, or None when empty."""
         return self._quantile(q, self._clock())
 
-    def quantile_then_add(self, q: float, value: float, now: float) -> float | None:
-        """``quantile(q)`` then ``add(value)``, both at ``now``: the threshold a value is compared
-        with (the values before it), in one call and one clock reading (the sampler's hot path)."""
+    def slice_at(self, now: float) -> tuple[int, int]:
+        """(slice id, its position) at ``now``: the same for every window of the same length and slices."""
         slice_id = int(now / self._slice_s)
-        position = slice_id % self._slices
+        return slice_id, slice_id % self._slices
+
+    def quantile_then_add(self, q: float, value: float, now: float, slice_id: int, position: int) -> float | None:
+        """``quantile(q)`` then ``add(value)``, both at ``now`` (``slice_at(now)`` is ``slice_id``,
+        ``position``): the threshold a value is compared with (the values before it), in one call
+        and one clock reading (the sampler's hot path)."""
         if self._slice_ids[position] != slice_id:
             self._current(now)
         total = self.total
