@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from collections.abc import Callable
 from typing import Any
 
-from otel_llm.pdata.records import RequestRecord
+from otel_llm.pdata.records import Outcome, RequestRecord
 from otel_llm.processor.llm_metrics.metrics.accounting import Accounting
 from otel_llm.processor.llm_metrics.metrics.definitions import (
     SEGMENT_METRIC,
@@ -27,6 +27,7 @@ from otel_llm.processor.llm_metrics.metrics.families import (
     SeriesBudget,
 )
 
+_FAILED = Outcome.FAILED
 DEFAULT_SERIES_LIMIT_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_LABEL_VALUE_BYTES = 256
 
@@ -134,14 +135,51 @@ class _Plan:
 _FIELD_READ = (lambda r: r.model).__code__
 
 
+# ``lambda r: 1`` (a counter of requests): inlined as its constant.
+_CONSTANT = (lambda r: 1).__code__
+
+
+def _plain(value: Callable[..., Any]) -> Any:
+    """The code of a one-argument function without captured state or defaults, else None."""
+    code = getattr(value, "__code__", None)
+    if (code is None or code.co_argcount != 1 or getattr(value, "__closure__", None)
+            or getattr(value, "__defaults__", None)):
+        return None
+    return code
+
+
 def _field_of(value: Callable[..., Any]) -> str | None:
     """The attribute ``value`` returns unchanged when it is a plain field read, else None."""
-    code = getattr(value, "__code__", None)
-    if (code is None or code.co_code != _FIELD_READ.co_code or code.co_argcount != 1 or len(code.co_names) != 1
-            or getattr(value, "__closure__", None) or getattr(value, "__defaults__", None)
+    code = _plain(value)
+    if (code is None or code.co_code != _FIELD_READ.co_code or len(code.co_names) != 1
             or not code.co_names[0].isidentifier()):
         return None
     return code.co_names[0]
+
+
+def _inline(value: Callable[..., Any]) -> str | None:
+    """Source for what ``value(record)`` returns, when it is a field read or an integer constant."""
+    field = _field_of(value)
+    if field is not None:
+        return f"record.{field}"
+    code = _plain(value)
+    if code is not None and code.co_code == _CONSTANT.co_code and code.co_consts == _CONSTANT.co_consts:
+        return repr(code.co_consts[-1])
+    return None
+
+
+def _fields_tuple(labels: Callable[..., Any]) -> str | None:
+    """Source for ``labels(record)`` when it is a tuple of field reads (``lambda r: (r.a, r.b)``)."""
+    code = _plain(labels)
+    if code is None or not 1 <= len(code.co_names) <= 16:
+        return None
+    names = code.co_names
+    if not all(n.isidentifier() for n in names):
+        return None
+    reference = eval("lambda r: (" + ", ".join(f"r.{n}" for n in names) + ",)")  # noqa: S307 (identifiers only)
+    if reference.__code__.co_code != code.co_code or reference.__code__.co_consts != code.co_consts:
+        return None
+    return "(" + ", ".join(f"record.{n}" for n in names) + ",)"
 
 
 Observer = Callable[[RequestRecord, float, bool, Key, str, str, float], str]
@@ -186,11 +224,27 @@ def _source(bounds: list[BoundNaming], group_of: list[int], plans: list[_Plan], 
     hist_offset = [0] * len(plans)
     counter_offset = [0] * len(plans)
     started: set[int] = set()
+    # A computed value (not a field read) that several specs observe whatever the outcome is
+    # computed once, up front (the value functions are pure functions of the record).
+    uses: dict[int, int] = {}
+    for plan in plans:
+        for value_of in [h[0] for h in plan.hists if h[2] is None and not h[1]] + [c[0] for c in plan.counters]:
+            if _inline(value_of) is None:
+                uses[id(value_of)] = uses.get(id(value_of), 0) + 1
+    shared: dict[int, str] = {}
+    for plan in plans:
+        for value_of in [h[0] for h in plan.hists if h[2] is None and not h[1]] + [c[0] for c in plan.counters]:
+            if uses.get(id(value_of), 0) > 1 and id(value_of) not in shared:
+                name = shared[id(value_of)] = f"shared_{len(shared)}"
+                scope[name + "_of"] = value_of
+                lines.append(f"    {name} = {name}_of(record)")
 
     def read(value: Callable[..., Any], name: str) -> str:
-        field = _field_of(value)
-        if field is not None:
-            return f"record.{field}"
+        inline = _inline(value)
+        if inline is not None:
+            return inline
+        if id(value) in shared:
+            return shared[id(value)]
         scope[name] = value
         return f"{name}(record)"
 
@@ -202,7 +256,7 @@ def _source(bounds: list[BoundNaming], group_of: list[int], plans: list[_Plan], 
             started.add(group)
             scope[f"labels_{g}"], scope[f"cache_{g}"], scope[f"plan_{g}"] = plan.labels, plan.cache, plan
             lines += [
-                f"    key_{g} = labels_{g}(record) + dimensions",
+                f"    key_{g} = {_fields_tuple(plan.labels) or f'labels_{g}(record)'} + dimensions",
                 f"    slots_{g} = cache_{g}.get(key_{g})",
                 f"    if slots_{g} is None:",
                 f"        if len(cache_{g}) >= {plan.cache_limit}:",
@@ -226,8 +280,7 @@ def _source(bounds: list[BoundNaming], group_of: list[int], plans: list[_Plan], 
             if per_step is None:
                 lines += [f"{indent}value = {read(value_of, f'value_{name}')}", f"{indent}if value is not None:"]
             else:
-                scope[f"steps_{name}"] = per_step
-                lines.append(f"{indent}for value in steps_{name}(record):")
+                lines.append(f"{indent}for value in {read(per_step, f'steps_{name}')}:")
             indent += "    "
             # Only a family with per-model buckets has series with bounds of their own.
             series_bounds = f"series.bounds or bounds_{name}" if family.bounds_by_model else f"bounds_{name}"
@@ -329,7 +382,7 @@ class MetricsRecorder:
         self.segment_label_names = ("model_name", "engine_kind", "service_name", "segment") + dimension_names
         self.segments = HistogramFamily(SEGMENT_METRIC.name, SEGMENT_METRIC.buckets, series_limit, self.budget,
                                         self.segment_label_names + ("le",))
-        self._segment_cache: dict[Key, dict[str, tuple[HistogramSeries, bool]]] = {}
+        self._segment_cache: dict[Key, dict[str, tuple[HistogramSeries, int]]] = {}
         self._segment_cache_limit = 4 * series_limit + 64
         self._segment_too_long: dict[Key, str] = {}
         self.lock = threading.Lock()
@@ -347,7 +400,7 @@ class MetricsRecorder:
         observation is a bucket index by ``bisect`` and three additions (``HistogramFamily.observe``'s
         arithmetic, inlined)."""
         weight = record.weight
-        succeeded = record.succeeded
+        succeeded = record.outcome not in _FAILED  # record.succeeded, inlined
         trace_id = record.trace_id.hex() if with_exemplars else ""
         span_id = record.span_id.hex() if with_exemplars else ""
         now = time.time() if with_exemplars else 0.0
@@ -370,7 +423,8 @@ class MetricsRecorder:
                     label = _too_long(cache_key, self.segment_label_names[:3] + self.segment_label_names[4:],
                                       self.max_label_value_bytes)
                     if label:  # every segment of this key goes to the overflow series
-                        by_name[""] = (_series_of(self.segments, self.segments.OVERFLOW), True)
+                        overflow_series = _series_of(self.segments, self.segments.OVERFLOW)
+                        by_name[""] = (overflow_series, _extra(overflow_series, True))
                         self._segment_too_long[cache_key] = label
                 everything = by_name.get("")
                 if everything is not None:
@@ -382,16 +436,19 @@ class MetricsRecorder:
                     resolved = everything or by_name.get(name)
                     if resolved is None:
                         series = _series_of(family, base + (name,) + dimensions)
-                        resolved = by_name[name] = (series, series is family.series.get(family.OVERFLOW))
-                    series, overflow = resolved
+                        resolved = by_name[name] = (series, _extra(series, series is family.series.get(family.OVERFLOW)))
+                    series, extra = resolved
                     index = bisect_left(bounds, duration)
                     series.counts[index] += weight
                     series.total += duration * weight
                     series.count += weight
-                    if series.exponential is not None:
-                        series.exponential.observe(duration, weight)
-                    if overflow:
-                        family.overflowed += 1
+                    if extra:
+                        if extra & _EXPONENTIAL:
+                            exponential = series.exponential
+                            assert exponential is not None
+                            exponential.observe(duration, weight)
+                        if extra & _OVERFLOWED:
+                            family.overflowed += 1
                     if with_exemplars:
                         series.exemplars[index] = Exemplar(trace_id, span_id, duration, now)
             if too_long:
