@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from collections.abc import Callable
 from typing import Any
 
-from otel_llm.pdata.records import Outcome, RequestRecord
+from otel_llm.pdata.records import Outcome, RequestRecord, Segment
 from otel_llm.processor.llm_metrics.metrics.accounting import Accounting
 from otel_llm.processor.llm_metrics.metrics.definitions import (
     SEGMENT_METRIC,
@@ -401,9 +401,11 @@ class MetricsRecorder:
         arithmetic, inlined)."""
         weight = record.weight
         succeeded = record.outcome not in _FAILED  # record.succeeded, inlined
-        trace_id = record.trace_id.hex() if with_exemplars else ""
-        span_id = record.span_id.hex() if with_exemplars else ""
-        now = time.time() if with_exemplars else 0.0
+        if with_exemplars:
+            trace_id, span_id, now = record.trace_id.hex(), record.span_id.hex(), time.time()
+        else:
+            trace_id = span_id = ""
+            now = 0.0
         dimensions = record.dimensions
         too_long = ""
         with self.lock:
@@ -431,7 +433,31 @@ class MetricsRecorder:
                     too_long = too_long or self._segment_too_long.get(cache_key, "dimension")
                 family = self.segments
                 bounds = family.bounds
-                for name, start_unix_ns, end_unix_ns in record.segments:
+                if everything is None and not with_exemplars:
+                    # The common case, without the branches below: each segment's own series.
+                    series_of = by_name.get
+                    for name, start_unix_ns, end_unix_ns in record.segments:
+                        duration = (end_unix_ns - start_unix_ns) / 1e9
+                        resolved = series_of(name)
+                        if resolved is None:
+                            series = _series_of(family, base + (name,) + dimensions)
+                            resolved = by_name[name] = (series, _extra(series, series is family.series.get(family.OVERFLOW)))
+                        series, extra = resolved
+                        index = bisect_left(bounds, duration)
+                        series.counts[index] += weight
+                        series.total += duration * weight
+                        series.count += weight
+                        if extra:
+                            if extra & _EXPONENTIAL:
+                                exponential = series.exponential
+                                assert exponential is not None
+                                exponential.observe(duration, weight)
+                            if extra & _OVERFLOWED:
+                                family.overflowed += 1
+                    segments: tuple[Segment, ...] = ()
+                else:
+                    segments = record.segments
+                for name, start_unix_ns, end_unix_ns in segments:
                     duration = (end_unix_ns - start_unix_ns) / 1e9
                     resolved = everything or by_name.get(name)
                     if resolved is None:
