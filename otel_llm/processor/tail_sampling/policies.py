@@ -20,6 +20,10 @@ METRICS: dict[str, Callable[[RequestRecord], float | None]] = {
     "queue": lambda r: r.queue_s,
     "gateway_overhead": lambda r: r.gateway_overhead_s,
 }
+# Looked up once, not per trace.
+_FAILED = Outcome.FAILED
+_SERVER = Side.SERVER
+_STATUS_ERROR = Status.STATUS_CODE_ERROR
 
 
 class Policy:
@@ -38,18 +42,13 @@ class ErrorsPolicy(Policy):
     def matches(self, trace: PendingTrace, records: list[RequestRecord]) -> bool:
         # Plain loops: a generator per check costs more than the check on these few items.
         for record in records:
-            if record.outcome in _FAILED_OUTCOMES:
+            if record.outcome in _FAILED:  # an error or an abort
                 return True
         for span in trace.spans.values():
             if span.status_code == _STATUS_ERROR:
                 return True
         return False
 
-
-_FAILED = Outcome.FAILED
-_SERVER = Side.SERVER
-_FAILED_OUTCOMES = frozenset((Outcome.ERROR, Outcome.ABORT))
-_STATUS_ERROR = Status.STATUS_CODE_ERROR
 
 
 @dataclass
