@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 import time
 from bisect import bisect_left
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from otel_llm.pdata.records import Outcome, RequestRecord, Segment
