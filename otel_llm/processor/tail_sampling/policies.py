@@ -20,6 +20,10 @@ METRICS: dict[str, Callable[[RequestRecord], float | None]] = {
     "queue": lambda r: r.queue_s,
     "gateway_overhead": lambda r: r.gateway_overhead_s,
 }
+# Looked up once, not per trace.
+_FAILED = Outcome.FAILED
+_SERVER = Side.SERVER
+_STATUS_ERROR = Status.STATUS_CODE_ERROR
 
 
 class Policy:
@@ -36,9 +40,15 @@ class ErrorsPolicy(Policy):
     name: str = "errors"
 
     def matches(self, trace: PendingTrace, records: list[RequestRecord]) -> bool:
-        if any(r.outcome in (Outcome.ERROR, Outcome.ABORT) for r in records):
-            return True
-        return any(b.status_code == Status.STATUS_CODE_ERROR for b in trace.spans.values())
+        # Plain loops: a generator per check costs more than the check on these few items.
+        for record in records:
+            if record.outcome in _FAILED:  # an error or an abort
+                return True
+        for span in trace.spans.values():
+            if span.status_code == _STATUS_ERROR:
+                return True
+        return False
+
 
 
 @dataclass
@@ -78,6 +88,12 @@ class SlowestPolicy(Policy):
         self._clock = clock
         self._windows: dict[tuple[str, str], RollingQuantile] = {}
         self._lock = threading.Lock()
+        self._readers = tuple(METRICS[metric] for metric in metrics)
+        # Per model, each metric's window once resolved (None before): a model's window never
+        # changes once chosen (windows are never dropped), so this only saves the keyed lookups.
+        # Bounded whatever the model names (a flood clears it).
+        self._by_model: dict[str, list[RollingQuantile | None]] = {}
+        self._by_model_limit = 2 * max_models + 64
 
     def _window(self, model: str, metric: str) -> RollingQuantile | None:
         key = (model, metric)
@@ -92,20 +108,37 @@ class SlowestPolicy(Policy):
 
     def matches(self, trace: PendingTrace, records: list[RequestRecord]) -> bool:
         slow = False
+        quantile = self.quantile
         with self._lock:
+            # Read once per trace (its requests are judged at one instant), and its time slice
+            # found once: every window has the same length and slices.
+            now: float | None = None
+            slice_id = slice_position = 0
             for record in records:
-                if not record.succeeded or record.side != Side.SERVER:
+                if record.outcome in _FAILED or record.side != _SERVER:  # not record.succeeded
                     continue
-                for metric in self.metrics:
-                    value = METRICS[metric](record)
+                model = record.model
+                windows = self._by_model.get(model)
+                if windows is None:
+                    if len(self._by_model) >= self._by_model_limit:
+                        self._by_model.clear()
+                    windows = self._by_model[model] = [None] * len(self._readers)
+                position = -1
+                for read in self._readers:
+                    position += 1
+                    value = read(record)
                     if value is None:
                         continue
-                    window = self._window(record.model, metric)
-                    assert window is not None
-                    threshold = window.quantile(self.quantile)
+                    window = windows[position]
+                    if window is None:
+                        window = windows[position] = self._window(model, self.metrics[position])
+                        assert window is not None
+                    if now is None:
+                        now = self._clock()
+                        slice_id, slice_position = window.slice_at(now)
+                    threshold = window.quantile_then_add(quantile, value, now, slice_id, slice_position)
                     if threshold is None or value > threshold:
                         slow = True
-                    window.add(value)
         return slow
 
 
@@ -138,7 +171,7 @@ class ProbabilisticPolicy(Policy):
         self.th = encode_threshold(self.threshold)
 
     def matches(self, trace: PendingTrace, records: list[RequestRecord]) -> bool:
-        return randomness_of(trace.trace_id) >= self.threshold
+        return int.from_bytes(trace.trace_id[9:16], "big") >= self.threshold  # randomness_of, inlined
 
 
 class TokenBucket:

@@ -31,6 +31,9 @@ def _upper_edge(index: int) -> float:
 
 
 class RollingQuantile:
+    __slots__ = ("_slice_s", "_slices", "_clock", "_counts", "_slice_ids", "_merged", "total", "_cached",
+                 "_cached_at", "_added_since")
+
     def __init__(self, window_s: float, slices: int = 10, clock: Callable[[], float] = time.monotonic) -> None:
         self._slice_s = window_s / slices
         self._slices = slices
@@ -43,8 +46,8 @@ class RollingQuantile:
         self._cached_at = -math.inf
         self._added_since = 0
 
-    def _current(self) -> list[int]:
-        slice_id = int(self._clock() / self._slice_s)
+    def _current(self, now: float) -> list[int]:
+        slice_id = int(now / self._slice_s)
         position = slice_id % self._slices
         if self._slice_ids[position] != slice_id:
             self._expire(position)
@@ -69,15 +72,48 @@ class RollingQuantile:
 
     def add(self, value: float) -> None:
         index = _bin(value)
-        self._current()[index] += 1
+        self._current(self._clock())[index] += 1
         self._merged[index] += 1
         self.total += 1
         self._added_since += 1
 
     def quantile(self, q: float) -> float | None:
         """Upper edge of the bin holding the q-quantile of the window, or None when empty."""
-        self._current()
-        now = self._clock()
+        return self._quantile(q, self._clock())
+
+    def slice_at(self, now: float) -> tuple[int, int]:
+        """(slice id, its position) at ``now``: the same for every window of the same length and slices."""
+        slice_id = int(now / self._slice_s)
+        return slice_id, slice_id % self._slices
+
+    def quantile_then_add(self, q: float, value: float, now: float, slice_id: int, position: int) -> float | None:
+        """``quantile(q)`` then ``add(value)``, both at ``now`` (``slice_at(now)`` is ``slice_id``,
+        ``position``): the threshold a value is compared with (the values before it), in one call
+        and one clock reading (the sampler's hot path)."""
+        if self._slice_ids[position] != slice_id:
+            self._current(now)
+        total = self.total
+        # _quantile's cached answer, inlined for the common case
+        if (total >= _EXACT_BELOW and now - self._cached_at < _REFRESH_S and self._added_since < total // 100
+                and q in self._cached):
+            result = self._cached[q]
+        else:
+            result = self._quantile(q, now)
+        # add, inlined: the slice is current
+        if value <= _MIN:
+            index = 0
+        else:
+            index = 1 + int(math.log(value / _MIN) / _LOG_GROWTH)
+            if index > _BINS - 1:
+                index = _BINS - 1
+        self._counts[position][index] += 1
+        self._merged[index] += 1
+        self.total += 1
+        self._added_since += 1
+        return result
+
+    def _quantile(self, q: float, now: float) -> float | None:
+        self._current(now)
         fresh = (self.total >= _EXACT_BELOW and now - self._cached_at < _REFRESH_S
                  and self._added_since < self.total // 100)
         if fresh and q in self._cached:

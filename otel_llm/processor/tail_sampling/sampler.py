@@ -34,6 +34,10 @@ def build_policies(config: TailSamplingProcessor) -> list[Policy]:
     return policies
 
 
+def _kept_by(policy: Policy) -> Decision:
+    return Decision(True, policy.name, policy.th if isinstance(policy, ProbabilisticPolicy) else "0")
+
+
 class TailSampler:
     def __init__(self, config: TailSamplingProcessor) -> None:
         self.policies = build_policies(config)
@@ -44,6 +48,8 @@ class TailSampler:
             RateLimit(rate.traces_per_second, rate.per_model_traces_per_second, applies_to)
             if rate.traces_per_second > 0 or rate.per_model_traces_per_second > 0 else None
         )
+        # A kept decision is immutable and the same for every trace a policy keeps: built once per policy.
+        self._kept = {id(policy): _kept_by(policy) for policy in self.policies}
 
     def decide(self, trace: PendingTrace, records: list[RequestRecord]) -> Decision:
         # Every policy sees every trace (the rolling quantiles must learn from all traffic), so no
@@ -56,5 +62,7 @@ class TailSampler:
             return DROP
         if self.rate_limit is not None and not self.rate_limit.allow(matched.name, records):
             return Decision(False, matched.name, rate_limited=True)
-        threshold = matched.th if isinstance(matched, ProbabilisticPolicy) else "0"
-        return Decision(True, matched.name, threshold)
+        kept = self._kept.get(id(matched))
+        if kept is None:  # a policy added after construction
+            kept = _kept_by(matched)
+        return kept

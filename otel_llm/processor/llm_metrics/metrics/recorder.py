@@ -5,10 +5,11 @@ from __future__ import annotations
 import threading
 import time
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from otel_llm.pdata.records import RequestRecord
+from otel_llm.pdata.records import Outcome, RequestRecord, Segment
 from otel_llm.processor.llm_metrics.metrics.accounting import Accounting
 from otel_llm.processor.llm_metrics.metrics.definitions import (
     SEGMENT_METRIC,
@@ -26,6 +27,7 @@ from otel_llm.processor.llm_metrics.metrics.families import (
     SeriesBudget,
 )
 
+_FAILED = Outcome.FAILED
 DEFAULT_SERIES_LIMIT_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_LABEL_VALUE_BYTES = 256
 
@@ -90,26 +92,242 @@ def _bind(naming: Naming, dimension_names: tuple[str, ...], series_limit: int, b
     return BoundNaming(naming, label_names, histograms, counters, list(exposed.values()))
 
 
+def _same_labels(a: BoundNaming, b: BoundNaming) -> bool:
+    """Whether two namings build the same label key from a record (same label names, and the same
+    function or one of the same code without captured state): their series can share one key lookup."""
+    if a.label_names != b.label_names:
+        return False
+    fa, fb = a.naming.labels, b.naming.labels
+    if fa is fb:
+        return True
+    ca, cb = getattr(fa, "__code__", None), getattr(fb, "__code__", None)
+    return (ca is not None and cb is not None and ca.co_code == cb.co_code and ca.co_names == cb.co_names
+            and ca.co_consts == cb.co_consts and ca.co_argcount == cb.co_argcount
+            and not getattr(fa, "__closure__", None) and not getattr(fb, "__closure__", None)
+            and not getattr(fa, "__defaults__", None) and not getattr(fb, "__defaults__", None))
+
+
 class _Plan:
-    """One naming's observations, resolved for the recording loop: per histogram (value, success
-    only, per step, bounds, family, fixed label value), per counter (value, by outcome, family), and
-    a cache from a record's label key to the series each histogram observes into (``None`` until its
-    first observation, so a series exists only once observed, as before)."""
+    """The namings of one side that build the same label key, resolved for the recording loop: per
+    histogram (value, success only, per step, bounds, family, fixed label value), per counter (value,
+    by outcome, family), and a cache from a record's label key to the series each histogram observes
+    into (``None`` until its first observation, so a series exists only once observed, as before)."""
 
-    __slots__ = ("bound", "labels", "label_names", "hists", "counters", "cache", "cache_limit")
+    __slots__ = ("bounds", "labels", "label_names", "hists", "counters", "cache", "cache_limit")
 
-    def __init__(self, bound: BoundNaming, series_limit: int) -> None:
-        self.bound = bound
-        self.labels = bound.naming.labels
-        self.label_names = tuple(prometheus_label_name(n) for n in bound.label_names)
+    def __init__(self, bounds: list[BoundNaming], series_limit: int) -> None:
+        self.bounds = bounds
+        self.labels = bounds[0].naming.labels
+        self.label_names = tuple(prometheus_label_name(n) for n in bounds[0].label_names)
         self.hists = tuple((h.spec.value, h.spec.success_only, h.spec.per_step, h.family.bounds, h.family,
-                            h.key_suffix) for h in bound.histograms)
-        self.counters = tuple((c.spec.value, c.spec.by_outcome, c.family, c.key_suffix) for c in bound.counters)
+                            h.key_suffix) for bound in bounds for h in bound.histograms)
+        self.counters = tuple((c.spec.value, c.spec.by_outcome, c.family, c.key_suffix)
+                              for bound in bounds for c in bound.counters)
         # Per key: the series of each histogram (None until first observed), then whether each is
         # the overflow series, then the name of a label whose value is too long ("" if none).
         self.cache: dict[Key, list[Any]] = {}
         # The cache only saves lookups: bounded whatever the label keys (a hostile flood clears it).
         self.cache_limit = 4 * series_limit + 64
+
+
+# The bytecode of ``lambda r: r.name``: a value spec of exactly that shape is read as ``record.name``
+# in a side's compiled observer, without the call (most specs are plain field reads).
+_FIELD_READ = (lambda r: r.model).__code__
+
+
+# ``lambda r: 1`` (a counter of requests): inlined as its constant.
+_CONSTANT = (lambda r: 1).__code__
+
+
+def _plain(value: Callable[..., Any]) -> Any:
+    """The code of a one-argument function without captured state or defaults, else None."""
+    code = getattr(value, "__code__", None)
+    if (code is None or code.co_argcount != 1 or getattr(value, "__closure__", None)
+            or getattr(value, "__defaults__", None)):
+        return None
+    return code
+
+
+def _field_of(value: Callable[..., Any]) -> str | None:
+    """The attribute ``value`` returns unchanged when it is a plain field read, else None."""
+    code = _plain(value)
+    if (code is None or code.co_code != _FIELD_READ.co_code or len(code.co_names) != 1
+            or not code.co_names[0].isidentifier()):
+        return None
+    return code.co_names[0]
+
+
+def _inline(value: Callable[..., Any]) -> str | None:
+    """Source for what ``value(record)`` returns, when it is a field read or an integer constant."""
+    field = _field_of(value)
+    if field is not None:
+        return f"record.{field}"
+    code = _plain(value)
+    if code is not None and code.co_code == _CONSTANT.co_code and code.co_consts == _CONSTANT.co_consts:
+        return repr(code.co_consts[-1])
+    return None
+
+
+def _fields_tuple(labels: Callable[..., Any]) -> str | None:
+    """Source for ``labels(record)`` when it is a tuple of field reads (``lambda r: (r.a, r.b)``)."""
+    code = _plain(labels)
+    if code is None or not 1 <= len(code.co_names) <= 16:
+        return None
+    names = code.co_names
+    if not all(n.isidentifier() for n in names):
+        return None
+    reference = eval("lambda r: (" + ", ".join(f"r.{n}" for n in names) + ",)")  # noqa: S307 (identifiers only)
+    if reference.__code__.co_code != code.co_code or reference.__code__.co_consts != code.co_consts:
+        return None
+    return "(" + ", ".join(f"record.{n}" for n in names) + ",)"
+
+
+Observer = Callable[[RequestRecord, float, bool, Key, str, str, float], str]
+
+
+def _compile(side: str, bounds: list[BoundNaming], series_limit: int,
+             new_slots: Callable[[_Plan, Key], list[Any]]) -> tuple[Observer, Observer]:
+    """One side's recording loop unrolled for its namings' specs, as Python source generated once
+    (as ``dataclasses`` and ``namedtuple`` build their methods): ``observe(record, weight, succeeded,
+    dimensions, trace_id, span_id, now)`` records ``record`` in every naming of
+    ``side`` and returns the first label too long for a series ("" if none); the second function
+    returned is the same with exemplars (for kept traces).
+
+    A record pays no per-spec tuple unpacking, branch on a spec's options or call for a plain field
+    read, and namings with the same labels share one key and one cache lookup. Per observation it
+    does exactly what the loop over specs did, in the same order (series are created, and draw on
+    the byte budget, in that order): the same bucket, count, sum, exemplar and overflow counting."""
+    plans: list[_Plan] = []
+    group_of: list[int] = []
+    for bound in bounds:
+        for number, plan in enumerate(plans):
+            if _same_labels(plan.bounds[0], bound):
+                plan.bounds.append(bound)
+                group_of.append(number)
+                break
+        else:
+            group_of.append(len(plans))
+            plans.append(_Plan([bound], series_limit))
+    plans = [_Plan(plan.bounds, series_limit) for plan in plans]  # hists and counters of every member
+    scope: dict[str, Any] = {"bisect_left": bisect_left, "Exemplar": Exemplar, "OVERFLOW": CounterFamily.OVERFLOW,
+                             "new_slots": new_slots, "resolve": MetricsRecorder._resolve}
+    exec(compile(_source(bounds, group_of, plans, scope, exemplars=False) + "\n\n"  # noqa: S102
+                 + _source(bounds, group_of, plans, scope, exemplars=True), f"<observe {side}>", "exec"), scope)
+    return scope["observe"], scope["observe_with_exemplars"]
+
+
+def _source(bounds: list[BoundNaming], group_of: list[int], plans: list[_Plan], scope: dict[str, Any],
+            exemplars: bool) -> str:
+    """The observer's source: with ``exemplars``, each observation also links the record's trace."""
+    function = "observe_with_exemplars" if exemplars else "observe"
+    lines = [f"def {function}(record, weight, succeeded, dimensions, trace_id, span_id, now):", "    too_long = ''"]
+    hist_offset = [0] * len(plans)
+    counter_offset = [0] * len(plans)
+    started: set[int] = set()
+    # A computed value (not a field read) that several specs observe whatever the outcome is
+    # computed once, up front (the value functions are pure functions of the record).
+    uses: dict[int, int] = {}
+    for plan in plans:
+        for value_of in [h[0] for h in plan.hists if h[2] is None and not h[1]] + [c[0] for c in plan.counters]:
+            if _inline(value_of) is None:
+                uses[id(value_of)] = uses.get(id(value_of), 0) + 1
+    shared: dict[int, str] = {}
+    for plan in plans:
+        for value_of in [h[0] for h in plan.hists if h[2] is None and not h[1]] + [c[0] for c in plan.counters]:
+            if uses.get(id(value_of), 0) > 1 and id(value_of) not in shared:
+                name = shared[id(value_of)] = f"shared_{len(shared)}"
+                scope[name + "_of"] = value_of
+                lines.append(f"    {name} = {name}_of(record)")
+
+    def read(value: Callable[..., Any], name: str) -> str:
+        inline = _inline(value)
+        if inline is not None:
+            return inline
+        if id(value) in shared:
+            return shared[id(value)]
+        scope[name] = value
+        return f"{name}(record)"
+
+    for bound, group in zip(bounds, group_of):
+        plan = plans[group]
+        g = group
+        count = len(plan.hists)
+        if group not in started:
+            started.add(group)
+            scope[f"labels_{g}"], scope[f"cache_{g}"], scope[f"plan_{g}"] = plan.labels, plan.cache, plan
+            lines += [
+                f"    key_{g} = {_fields_tuple(plan.labels) or f'labels_{g}(record)'} + dimensions",
+                f"    slots_{g} = cache_{g}.get(key_{g})",
+                f"    if slots_{g} is None:",
+                f"        if len(cache_{g}) >= {plan.cache_limit}:",
+                f"            cache_{g}.clear()",
+                f"        slots_{g} = cache_{g}[key_{g}] = new_slots(plan_{g}, key_{g})",
+                f"    too_long_{g} = slots_{g}[-1]",
+                f"    if too_long_{g}:",
+                f"        key_{g} = OVERFLOW",
+                "        too_long = too_long or too_long_" + str(g),
+            ]
+        for _ in bound.histograms:
+            position = hist_offset[group]
+            hist_offset[group] += 1
+            value_of, success_only, per_step, family_bounds, family, suffix = plan.hists[position]
+            name = f"{g}_{position}"
+            scope[f"family_{name}"], scope[f"bounds_{name}"], scope[f"suffix_{name}"] = family, family_bounds, suffix
+            indent = "    "
+            if success_only:
+                lines.append(f"{indent}if succeeded:")
+                indent += "    "
+            if per_step is None:
+                lines += [f"{indent}value = {read(value_of, f'value_{name}')}", f"{indent}if value is not None:"]
+            else:
+                lines.append(f"{indent}for value in {read(per_step, f'steps_{name}')}:")
+            indent += "    "
+            # Only a family with per-model buckets has series with bounds of their own.
+            series_bounds = f"series.bounds or bounds_{name}" if family.bounds_by_model else f"bounds_{name}"
+            series_key = f"key_{g} + suffix_{name}" if suffix else f"key_{g}"
+            lines += [
+                f"{indent}series = slots_{g}[{position}]",
+                f"{indent}if series is None:",
+                f"{indent}    series = resolve(slots_{g}, {position}, {count}, family_{name}, {series_key})",
+                f"{indent}index = bisect_left({series_bounds}, value)  # le: value == bound falls in that bucket",
+                f"{indent}series.counts[index] += weight",
+                f"{indent}series.total += value * weight",
+                f"{indent}series.count += weight",
+                f"{indent}extra = slots_{g}[{count + position}]",
+                f"{indent}if extra:",
+                f"{indent}    if extra & {_EXPONENTIAL}:",
+                f"{indent}        series.exponential.observe(value, weight)",
+                f"{indent}    if extra & {_OVERFLOWED}:",
+                f"{indent}        family_{name}.overflowed += 1",
+            ]
+            if exemplars:
+                lines.append(f"{indent}series.exemplars[index] = Exemplar(trace_id, span_id, value, now)")
+        for _ in bound.counters:
+            position = counter_offset[group]
+            counter_offset[group] += 1
+            value_of, by_outcome, counter_family, counter_suffix = plan.counters[position]
+            name = f"{g}_{position}"
+            scope[f"counter_{name}"], scope[f"counter_series_{name}"] = counter_family, counter_family.series
+            scope[f"counter_suffix_{name}"] = counter_suffix
+            counter_key = f"key_{g} + counter_suffix_{name}" if counter_suffix else f"key_{g}"
+            if by_outcome:
+                counter_key += " + (record.outcome,)"
+            lines += [
+                f"    amount = {read(value_of, f'counter_value_{name}')}",
+                "    if amount is not None:",
+                f"        if too_long_{g}:",
+                f"            counter_{name}.add_overflow(amount * weight)",
+                "        else:",
+                f"            counter_key = {counter_key}",
+                # CounterFamily.add, inlined for a series that exists already
+                f"            current = counter_series_{name}.get(counter_key)",
+                "            if current is None:",
+                f"                counter_{name}.add(counter_key, amount * weight)",
+                "            else:",
+                f"                counter_series_{name}[counter_key] = current + amount * weight",
+            ]
+    lines.append("    return too_long")
+    return "\n".join(lines)
 
 
 def _series_of(family: HistogramFamily, key: Key) -> HistogramSeries:
@@ -123,6 +341,17 @@ def _series_of(family: HistogramFamily, key: Key) -> HistogramSeries:
         if series is None:
             series = family.series[key] = family.new_series(key)
     return series
+
+
+# What an observation does besides its bucket, count and sum, per series (fixed once the series
+# exists: exponential buckets are asked for before the first observation), as one flag word so the
+# common series (neither) costs one test.
+_OVERFLOWED = 1  # it is the overflow series: each observation counts in ``family.overflowed``
+_EXPONENTIAL = 2  # it keeps exponential buckets too
+
+
+def _extra(series: HistogramSeries, overflow: bool) -> int:
+    return (_OVERFLOWED if overflow else 0) | (_EXPONENTIAL if series.exponential is not None else 0)
 
 
 def _too_long(key: Key, names: tuple[str, ...], limit: int) -> str:
@@ -146,15 +375,14 @@ class MetricsRecorder:
         self.too_long: dict[str, int] = {}
         self.namings = [_bind(naming, dimension_names, series_limit, self.budget) for naming in namings]
         self._by_side: dict[str, list[BoundNaming]] = {}
-        self._plans: dict[str, tuple[_Plan, ...]] = {}
         for bound in self.namings:
             self._by_side.setdefault(bound.naming.side, []).append(bound)
-        for side, bounds in self._by_side.items():
-            self._plans[side] = tuple(_Plan(bound, series_limit) for bound in bounds)
+        self._observers: dict[str, tuple[Observer, Observer]] = {
+            side: _compile(side, bounds, series_limit, self._slots) for side, bounds in self._by_side.items()}
         self.segment_label_names = ("model_name", "engine_kind", "service_name", "segment") + dimension_names
         self.segments = HistogramFamily(SEGMENT_METRIC.name, SEGMENT_METRIC.buckets, series_limit, self.budget,
                                         self.segment_label_names + ("le",))
-        self._segment_cache: dict[Key, dict[str, tuple[HistogramSeries, bool]]] = {}
+        self._segment_cache: dict[Key, dict[str, tuple[HistogramSeries, int]]] = {}
         self._segment_cache_limit = 4 * series_limit + 64
         self._segment_too_long: dict[Key, str] = {}
         self.lock = threading.Lock()
@@ -167,77 +395,24 @@ class MetricsRecorder:
     def record(self, record: RequestRecord, with_exemplars: bool = False) -> None:
         """Observe ``record`` in every naming of its side; ``with_exemplars`` only for traces the sampler kept.
 
-        One loop for every naming: a label key is built once per naming and record, the series it
-        observes into are looked up once per key (``_Plan.cache``), and an observation is a bucket
-        index by ``bisect`` and three additions (``HistogramFamily.observe``'s arithmetic, inlined)."""
+        One compiled observer per side (``_compile``): a label key is built once per label shape and
+        record, the series it observes into are looked up once per key (``_Plan.cache``), and an
+        observation is a bucket index by ``bisect`` and three additions (``HistogramFamily.observe``'s
+        arithmetic, inlined)."""
         weight = record.weight
-        succeeded = record.succeeded
-        trace_id = record.trace_id.hex() if with_exemplars else ""
-        span_id = record.span_id.hex() if with_exemplars else ""
-        now = time.time() if with_exemplars else 0.0
+        succeeded = record.outcome not in _FAILED  # record.succeeded, inlined
+        if with_exemplars:
+            trace_id, span_id, now = record.trace_id.hex(), record.span_id.hex(), time.time()
+        else:
+            trace_id = span_id = ""
+            now = 0.0
         dimensions = record.dimensions
         too_long = ""
         with self.lock:
             self.requests_recorded += 1
-            for plan in self._plans.get(record.side, ()):
-                key: Key = plan.labels(record) + dimensions
-                slots = plan.cache.get(key)
-                if slots is None:
-                    if len(plan.cache) >= plan.cache_limit:
-                        plan.cache.clear()
-                    slots = plan.cache[key] = self._slots(plan, key)
-                count = len(plan.hists)
-                if slots[-1]:
-                    too_long = too_long or slots[-1]
-                    key = CounterFamily.OVERFLOW
-                position = -1
-                for value_of, success_only, per_step, bounds, family, suffix in plan.hists:
-                    position += 1
-                    if success_only and not succeeded:
-                        continue
-                    if per_step is None:
-                        value = value_of(record)
-                        if value is None:
-                            continue
-                        series = slots[position]
-                        if series is None:
-                            series = self._resolve(slots, position, count, family, key + suffix if suffix else key)
-                        # le semantics: value == bound falls in that bucket
-                        index = bisect_left(series.bounds or bounds, value)
-                        series.counts[index] += weight
-                        series.total += value * weight
-                        series.count += weight
-                        if series.exponential is not None:
-                            series.exponential.observe(value, weight)
-                        if slots[count + position]:
-                            family.overflowed += 1
-                        if with_exemplars:
-                            series.exemplars[index] = Exemplar(trace_id, span_id, value, now)
-                        continue
-                    for value in per_step(record):
-                        series = slots[position]
-                        if series is None:
-                            series = self._resolve(slots, position, count, family, key + suffix if suffix else key)
-                        index = bisect_left(series.bounds or bounds, value)
-                        series.counts[index] += weight
-                        series.total += value * weight
-                        series.count += weight
-                        if series.exponential is not None:
-                            series.exponential.observe(value, weight)
-                        if slots[count + position]:
-                            family.overflowed += 1
-                        if with_exemplars:
-                            series.exemplars[index] = Exemplar(trace_id, span_id, value, now)
-                for value_of, by_outcome, counter_family, counter_suffix in plan.counters:
-                    amount = value_of(record)
-                    if amount is None:
-                        continue
-                    if key is CounterFamily.OVERFLOW:
-                        counter_family.add_overflow(amount * weight)
-                    else:
-                        counter_key = key + counter_suffix if counter_suffix else key
-                        counter_family.add(counter_key + (record.outcome,) if by_outcome else counter_key,
-                                           amount * weight)
+            observers = self._observers.get(record.side)
+            if observers is not None:
+                too_long = observers[1 if with_exemplars else 0](record, weight, succeeded, dimensions, trace_id, span_id, now)
             if record.segments:
                 base = (record.model, record.engine_kind, record.service_name)
                 cache_key = base + dimensions
@@ -250,29 +425,56 @@ class MetricsRecorder:
                     label = _too_long(cache_key, self.segment_label_names[:3] + self.segment_label_names[4:],
                                       self.max_label_value_bytes)
                     if label:  # every segment of this key goes to the overflow series
-                        by_name[""] = (_series_of(self.segments, self.segments.OVERFLOW), True)
+                        overflow_series = _series_of(self.segments, self.segments.OVERFLOW)
+                        by_name[""] = (overflow_series, _extra(overflow_series, True))
                         self._segment_too_long[cache_key] = label
                 everything = by_name.get("")
                 if everything is not None:
                     too_long = too_long or self._segment_too_long.get(cache_key, "dimension")
                 family = self.segments
                 bounds = family.bounds
-                for segment in record.segments:
-                    name = segment.name
-                    duration = (segment.end_unix_ns - segment.start_unix_ns) / 1e9
+                if everything is None and not with_exemplars:
+                    # The common case, without the branches below: each segment's own series.
+                    series_of = by_name.get
+                    for name, start_unix_ns, end_unix_ns in record.segments:
+                        duration = (end_unix_ns - start_unix_ns) / 1e9
+                        resolved = series_of(name)
+                        if resolved is None:
+                            series = _series_of(family, base + (name,) + dimensions)
+                            resolved = by_name[name] = (series, _extra(series, series is family.series.get(family.OVERFLOW)))
+                        series, extra = resolved
+                        index = bisect_left(bounds, duration)
+                        series.counts[index] += weight
+                        series.total += duration * weight
+                        series.count += weight
+                        if extra:
+                            if extra & _EXPONENTIAL:
+                                exponential = series.exponential
+                                assert exponential is not None
+                                exponential.observe(duration, weight)
+                            if extra & _OVERFLOWED:
+                                family.overflowed += 1
+                    segments: tuple[Segment, ...] = ()
+                else:
+                    segments = record.segments
+                for name, start_unix_ns, end_unix_ns in segments:
+                    duration = (end_unix_ns - start_unix_ns) / 1e9
                     resolved = everything or by_name.get(name)
                     if resolved is None:
                         series = _series_of(family, base + (name,) + dimensions)
-                        resolved = by_name[name] = (series, series is family.series.get(family.OVERFLOW))
-                    series, overflow = resolved
+                        resolved = by_name[name] = (series, _extra(series, series is family.series.get(family.OVERFLOW)))
+                    series, extra = resolved
                     index = bisect_left(bounds, duration)
                     series.counts[index] += weight
                     series.total += duration * weight
                     series.count += weight
-                    if series.exponential is not None:
-                        series.exponential.observe(duration, weight)
-                    if overflow:
-                        family.overflowed += 1
+                    if extra:
+                        if extra & _EXPONENTIAL:
+                            exponential = series.exponential
+                            assert exponential is not None
+                            exponential.observe(duration, weight)
+                        if extra & _OVERFLOWED:
+                            family.overflowed += 1
                     if with_exemplars:
                         series.exemplars[index] = Exemplar(trace_id, span_id, duration, now)
             if too_long:
@@ -281,22 +483,22 @@ class MetricsRecorder:
                 self.accounting.record(record)
 
     def _slots(self, plan: _Plan, key: Key) -> list[Any]:
-        """A new cache entry: [series per histogram..., whether each is the overflow series..., the
-        label whose value is too long or ""]. A too-long value resolves to the overflow series at once."""
+        """A new cache entry: [series per histogram..., what else each observation does (``_extra``)...,
+        the label whose value is too long or ""]. A too-long value resolves to the overflow series at once."""
         count = len(plan.hists)
-        slots: list[Any] = [None] * count + [False] * count + [_too_long(key, plan.label_names,
-                                                                          self.max_label_value_bytes)]
+        slots: list[Any] = [None] * count + [0] * count + [_too_long(key, plan.label_names,
+                                                                      self.max_label_value_bytes)]
         if slots[-1]:
             for position, hist in enumerate(plan.hists):
                 family = hist[4]
-                slots[position] = _series_of(family, family.OVERFLOW)
-                slots[count + position] = True
+                series = slots[position] = _series_of(family, family.OVERFLOW)
+                slots[count + position] = _extra(series, True)
         return slots
 
     @staticmethod
     def _resolve(slots: list, position: int, count: int, family: HistogramFamily, key: Key) -> HistogramSeries:
         series = slots[position] = _series_of(family, key)
-        slots[count + position] = series is family.series.get(family.OVERFLOW)
+        slots[count + position] = _extra(series, series is family.series.get(family.OVERFLOW))
         return series
 
     def keep_exponential(self, max_size: int, max_scale: int) -> None:

@@ -1,0 +1,221 @@
+"""The recorder's compiled observers against a plain reference written here: every naming, both
+sides, per-model buckets, fixed labels, per-step values, counters by outcome, segments, weights,
+exemplars, too-long label values, the series cap's overflow and exponential buckets, over random
+records. The reference walks each spec of each naming and finds each bucket by a linear scan, so a
+wrong unrolled spec, a shared key, an inlined value or a skipped overflow count shows as a difference."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from otel_llm.pdata.records import Outcome, RequestRecord, Segment, Side
+from otel_llm.processor.llm_metrics.metrics.definitions import (
+    SEGMENT_METRIC,
+    Naming,
+    adapter_naming,
+    genai_client_naming,
+    genai_naming,
+    own_cache_naming,
+    own_naming,
+    prometheus_label_name,
+    vllm_cache_naming,
+    vllm_naming,
+)
+from otel_llm.processor.llm_metrics.metrics.exponential import ExponentialState
+from otel_llm.processor.llm_metrics.metrics.families import CounterFamily, HistogramFamily
+from otel_llm.processor.llm_metrics.metrics.recorder import MetricsRecorder
+
+OVERFLOW = ("__overflow__",)
+MAX_LABEL_BYTES = 24
+LIMIT = 6  # series per family: small, so random label values fill it and overflow
+
+
+def _bucket(bounds: tuple[float, ...], value: float) -> int:
+    """The first bucket whose upper bound is >= value (le semantics), by a linear scan."""
+    for index, bound in enumerate(bounds):
+        if value <= bound:
+            return index
+    return len(bounds)
+
+
+class Reference:
+    def __init__(self, namings: list[Naming], dimension_names: tuple[str, ...]) -> None:
+        self.namings = namings
+        self.dimension_names = dimension_names
+        # family name -> key -> [counts, total, count, exemplars, exponential]
+        self.hists: dict[str, dict[tuple[str, ...], list[Any]]] = {}
+        self.hist_overflowed: dict[str, int] = {}
+        self.counters: dict[str, dict[tuple[str, ...], float]] = {}
+        self.counter_overflowed: dict[str, int] = {}
+        self.too_long: dict[str, int] = {}
+
+    def _first_too_long(self, key: tuple[str, ...], names: tuple[str, ...]) -> str:
+        for position, value in enumerate(key):
+            if len(value.encode("utf-8")) > MAX_LABEL_BYTES:
+                return names[position] if position < len(names) else "dimension"
+        return ""
+
+    def _admit(self, series: dict, key: tuple[str, ...]) -> tuple[tuple[str, ...], bool]:
+        if key in series:
+            return key, key == OVERFLOW
+        if len(series) < LIMIT:
+            return key, False
+        return OVERFLOW, True
+
+    def _observe(self, name: str, bounds: tuple[float, ...], own_bounds: tuple[float, ...], key: tuple[str, ...],
+                 forced_overflow: bool, value: float, weight: float, exemplar: tuple[str, str] | None) -> None:
+        """``own_bounds``: the bounds of the key's own series (a model's), ``bounds`` the overflow series'."""
+        series = self.hists.setdefault(name, {})
+        key, overflow = (OVERFLOW, True) if forced_overflow else self._admit(series, key)
+        if key != OVERFLOW:
+            bounds = own_bounds
+        state = series.get(key)
+        if state is None:
+            state = series[key] = [[0.0] * (len(bounds) + 1), 0.0, 0.0, {}, ExponentialState(160, 20)]
+        index = _bucket(bounds, value)
+        state[0][index] += weight
+        state[1] += value * weight
+        state[2] += weight
+        if exemplar:
+            state[3][index] = (exemplar[0], exemplar[1], value)
+        state[4].observe(value, weight)
+        if overflow:
+            self.hist_overflowed[name] = self.hist_overflowed.get(name, 0) + 1
+
+    def _count(self, name: str, key: tuple[str, ...], forced_overflow: bool, amount: float) -> None:
+        series = self.counters.setdefault(name, {})
+        if forced_overflow:
+            key, overflow = OVERFLOW, True
+        else:
+            key, overflow = self._admit(series, key)
+        series[key] = series.get(key, 0.0) + amount
+        if overflow:
+            self.counter_overflowed[name] = self.counter_overflowed.get(name, 0) + 1
+
+    def record(self, record: RequestRecord, with_exemplars: bool) -> None:
+        exemplar = (record.trace_id.hex(), record.span_id.hex()) if with_exemplars else None
+        succeeded = record.outcome not in (Outcome.ABORT, Outcome.ERROR)
+        first_too_long = ""
+        for naming in self.namings:
+            if naming.side != record.side:
+                continue
+            key = naming.labels(record) + record.dimensions
+            names = tuple(prometheus_label_name(n) for n in naming.label_names + self.dimension_names)
+            too_long = self._first_too_long(key, names)
+            first_too_long = first_too_long or too_long
+            for spec in naming.histograms if too_long else ():
+                # A too-long key takes its naming's overflow series at once, observed or not (as the
+                # recorder has always done: the series is there, empty, from the first such key).
+                self.hists.setdefault(spec.name, {}).setdefault(
+                    OVERFLOW, [[0.0] * (len(spec.buckets) + 1), 0.0, 0.0, {}, ExponentialState(160, 20)])
+            for spec in naming.histograms:
+                if spec.success_only and not succeeded:
+                    continue
+                values = spec.per_step(record) if spec.per_step else (spec.value(record),)
+                own_bounds = dict(spec.buckets_by_model).get(record.model, spec.buckets)
+                fixed = (spec.fixed_label[1],) if spec.fixed_label else ()
+                for value in values:
+                    if value is not None:
+                        self._observe(spec.name, spec.buckets, own_bounds, key + fixed, bool(too_long), value,
+                                      record.weight, exemplar)
+            for counter in naming.counters:
+                amount = counter.value(record)
+                if amount is None:
+                    continue
+                fixed = (counter.fixed_label[1],) if counter.fixed_label else ()
+                outcome = (record.outcome,) if counter.by_outcome else ()
+                self._count(counter.name, key + fixed + outcome, bool(too_long), amount * record.weight)
+        if record.segments:
+            base = (record.model, record.engine_kind, record.service_name)
+            too_long = self._first_too_long(base + record.dimensions, (
+                "model_name", "engine_kind", "service_name") + self.dimension_names)
+            first_too_long = first_too_long or too_long
+            for name, start, end in record.segments:
+                self._observe(SEGMENT_METRIC.name, SEGMENT_METRIC.buckets, SEGMENT_METRIC.buckets,
+                              base + (name,) + record.dimensions,
+                              bool(too_long), (end - start) / 1e9, record.weight, exemplar)
+        if first_too_long:
+            self.too_long[first_too_long] = self.too_long.get(first_too_long, 0) + 1
+
+
+def _random_record(rng: random.Random) -> RequestRecord:
+    def maybe(value: Any) -> Any:
+        return value if rng.random() < 0.75 else None
+
+    def text(choices: list[str]) -> str:
+        return rng.choice(choices + ["x" * 30]) if rng.random() < 0.08 else rng.choice(choices)
+
+    side = rng.choice([Side.SERVER, Side.SERVER, Side.CLIENT])
+    model = text(["llama", "qwen", "mistral", "big-model", "é-model"])
+    prompt = maybe(rng.choice([0, 1, 7, 100, 2000, 9000]))
+    start = rng.randrange(10**18, 2 * 10**18)
+    segments = tuple(Segment(name, start, start + rng.randrange(0, 5 * 10**9))
+                     for name in rng.sample(["queue", "prefill", "decode", "preprocess"], rng.randrange(0, 4)))
+    adapter = rng.choice(["", "", "sql-lora"])
+    return RequestRecord(
+        trace_id=rng.randbytes(16), span_id=rng.randbytes(8), engine_kind="client" if side == Side.CLIENT else
+        rng.choice(["vllm", "sglang", "tgi"]), adapter="a", service_name=text(["svc-a", "svc-b"]), model=model,
+        model_source="span", request_model=rng.choice(["", model]), response_model=rng.choice(["", model]),
+        operation_name="chat", provider_name=rng.choice(["vllm", "openai"]),
+        outcome=rng.choice([Outcome.STOP, Outcome.LENGTH, Outcome.ABORT, Outcome.ERROR, Outcome.UNKNOWN]),
+        side=side, error_type=rng.choice(["", "timeout"]), server_address="h", server_port="8000",
+        ttft_s=maybe(rng.choice([0.0, 0.001, 0.02, 0.5, 10.0, 3000.0, rng.random()])),
+        tpot_s=maybe(rng.random() / 10), e2e_s=maybe(rng.random() * 100), queue_s=maybe(rng.random()),
+        prefill_s=maybe(rng.random()), decode_s=maybe(rng.random() * 5), inference_s=maybe(rng.random() * 6),
+        prompt_tokens=prompt, completion_tokens=maybe(rng.choice([0, 1, 2, 50, 4096])),
+        gateway_overhead_s=maybe(rng.random() / 100), client_overhead_s=maybe(rng.random() / 10),
+        edge_ttft_s=maybe(rng.random()), segments=segments, dimensions=(text(["gold", "free"]),),
+        weight=rng.choice([1.0, 1.0, 2.0, 1.45]),
+        cached_tokens=maybe(rng.choice([0, 5, 100])) if prompt is not None else maybe(3),
+        cache_write_tokens=maybe(4), reasoning_tokens=maybe(9),
+        itl_s=tuple(rng.random() / 20 for _ in range(rng.randrange(0, 4))),
+        spec_accepted_tokens=maybe(30), spec_draft_tokens=maybe(40), spec_steps=maybe(rng.choice([0, 10])),
+        lora_adapter=adapter, lora_base_model="llama" if adapter else "")
+
+
+@pytest.mark.parametrize("genai_version", ["1.41", "0.1"])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_compiled_observers_match_the_reference(genai_version: str, seed: int) -> None:
+    namings = [vllm_naming(8192, {"qwen": 1000}), vllm_cache_naming(8192, {"qwen": 1000}), genai_naming(genai_version),
+               genai_client_naming(genai_version), own_naming(), own_cache_naming(), adapter_naming()]
+    recorder = MetricsRecorder(namings, ("tier",), LIMIT, max_label_value_bytes=MAX_LABEL_BYTES)
+    recorder.keep_exponential(160, 20)
+    reference = Reference(namings, ("tier",))
+    rng = random.Random(seed)
+    for _ in range(600):
+        record = _random_record(rng)
+        with_exemplars = rng.random() < 0.3
+        recorder.record(record, with_exemplars)
+        reference.record(record, with_exemplars)
+
+    got_hists: dict[str, HistogramFamily] = {}
+    got_counters: dict[str, CounterFamily] = {}
+    for family in recorder.families():
+        if isinstance(family, HistogramFamily):
+            got_hists[family.name] = family
+        else:
+            got_counters[family.name] = family
+    assert set(reference.hists) <= set(got_hists)
+    for name, family in got_hists.items():
+        expected = reference.hists.get(name, {})
+        assert set(family.series) == set(expected), name
+        for key, series in family.series.items():
+            counts, total, count, exemplars, exponential = expected[key]
+            assert series.counts == counts, (name, key)
+            assert series.total == total and series.count == count, (name, key)
+            assert {i: (e.trace_id, e.span_id, e.value) for i, e in series.exemplars.items()} == exemplars
+            assert series.exponential is not None
+            assert series.exponential.positive.counts == exponential.positive.counts, (name, key)
+            assert series.exponential.zero_count == exponential.zero_count
+        assert family.overflowed == reference.hist_overflowed.get(name, 0), name
+    for name, counter_family in got_counters.items():
+        assert counter_family.series == reference.counters.get(name, {}), name
+        assert counter_family.overflowed == reference.counter_overflowed.get(name, 0), name
+    assert recorder.too_long == reference.too_long
+    # The random records did reach what the test is about.
+    assert any(OVERFLOW in f.series for f in got_hists.values())
+    assert reference.too_long and sum(reference.hist_overflowed.values()) > 0
+    assert any(s.exemplars for f in got_hists.values() for s in f.series.values())
