@@ -128,50 +128,61 @@ def derive_timings(obs: EngineObservation, max_latency_s: float) -> Timings:
     return Timings(ttft, e2e, queue, prefill, decode, inference, preprocess, postprocess, tpot, not_measurable)
 
 
+# A C call, where ``Segment(...)`` runs the named tuple's Python-level ``__new__``: five segments per request.
+_new_tuple = tuple.__new__
+
+
 def build_segments(start_unix_ns: int, t: Timings) -> tuple[Segment, ...]:
     """Segments laid end to end from the engine span's start (the request's arrival).
 
     Zero-length preprocess/postprocess are omitted, as DESIGN.md §4 says; queue, prefill and
     decode are kept even when zero long so every request has the same waterfall.
     """
+    ttft, e2e, queue, prefill, decode, inference, preprocess = t[0], t[1], t[2], t[3], t[4], t[5], t[6]
     segments: list[Segment] = []
     cursor = start_unix_ns
-    if t.ttft_s is not None and t.queue_s is not None and t.prefill_s is not None:
-        first_token = start_unix_ns + round(t.ttft_s * 1e9)
-        prefill_start = first_token - round(t.prefill_s * 1e9)
-        queue_start = prefill_start - round(t.queue_s * 1e9)
+    if ttft is not None and queue is not None and prefill is not None:
+        first_token = start_unix_ns + round(ttft * 1e9)
+        prefill_start = first_token - round(prefill * 1e9)
+        queue_start = prefill_start - round(queue * 1e9)
         if queue_start > cursor:
-            segments.append(Segment("preprocess", cursor, queue_start))
-        queue_start = max(queue_start, cursor)
-        segments.append(Segment("queue", queue_start, max(prefill_start, queue_start)))
-        segments.append(Segment("prefill", max(prefill_start, queue_start), first_token))
+            segments.append(_new_tuple(Segment, ("preprocess", cursor, queue_start)))
+        else:
+            queue_start = cursor
+        if prefill_start < queue_start:
+            prefill_start = queue_start
+        segments.append(_new_tuple(Segment, ("queue", queue_start, prefill_start)))
+        segments.append(_new_tuple(Segment, ("prefill", prefill_start, first_token)))
         cursor = first_token
-    elif t.queue_s is not None and t.preprocess_s is not None:
+    elif queue is not None and preprocess is not None:
         # TGI: validation, queue, then one inference interval without a first-token mark.
-        if t.preprocess_s > 0:
-            segments.append(Segment("preprocess", cursor, cursor + round(t.preprocess_s * 1e9)))
-            cursor += round(t.preprocess_s * 1e9)
-        segments.append(Segment("queue", cursor, cursor + round(t.queue_s * 1e9)))
-        cursor += round(t.queue_s * 1e9)
-        if t.inference_s is not None:
-            segments.append(Segment("inference", cursor, cursor + round(t.inference_s * 1e9)))
-            cursor += round(t.inference_s * 1e9)
-    elif t.ttft_s is not None and t.prefill_s is not None:
+        if preprocess > 0:
+            segments.append(_new_tuple(Segment, ("preprocess", cursor, cursor + round(preprocess * 1e9))))
+            cursor += round(preprocess * 1e9)
+        segments.append(_new_tuple(Segment, ("queue", cursor, cursor + round(queue * 1e9))))
+        cursor += round(queue * 1e9)
+        if inference is not None:
+            segments.append(_new_tuple(Segment, ("inference", cursor, cursor + round(inference * 1e9))))
+            cursor += round(inference * 1e9)
+    elif ttft is not None and prefill is not None:
         # SGLang has no queue attribute: everything before prefill is queue + tokenization.
-        first_token = start_unix_ns + round(t.ttft_s * 1e9)
-        prefill_start = max(first_token - round(t.prefill_s * 1e9), cursor)
+        first_token = start_unix_ns + round(ttft * 1e9)
+        prefill_start = first_token - round(prefill * 1e9)
         if prefill_start > cursor:
-            segments.append(Segment("queue", cursor, prefill_start))
-        segments.append(Segment("prefill", prefill_start, first_token))
+            segments.append(_new_tuple(Segment, ("queue", cursor, prefill_start)))
+        else:
+            prefill_start = cursor
+        segments.append(_new_tuple(Segment, ("prefill", prefill_start, first_token)))
         cursor = first_token
-    if t.decode_s is not None and t.ttft_s is not None:
+    if decode is not None and ttft is not None:
         if not segments:
             # Nothing before the first token is known (no queue/prefill): decode still starts at it.
-            cursor = start_unix_ns + round(t.ttft_s * 1e9)
-        segments.append(Segment("decode", cursor, cursor + round(t.decode_s * 1e9)))
-        cursor += round(t.decode_s * 1e9)
-    if t.e2e_s is not None:
-        end = start_unix_ns + round(t.e2e_s * 1e9)
-        if end > cursor and segments:
-            segments.append(Segment("postprocess", cursor, end))
+            cursor = start_unix_ns + round(ttft * 1e9)
+        decode_end = cursor + round(decode * 1e9)
+        segments.append(_new_tuple(Segment, ("decode", cursor, decode_end)))
+        cursor = decode_end
+    if e2e is not None and segments:
+        end = start_unix_ns + round(e2e * 1e9)
+        if end > cursor:
+            segments.append(_new_tuple(Segment, ("postprocess", cursor, end)))
     return tuple(segments)
