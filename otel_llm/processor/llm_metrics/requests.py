@@ -727,12 +727,61 @@ def _client_record(buffered: BufferedSpan, trace: PendingTrace, served: RequestR
     return record
 
 
+def _simple_request(trace: PendingTrace) -> tuple[BufferedSpan, Joined] | None:
+    """The engine span and its join for the two shapes most traffic has, told from the trace alone:
+    one engine span by itself, or one engine span directly under one GenAI SERVER span (a gateway)
+    that is the top of what the trace holds. ``None`` for any other shape: the general joining reads it.
+
+    What the general path makes of these shapes, without its index and sets: the lone engine span
+    has no ancestors, and no sibling that could be its gateway (its parent's only child here is
+    itself); under the gateway, the engine's ancestors are that SERVER span alone, so it is the
+    request's only gateway and its only lookup, and it is not a request of its own."""
+    spans = trace.spans
+    count = len(spans)
+    if count == 1:
+        for engine in spans.values():
+            obs = engine.observation
+            if obs is None or obs.part or obs.may_be_gateway or engine.parent_span_id == engine.span_id:
+                return None
+            return engine, Joined([], [], None)
+    if count == 2:
+        first, second = spans.values()
+        first_obs, second_obs = first.observation, second.observation
+        if first_obs is None or second_obs is None or first_obs.part or second_obs.part:
+            return None
+        if first_obs.may_be_gateway == second_obs.may_be_gateway:
+            return None
+        engine, gateway = (second, first) if first_obs.may_be_gateway else (first, second)
+        if (gateway.kind != _SERVER or engine.parent_span_id != gateway.span_id
+                or gateway.parent_span_id in spans):  # in spans: a cycle, or the engine above its gateway
+            return None
+        lookup = [gateway]
+        return engine, Joined(lookup, lookup, None)
+    return None
+
+
 def records_of_trace(trace: PendingTrace, settings: RecordSettings,
                      malformed: list[tuple[str, str]] | None = None) -> list[RequestRecord]:
     """Server records (engine requests, then gateway-only requests), then client records.
 
     A request whose spans cannot make one (composite.py) gives no record; its reason is appended to
     ``malformed``, for ``otel_llm_spans_malformed_total``."""
+    if len(trace.spans) <= 2:
+        simple = _simple_request(trace)
+        if simple is not None:
+            engine, joined = simple
+            try:
+                return [build_record(engine, joined, settings, trace=trace)]
+            except MalformedSpan as exc:
+                if malformed is not None:
+                    malformed.append((exc.reason, engine.service_name))
+                return []
+    return _records_of_any_trace(trace, settings, malformed)
+
+
+def _records_of_any_trace(trace: PendingTrace, settings: RecordSettings,
+                          malformed: list[tuple[str, str]] | None) -> list[RequestRecord]:
+    """``records_of_trace`` for a trace of any shape: the reference the fast path must agree with."""
     engines: list[BufferedSpan] = []
     server_genai: list[BufferedSpan] = []
     clients: list[BufferedSpan] = []
