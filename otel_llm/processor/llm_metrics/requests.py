@@ -111,6 +111,8 @@ class RecordSettings:
 
 def _text(span: BufferedSpan, key: str) -> str | None:
     """As ``adapters.attributes.get_str`` reads an ``AnyValue``: the same label text either way."""
+    if key not in span.attrs:  # one C-level scan; a key that is there sits at an even position, so is found
+        return None
     value = span.attr(key)
     if isinstance(value, list):
         value = value[0] if value else None
@@ -184,9 +186,12 @@ def _span_seconds(span: BufferedSpan, settings: RecordSettings, rejected: list[s
 
 
 def _edge_ttft(edge: BufferedSpan, settings: RecordSettings, rejected: list[str]) -> float | None:
-    if not edge.attrs:  # what it reads (attributes, the first-token event time) are all kept there
+    attrs = edge.attrs
+    if not attrs:  # what it reads (attributes, the first-token event time) are all kept there
         return None
     for key in settings.edge_ttft_attributes:
+        if key not in attrs:  # one C-level scan: an absent key reads as None below
+            continue
         try:
             value = _number(edge, key)
         except (TypeError, ValueError):
@@ -194,7 +199,7 @@ def _edge_ttft(edge: BufferedSpan, settings: RecordSettings, rejected: list[str]
             continue
         if value is not None:
             return _valid_seconds(value, settings, "invalid_edge_ttft", rejected)
-    event_ns = edge.attr(FIRST_TOKEN_EVENT)
+    event_ns = edge.attr(FIRST_TOKEN_EVENT) if FIRST_TOKEN_EVENT in attrs else None
     if event_ns is not None and edge.start_unix_ns > 0:
         return _valid_seconds((event_ns - edge.start_unix_ns) / 1e9, settings, "invalid_edge_ttft", rejected)
     return None
@@ -525,7 +530,7 @@ def build_record(buffered: BufferedSpan, joined: Joined, settings: RecordSetting
         (), (), t.not_measurable, obs.derived,  # rejected (below), segments missing, not measurable, derived
         obs.cached_tokens, obs.cache_write_tokens, obs.reasoning_tokens, obs.itl_s, tenant)
     rejected: list[str] = []
-    if server and trace is not None:
+    if server and trace is not None and (partner is not None or obs.engine_kind in _COMPOSITE_KINDS):
         _read_composite(record, buffered, obs, trace, joined, partner, inner or [])
     _read_cache_and_spec(record, obs, lookup if server else [], rejected)
     if record.e2e_s is None:
@@ -583,6 +588,10 @@ def _name_adapter(record: RequestRecord, adapters: dict[str, str]) -> None:
         if base is not None:
             record.lora_adapter, record.lora_base_model = name, base
             return
+
+
+# The engines whose request _read_composite reads from other spans even without a partner span.
+_COMPOSITE_KINDS = frozenset({EngineKind.SGLANG, EngineKind.TRITON, EngineKind.DYNAMO, EngineKind.LLM_D})
 
 
 def _read_composite(record: RequestRecord, buffered: BufferedSpan, obs: EngineObservation, trace: PendingTrace,

@@ -7,6 +7,7 @@ so every rule of DESIGN.md §4 is testable on its own.
 from __future__ import annotations
 
 import math
+import sys
 from typing import NamedTuple
 
 from otel_llm.pdata.observation import EngineObservation, MalformedSpan
@@ -52,6 +53,10 @@ def _check(name: str, value: float | None, max_latency_s: float) -> None:
 
 
 _INF = math.inf
+# A C call, where ``Segment(...)`` or ``Timings(...)`` runs the named tuple's Python-level ``__new__``:
+# one Timings and about five segments per request.
+_new_tuple = tuple.__new__
+_MAX_FINITE = sys.float_info.max  # "at most this" excludes infinity as "finite and at most infinity" does
 _CHECKED = ("ttft_s", "e2e_s", "queue_s", "prefill_s", "decode_s", "inference_s", "preprocess_s", "tpot_s")
 
 
@@ -83,14 +88,19 @@ def derive_timings(obs: EngineObservation, max_latency_s: float) -> Timings:
             prefill, not_measurable = None, not_measurable + ("prefill",)
         if decode is not None and "decode" in obs.derived and decode < 0:
             decode, not_measurable = None, not_measurable + ("decode",)
-    # One comparison per value on the common path (NaN fails it, infinity is excluded); the first
-    # value that fails is then reported by the checks below, in their order.
-    for value in (ttft, e2e, queue, prefill, decode, inference, preprocess, obs.tpot_s):
-        if value is not None and not (0.0 <= value <= max_latency_s and value != _INF):
-            for name in _CHECKED:
-                if name in ("prefill_s", "decode_s") and name[:-2] in not_measurable:
-                    continue
-                _check(name, getattr(obs, name), max_latency_s)
+    # One comparison per value on the common path (NaN fails it, infinity is excluded), written out
+    # rather than looped (this runs for every request); the first value that fails is then reported
+    # by the checks below, in their order.
+    bound = max_latency_s if max_latency_s < _INF else _MAX_FINITE
+    tpot = obs.tpot_s
+    if not ((ttft is None or 0.0 <= ttft <= bound) and (e2e is None or 0.0 <= e2e <= bound)
+            and (queue is None or 0.0 <= queue <= bound) and (prefill is None or 0.0 <= prefill <= bound)
+            and (decode is None or 0.0 <= decode <= bound) and (inference is None or 0.0 <= inference <= bound)
+            and (preprocess is None or 0.0 <= preprocess <= bound) and (tpot is None or 0.0 <= tpot <= bound)):
+        for name in _CHECKED:
+            if name in ("prefill_s", "decode_s") and name[:-2] in not_measurable:
+                continue
+            _check(name, getattr(obs, name), max_latency_s)
     prompt, completion = obs.prompt_tokens, obs.completion_tokens
     if (prompt is not None and not 0 <= prompt <= MAX_TOKENS_PER_REQUEST) or \
             (completion is not None and not 0 <= completion <= MAX_TOKENS_PER_REQUEST):
@@ -119,17 +129,13 @@ def derive_timings(obs: EngineObservation, max_latency_s: float) -> Timings:
         if known > e2e + tolerance:
             not_measurable += ("postprocess",)
 
-    tpot = obs.tpot_s
     if tpot is None and decode is not None and obs.completion_tokens is not None:
         # vLLM's definition (v1/metrics/stats.py): decode / (tokens - 1), and 0 for a request of at
         # most one output token, which vLLM observes too.
         tokens = obs.completion_tokens
         tpot = decode / (tokens - 1) if tokens > 1 else 0.0
-    return Timings(ttft, e2e, queue, prefill, decode, inference, preprocess, postprocess, tpot, not_measurable)
-
-
-# A C call, where ``Segment(...)`` runs the named tuple's Python-level ``__new__``: five segments per request.
-_new_tuple = tuple.__new__
+    return _new_tuple(Timings, (ttft, e2e, queue, prefill, decode, inference, preprocess, postprocess, tpot,
+                                not_measurable))
 
 
 def build_segments(start_unix_ns: int, t: Timings) -> tuple[Segment, ...]:
