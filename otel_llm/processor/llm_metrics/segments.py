@@ -145,6 +145,37 @@ def build_segments(start_unix_ns: int, t: Timings) -> tuple[Segment, ...]:
     decode are kept even when zero long so every request has the same waterfall.
     """
     ttft, e2e, queue, prefill, decode, inference, preprocess = t[0], t[1], t[2], t[3], t[4], t[5], t[6]
+    if ttft is not None and queue is not None and prefill is not None and decode is not None and e2e is not None:
+        # vLLM's full set, most requests: the general steps below, written out into one tuple.
+        first_token = start_unix_ns + round(ttft * 1e9)
+        prefill_start = first_token - round(prefill * 1e9)
+        queue_start = prefill_start - round(queue * 1e9)
+        decode_end = first_token + round(decode * 1e9)
+        end = start_unix_ns + round(e2e * 1e9)
+        if queue_start <= start_unix_ns:
+            queue_start = start_unix_ns
+            if prefill_start < queue_start:
+                prefill_start = queue_start
+            if end > decode_end:
+                return (_new_tuple(Segment, ("queue", queue_start, prefill_start)),
+                        _new_tuple(Segment, ("prefill", prefill_start, first_token)),
+                        _new_tuple(Segment, ("decode", first_token, decode_end)),
+                        _new_tuple(Segment, ("postprocess", decode_end, end)))
+            return (_new_tuple(Segment, ("queue", queue_start, prefill_start)),
+                    _new_tuple(Segment, ("prefill", prefill_start, first_token)),
+                    _new_tuple(Segment, ("decode", first_token, decode_end)))
+        if prefill_start < queue_start:
+            prefill_start = queue_start
+        if end > decode_end:
+            return (_new_tuple(Segment, ("preprocess", start_unix_ns, queue_start)),
+                    _new_tuple(Segment, ("queue", queue_start, prefill_start)),
+                    _new_tuple(Segment, ("prefill", prefill_start, first_token)),
+                    _new_tuple(Segment, ("decode", first_token, decode_end)),
+                    _new_tuple(Segment, ("postprocess", decode_end, end)))
+        return (_new_tuple(Segment, ("preprocess", start_unix_ns, queue_start)),
+                _new_tuple(Segment, ("queue", queue_start, prefill_start)),
+                _new_tuple(Segment, ("prefill", prefill_start, first_token)),
+                _new_tuple(Segment, ("decode", first_token, decode_end)))
     segments: list[Segment] = []
     cursor = start_unix_ns
     if ttft is not None and queue is not None and prefill is not None:
