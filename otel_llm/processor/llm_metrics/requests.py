@@ -737,36 +737,45 @@ def _client_record(buffered: BufferedSpan, trace: PendingTrace, served: RequestR
 
 
 def _simple_request(trace: PendingTrace) -> tuple[BufferedSpan, Joined] | None:
-    """The engine span and its join for the two shapes most traffic has, told from the trace alone:
-    one engine span by itself, or one engine span directly under one GenAI SERVER span (a gateway)
-    that is the top of what the trace holds. ``None`` for any other shape: the general joining reads it.
+    """The engine span and its join for the shapes most traffic has, told from one look at the trace:
+    one engine span and no GenAI span, the engine span a root (or the trace's only span); or one
+    engine span directly under the trace's only GenAI span, a SERVER span (a gateway) with no parent
+    in the trace. Other spans may be there if no adapter claimed them or they are parts of the
+    engine's request (composite.py reads those). ``None`` for any other shape: the general joining
+    (``_records_of_any_trace``) reads it.
 
-    What the general path makes of these shapes, without its index and sets: the lone engine span
-    has no ancestors, and no sibling that could be its gateway (its parent's only child here is
-    itself); under the gateway, the engine's ancestors are that SERVER span alone, so it is the
-    request's only gateway and its only lookup, and it is not a request of its own."""
+    What the general joining makes of these shapes, without its index and sets: a root engine span
+    has no ancestors and no siblings; a lone span's parent has no child but itself, which no join
+    takes; under the gateway, the engine's ancestors are that SERVER span alone, which holds every
+    GenAI span of the trace, so it is the request's only gateway and only lookup, and no request of
+    its own."""
     spans = trace.spans
-    count = len(spans)
-    if count == 1:
-        for engine in spans.values():
-            obs = engine.observation
-            if obs is None or obs.part or obs.may_be_gateway or engine.parent_span_id == engine.span_id:
+    engine: BufferedSpan | None = None
+    gateway: BufferedSpan | None = None
+    for span in spans.values():
+        obs = span.observation
+        if obs is None or obs.part:
+            continue
+        if obs.may_be_gateway:
+            if gateway is not None:
                 return None
-            return engine, Joined([], [], None)
-    if count == 2:
-        first, second = spans.values()
-        first_obs, second_obs = first.observation, second.observation
-        if first_obs is None or second_obs is None or first_obs.part or second_obs.part:
+            gateway = span
+        elif engine is None:
+            engine = span
+        else:
             return None
-        if first_obs.may_be_gateway == second_obs.may_be_gateway:
+    if engine is None:
+        return None
+    if gateway is None:
+        parent = engine.parent_span_id
+        if parent and (len(spans) > 1 or parent == engine.span_id):
             return None
-        engine, gateway = (second, first) if first_obs.may_be_gateway else (first, second)
-        if (gateway.kind != _SERVER or engine.parent_span_id != gateway.span_id
-                or gateway.parent_span_id in spans):  # in spans: a cycle, or the engine above its gateway
-            return None
-        lookup = [gateway]
-        return engine, Joined(lookup, lookup, None)
-    return None
+        return engine, Joined([], [], None)
+    if (gateway.kind != _SERVER or engine.parent_span_id != gateway.span_id
+            or gateway.parent_span_id in spans):  # in spans: a cycle, or a span above the gateway
+        return None
+    lookup = [gateway]
+    return engine, Joined(lookup, lookup, None)
 
 
 def records_of_trace(trace: PendingTrace, settings: RecordSettings,
@@ -775,17 +784,16 @@ def records_of_trace(trace: PendingTrace, settings: RecordSettings,
 
     A request whose spans cannot make one (composite.py) gives no record; its reason is appended to
     ``malformed``, for ``otel_llm_spans_malformed_total``."""
-    if len(trace.spans) <= 2:
-        simple = _simple_request(trace)
-        if simple is not None:
-            engine, joined = simple
-            try:
-                return [build_record(engine, joined, settings, trace=trace)]
-            except MalformedSpan as exc:
-                if malformed is not None:
-                    malformed.append((exc.reason, engine.service_name))
-                return []
-    return _records_of_any_trace(trace, settings, malformed)
+    simple = _simple_request(trace)
+    if simple is None:
+        return _records_of_any_trace(trace, settings, malformed)
+    engine, joined = simple
+    try:
+        return [build_record(engine, joined, settings, trace=trace)]
+    except MalformedSpan as exc:
+        if malformed is not None:
+            malformed.append((exc.reason, engine.service_name))
+        return []
 
 
 def _records_of_any_trace(trace: PendingTrace, settings: RecordSettings,
