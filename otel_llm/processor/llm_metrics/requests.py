@@ -179,10 +179,15 @@ def _valid_seconds(value: float | None, settings: RecordSettings, reason: str, r
 
 
 def _span_seconds(span: BufferedSpan, settings: RecordSettings, rejected: list[str]) -> float | None:
-    if span.start_unix_ns <= 0 or span.end_unix_ns < span.start_unix_ns:
+    start, end = span.start_unix_ns, span.end_unix_ns
+    if start <= 0 or end < start:
         rejected.append("invalid_span_times")
         return None
-    return _valid_seconds((span.end_unix_ns - span.start_unix_ns) / 1e9, settings, "absurd_span_duration", rejected)
+    seconds = (end - start) / 1e9  # finite and not negative: what _valid_seconds checks beside the bound
+    if seconds <= settings.max_latency_s:
+        return seconds
+    rejected.append("absurd_span_duration")
+    return None
 
 
 def _edge_ttft(edge: BufferedSpan, settings: RecordSettings, rejected: list[str]) -> float | None:
@@ -375,7 +380,11 @@ def _observed_model(own: EngineObservation, lookup: list[BufferedSpan]) -> tuple
     for span in lookup:
         if response and request:
             break
-        span_response, span_request = _models(span.observation, span)
+        observed = span.observation
+        if observed is not None:  # _models, inlined on this per-request path
+            span_response, span_request = observed.response_model, observed.request_model
+        else:
+            span_response, span_request = _models(observed, span)
         if not model and (span_response or span_request):
             key = "gen_ai.response.model" if span_response else "gen_ai.request.model"
             model, source = (span_response or span_request or ""), f"{_side_word(span)}:{key}"
