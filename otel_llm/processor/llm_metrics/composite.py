@@ -54,8 +54,13 @@ def descendants(trace: PendingTrace, root: BufferedSpan) -> list[BufferedSpan]:
     """Spans below ``root`` in ``trace``, breadth first, at most ``MAX_PARTS``."""
     children: dict[bytes, list[BufferedSpan]] = {}
     for span in trace.spans.values():
-        if span.parent_span_id:
-            children.setdefault(span.parent_span_id, []).append(span)
+        parent = span.parent_span_id
+        if parent:
+            siblings = children.get(parent)  # not setdefault: that makes a list for every span
+            if siblings is None:
+                children[parent] = [span]
+            else:
+                siblings.append(span)
     found: list[BufferedSpan] = []
     frontier = [root]
     seen = {root.span_id}
@@ -105,7 +110,8 @@ def sglang(record: RequestRecord, root: BufferedSpan, trace: PendingTrace) -> No
         assert span.observation is not None
         stages.setdefault(str(span.observation.mark("stage")), []).append(span)
     for spans in stages.values():
-        spans.sort(key=lambda s: s.start_unix_ns)
+        if len(spans) > 1:  # most stages have one span
+            spans.sort(key=lambda s: s.start_unix_ns)
     obs = root.observation
     assert obs is not None
     start = root.start_unix_ns
@@ -167,7 +173,8 @@ def _sglang_stages(trace: PendingTrace, root: BufferedSpan) -> tuple[dict[str, l
         assert span.observation is not None
         stages.setdefault(str(span.observation.mark("stage")), []).append(span)
     for spans in stages.values():
-        spans.sort(key=lambda s: s.start_unix_ns)
+        if len(spans) > 1:  # most stages have one span
+            spans.sort(key=lambda s: s.start_unix_ns)
     return stages, any(span.status_code == _ERROR for span in below)
 
 

@@ -125,7 +125,13 @@ def derive_timings(obs: EngineObservation, max_latency_s: float) -> Timings:
         else:
             postprocess = max(postprocess, 0.0)
     elif e2e is not None:
-        known = sum(v for v in (preprocess, queue, inference) if v is not None)
+        known: float = 0  # as sum() adds them, in this order
+        if preprocess is not None:
+            known += preprocess
+        if queue is not None:
+            known += queue
+        if inference is not None:
+            known += inference
         if known > e2e + tolerance:
             not_measurable += ("postprocess",)
 
@@ -194,13 +200,16 @@ def build_segments(start_unix_ns: int, t: Timings) -> tuple[Segment, ...]:
     elif queue is not None and preprocess is not None:
         # TGI: validation, queue, then one inference interval without a first-token mark.
         if preprocess > 0:
-            segments.append(_new_tuple(Segment, ("preprocess", cursor, cursor + round(preprocess * 1e9))))
-            cursor += round(preprocess * 1e9)
-        segments.append(_new_tuple(Segment, ("queue", cursor, cursor + round(queue * 1e9))))
-        cursor += round(queue * 1e9)
+            following = cursor + round(preprocess * 1e9)
+            segments.append(_new_tuple(Segment, ("preprocess", cursor, following)))
+            cursor = following
+        following = cursor + round(queue * 1e9)
+        segments.append(_new_tuple(Segment, ("queue", cursor, following)))
+        cursor = following
         if inference is not None:
-            segments.append(_new_tuple(Segment, ("inference", cursor, cursor + round(inference * 1e9))))
-            cursor += round(inference * 1e9)
+            following = cursor + round(inference * 1e9)
+            segments.append(_new_tuple(Segment, ("inference", cursor, following)))
+            cursor = following
     elif ttft is not None and prefill is not None:
         # SGLang has no queue attribute: everything before prefill is queue + tokenization.
         first_token = start_unix_ns + round(ttft * 1e9)
