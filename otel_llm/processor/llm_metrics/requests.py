@@ -358,18 +358,17 @@ def join_ancestors(span: BufferedSpan, trace: PendingTrace) -> Joined:
 # --- what the request's spans say -----------------------------------------------------------
 
 
-def _side_word(span: BufferedSpan) -> str:
-    return "client" if is_client_side(span) else "gateway"
-
-
 def _models(obs: EngineObservation | None, span: BufferedSpan) -> tuple[str | None, str | None]:
     if obs is not None:
         return obs.response_model, obs.request_model
     return _text(span, "gen_ai.response.model"), _text(span, "gen_ai.request.model")
 
 
-def _observed_model(own: EngineObservation, lookup: list[BufferedSpan]) -> tuple[str, str, str, str]:
-    """(model, its source, request model, response model), from the spans alone; "" where they say nothing."""
+def _resolve_model(own: EngineObservation, lookup: list[BufferedSpan], resource_attr: dict[str, str],
+                   settings: RecordSettings) -> tuple[str, str, str, str]:
+    """(model, its source, request model, response model), in DESIGN.md §3 order: the span, the spans
+    joined with it, the resource mapping, the configured default (metric label and store row only:
+    never written into a span); "" where nothing says."""
     response, request = own.response_model or "", own.request_model or ""
     if response:
         model, source = response, "span:gen_ai.response.model"
@@ -377,27 +376,20 @@ def _observed_model(own: EngineObservation, lookup: list[BufferedSpan]) -> tuple
         model, source = request, "span:gen_ai.request.model"
     else:
         model = source = ""
-    for span in lookup:
+    for span in lookup:  # a loop, and the side word and _models inlined, on this per-request path
         if response and request:
             break
         observed = span.observation
-        if observed is not None:  # _models, inlined on this per-request path
+        if observed is not None:
             span_response, span_request = observed.response_model, observed.request_model
         else:
             span_response, span_request = _models(observed, span)
         if not model and (span_response or span_request):
-            key = "gen_ai.response.model" if span_response else "gen_ai.request.model"
-            model, source = (span_response or span_request or ""), f"{_side_word(span)}:{key}"
+            side = "client" if span.kind != _SERVER and observed is not None and observed.may_be_gateway else "gateway"
+            model = span_response or span_request or ""
+            source = side + (":gen_ai.response.model" if span_response else ":gen_ai.request.model")
         response = response or span_response or ""
         request = request or span_request or ""
-    return model, source, request, response
-
-
-def _resolve_model(own: EngineObservation, lookup: list[BufferedSpan], resource_attr: dict[str, str],
-                   settings: RecordSettings) -> tuple[str, str, str, str]:
-    """DESIGN.md §3 order: the span, the spans joined with it, the resource mapping, the configured
-    default (metric label and store row only: never written into a span)."""
-    model, source, request, response = _observed_model(own, lookup)
     if model:
         return model, source, request or model, response
     for rule in settings.resource_model_rules:
@@ -452,9 +444,10 @@ def _operation(obs: EngineObservation, own: BufferedSpan, lookup: list[BufferedS
         observed = span.observation
         name = observed.operation_name if observed is not None else None
         if name:
+            side = "client" if span.kind != _SERVER and observed is not None and observed.may_be_gateway else "gateway"
             if name in GENAI_OPERATIONS:
-                return name, _side_word(span)
-            custom = custom or (name, _side_word(span))
+                return name, side
+            custom = custom or (name, side)
         if span.attrs:
             route = _route(span)
             if route and route in _ROUTE_OPERATIONS:
