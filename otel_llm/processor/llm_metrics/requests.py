@@ -521,8 +521,8 @@ def build_record(buffered: BufferedSpan, joined: Joined, settings: RecordSetting
     start = buffered.start_unix_ns
     # Positional, in RequestRecord's field order (_RECORD_ORDER, checked at import): keywords cost ~3x.
     record = RequestRecord(
-        buffered.trace_id, buffered.span_id, CLIENT_ENGINE_KIND if side == Side.CLIENT else obs.engine_kind, obs.adapter,
-        buffered.origin.service_name, model, source, request_model, response_model, operation,
+        buffered.trace_id, buffered.span_id, CLIENT_ENGINE_KIND if side == Side.CLIENT else obs.engine_kind,
+        obs.adapter, buffered.origin.service_name, model, source, request_model, response_model, operation,
         obs.provider_name or "", _outcome(obs), side, operation_source, obs.error_type or "",
         obs.server_address or "", obs.server_port or "", start,
         t.ttft_s, t.tpot_s, t.e2e_s, t.queue_s, t.prefill_s, t.decode_s, t.inference_s,
