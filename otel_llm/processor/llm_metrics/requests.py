@@ -111,7 +111,7 @@ class RecordSettings:
 
 def _text(span: BufferedSpan, key: str) -> str | None:
     """As ``adapters.attributes.get_str`` reads an ``AnyValue``: the same label text either way."""
-    if key not in span.attrs:  # one C-level scan; a key that is there sits at an even position, so is found
+    if key not in span.attrs[::2]:  # one C-level scan of the keys (the values may be cold in memory)
         return None
     value = span.attr(key)
     if isinstance(value, list):
@@ -194,8 +194,9 @@ def _edge_ttft(edge: BufferedSpan, settings: RecordSettings, rejected: list[str]
     attrs = edge.attrs
     if not attrs:  # what it reads (attributes, the first-token event time) are all kept there
         return None
+    keys = attrs[::2]  # scanned in C without touching the values, which may be cold in memory
     for key in settings.edge_ttft_attributes:
-        if key not in attrs:  # one C-level scan: an absent key reads as None below
+        if key not in keys:  # an absent key reads as None below
             continue
         try:
             value = _number(edge, key)
@@ -204,7 +205,7 @@ def _edge_ttft(edge: BufferedSpan, settings: RecordSettings, rejected: list[str]
             continue
         if value is not None:
             return _valid_seconds(value, settings, "invalid_edge_ttft", rejected)
-    event_ns = edge.attr(FIRST_TOKEN_EVENT) if FIRST_TOKEN_EVENT in attrs else None
+    event_ns = edge.attr(FIRST_TOKEN_EVENT) if FIRST_TOKEN_EVENT in keys else None
     if event_ns is not None and edge.start_unix_ns > 0:
         return _valid_seconds((event_ns - edge.start_unix_ns) / 1e9, settings, "invalid_edge_ttft", rejected)
     return None
