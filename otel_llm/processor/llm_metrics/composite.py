@@ -31,6 +31,7 @@ from otel_llm.processor.llm_metrics.segments import build_segments, derive_timin
 from otel_llm.pdata.spans import BufferedSpan, PendingTrace
 
 _ERROR = Status.STATUS_CODE_ERROR
+_new_tuple = tuple.__new__  # Segment(...) runs the named tuple's Python-level __new__; this is one C call
 MAX_PARTS = 4096  # spans looked at below one root: a hostile trace stays cheap
 
 QUEUE_AND_PREFILL = "queue_and_prefill"  # an interval that holds both, where the engine does not split it
@@ -54,8 +55,13 @@ def descendants(trace: PendingTrace, root: BufferedSpan) -> list[BufferedSpan]:
     """Spans below ``root`` in ``trace``, breadth first, at most ``MAX_PARTS``."""
     children: dict[bytes, list[BufferedSpan]] = {}
     for span in trace.spans.values():
-        if span.parent_span_id:
-            children.setdefault(span.parent_span_id, []).append(span)
+        parent = span.parent_span_id
+        if parent:
+            siblings = children.get(parent)  # not setdefault: that makes a list for every span
+            if siblings is None:
+                children[parent] = [span]
+            else:
+                siblings.append(span)
     found: list[BufferedSpan] = []
     frontier = [root]
     seen = {root.span_id}
@@ -101,11 +107,18 @@ def sglang(record: RequestRecord, root: BufferedSpan, trace: PendingTrace) -> No
         # status ERROR ("have unclosed span, auto closed", trace.py:836-837).
         record.outcome = Outcome.ABORT
         record.error_type = record.error_type or "aborted"
-    for span in _parts(below, Part.SGLANG_STAGE):
-        assert span.observation is not None
-        stages.setdefault(str(span.observation.mark("stage")), []).append(span)
+    for span in below:  # _parts, inlined: a list and a setdefault per stage span cost more than the rest
+        observed = span.observation
+        if observed is not None and observed.part == Part.SGLANG_STAGE:
+            name = str(observed.mark("stage"))
+            same = stages.get(name)
+            if same is None:
+                stages[name] = [span]
+            else:
+                same.append(span)
     for spans in stages.values():
-        spans.sort(key=lambda s: s.start_unix_ns)
+        if len(spans) > 1:  # most stages have one span
+            spans.sort(key=lambda s: s.start_unix_ns)
     obs = root.observation
     assert obs is not None
     start = root.start_unix_ns
@@ -119,11 +132,11 @@ def sglang(record: RequestRecord, root: BufferedSpan, trace: PendingTrace) -> No
             pre_end = max(s.end_unix_ns for s in pre)
             pre_start = min(min(s.start_unix_ns for s in pre), start)
             if pre_end > pre_start:
-                segments.append(Segment("preprocess", pre_start, pre_end))
+                segments.append(_new_tuple(Segment, ("preprocess", pre_start, pre_end)))
         record.queue_s = sum(_seconds(s) for s in waiting)  # one per retraction
-        segments.append(Segment("queue", waiting[0].start_unix_ns, waiting[-1].end_unix_ns))
+        segments.append(_new_tuple(Segment, ("queue", waiting[0].start_unix_ns, waiting[-1].end_unix_ns)))
         record.prefill_s = sum(_seconds(s) for s in forward)
-        segments.append(Segment("prefill", forward[0].start_unix_ns, forward[-1].end_unix_ns))
+        segments.append(_new_tuple(Segment, ("prefill", forward[0].start_unix_ns, forward[-1].end_unix_ns)))
     else:
         # Scheduler spans lost (sglang#38210), or a request aborted in the queue: the root's attributes only.
         record.queue_s = record.prefill_s = None
@@ -133,22 +146,23 @@ def sglang(record: RequestRecord, root: BufferedSpan, trace: PendingTrace) -> No
         if ttft is not None and isinstance(dispatch_to_first, float) and 0.0 <= dispatch_to_first <= ttft:
             handoff = start + _ns(ttft - dispatch_to_first)
             if handoff > start:
-                segments.append(Segment("preprocess", start, handoff))
-            segments.append(Segment(QUEUE_AND_PREFILL, handoff, start + _ns(ttft)))
+                segments.append(_new_tuple(Segment, ("preprocess", start, handoff)))
+            segments.append(_new_tuple(Segment, (QUEUE_AND_PREFILL, handoff, start + _ns(ttft))))
     decode_spans = stages.get("decode_forward") or stages.get("decode_loop")
     if decode_spans:
         record.decode_s = sum(_seconds(s) for s in decode_spans)
-        segments.append(Segment("decode", decode_spans[0].start_unix_ns, decode_spans[-1].end_unix_ns))
+        segments.append(_new_tuple(Segment, ("decode", decode_spans[0].start_unix_ns, decode_spans[-1].end_unix_ns)))
     elif record.decode_s is not None and record.ttft_s is not None:
         first = start + _ns(record.ttft_s)
-        segments.append(Segment("decode", first, first + _ns(record.decode_s)))
+        segments.append(_new_tuple(Segment, ("decode", first, first + _ns(record.decode_s))))
     else:
         record.decode_s = None
         missing.append("decode")
     for name in _KV_STAGES:
         stage_spans = stages.get(name)
         if stage_spans:
-            segments.append(Segment(KV_TRANSFER, stage_spans[0].start_unix_ns, stage_spans[-1].end_unix_ns))
+            segments.append(_new_tuple(Segment, (KV_TRANSFER, stage_spans[0].start_unix_ns,
+                                                  stage_spans[-1].end_unix_ns)))
             break
     record.inference_s = (record.prefill_s + record.decode_s
                           if record.prefill_s is not None and record.decode_s is not None else None)
@@ -167,7 +181,8 @@ def _sglang_stages(trace: PendingTrace, root: BufferedSpan) -> tuple[dict[str, l
         assert span.observation is not None
         stages.setdefault(str(span.observation.mark("stage")), []).append(span)
     for spans in stages.values():
-        spans.sort(key=lambda s: s.start_unix_ns)
+        if len(spans) > 1:  # most stages have one span
+            spans.sort(key=lambda s: s.start_unix_ns)
     return stages, any(span.status_code == _ERROR for span in below)
 
 

@@ -17,7 +17,7 @@ overhead (client duration − engine e2e).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
@@ -111,6 +111,8 @@ class RecordSettings:
 
 def _text(span: BufferedSpan, key: str) -> str | None:
     """As ``adapters.attributes.get_str`` reads an ``AnyValue``: the same label text either way."""
+    if key not in span.attrs[::2]:  # one C-level scan of the keys (the values may be cold in memory)
+        return None
     value = span.attr(key)
     if isinstance(value, list):
         value = value[0] if value else None
@@ -177,14 +179,25 @@ def _valid_seconds(value: float | None, settings: RecordSettings, reason: str, r
 
 
 def _span_seconds(span: BufferedSpan, settings: RecordSettings, rejected: list[str]) -> float | None:
-    if span.start_unix_ns <= 0 or span.end_unix_ns < span.start_unix_ns:
+    start, end = span.start_unix_ns, span.end_unix_ns
+    if start <= 0 or end < start:
         rejected.append("invalid_span_times")
         return None
-    return _valid_seconds((span.end_unix_ns - span.start_unix_ns) / 1e9, settings, "absurd_span_duration", rejected)
+    seconds = (end - start) / 1e9  # finite and not negative: what _valid_seconds checks beside the bound
+    if seconds <= settings.max_latency_s:
+        return seconds
+    rejected.append("absurd_span_duration")
+    return None
 
 
 def _edge_ttft(edge: BufferedSpan, settings: RecordSettings, rejected: list[str]) -> float | None:
+    attrs = edge.attrs
+    if not attrs:  # what it reads (attributes, the first-token event time) are all kept there
+        return None
+    keys = attrs[::2]  # scanned in C without touching the values, which may be cold in memory
     for key in settings.edge_ttft_attributes:
+        if key not in keys:  # an absent key reads as None below
+            continue
         try:
             value = _number(edge, key)
         except (TypeError, ValueError):
@@ -192,7 +205,7 @@ def _edge_ttft(edge: BufferedSpan, settings: RecordSettings, rejected: list[str]
             continue
         if value is not None:
             return _valid_seconds(value, settings, "invalid_edge_ttft", rejected)
-    event_ns = edge.attr(FIRST_TOKEN_EVENT)
+    event_ns = edge.attr(FIRST_TOKEN_EVENT) if FIRST_TOKEN_EVENT in keys else None
     if event_ns is not None and edge.start_unix_ns > 0:
         return _valid_seconds((event_ns - edge.start_unix_ns) / 1e9, settings, "invalid_edge_ttft", rejected)
     return None
@@ -346,18 +359,17 @@ def join_ancestors(span: BufferedSpan, trace: PendingTrace) -> Joined:
 # --- what the request's spans say -----------------------------------------------------------
 
 
-def _side_word(span: BufferedSpan) -> str:
-    return "client" if is_client_side(span) else "gateway"
-
-
 def _models(obs: EngineObservation | None, span: BufferedSpan) -> tuple[str | None, str | None]:
     if obs is not None:
         return obs.response_model, obs.request_model
     return _text(span, "gen_ai.response.model"), _text(span, "gen_ai.request.model")
 
 
-def _observed_model(own: EngineObservation, lookup: list[BufferedSpan]) -> tuple[str, str, str, str]:
-    """(model, its source, request model, response model), from the spans alone; "" where they say nothing."""
+def _resolve_model(own: EngineObservation, lookup: list[BufferedSpan], resource_attr: dict[str, str],
+                   settings: RecordSettings) -> tuple[str, str, str, str]:
+    """(model, its source, request model, response model), in DESIGN.md §3 order: the span, the spans
+    joined with it, the resource mapping, the configured default (metric label and store row only:
+    never written into a span); "" where nothing says."""
     response, request = own.response_model or "", own.request_model or ""
     if response:
         model, source = response, "span:gen_ai.response.model"
@@ -365,23 +377,20 @@ def _observed_model(own: EngineObservation, lookup: list[BufferedSpan]) -> tuple
         model, source = request, "span:gen_ai.request.model"
     else:
         model = source = ""
-    for span in lookup:
+    for span in lookup:  # a loop, and the side word and _models inlined, on this per-request path
         if response and request:
             break
-        span_response, span_request = _models(span.observation, span)
+        observed = span.observation
+        if observed is not None:
+            span_response, span_request = observed.response_model, observed.request_model
+        else:
+            span_response, span_request = _models(observed, span)
         if not model and (span_response or span_request):
-            key = "gen_ai.response.model" if span_response else "gen_ai.request.model"
-            model, source = (span_response or span_request or ""), f"{_side_word(span)}:{key}"
+            side = "client" if span.kind != _SERVER and observed is not None and observed.may_be_gateway else "gateway"
+            model = span_response or span_request or ""
+            source = side + (":gen_ai.response.model" if span_response else ":gen_ai.request.model")
         response = response or span_response or ""
         request = request or span_request or ""
-    return model, source, request, response
-
-
-def _resolve_model(own: EngineObservation, lookup: list[BufferedSpan], resource_attr: dict[str, str],
-                   settings: RecordSettings) -> tuple[str, str, str, str]:
-    """DESIGN.md §3 order: the span, the spans joined with it, the resource mapping, the configured
-    default (metric label and store row only: never written into a span)."""
-    model, source, request, response = _observed_model(own, lookup)
     if model:
         return model, source, request or model, response
     for rule in settings.resource_model_rules:
@@ -423,15 +432,27 @@ def _operation(obs: EngineObservation, own: BufferedSpan, lookup: list[BufferedS
     """The semconv rule: a well-known value wherever one applies (the span's, a joined span's, a
     route's), a custom value (LiteLLM's ``acompletion``) only where none does."""
     custom: tuple[str, str] | None = None
-    for span, source in ((own, "span"), *((span, _side_word(span)) for span in lookup)):
-        name = obs.operation_name if span is own else (span.observation.operation_name if span.observation else None)
-        if name:
-            if name in GENAI_OPERATIONS:
-                return name, source
-            custom = custom or (name, source)
-        route = _route(span)
+    name = obs.operation_name
+    if name:
+        if name in GENAI_OPERATIONS:
+            return name, "span"
+        custom = (name, "span")
+    if own.attrs:  # a span without the attributes assembly reads has no route
+        route = _route(own)
         if route and route in _ROUTE_OPERATIONS:
             return _ROUTE_OPERATIONS[route], "route"
+    for span in lookup:  # loops, not generators, on this per-request path
+        observed = span.observation
+        name = observed.operation_name if observed is not None else None
+        if name:
+            side = "client" if span.kind != _SERVER and observed is not None and observed.may_be_gateway else "gateway"
+            if name in GENAI_OPERATIONS:
+                return name, side
+            custom = custom or (name, side)
+        if span.attrs:
+            route = _route(span)
+            if route and route in _ROUTE_OPERATIONS:
+                return _ROUTE_OPERATIONS[route], "route"
     return custom or (settings.default_operation, Source.DEFAULT)
 
 
@@ -468,6 +489,19 @@ def _tenant(own: BufferedSpan, lookup: list[BufferedSpan], rule: TenantRule | No
     return ""
 
 
+# RequestRecord's fields up to those build_record passes positionally, in order.
+_RECORD_ORDER = (
+    "trace_id", "span_id", "engine_kind", "adapter", "service_name", "model", "model_source", "request_model",
+    "response_model", "operation_name", "provider_name", "outcome", "side", "operation_source", "error_type",
+    "server_address", "server_port", "start_unix_ns", "ttft_s", "tpot_s", "e2e_s", "queue_s", "prefill_s",
+    "decode_s", "inference_s", "prompt_tokens", "completion_tokens", "gateway_overhead_s", "client_overhead_s",
+    "edge_ttft_s", "edge_span_id", "joined_span_id", "segments", "dimensions", "weight", "rejected",
+    "segments_missing", "not_measurable", "segments_derived", "cached_tokens", "cache_write_tokens",
+    "reasoning_tokens", "itl_s", "tenant")
+if tuple(f.name for f in fields(RequestRecord))[:len(_RECORD_ORDER)] != _RECORD_ORDER:
+    raise ImportError("RequestRecord's fields moved: update build_record's positional construction")
+
+
 def build_record(buffered: BufferedSpan, joined: Joined, settings: RecordSettings,
                  side: str = Side.SERVER, trace: PendingTrace | None = None,
                  partner: BufferedSpan | None = None, inner: list[BufferedSpan] | None = None) -> RequestRecord:
@@ -476,52 +510,37 @@ def build_record(buffered: BufferedSpan, joined: Joined, settings: RecordSetting
     request holds. Raises ``MalformedSpan`` when those spans cannot make one request."""
     obs = buffered.observation
     assert obs is not None
+    lookup = joined.lookup
     model, source, request_model, response_model = _resolve_model(
-        obs, joined.lookup, buffered.origin.resource_strings, settings)
-    operation, operation_source = _operation(obs, buffered, joined.lookup, settings)
-    rejected: list[str] = []
-    record = RequestRecord(
-        trace_id=buffered.trace_id,
-        span_id=buffered.span_id,
-        engine_kind=CLIENT_ENGINE_KIND if side == Side.CLIENT else obs.engine_kind,
-        adapter=obs.adapter,
-        service_name=buffered.service_name,
-        model=model,
-        model_source=source,
-        request_model=request_model,
-        response_model=response_model,
-        operation_name=operation,
-        operation_source=operation_source,
-        provider_name=obs.provider_name or "",
-        outcome=_outcome(obs),
-        side=side,
-        error_type=obs.error_type or "",
-        server_address=obs.server_address or "",
-        server_port=obs.server_port or "",
-        start_unix_ns=buffered.start_unix_ns,
-        prompt_tokens=obs.prompt_tokens,
-        completion_tokens=obs.completion_tokens,
-        dimensions=_dimensions(buffered, joined.lookup, settings),
-        tenant=_tenant(buffered, joined.lookup, settings.tenant),
-        weight=adjusted_count(buffered.trace_state) if buffered.trace_state else 1.0,
-    )
+        obs, lookup, buffered.origin.resource_strings, settings)
+    operation, operation_source = _operation(obs, buffered, lookup, settings)
+    dimensions = _dimensions(buffered, lookup, settings) if settings.dimensions else ()
+    tenant = _tenant(buffered, lookup, settings.tenant) if settings.tenant is not None else ""
+    weight = adjusted_count(buffered.trace_state) if buffered.trace_state else 1.0
     t = derive_timings(obs, math.inf)  # validated at intake; derived again here, not stored per span
-    record.ttft_s, record.e2e_s, record.queue_s = t.ttft_s, t.e2e_s, t.queue_s
-    record.prefill_s, record.decode_s, record.inference_s, record.tpot_s = (
-        t.prefill_s, t.decode_s, t.inference_s, t.tpot_s)
-    record.cached_tokens, record.itl_s, record.segments_derived = obs.cached_tokens, obs.itl_s, obs.derived
-    record.cache_write_tokens, record.reasoning_tokens = obs.cache_write_tokens, obs.reasoning_tokens
-    record.not_measurable = t.not_measurable
-    if side == Side.SERVER:
-        record.segments = build_segments(buffered.start_unix_ns, t)
-        if trace is not None:
-            _read_composite(record, buffered, obs, trace, joined, partner, inner or [])
-    _read_cache_and_spec(record, obs, joined.lookup if side == Side.SERVER else [], rejected)
+    server = side == Side.SERVER
+    start = buffered.start_unix_ns
+    # Positional, in RequestRecord's field order (_RECORD_ORDER, checked at import): keywords cost ~3x.
+    record = RequestRecord(
+        buffered.trace_id, buffered.span_id, CLIENT_ENGINE_KIND if side == Side.CLIENT else obs.engine_kind,
+        obs.adapter, buffered.origin.service_name, model, source, request_model, response_model, operation,
+        obs.provider_name or "", _outcome(obs), side, operation_source, obs.error_type or "",
+        obs.server_address or "", obs.server_port or "", start,
+        t.ttft_s, t.tpot_s, t.e2e_s, t.queue_s, t.prefill_s, t.decode_s, t.inference_s,
+        obs.prompt_tokens, obs.completion_tokens,
+        None, None, None, b"", b"",  # gateway/client overhead, edge TTFT, edge and joined span: the join's
+        build_segments(start, t) if server else (), dimensions, weight,
+        (), (), t.not_measurable, obs.derived,  # rejected (below), segments missing, not measurable, derived
+        obs.cached_tokens, obs.cache_write_tokens, obs.reasoning_tokens, obs.itl_s, tenant)
+    rejected: list[str] = []
+    if server and trace is not None and (partner is not None or obs.engine_kind in _COMPOSITE_KINDS):
+        _read_composite(record, buffered, obs, trace, joined, partner, inner or [])
+    _read_cache_and_spec(record, obs, lookup if server else [], rejected)
     if record.e2e_s is None:
         # GenAI spans carry no e2e attribute and TGI records its fields only on success: the span's
         # own duration is the request's, so every outcome lands in the same duration families.
         record.e2e_s = _span_seconds(buffered, settings, rejected)
-    if side == Side.SERVER:
+    if server:
         _join_server_side(record, obs, joined, settings, rejected)
     if not record.model:
         record.model, record.model_source = _fallback_model(obs, buffered.origin.resource_strings, settings)
@@ -572,6 +591,10 @@ def _name_adapter(record: RequestRecord, adapters: dict[str, str]) -> None:
         if base is not None:
             record.lora_adapter, record.lora_base_model = name, base
             return
+
+
+# The engines whose request _read_composite reads from other spans even without a partner span.
+_COMPOSITE_KINDS = frozenset({EngineKind.SGLANG, EngineKind.TRITON, EngineKind.DYNAMO, EngineKind.LLM_D})
 
 
 def _read_composite(record: RequestRecord, buffered: BufferedSpan, obs: EngineObservation, trace: PendingTrace,
@@ -716,12 +739,69 @@ def _client_record(buffered: BufferedSpan, trace: PendingTrace, served: RequestR
     return record
 
 
+def _simple_request(trace: PendingTrace) -> tuple[BufferedSpan, Joined] | None:
+    """The engine span and its join for the shapes most traffic has, told from one look at the trace:
+    one engine span and no GenAI span, the engine span a root (or the trace's only span); or one
+    engine span directly under the trace's only GenAI span, a SERVER span (a gateway) with no parent
+    in the trace. Other spans may be there if no adapter claimed them or they are parts of the
+    engine's request (composite.py reads those). ``None`` for any other shape: the general joining
+    (``_records_of_any_trace``) reads it.
+
+    What the general joining makes of these shapes, without its index and sets: a root engine span
+    has no ancestors and no siblings; a lone span's parent has no child but itself, which no join
+    takes; under the gateway, the engine's ancestors are that SERVER span alone, which holds every
+    GenAI span of the trace, so it is the request's only gateway and only lookup, and no request of
+    its own."""
+    spans = trace.spans
+    engine: BufferedSpan | None = None
+    gateway: BufferedSpan | None = None
+    for span in spans.values():
+        obs = span.observation
+        if obs is None or obs.part:
+            continue
+        if obs.may_be_gateway:
+            if gateway is not None:
+                return None
+            gateway = span
+        elif engine is None:
+            engine = span
+        else:
+            return None
+    if engine is None:
+        return None
+    if gateway is None:
+        parent = engine.parent_span_id
+        if parent and (len(spans) > 1 or parent == engine.span_id):
+            return None
+        return engine, Joined([], [], None)
+    if (gateway.kind != _SERVER or engine.parent_span_id != gateway.span_id
+            or gateway.parent_span_id in spans):  # in spans: a cycle, or a span above the gateway
+        return None
+    lookup = [gateway]
+    return engine, Joined(lookup, lookup, None)
+
+
 def records_of_trace(trace: PendingTrace, settings: RecordSettings,
                      malformed: list[tuple[str, str]] | None = None) -> list[RequestRecord]:
     """Server records (engine requests, then gateway-only requests), then client records.
 
     A request whose spans cannot make one (composite.py) gives no record; its reason is appended to
     ``malformed``, for ``otel_llm_spans_malformed_total``."""
+    simple = _simple_request(trace)
+    if simple is None:
+        return _records_of_any_trace(trace, settings, malformed)
+    engine, joined = simple
+    try:
+        return [build_record(engine, joined, settings, trace=trace)]
+    except MalformedSpan as exc:
+        if malformed is not None:
+            malformed.append((exc.reason, engine.service_name))
+        return []
+
+
+def _records_of_any_trace(trace: PendingTrace, settings: RecordSettings,
+                          malformed: list[tuple[str, str]] | None) -> list[RequestRecord]:
+    """``records_of_trace`` for a trace of any shape: the reference the fast path must agree with."""
     engines: list[BufferedSpan] = []
     server_genai: list[BufferedSpan] = []
     clients: list[BufferedSpan] = []

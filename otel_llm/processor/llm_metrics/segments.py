@@ -7,6 +7,7 @@ so every rule of DESIGN.md §4 is testable on its own.
 from __future__ import annotations
 
 import math
+import sys
 from typing import NamedTuple
 
 from otel_llm.pdata.observation import EngineObservation, MalformedSpan
@@ -52,6 +53,10 @@ def _check(name: str, value: float | None, max_latency_s: float) -> None:
 
 
 _INF = math.inf
+# A C call, where ``Segment(...)`` or ``Timings(...)`` runs the named tuple's Python-level ``__new__``:
+# one Timings and about five segments per request.
+_new_tuple = tuple.__new__
+_MAX_FINITE = sys.float_info.max  # "at most this" excludes infinity as "finite and at most infinity" does
 _CHECKED = ("ttft_s", "e2e_s", "queue_s", "prefill_s", "decode_s", "inference_s", "preprocess_s", "tpot_s")
 
 
@@ -83,14 +88,19 @@ def derive_timings(obs: EngineObservation, max_latency_s: float) -> Timings:
             prefill, not_measurable = None, not_measurable + ("prefill",)
         if decode is not None and "decode" in obs.derived and decode < 0:
             decode, not_measurable = None, not_measurable + ("decode",)
-    # One comparison per value on the common path (NaN fails it, infinity is excluded); the first
-    # value that fails is then reported by the checks below, in their order.
-    for value in (ttft, e2e, queue, prefill, decode, inference, preprocess, obs.tpot_s):
-        if value is not None and not (0.0 <= value <= max_latency_s and value != _INF):
-            for name in _CHECKED:
-                if name in ("prefill_s", "decode_s") and name[:-2] in not_measurable:
-                    continue
-                _check(name, getattr(obs, name), max_latency_s)
+    # One comparison per value on the common path (NaN fails it, infinity is excluded), written out
+    # rather than looped (this runs for every request); the first value that fails is then reported
+    # by the checks below, in their order.
+    bound = max_latency_s if max_latency_s < _INF else _MAX_FINITE
+    tpot = obs.tpot_s
+    if not ((ttft is None or 0.0 <= ttft <= bound) and (e2e is None or 0.0 <= e2e <= bound)
+            and (queue is None or 0.0 <= queue <= bound) and (prefill is None or 0.0 <= prefill <= bound)
+            and (decode is None or 0.0 <= decode <= bound) and (inference is None or 0.0 <= inference <= bound)
+            and (preprocess is None or 0.0 <= preprocess <= bound) and (tpot is None or 0.0 <= tpot <= bound)):
+        for name in _CHECKED:
+            if name in ("prefill_s", "decode_s") and name[:-2] in not_measurable:
+                continue
+            _check(name, getattr(obs, name), max_latency_s)
     prompt, completion = obs.prompt_tokens, obs.completion_tokens
     if (prompt is not None and not 0 <= prompt <= MAX_TOKENS_PER_REQUEST) or \
             (completion is not None and not 0 <= completion <= MAX_TOKENS_PER_REQUEST):
@@ -115,17 +125,23 @@ def derive_timings(obs: EngineObservation, max_latency_s: float) -> Timings:
         else:
             postprocess = max(postprocess, 0.0)
     elif e2e is not None:
-        known = sum(v for v in (preprocess, queue, inference) if v is not None)
+        known: float = 0  # as sum() adds them, in this order
+        if preprocess is not None:
+            known += preprocess
+        if queue is not None:
+            known += queue
+        if inference is not None:
+            known += inference
         if known > e2e + tolerance:
             not_measurable += ("postprocess",)
 
-    tpot = obs.tpot_s
     if tpot is None and decode is not None and obs.completion_tokens is not None:
         # vLLM's definition (v1/metrics/stats.py): decode / (tokens - 1), and 0 for a request of at
         # most one output token, which vLLM observes too.
         tokens = obs.completion_tokens
         tpot = decode / (tokens - 1) if tokens > 1 else 0.0
-    return Timings(ttft, e2e, queue, prefill, decode, inference, preprocess, postprocess, tpot, not_measurable)
+    return _new_tuple(Timings, (ttft, e2e, queue, prefill, decode, inference, preprocess, postprocess, tpot,
+                                not_measurable))
 
 
 def build_segments(start_unix_ns: int, t: Timings) -> tuple[Segment, ...]:
@@ -134,44 +150,85 @@ def build_segments(start_unix_ns: int, t: Timings) -> tuple[Segment, ...]:
     Zero-length preprocess/postprocess are omitted, as DESIGN.md §4 says; queue, prefill and
     decode are kept even when zero long so every request has the same waterfall.
     """
+    ttft, e2e, queue, prefill, decode, inference, preprocess = t[0], t[1], t[2], t[3], t[4], t[5], t[6]
+    if ttft is not None and queue is not None and prefill is not None and decode is not None and e2e is not None:
+        # vLLM's full set, most requests: the general steps below, written out into one tuple.
+        first_token = start_unix_ns + round(ttft * 1e9)
+        prefill_start = first_token - round(prefill * 1e9)
+        queue_start = prefill_start - round(queue * 1e9)
+        decode_end = first_token + round(decode * 1e9)
+        end = start_unix_ns + round(e2e * 1e9)
+        if queue_start <= start_unix_ns:
+            queue_start = start_unix_ns
+            if prefill_start < queue_start:
+                prefill_start = queue_start
+            if end > decode_end:
+                return (_new_tuple(Segment, ("queue", queue_start, prefill_start)),
+                        _new_tuple(Segment, ("prefill", prefill_start, first_token)),
+                        _new_tuple(Segment, ("decode", first_token, decode_end)),
+                        _new_tuple(Segment, ("postprocess", decode_end, end)))
+            return (_new_tuple(Segment, ("queue", queue_start, prefill_start)),
+                    _new_tuple(Segment, ("prefill", prefill_start, first_token)),
+                    _new_tuple(Segment, ("decode", first_token, decode_end)))
+        if prefill_start < queue_start:
+            prefill_start = queue_start
+        if end > decode_end:
+            return (_new_tuple(Segment, ("preprocess", start_unix_ns, queue_start)),
+                    _new_tuple(Segment, ("queue", queue_start, prefill_start)),
+                    _new_tuple(Segment, ("prefill", prefill_start, first_token)),
+                    _new_tuple(Segment, ("decode", first_token, decode_end)),
+                    _new_tuple(Segment, ("postprocess", decode_end, end)))
+        return (_new_tuple(Segment, ("preprocess", start_unix_ns, queue_start)),
+                _new_tuple(Segment, ("queue", queue_start, prefill_start)),
+                _new_tuple(Segment, ("prefill", prefill_start, first_token)),
+                _new_tuple(Segment, ("decode", first_token, decode_end)))
     segments: list[Segment] = []
     cursor = start_unix_ns
-    if t.ttft_s is not None and t.queue_s is not None and t.prefill_s is not None:
-        first_token = start_unix_ns + round(t.ttft_s * 1e9)
-        prefill_start = first_token - round(t.prefill_s * 1e9)
-        queue_start = prefill_start - round(t.queue_s * 1e9)
+    if ttft is not None and queue is not None and prefill is not None:
+        first_token = start_unix_ns + round(ttft * 1e9)
+        prefill_start = first_token - round(prefill * 1e9)
+        queue_start = prefill_start - round(queue * 1e9)
         if queue_start > cursor:
-            segments.append(Segment("preprocess", cursor, queue_start))
-        queue_start = max(queue_start, cursor)
-        segments.append(Segment("queue", queue_start, max(prefill_start, queue_start)))
-        segments.append(Segment("prefill", max(prefill_start, queue_start), first_token))
+            segments.append(_new_tuple(Segment, ("preprocess", cursor, queue_start)))
+        else:
+            queue_start = cursor
+        if prefill_start < queue_start:
+            prefill_start = queue_start
+        segments.append(_new_tuple(Segment, ("queue", queue_start, prefill_start)))
+        segments.append(_new_tuple(Segment, ("prefill", prefill_start, first_token)))
         cursor = first_token
-    elif t.queue_s is not None and t.preprocess_s is not None:
+    elif queue is not None and preprocess is not None:
         # TGI: validation, queue, then one inference interval without a first-token mark.
-        if t.preprocess_s > 0:
-            segments.append(Segment("preprocess", cursor, cursor + round(t.preprocess_s * 1e9)))
-            cursor += round(t.preprocess_s * 1e9)
-        segments.append(Segment("queue", cursor, cursor + round(t.queue_s * 1e9)))
-        cursor += round(t.queue_s * 1e9)
-        if t.inference_s is not None:
-            segments.append(Segment("inference", cursor, cursor + round(t.inference_s * 1e9)))
-            cursor += round(t.inference_s * 1e9)
-    elif t.ttft_s is not None and t.prefill_s is not None:
+        if preprocess > 0:
+            following = cursor + round(preprocess * 1e9)
+            segments.append(_new_tuple(Segment, ("preprocess", cursor, following)))
+            cursor = following
+        following = cursor + round(queue * 1e9)
+        segments.append(_new_tuple(Segment, ("queue", cursor, following)))
+        cursor = following
+        if inference is not None:
+            following = cursor + round(inference * 1e9)
+            segments.append(_new_tuple(Segment, ("inference", cursor, following)))
+            cursor = following
+    elif ttft is not None and prefill is not None:
         # SGLang has no queue attribute: everything before prefill is queue + tokenization.
-        first_token = start_unix_ns + round(t.ttft_s * 1e9)
-        prefill_start = max(first_token - round(t.prefill_s * 1e9), cursor)
+        first_token = start_unix_ns + round(ttft * 1e9)
+        prefill_start = first_token - round(prefill * 1e9)
         if prefill_start > cursor:
-            segments.append(Segment("queue", cursor, prefill_start))
-        segments.append(Segment("prefill", prefill_start, first_token))
+            segments.append(_new_tuple(Segment, ("queue", cursor, prefill_start)))
+        else:
+            prefill_start = cursor
+        segments.append(_new_tuple(Segment, ("prefill", prefill_start, first_token)))
         cursor = first_token
-    if t.decode_s is not None and t.ttft_s is not None:
+    if decode is not None and ttft is not None:
         if not segments:
             # Nothing before the first token is known (no queue/prefill): decode still starts at it.
-            cursor = start_unix_ns + round(t.ttft_s * 1e9)
-        segments.append(Segment("decode", cursor, cursor + round(t.decode_s * 1e9)))
-        cursor += round(t.decode_s * 1e9)
-    if t.e2e_s is not None:
-        end = start_unix_ns + round(t.e2e_s * 1e9)
-        if end > cursor and segments:
-            segments.append(Segment("postprocess", cursor, end))
+            cursor = start_unix_ns + round(ttft * 1e9)
+        decode_end = cursor + round(decode * 1e9)
+        segments.append(_new_tuple(Segment, ("decode", cursor, decode_end)))
+        cursor = decode_end
+    if e2e is not None and segments:
+        end = start_unix_ns + round(e2e * 1e9)
+        if end > cursor:
+            segments.append(_new_tuple(Segment, ("postprocess", cursor, end)))
     return tuple(segments)

@@ -1,0 +1,247 @@
+"""The request records' fast path against the general code it stands in for.
+
+``records_of_trace`` reads the shapes most traffic has (one engine span alone, or directly under its
+gateway) without the general joining (``requests._records_of_any_trace``), and ``build_segments``
+lays vLLM's full set of timings out in one step. Each must give exactly what the general code gives:
+
+- every engine fixture, every capture under ``tests/testdata``, the bench's workload (with and without
+  upstream parents) and hand-made shapes on both sides of the fast path's boundary go through both
+  paths, under several record settings, and must give equal records and equal malformed reasons;
+  each hand-made shape's verdict (fast or general) is stated from the shape's rules, so a fast path
+  that took nothing, or took a shape the general joining reads otherwise, fails here;
+- ``build_segments`` is compared with the steps of DESIGN.md §4 written out below, one segment at a
+  time, on seeded random timings and on the boundaries (no preprocess, no postprocess, zero lengths).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+
+import pytest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+
+from bench.workload import generate
+from otel_llm.pdata.records import RequestRecord, Segment
+from otel_llm.pdata.spans import BufferedSpan, PendingTrace
+from otel_llm.processor.llm_metrics import requests
+from otel_llm.processor.llm_metrics.digest import AttributeLimits, DigestSettings, digest_in_process
+from otel_llm.processor.llm_metrics.requests import (
+    Dimension, RecordSettings, ResourceModelRule, TenantRule, records_of_trace)
+from otel_llm.processor.llm_metrics.segments import Timings, build_segments
+from tests.support import engine_fixtures as F
+
+TESTDATA = Path(__file__).parents[2] / "testdata"
+DIMENSION = Dimension("route", "http.route", frozenset({"/v1/chat/completions"}))
+TENANT = TenantRule(("tenant.id", "gen_ai.request.model"), frozenset({"meta-llama/Llama-3.1-8B-Instruct"}), "other")
+DIGEST = DigestSettings(AttributeLimits(256, 16 * 1024), 3600.0,
+                        ("gen_ai.request.model", "gen_ai.response.model", "http.route", "url.path", "error.type",
+                         "gen_ai.server.time_to_first_token", "tenant.id"),
+                        frozenset({"first_token"}))
+SETTINGS = {
+    "defaults": RecordSettings(),
+    "bench": RecordSettings(resource_model_rules=(ResourceModelRule("service.name", {"vllm-qwen-0": "Qwen"}),),
+                            model_from_service_name=True),
+    "everything": RecordSettings(default_model="configured", default_operation="chat", dimensions=(DIMENSION,),
+                                 tenant=TENANT, lora_adapters={"meta-llama/Llama-3.1-8B-Instruct": "base"}),
+    "tight_bound": RecordSettings(max_latency_s=0.5, resource_model_rules=(ResourceModelRule("service.name"),)),
+}
+
+
+def _traces(data: bytes) -> list[PendingTrace]:
+    """A request's spans filed by trace as the assembler files them (a later span with the same id replaces)."""
+    spans, _ = digest_in_process(data, DIGEST)
+    traces: dict[bytes, PendingTrace] = {}
+    for span in spans:
+        traces.setdefault(span.trace_id, PendingTrace(span.trace_id, 0.0)).spans[span.span_id] = span
+    return list(traces.values())
+
+
+def _corpus() -> dict[str, list[PendingTrace]]:
+    requests_ = {f"fixture:{name}": builder().SerializeToString() for name, builder in F.BUILDERS.items()}
+    requests_["fixture:dynamo_request_disagg"] = F.dynamo_request(disaggregated=True).SerializeToString()
+    requests_["fixture:llmd_mooncake"] = F.llmd_disaggregated(connector="mooncake").SerializeToString()
+    for path in sorted(TESTDATA.rglob("*.binpb")):
+        if ".metrics." not in path.name and ".logs." not in path.name:
+            requests_[f"capture:{path.parent.name}/{path.name}"] = path.read_bytes()
+    for upstream in (False, True):
+        for index, batch in enumerate(generate(2, seed=11, upstream_parent=upstream, min_spans=300, max_spans=400)):
+            requests_[f"bench:{upstream}:{index}"] = batch.payload
+    return {name: _traces(data) for name, data in requests_.items()}
+
+
+CORPUS = _corpus()
+
+
+def _both_paths(trace: PendingTrace, settings: RecordSettings) -> tuple[object, object]:
+    fast_malformed: list[tuple[str, str]] = []
+    general_malformed: list[tuple[str, str]] = []
+    fast = records_of_trace(trace, settings, fast_malformed)
+    general = requests._records_of_any_trace(trace, settings, general_malformed)
+    return (fast, fast_malformed), (general, general_malformed)
+
+
+@pytest.mark.parametrize("settings_name", sorted(SETTINGS))
+def test_every_fixture_capture_and_bench_trace_gives_the_general_paths_records(settings_name: str) -> None:
+    settings = SETTINGS[settings_name]
+    fast_taken = general_taken = records = 0
+    for name, traces in CORPUS.items():
+        for trace in traces:
+            fast, general = _both_paths(trace, settings)
+            assert fast == general, f"{name}: trace {trace.trace_id.hex()}"
+            records += len(fast[0])  # type: ignore[index]
+            if requests._simple_request(trace) is None:
+                general_taken += 1
+            else:
+                fast_taken += 1
+    # Both sides of the comparison are exercised: the bench's gateway + vLLM traces take the fast path,
+    # the fixtures' composite and disaggregated requests (several engine spans) the general one.
+    assert fast_taken > 100 and general_taken > 10 and records > fast_taken
+
+
+# --- hand-made shapes at the boundary ---------------------------------------------------------------
+
+def _gateway_and_engine() -> tuple[BufferedSpan, BufferedSpan]:
+    """A bench trace's gateway SERVER span and the vLLM span directly under it."""
+    for traces in CORPUS.values():
+        for trace in traces:
+            if len(trace.spans) != 2:
+                continue
+            gateway, engine = sorted(trace.spans.values(), key=lambda s: s.parent_span_id != b"")
+            if (gateway.observation is not None and gateway.observation.may_be_gateway
+                    and engine.observation is not None and engine.observation.engine_kind == "vllm"
+                    and engine.parent_span_id == gateway.span_id and not gateway.parent_span_id):
+                return gateway, engine
+    raise AssertionError("the bench workload has no gateway + vLLM trace")
+
+
+def _unclaimed(like: BufferedSpan, span_id: bytes, parent: bytes, kind: int = Span.SPAN_KIND_SERVER) -> BufferedSpan:
+    return dataclasses.replace(like, span_id=span_id, parent_span_id=parent, kind=kind, observation=None, attrs=())
+
+
+def _trace(*spans: BufferedSpan) -> PendingTrace:
+    trace = PendingTrace(spans[0].trace_id, 0.0)
+    for span in spans:
+        trace.spans[span.span_id] = span
+    return trace
+
+
+def _shapes() -> dict[str, tuple[PendingTrace, bool]]:
+    """Each shape with whether the fast path may take it (from the rules in ``_simple_request``'s docstring)."""
+    gw, eng = _gateway_and_engine()
+    root_engine = dataclasses.replace(eng, parent_span_id=b"")
+    upstream = b"\x77" * 8  # a parent the trace does not hold
+    orphan = dataclasses.replace(eng, parent_span_id=upstream)
+    other_id, third_id = b"\x42" * 8, b"\x43" * 8
+    replace = dataclasses.replace
+    return {
+        "engine_under_gateway": (_trace(gw, eng), True),
+        "engine_listed_before_gateway": (_trace(eng, gw), True),
+        "engine_alone_as_root": (_trace(root_engine), True),
+        "engine_alone_parent_upstream": (_trace(orphan), True),
+        "engine_root_with_unclaimed_children": (
+            _trace(root_engine, _unclaimed(gw, other_id, eng.span_id, Span.SPAN_KIND_INTERNAL)), True),
+        "gateway_failed": (_trace(replace(gw, status_code=Status.STATUS_CODE_ERROR), eng), True),
+        "engine_sampled_upstream": (_trace(gw, replace(eng, trace_state="ot=th:8")), True),
+        "engine_bad_threshold": (_trace(gw, replace(eng, trace_state="ot=th:zz")), True),
+        "gateway_parent_upstream": (_trace(replace(gw, parent_span_id=upstream), eng), True),
+        "engine_own_parent": (_trace(replace(eng, parent_span_id=eng.span_id)), False),
+        # The general joining takes an unclaimed SERVER sibling that contains the engine span as its gateway.
+        "engine_with_unclaimed_server_sibling": (
+            _trace(orphan, _unclaimed(replace(gw, start_unix_ns=eng.start_unix_ns - 1,
+                                              end_unix_ns=eng.end_unix_ns + 1), other_id, upstream)), False),
+        "gateway_not_server": (_trace(replace(gw, kind=Span.SPAN_KIND_CLIENT), eng), False),
+        "gateway_under_its_engine": (_trace(replace(gw, parent_span_id=eng.span_id), eng), False),
+        "span_above_gateway": (_trace(_unclaimed(gw, other_id, b""), replace(gw, parent_span_id=other_id), eng), False),
+        "engine_below_unclaimed_span": (
+            _trace(gw, _unclaimed(gw, other_id, gw.span_id, Span.SPAN_KIND_INTERNAL),
+                   replace(eng, parent_span_id=other_id)), False),
+        "two_engines": (_trace(gw, eng, replace(eng, span_id=other_id)), False),
+        "two_gateways": (_trace(gw, replace(gw, span_id=third_id), eng), False),
+        "gateway_alone": (_trace(gw), False),
+    }
+
+
+SHAPES = _shapes()
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("settings_name", sorted(SETTINGS))
+def test_shapes_at_the_fast_paths_boundary(shape: str, settings_name: str) -> None:
+    trace, fast_allowed = SHAPES[shape]
+    assert (requests._simple_request(trace) is not None) == fast_allowed
+    fast, general = _both_paths(trace, SETTINGS[settings_name])
+    assert fast == general
+
+
+def test_the_boundary_shapes_mean_what_they_say() -> None:
+    """The shapes above test something: the sibling is joined as the gateway by the general path, the
+    failed gateway fails the request, the bad threshold is refused, a sampled span weighs 2."""
+    gw, eng = _gateway_and_engine()
+    settings = SETTINGS["defaults"]
+
+    def one(shape: str) -> RequestRecord:
+        records = records_of_trace(SHAPES[shape][0], settings, [])
+        assert len(records) == 1
+        return records[0]
+
+    assert one("engine_with_unclaimed_server_sibling").edge_span_id == b"\x42" * 8
+    assert one("engine_under_gateway").edge_span_id == gw.span_id
+    assert one("engine_alone_as_root").edge_span_id == b""
+    assert one("gateway_failed").outcome == "error"
+    assert one("engine_sampled_upstream").weight == 2.0  # th:8 rejects half: 2**56 / (2**56 - 2**55)
+    malformed: list[tuple[str, str]] = []
+    assert records_of_trace(SHAPES["engine_bad_threshold"][0], settings, malformed) == []
+    assert malformed == [("invalid_sampling_threshold", eng.service_name)]
+
+
+# --- segments ------------------------------------------------------------------------------------------
+
+def _step_by_step(start: int, t: Timings) -> tuple[Segment, ...]:
+    """DESIGN.md §4's waterfall for timings with ttft, queue, prefill, decode and e2e, one segment at a time."""
+    assert t.ttft_s is not None and t.queue_s is not None and t.prefill_s is not None
+    assert t.decode_s is not None and t.e2e_s is not None
+    out: list[Segment] = []
+    first_token = start + round(t.ttft_s * 1e9)
+    prefill_start = first_token - round(t.prefill_s * 1e9)
+    queue_start = prefill_start - round(t.queue_s * 1e9)
+    if queue_start > start:
+        out.append(Segment("preprocess", start, queue_start))
+    queue_start = max(queue_start, start)
+    out.append(Segment("queue", queue_start, max(prefill_start, queue_start)))
+    out.append(Segment("prefill", max(prefill_start, queue_start), first_token))
+    decode_end = first_token + round(t.decode_s * 1e9)
+    out.append(Segment("decode", first_token, decode_end))
+    end = start + round(t.e2e_s * 1e9)
+    if end > decode_end:
+        out.append(Segment("postprocess", decode_end, end))
+    return tuple(out)
+
+
+def _timings(ttft: float, e2e: float, queue: float, prefill: float, decode: float) -> Timings:
+    return Timings(ttft, e2e, queue, prefill, decode, prefill + decode, None, None, None)
+
+
+def test_vllms_straight_layout_is_the_step_by_step_waterfall() -> None:
+    rng = random.Random(25)
+    start = 1_767_225_600_123_456_789
+    cases = [
+        _timings(0.5, 2.0, 0.2, 0.3, 1.5),  # no preprocess, no postprocess: both exactly zero
+        _timings(0.5, 2.5, 0.1, 0.3, 1.5),  # both there
+        _timings(0.0, 0.0, 0.0, 0.0, 0.0),  # all zero
+        _timings(0.5, 2.0, 0.3, 0.3, 1.4),  # queue + prefill over ttft: queue clipped at the start
+        _timings(0.5, 2.0, 0.0, 0.9, 1.4),  # prefill alone over ttft
+        _timings(0.5, 1.9, 0.1, 0.3, 1.5),  # e2e short of decode's end: no postprocess
+    ]
+    for _ in range(3000):
+        ttft = rng.choice((0.0, rng.uniform(0, 2)))
+        cases.append(_timings(ttft, rng.choice((ttft, rng.uniform(0, 30))), rng.uniform(0, ttft + 0.01),
+                              rng.uniform(0, ttft + 0.01), rng.choice((0.0, rng.uniform(0, 30)))))
+    names = set()
+    for t in cases:
+        laid = build_segments(start, t)
+        assert laid == _step_by_step(start, t), t
+        assert all(type(s) is Segment for s in laid)
+        names.add(tuple(s.name for s in laid))
+    assert len(names) == 4  # with and without preprocess, with and without postprocess
