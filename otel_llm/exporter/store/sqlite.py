@@ -25,8 +25,8 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from otel_llm.pdata.attributes import any_value_to_python
 from otel_llm.pdata.records import RequestRecord
+from otel_llm.pdata.span_rows import SpanRow, int64, service_name_of, span_row
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +64,7 @@ _INT64_MAX = (1 << 63) - 1
 FUTURE_SKEW_NS = 10 * 60 * 10**9
 
 
-def _int64(value: int) -> int:
-    """OTLP timestamps are uint64; SQLite integers are signed 64-bit. Past 2262 is not a real time."""
-    return value if value <= _INT64_MAX else _INT64_MAX
+_int64 = int64
 
 
 class StoreError(Exception):
@@ -128,6 +126,10 @@ class _Kept:
     request: ExportTraceServiceRequest
     records: list[RequestRecord]
     policy: str
+    span_rows: list[SpanRow] | None = None  # the request's rows, when its producer built them
+
+    def rows(self) -> list[SpanRow]:
+        return self.span_rows if self.span_rows is not None else list(_span_rows(self.request))
 
 
 @dataclass(slots=True)
@@ -137,16 +139,13 @@ class _Written:
     unstorable: list[_Kept] = field(default_factory=list)
 
 
-def _span_rows(request: ExportTraceServiceRequest) -> Iterator[tuple[Any, ...]]:
+def _span_rows(request: ExportTraceServiceRequest) -> Iterator[SpanRow]:
+    """The rows of a request whose producer did not hand them over (``KeptTrace.span_rows``)."""
     for resource_spans in request.resource_spans:
-        service = next((kv.value.string_value for kv in resource_spans.resource.attributes if kv.key == "service.name"),
-                       "")
+        service = service_name_of(resource_spans.resource)
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
-                attributes = {kv.key: any_value_to_python(kv.value) for kv in span.attributes}
-                yield (span.trace_id.hex(), span.span_id.hex(), span.parent_span_id.hex(), span.name, span.kind,
-                       service, _int64(span.start_time_unix_nano), _int64(span.end_time_unix_nano), span.status.code,
-                       span.status.message, json.dumps(attributes, default=str))
+                yield span_row(span, service)
 
 
 def _request_row(record: RequestRecord, policy: str) -> tuple[Any, ...]:
@@ -155,7 +154,14 @@ def _request_row(record: RequestRecord, policy: str) -> tuple[Any, ...]:
     return (record.trace_id.hex(), record.span_id.hex(), record.model, record.engine_kind, record.service_name,
             record.operation_name, record.outcome, policy, record.model_source, _int64(record.start_unix_ns),
             record.ttft_s, record.tpot_s, record.e2e_s, record.queue_s, record.prefill_s, record.decode_s,
-            record.gateway_overhead_s, record.prompt_tokens, record.completion_tokens, json.dumps(segments))
+            record.gateway_overhead_s, record.prompt_tokens, record.completion_tokens, _encode_segments(segments))
+
+
+_encode_segments = json.JSONEncoder().encode  # json.dumps without an encoder built per call
+_INSERT_SPANS = "INSERT OR IGNORE INTO spans VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+_REPLACE_SPANS = "INSERT OR REPLACE INTO spans VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+_INSERT_TRACE = "INSERT OR IGNORE INTO traces VALUES (?,?,?,?)"
+_REPLACE_REQUESTS = f"INSERT OR REPLACE INTO requests VALUES ({','.join('?' * len(SUMMARY_COLUMNS))})"
 
 
 class TraceStore:
@@ -222,17 +228,21 @@ class TraceStore:
         self._thread = threading.Thread(target=self._run, name="otel-llm-store", daemon=True)
         self._thread.start()
 
-    def submit(self, request: ExportTraceServiceRequest, records: list[RequestRecord], policy: str) -> bool:
+    def submit(self, request: ExportTraceServiceRequest, records: list[RequestRecord], policy: str,
+               span_rows: list[SpanRow] | None = None) -> bool:
+        """Queue a kept trace for the writer; ``span_rows``, when given, are ``request``'s rows as
+        ``pdata.span_rows.span_row`` reads them (the writer then does not read the request)."""
+        kept = _Kept(request, records, policy, span_rows)
         with self._idle:
             self._pending += 1
         try:
             # A burst of decisions (a shutdown, a backlog) waits for the writer rather than being lost;
             # the wait backs up into the intake, which refuses retryably. Only a stuck disk drops.
-            self._queue.put(_Kept(request, records, policy), timeout=self._block_s)
+            self._queue.put(kept, timeout=self._block_s)
             return True
         except queue.Full:
             self._done(1)
-            self._count_dropped([_Kept(request, records, policy)], "queue_full")
+            self._count_dropped([kept], "queue_full")
             return False
 
     def problem(self) -> str | None:
@@ -487,13 +497,18 @@ class TraceStore:
         self._problem = self._failure = None
 
     def _write(self, connection: sqlite3.Connection, kept: list[_Kept]) -> _Written:
-        """One transaction for the batch, a savepoint per trace: a trace that cannot be stored is
-        skipped (and counted once the batch commits), the others are written. An error that says the
-        store itself cannot persist (disk full, I/O, corruption) aborts the whole batch."""
+        """One transaction for the batch: first as one statement per table for the whole batch; when
+        that is not the whole story (a replay, late spans of a stored trace, a trace that cannot be
+        stored), rolled back and written again a savepoint per trace, so a trace that cannot be
+        stored is skipped (and counted once the batch commits) and the others are written. An error
+        that says the store itself cannot persist (disk full, I/O, corruption) aborts the whole batch."""
         now = time.time()
         written = _Written()
         connection.execute("BEGIN")
         try:
+            if self._write_new(connection, kept, now, written):
+                connection.execute("COMMIT")
+                return written
             for item in kept:
                 connection.execute("SAVEPOINT trace")
                 try:
@@ -515,29 +530,60 @@ class TraceStore:
         return written
 
     @staticmethod
+    def _write_new(connection: sqlite3.Connection, kept: list[_Kept], now: float, written: _Written) -> bool:
+        """The common case, in three statements: every span and trace of the batch is new. False
+        (nothing written) when one is not, or a trace cannot be stored: ``_write_trace`` then
+        writes each trace on its own. Raises what says the store cannot persist."""
+        connection.execute("SAVEPOINT batch")
+        try:
+            span_rows: list[SpanRow] = []
+            trace_rows: list[tuple[str, float, str, int]] = []
+            request_rows: list[tuple[Any, ...]] = []
+            for item in kept:
+                rows = item.rows()
+                if not rows:
+                    continue
+                spans_by_trace: dict[str, int] = {}
+                for row in rows:
+                    spans_by_trace[row[0]] = spans_by_trace.get(row[0], 0) + 1
+                trace_rows.extend((trace_id, now, item.policy, count) for trace_id, count in spans_by_trace.items())
+                span_rows.extend(rows)
+                request_rows.extend(_request_row(r, item.policy) for r in item.records)
+            if (connection.executemany(_INSERT_SPANS, span_rows).rowcount == len(span_rows)
+                    and connection.executemany(_INSERT_TRACE, trace_rows).rowcount == len(trace_rows)):
+                connection.executemany(_REPLACE_REQUESTS, request_rows)
+                connection.execute("RELEASE batch")
+                written.new_traces += len(trace_rows)
+                written.spans += len(span_rows)
+                return True
+        except (sqlite3.Error, OverflowError, ValueError, TypeError) as exc:
+            if _store_failure(exc) is not None:
+                raise
+        connection.execute("ROLLBACK TO batch")
+        connection.execute("RELEASE batch")
+        return False
+
+    @staticmethod
     def _write_trace(connection: sqlite3.Connection, item: _Kept, now: float) -> tuple[int, int]:
         """Appends: the cost is that of the spans given, whatever the size of the stored trace (late
         spans of a 100 000-span trace cost what they cost at 1 000). Returns (new traces, spans)."""
-        spans = list(_span_rows(item.request))
+        spans = item.rows()
         if not spans:
             return 0, 0
-        by_trace: dict[str, list[tuple[Any, ...]]] = {}
+        by_trace: dict[str, list[SpanRow]] = {}
         for row in spans:
             by_trace.setdefault(row[0], []).append(row)
         new_traces = 0
         for trace_id, rows in by_trace.items():
-            added = connection.executemany("INSERT OR IGNORE INTO spans VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows).rowcount
+            added = connection.executemany(_INSERT_SPANS, rows).rowcount
             if added < len(rows):  # a replay: its spans overwrite the stored ones instead of duplicating
-                connection.executemany("INSERT OR REPLACE INTO spans VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
-            if connection.execute("INSERT OR IGNORE INTO traces VALUES (?,?,?,?)",
-                                  (trace_id, now, item.policy, added)).rowcount == 1:
+                connection.executemany(_REPLACE_SPANS, rows)
+            if connection.execute(_INSERT_TRACE, (trace_id, now, item.policy, added)).rowcount == 1:
                 new_traces += 1
             elif added:
                 connection.execute("UPDATE traces SET span_count = span_count + ? WHERE trace_id = ?",
                                    (added, trace_id))
-        connection.executemany(
-            f"INSERT OR REPLACE INTO requests VALUES ({','.join('?' * len(SUMMARY_COLUMNS))})",
-            [_request_row(r, item.policy) for r in item.records])
+        connection.executemany(_REPLACE_REQUESTS, [_request_row(r, item.policy) for r in item.records])
         return new_traces, len(spans)
 
     # --- retention -------------------------------------------------------------------------
