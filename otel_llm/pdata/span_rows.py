@@ -40,11 +40,15 @@ def attribute_values(attributes: Iterable[Any]) -> dict[str, Any]:
     return values
 
 
-def span_row(span: Any, service_name: str) -> SpanRow:
-    """The row of an OTLP ``Span`` message."""
+def span_row(span: Any, service_name: str, attributes_json: str | None = None) -> SpanRow:
+    """The row of an OTLP ``Span`` message; ``attributes_json``, when the caller has it, is
+    ``encode_json(attribute_values(span.attributes))``."""
+    if attributes_json is None:
+        attributes_json = encode_json(attribute_values(span.attributes))
+    status = span.status
     return (span.trace_id.hex(), span.span_id.hex(), span.parent_span_id.hex(), span.name, span.kind, service_name,
-            int64(span.start_time_unix_nano), int64(span.end_time_unix_nano), span.status.code, span.status.message,
-            encode_json(attribute_values(span.attributes)))
+            int64(span.start_time_unix_nano), int64(span.end_time_unix_nano), status.code, status.message,
+            attributes_json)
 
 
 def service_name_of(resource: Any) -> str:

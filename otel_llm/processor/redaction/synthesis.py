@@ -18,8 +18,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
+from otel_llm.pdata.attributes import any_value_to_python
 from otel_llm.pdata.records import RequestRecord, Segment, Side, Source
-from otel_llm.pdata.span_rows import SpanRow, encode_json, int64, service_name_of, span_row
+from otel_llm.pdata.span_rows import SpanRow, attribute_values, encode_json, int64, service_name_of, span_row
 from otel_llm.pdata.spans import BufferedSpan
 
 SCOPE_NAME = "otel-llm"
@@ -36,13 +37,19 @@ class _Attributes:
     """A span's attributes set by key, as OTLP consumers read a repeated key: the first attribute of
     that key is overwritten, else one is appended. Each position is looked up once, not per key set."""
 
-    __slots__ = ("_attributes", "_positions")
+    __slots__ = ("_attributes", "_positions", "_values")
 
-    def __init__(self, span: Span) -> None:
+    def __init__(self, span: Span, values: dict[str, Any] | None = None) -> None:
+        """``values``, when given, is ``attribute_values`` of the span's attributes, none of whose
+        keys repeats; it is kept equal to what ``attribute_values`` reads after each key set."""
         self._attributes = span.attributes
+        self._values = values
         positions: dict[str, int] = {}
-        for position, kv in enumerate(self._attributes):
-            positions.setdefault(kv.key, position)
+        if values is not None:
+            positions = {key: position for position, key in enumerate(values)}
+        else:
+            for position, kv in enumerate(self._attributes):
+                positions.setdefault(kv.key, position)
         self._positions = positions
 
     def __setitem__(self, key: str, value: str | int | float) -> None:
@@ -54,17 +61,22 @@ class _Attributes:
         else:
             kv = attributes[position]
         if isinstance(value, bool) or isinstance(value, str):
-            kv.value.string_value = str(value)
+            value = str(value)
+            kv.value.string_value = value
         elif isinstance(value, int):
             kv.value.int_value = value
         else:
             kv.value.double_value = value
+            value = kv.value.double_value
+        if self._values is not None:
+            self._values[key] = value
 
 
-def enrich(span: Span, record: RequestRecord, policy: str) -> None:
+def enrich(span: Span, record: RequestRecord, policy: str, values: dict[str, Any] | None = None) -> None:
     """The gen_ai bridge attributes beside the engine's own legacy ones: only what a span of the
-    trace said or the configured model mapping gave, never a configured default."""
-    attributes = _Attributes(span)
+    trace said or the configured model mapping gave, never a configured default. ``values``: see
+    ``_Attributes``."""
+    attributes = _Attributes(span, values)
     if policy:
         attributes[POLICY_ATTRIBUTE] = policy
     attributes["otel_llm.outcome"] = record.outcome
@@ -156,6 +168,7 @@ class RedactionCounts:
 
 REDACTION_REASONS = ("content_key", "free_text", "content_event", "not_allowed", "url_reduced")
 _SCALARS = frozenset({"int_value", "double_value", "bool_value", None})
+_PLAIN = frozenset({"int_value", "double_value", "bool_value", "string_value"})  # stored as they are
 # What a key alone decides (cached per key): allowed (kept whatever its value), blocked (removed),
 # else whether its text is known metadata, and a URL.
 _ALLOWED, _BLOCKED, _NOT_METADATA, _METADATA, _METADATA_URL = range(5)
@@ -268,6 +281,65 @@ class Redaction:
         for position in reversed(remove):
             del attributes[position]
 
+    def apply_with_values(self, span: Span, counts: RedactionCounts) -> dict[str, Any] | None:
+        """``apply_into``, returning ``attribute_values`` of the span's attributes after it: each
+        attribute read once for both. None, with nothing applied, when a key repeats."""
+        attributes = span.attributes
+        read: list[tuple[str, AnyValue, Any]] = []
+        values: dict[str, Any] = {}
+        for kv in attributes:
+            key = kv.key
+            value = kv.value
+            kind = value.WhichOneof("value")
+            values[key] = getattr(value, kind) if kind in _PLAIN else any_value_to_python(value)
+            read.append((key, value, kind))
+        if len(values) != len(read):
+            return None
+        limit = self.max_free_text_bytes
+        if limit and not any(key.startswith(GENAI_KEY_PREFIXES) for key in values):
+            limit = 0
+        genai = bool(limit)
+        allowlist = self.metadata_keys is not None
+        classes = self._key_classes
+        remove: list[int] = []
+        for position, (key, value, kind) in enumerate(read):
+            key_class = classes.get(key)
+            if key_class is None:
+                key_class = self._key_class(key)
+            if key_class == _ALLOWED:
+                continue
+            if key_class == _BLOCKED:
+                counts.content_keys += 1
+                remove.append(position)
+                continue
+            if allowlist and kind not in _SCALARS:
+                if key_class == _NOT_METADATA:
+                    counts.not_allowed += 1
+                    remove.append(position)
+                    continue
+                if key_class == _METADATA_URL and kind == "string_value":
+                    url = reduced_url(values[key])
+                    if url != values[key]:
+                        value.string_value = values[key] = url
+                        counts.url_reduced += 1
+            if limit and _is_free_text(value, limit, kind):
+                counts.free_text += 1
+                remove.append(position)
+        for position in reversed(remove):
+            del attributes[position]
+            del values[read[position][0]]
+        if span.events:
+            for event in span.events:
+                if event.name in self.event_names:
+                    counts.content_events += len(event.attributes)
+                    del event.attributes[:]
+                else:
+                    self._strip(event.attributes, genai, counts)
+        if allowlist and span.links:
+            for link in span.links:
+                self._strip(link.attributes, genai, counts)
+        return values
+
     def apply(self, span: Span) -> RedactionCounts:
         counts = RedactionCounts()
         self.apply_into(span, counts)
@@ -292,6 +364,8 @@ NO_REDACTION = Redaction()
 
 
 def _varint(value: int) -> bytes:
+    if value < 0x80:
+        return _ONE_BYTE[value]
     out = bytearray()
     while value > 0x7F:
         out.append(value & 0x7F | 0x80)
@@ -300,36 +374,31 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
+_ONE_BYTE = [bytes((n,)) for n in range(0x80)]
+
+
 def _length_delimited(tag: bytes, data: bytes) -> bytes:
     return tag + _varint(len(data)) + data
 
 
-_FIXED64 = struct.Struct("<Q")
+_TIMES = struct.Struct("<BQBQ")  # start_time_unix_nano (field 7) and end_time_unix_nano (8), fixed64
 _UINT64_MAX = (1 << 64) - 1
-_SEGMENT_ATTRIBUTE_FIELDS: dict[str, tuple[bytes, str]] = {}  # per segment name: (Span.attributes field, JSON)
+_SEGMENT_FIELDS: dict[str, tuple[bytes, str]] = {}  # per segment name: (its Span fields, attributes JSON)
 
 
-def _segment_attribute(name: str) -> tuple[bytes, str]:
-    known = _SEGMENT_ATTRIBUTE_FIELDS.get(name)
+def _segment_fields(name: str) -> tuple[bytes, str]:
+    """A segment span's fields that depend on its name alone: name, kind, its one attribute; and
+    that attribute as the store's JSON."""
+    known = _SEGMENT_FIELDS.get(name)
     if known is None:
         key_value = KeyValue(key=SEGMENT_ATTRIBUTE, value=AnyValue(string_value=name)).SerializeToString()
-        known = (_length_delimited(b"\x4a", key_value), encode_json({SEGMENT_ATTRIBUTE: name}))
-        if len(_SEGMENT_ATTRIBUTE_FIELDS) < 64:  # segment names are ours (a few), never the sender's
-            _SEGMENT_ATTRIBUTE_FIELDS[name] = known
+        fields = b"".join((_length_delimited(b"\x2a", name.encode()),
+                           b"\x30\x01",  # kind: SPAN_KIND_INTERNAL
+                           _length_delimited(b"\x4a", key_value)))
+        known = (fields, encode_json({SEGMENT_ATTRIBUTE: name}))
+        if len(_SEGMENT_FIELDS) < 64:  # segment names are ours (a few), never the sender's
+            _SEGMENT_FIELDS[name] = known
     return known
-
-
-def _segment_span_field(trace_id: bytes, engine_span_id: bytes, span_id: bytes, segment: Segment,
-                        trace_state_field: bytes, attribute_field: bytes) -> bytes:
-    """``ScopeSpans.spans`` (field 2) holding the segment span ``add_segment_span`` builds, written
-    as bytes: the same message once parsed, without a ``Span`` object per segment."""
-    span = b"".join((
-        _length_delimited(b"\x0a", trace_id), _length_delimited(b"\x12", span_id), trace_state_field,
-        _length_delimited(b"\x22", engine_span_id), _length_delimited(b"\x2a", segment.name.encode()),
-        b"\x30\x01",  # kind: SPAN_KIND_INTERNAL
-        b"\x39", _FIXED64.pack(segment.start_unix_ns), b"\x41", _FIXED64.pack(segment.end_unix_ns),
-        attribute_field))
-    return _length_delimited(b"\x12", span)
 
 
 def kept_trace_request(
@@ -376,14 +445,18 @@ def kept_trace(
         scope_spans, rows = group
         span = scope_spans.spans.add()
         span.MergeFromString(buffered.payload)
-        redaction.apply_into(span, counts)
+        values = redaction.apply_with_values(span, counts)
+        if values is None:  # a repeated key
+            redaction.apply_into(span, counts)
         with_trace_state(span, threshold)
         count += 1
         span_id = span.span_id
         record = by_span.get(span_id)
         if record is not None:
-            enrich(span, record, policy)
-        row = span_row(span, service_name)
+            enrich(span, record, policy, values)  # the values follow each key set
+        if values is None:
+            values = attribute_values(span.attributes)
+        row = span_row(span, service_name, encode_json(values))
         rows.append(row)
         if record is None or not record.segments:
             continue
@@ -394,18 +467,22 @@ def kept_trace(
             into = synthesized[resource_key] = (scope, [], [])
             resource_rows.append(into[2])
         scope, fields, segment_rows = into
+        # The segment spans as ``ScopeSpans.spans`` fields, the same messages ``add_segment_span`` and
+        # ``with_trace_state`` build once parsed (field order aside), without a Span object each.
         trace_id = span.trace_id
         trace_hex, parent_hex = row[0], row[1]
+        shared = b"".join((_length_delimited(b"\x0a", trace_id), trace_state_field,
+                           _length_delimited(b"\x22", span_id)))
         for segment in record.segments:
-            start, end = segment.start_unix_ns, segment.end_unix_ns
+            name, start, end = segment.name, segment.start_unix_ns, segment.end_unix_ns
             if not (0 <= start <= _UINT64_MAX and 0 <= end <= _UINT64_MAX):
-                raise ValueError(f"segment {segment.name}: times out of the uint64 range: {start}, {end}")
-            segment_id = segment_span_id(trace_id, span_id, segment.name)
-            attribute_field, attribute_json = _segment_attribute(segment.name)
-            fields.append(_segment_span_field(trace_id, span_id, segment_id, segment, trace_state_field,
-                                              attribute_field))
-            segment_rows.append((trace_hex, segment_id.hex(), parent_hex, segment.name, Span.SPAN_KIND_INTERNAL,
-                                 service_name, int64(start), int64(end), 0, "", attribute_json))
+                raise ValueError(f"segment {name}: times out of the uint64 range: {start}, {end}")
+            segment_id = segment_span_id(trace_id, span_id, name)
+            by_name, attributes_json = _segment_fields(name)
+            body = b"".join((shared, b"\x12\x08", segment_id, by_name, _TIMES.pack(0x39, start, 0x41, end)))
+            fields.append(_length_delimited(b"\x12", body))
+            segment_rows.append((trace_hex, segment_id.hex(), parent_hex, name, Span.SPAN_KIND_INTERNAL,
+                                 service_name, int64(start), int64(end), 0, "", attributes_json))
             count += 1
     for scope, fields, _ in synthesized.values():
         scope.MergeFromString(b"".join(fields))
