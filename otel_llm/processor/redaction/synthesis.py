@@ -20,7 +20,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 
 from otel_llm.pdata.attributes import any_value_to_python
 from otel_llm.pdata.records import RequestRecord, Segment, Side, Source
-from otel_llm.pdata.span_rows import SpanRow, attribute_values, encode_json, int64, service_name_of, span_row
+from otel_llm.pdata.span_rows import (
+    INT64_MAX, SpanRow, attribute_values, encode_json, service_name_of, span_row)
 from otel_llm.pdata.spans import BufferedSpan
 
 SCOPE_NAME = "otel-llm"
@@ -60,7 +61,7 @@ class _Attributes:
             kv = attributes.add(key=key)
         else:
             kv = attributes[position]
-        if isinstance(value, bool) or isinstance(value, str):
+        if type(value) is str or isinstance(value, (bool, str)):
             value = str(value)
             kv.value.string_value = value
         elif isinstance(value, int):
@@ -172,6 +173,8 @@ _PLAIN = frozenset({"int_value", "double_value", "bool_value", "string_value"}) 
 # What a key alone decides (cached per key): allowed (kept whatever its value), blocked (removed),
 # else whether its text is known metadata, and a URL.
 _ALLOWED, _BLOCKED, _NOT_METADATA, _METADATA, _METADATA_URL = range(5)
+_CLASS = 0x7  # the bits of the classes above
+_GENAI = 0x8  # with this bit: a key that makes its span a GenAI span (GENAI_KEY_PREFIXES)
 _KEY_CACHE_LIMIT = 4096  # keys are the sender's: the cache must not grow with whatever they send
 
 
@@ -232,6 +235,7 @@ class Redaction:
         return self._pattern is not None and self._pattern.match(key) is not None
 
     def _key_class(self, key: str) -> int:
+        """The key's class, ``_GENAI`` set for a GenAI key."""
         known = self._key_classes.get(key)
         if known is not None:
             return known
@@ -243,6 +247,8 @@ class Redaction:
             decided = _METADATA_URL if key in self.url_keys else _METADATA
         else:
             decided = _NOT_METADATA
+        if key.startswith(GENAI_KEY_PREFIXES):
+            decided |= _GENAI
         if len(self._key_classes) < _KEY_CACHE_LIMIT:
             self._key_classes[key] = decided
         return decided
@@ -254,7 +260,7 @@ class Redaction:
             return  # nothing to remove (allow_content)
         remove: list[int] = []
         for position, kv in enumerate(attributes):
-            key_class = self._key_class(kv.key)
+            key_class = self._key_class(kv.key) & _CLASS
             if key_class == _ALLOWED:
                 continue
             if key_class == _BLOCKED:
@@ -285,27 +291,27 @@ class Redaction:
         """``apply_into``, returning ``attribute_values`` of the span's attributes after it: each
         attribute read once for both. None, with nothing applied, when a key repeats."""
         attributes = span.attributes
-        read: list[tuple[str, AnyValue, Any]] = []
+        read: list[tuple[str, AnyValue, Any, int]] = []
         values: dict[str, Any] = {}
+        classes = self._key_classes
+        genai_keys = 0
         for kv in attributes:
             key = kv.key
             value = kv.value
             kind = value.WhichOneof("value")
             values[key] = getattr(value, kind) if kind in _PLAIN else any_value_to_python(value)
-            read.append((key, value, kind))
-        if len(values) != len(read):
-            return None
-        limit = self.max_free_text_bytes
-        if limit and not any(key.startswith(GENAI_KEY_PREFIXES) for key in values):
-            limit = 0
-        genai = bool(limit)
-        allowlist = self.metadata_keys is not None
-        classes = self._key_classes
-        remove: list[int] = []
-        for position, (key, value, kind) in enumerate(read):
             key_class = classes.get(key)
             if key_class is None:
                 key_class = self._key_class(key)
+            genai_keys |= key_class
+            read.append((key, value, kind, key_class & _CLASS))
+        if len(values) != len(read):
+            return None
+        limit = self.max_free_text_bytes if genai_keys & _GENAI else 0
+        genai = bool(limit)
+        allowlist = self.metadata_keys is not None
+        remove: list[int] = []
+        for position, (key, value, kind, key_class) in enumerate(read):
             if key_class == _ALLOWED:
                 continue
             if key_class == _BLOCKED:
@@ -322,9 +328,15 @@ class Redaction:
                     if url != values[key]:
                         value.string_value = values[key] = url
                         counts.url_reduced += 1
-            if limit and _is_free_text(value, limit, kind):
-                counts.free_text += 1
-                remove.append(position)
+            if limit and kind not in _SCALARS:
+                if kind == "string_value":  # _is_free_text, inline: most attributes of a GenAI span come here
+                    text = values[key]
+                    free_text = len(text) > limit or (len(text) * 4 > limit and len(text.encode()) > limit)
+                else:
+                    free_text = _is_free_text(value, limit, kind)
+                if free_text:
+                    counts.free_text += 1
+                    remove.append(position)
         for position in reversed(remove):
             del attributes[position]
             del values[read[position][0]]
@@ -482,7 +494,8 @@ def kept_trace(
             body = b"".join((shared, b"\x12\x08", segment_id, by_name, _TIMES.pack(0x39, start, 0x41, end)))
             fields.append(_length_delimited(b"\x12", body))
             segment_rows.append((trace_hex, segment_id.hex(), parent_hex, name, Span.SPAN_KIND_INTERNAL,
-                                 service_name, int64(start), int64(end), 0, "", attributes_json))
+                                 service_name, start if start <= INT64_MAX else INT64_MAX,
+                                 end if end <= INT64_MAX else INT64_MAX, 0, "", attributes_json))
             count += 1
     for scope, fields, _ in synthesized.values():
         scope.MergeFromString(b"".join(fields))
