@@ -64,9 +64,6 @@ _INT64_MAX = (1 << 63) - 1
 FUTURE_SKEW_NS = 10 * 60 * 10**9
 
 
-_int64 = int64
-
-
 class StoreError(Exception):
     """The store file cannot be read (corrupt, not a database, unreadable); the message names the file."""
 
@@ -152,7 +149,7 @@ def _request_row(record: RequestRecord, policy: str) -> tuple[Any, ...]:
     segments = [{"name": s.name, "start_time_unix_nano": s.start_unix_ns, "end_time_unix_nano": s.end_unix_ns}
                 for s in record.segments]
     return (record.trace_id.hex(), record.span_id.hex(), record.model, record.engine_kind, record.service_name,
-            record.operation_name, record.outcome, policy, record.model_source, _int64(record.start_unix_ns),
+            record.operation_name, record.outcome, policy, record.model_source, int64(record.start_unix_ns),
             record.ttft_s, record.tpot_s, record.e2e_s, record.queue_s, record.prefill_s, record.decode_s,
             record.gateway_overhead_s, record.prompt_tokens, record.completion_tokens, _encode_segments(segments))
 
@@ -181,6 +178,7 @@ class TraceStore:
         self._batch_size = max(1, batch_size)
         self._prune_interval_s = prune_interval_s
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
+        self._wake = threading.Event()  # ends the writer's wait for a fuller batch
         self._thread: threading.Thread | None = None
         self._idle = threading.Condition()
         self._pending = 0
@@ -239,6 +237,8 @@ class TraceStore:
             # A burst of decisions (a shutdown, a backlog) waits for the writer rather than being lost;
             # the wait backs up into the intake, which refuses retryably. Only a stuck disk drops.
             self._queue.put(kept, timeout=self._block_s)
+            if self._queue.qsize() >= self._batch_size:
+                self._wake.set()
             return True
         except queue.Full:
             self._done(1)
@@ -274,6 +274,7 @@ class TraceStore:
                 self._queue.put_nowait(_FLUSH)
             except queue.Full:
                 pass  # a full queue makes full batches: no wait to cut short
+            self._wake.set()
             with self._idle:
                 return self._idle.wait_for(lambda: self._pending <= 0, timeout=timeout_s)
         finally:
@@ -291,6 +292,7 @@ class TraceStore:
             self._queue.put(None, timeout=max(0.01, deadline - time.monotonic()))
         except queue.Full:
             pass
+        self._wake.set()
         thread.join(timeout=max(0.5, deadline - time.monotonic()))  # the last batch and a final retention pass
         if thread.is_alive():  # a stuck disk: what is still queued is lost at exit, and counted
             self._abandoned = True
@@ -386,14 +388,20 @@ class TraceStore:
                 batch.append(item)
             if len(batch) >= self._batch_size:
                 return batch, False
-            remaining = deadline - time.monotonic()
-            try:
-                if remaining <= 0 or self._flushing or item is _FLUSH or not batch:
+            after_flush = item is _FLUSH
+            while True:
+                try:
                     item = self._queue.get_nowait()
-                else:
-                    item = self._queue.get(timeout=remaining)
-            except queue.Empty:
-                return batch, False
+                    break
+                except queue.Empty:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or self._flushing or after_flush or not batch:
+                        return batch, False
+                    # Out the interval in one wait, not woken for each trace submitted (a thread
+                    # switch per trace cost more CPU than writing it): a full queue, a flush or a
+                    # shutdown wake it early.
+                    self._wake.wait(remaining)
+                    self._wake.clear()
 
     def _count_dropped(self, items: list[_Kept], reason: str) -> None:
         if items:
@@ -531,9 +539,10 @@ class TraceStore:
 
     @staticmethod
     def _write_new(connection: sqlite3.Connection, kept: list[_Kept], now: float, written: _Written) -> bool:
-        """The common case, in three statements: every span and trace of the batch is new. False
-        (nothing written) when one is not, or a trace cannot be stored: ``_write_trace`` then
-        writes each trace on its own. Raises what says the store cannot persist."""
+        """The common case, in three statements: every span of the batch is new (late spans of a
+        stored trace too). False (nothing written) when one is not (a replay), or a trace cannot be
+        stored: ``_write_trace`` then writes each trace on its own. Raises what says the store
+        cannot persist."""
         connection.execute("SAVEPOINT batch")
         try:
             span_rows: list[SpanRow] = []
@@ -549,11 +558,11 @@ class TraceStore:
                 trace_rows.extend((trace_id, now, item.policy, count) for trace_id, count in spans_by_trace.items())
                 span_rows.extend(rows)
                 request_rows.extend(_request_row(r, item.policy) for r in item.records)
-            if (connection.executemany(_INSERT_SPANS, span_rows).rowcount == len(span_rows)
-                    and connection.executemany(_INSERT_TRACE, trace_rows).rowcount == len(trace_rows)):
+            if connection.executemany(_INSERT_SPANS, span_rows).rowcount == len(span_rows):
+                new_traces = TraceStore._add_traces(connection, trace_rows)
                 connection.executemany(_REPLACE_REQUESTS, request_rows)
                 connection.execute("RELEASE batch")
-                written.new_traces += len(trace_rows)
+                written.new_traces += new_traces
                 written.spans += len(span_rows)
                 return True
         except (sqlite3.Error, OverflowError, ValueError, TypeError) as exc:
@@ -562,6 +571,24 @@ class TraceStore:
         connection.execute("ROLLBACK TO batch")
         connection.execute("RELEASE batch")
         return False
+
+    @staticmethod
+    def _add_traces(connection: sqlite3.Connection, trace_rows: list[tuple[str, float, str, int]]) -> int:
+        """The traces rows of spans just added, all new: one statement; else (late spans of a stored
+        trace) one at a time, a stored trace's span count raised. Returns the new traces."""
+        connection.execute("SAVEPOINT traces")
+        if connection.executemany(_INSERT_TRACE, trace_rows).rowcount == len(trace_rows):
+            connection.execute("RELEASE traces")
+            return len(trace_rows)
+        connection.execute("ROLLBACK TO traces")
+        connection.execute("RELEASE traces")
+        new_traces = 0
+        for row in trace_rows:
+            if connection.execute(_INSERT_TRACE, row).rowcount == 1:
+                new_traces += 1
+            else:
+                connection.execute("UPDATE traces SET span_count = span_count + ? WHERE trace_id = ?", (row[3], row[0]))
+        return new_traces
 
     @staticmethod
     def _write_trace(connection: sqlite3.Connection, item: _Kept, now: float) -> tuple[int, int]:
