@@ -146,6 +146,33 @@ def test_counters_agree_with_what_is_stored(tmp_path):
         store.shutdown()
 
 
+def test_a_batch_of_new_and_stored_traces(tmp_path):
+    """New traces (written one statement per table) beside late spans of a stored trace and a replay
+    of another (written one by one): each stored as if alone, every span counted once."""
+    registry = CollectorRegistry()
+    store = TraceStore(tmp_path, 3600, 1 << 30, 1000, registry)
+    store.start()
+    try:
+        a, b, c, d = (os.urandom(16) for _ in range(4))
+        b_first = spans_of(b, 4)
+        for request in (spans_of(a, 3), b_first):
+            assert store.submit(request, [], "first")
+        assert store.flush(30)
+        for request in (spans_of(a, 2), spans_of(c, 5), b_first, spans_of(d, 1)):
+            assert store.submit(request, [], "second")
+        assert store.flush(30)
+        counts = {t.hex(): n for t, n in ((a, 5), (b, 4), (c, 5), (d, 1))}
+        for trace_id, spans in counts.items():
+            assert db_count(store.path, f"SELECT span_count FROM traces WHERE trace_id = '{trace_id}'") == spans
+            assert db_count(store.path, f"SELECT COUNT(*) FROM spans WHERE trace_id = '{trace_id}'") == spans
+        assert db_count(store.path, "SELECT COUNT(*) FROM traces WHERE policy = 'first'") == 2
+        assert db_count(store.path, "SELECT COUNT(*) FROM traces") == 4
+        assert value(registry, "otel_llm_store_written_traces_total") == 4
+        assert value(registry, "otel_llm_store_written_spans_total") == 3 + 4 + 2 + 5 + 4 + 1
+    finally:
+        store.shutdown()
+
+
 # --- 7: batched commits with bounded latency ------------------------------------------------
 
 

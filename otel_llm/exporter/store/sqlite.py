@@ -126,7 +126,9 @@ class _Kept:
     span_rows: list[SpanRow] | None = None  # the request's rows, when its producer built them
 
     def rows(self) -> list[SpanRow]:
-        return self.span_rows if self.span_rows is not None else list(_span_rows(self.request))
+        if self.span_rows is None:
+            self.span_rows = list(_span_rows(self.request))
+        return self.span_rows
 
 
 @dataclass(slots=True)
@@ -505,19 +507,23 @@ class TraceStore:
         self._problem = self._failure = None
 
     def _write(self, connection: sqlite3.Connection, kept: list[_Kept]) -> _Written:
-        """One transaction for the batch: first as one statement per table for the whole batch; when
-        that is not the whole story (a replay, late spans of a stored trace, a trace that cannot be
-        stored), rolled back and written again a savepoint per trace, so a trace that cannot be
-        stored is skipped (and counted once the batch commits) and the others are written. An error
-        that says the store itself cannot persist (disk full, I/O, corruption) aborts the whole batch."""
+        """One transaction for the batch. The deliveries of traces not stored yet go first, one
+        statement per table for all of them; those of stored traces (a replay, late spans), and all
+        of them when that fails (a trace that cannot be stored), a savepoint per delivery, so a
+        trace that cannot be stored is skipped (and counted once the batch commits) and the others
+        are written. An error that says the store itself cannot persist (disk full, I/O,
+        corruption) aborts the whole batch."""
         now = time.time()
         written = _Written()
         connection.execute("BEGIN")
         try:
-            if self._write_new(connection, kept, now, written):
-                connection.execute("COMMIT")
-                return written
-            for item in kept:
+            # Disjoint traces: writing the new ones first gives what writing in order gives.
+            stored = {id(item) for item in self._of_stored_traces(connection, kept)}
+            new = [item for item in kept if id(item) not in stored] if stored else kept
+            one_by_one = [item for item in kept if id(item) in stored]
+            if new and not self._write_new(connection, new, now, written):
+                one_by_one = kept
+            for item in one_by_one:
                 connection.execute("SAVEPOINT trace")
                 try:
                     new_traces, spans = self._write_trace(connection, item, now)
@@ -538,11 +544,32 @@ class TraceStore:
         return written
 
     @staticmethod
+    def _of_stored_traces(connection: sqlite3.Connection, kept: list[_Kept]) -> list[_Kept]:
+        """The deliveries with a span of a trace already stored, or whose rows cannot be read."""
+        by_trace: dict[str, list[_Kept]] = {}
+        unreadable: list[_Kept] = []
+        for item in kept:
+            try:
+                trace_ids = {row[0] for row in item.rows()}
+            except (ValueError, TypeError, OverflowError):
+                unreadable.append(item)
+                continue
+            for trace_id in trace_ids:
+                by_trace.setdefault(trace_id, []).append(item)
+        ids = list(by_trace)
+        stored: list[_Kept] = []
+        for start in range(0, len(ids), 500):
+            chunk = ids[start:start + 500]
+            for (trace_id,) in connection.execute(
+                    f"SELECT trace_id FROM traces WHERE trace_id IN ({','.join('?' * len(chunk))})", chunk):
+                stored.extend(by_trace[trace_id])
+        return unreadable + stored
+
+    @staticmethod
     def _write_new(connection: sqlite3.Connection, kept: list[_Kept], now: float, written: _Written) -> bool:
-        """The common case, in three statements: every span of the batch is new (late spans of a
-        stored trace too). False (nothing written) when one is not (a replay), or a trace cannot be
-        stored: ``_write_trace`` then writes each trace on its own. Raises what says the store
-        cannot persist."""
+        """The common case, in three statements: every span of the deliveries is new. False (nothing
+        written) when one is not, or a trace cannot be stored: ``_write_trace`` then writes each
+        on its own. Raises what says the store cannot persist."""
         connection.execute("SAVEPOINT batch")
         try:
             span_rows: list[SpanRow] = []
