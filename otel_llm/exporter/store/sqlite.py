@@ -545,25 +545,31 @@ class TraceStore:
 
     @staticmethod
     def _of_stored_traces(connection: sqlite3.Connection, kept: list[_Kept]) -> list[_Kept]:
-        """The deliveries with a span of a trace already stored, or whose rows cannot be read."""
-        by_trace: dict[str, list[_Kept]] = {}
+        """The deliveries with a span of a trace already stored, or of a trace such a delivery has
+        too (so the rest share no trace with them), or whose rows cannot be read."""
+        trace_ids_of: list[tuple[_Kept, set[str]]] = []
         unreadable: list[_Kept] = []
         for item in kept:
             try:
-                trace_ids = {row[0] for row in item.rows()}
+                trace_ids_of.append((item, {row[0] for row in item.rows()}))
             except (ValueError, TypeError, OverflowError):
                 unreadable.append(item)
-                continue
-            for trace_id in trace_ids:
-                by_trace.setdefault(trace_id, []).append(item)
-        ids = list(by_trace)
-        stored: list[_Kept] = []
+        ids = list({trace_id for _, trace_ids in trace_ids_of for trace_id in trace_ids})
+        marked: set[str] = set()
         for start in range(0, len(ids), 500):
             chunk = ids[start:start + 500]
-            for (trace_id,) in connection.execute(
-                    f"SELECT trace_id FROM traces WHERE trace_id IN ({','.join('?' * len(chunk))})", chunk):
-                stored.extend(by_trace[trace_id])
-        return unreadable + stored
+            marked.update(row[0] for row in connection.execute(
+                f"SELECT trace_id FROM traces WHERE trace_id IN ({','.join('?' * len(chunk))})", chunk))
+        stored: dict[int, _Kept] = {}
+        while marked:
+            before = len(stored)
+            for item, trace_ids in trace_ids_of:
+                if id(item) not in stored and not trace_ids.isdisjoint(marked):
+                    stored[id(item)] = item
+                    marked |= trace_ids
+            if len(stored) == before:
+                break
+        return unreadable + list(stored.values())
 
     @staticmethod
     def _write_new(connection: sqlite3.Connection, kept: list[_Kept], now: float, written: _Written) -> bool:
