@@ -146,6 +146,38 @@ def test_counters_agree_with_what_is_stored(tmp_path):
         store.shutdown()
 
 
+def test_a_batch_of_new_and_stored_traces(tmp_path):
+    """New traces (written one statement per table) beside late spans of a stored trace and a replay
+    of another (written one by one): each stored as if alone, every span counted once."""
+    registry = CollectorRegistry()
+    store = TraceStore(tmp_path, 3600, 1 << 30, 1000, registry)
+    store.start()
+    try:
+        a, b, c, d, e = (os.urandom(16) for _ in range(5))
+        b_first = spans_of(b, 4)
+        for request in (spans_of(a, 3), b_first):
+            assert store.submit(request, [], "first")
+        assert store.flush(30)
+        a_and_e = spans_of(a, 1)  # one delivery with spans of a stored trace and of a new one
+        a_and_e.MergeFrom(spans_of(e, 1))
+        for request, policy in ((spans_of(a, 2), "late"), (spans_of(c, 5), "new"), (b_first, "replay"),
+                                (a_and_e, "a and e"), (spans_of(e, 2), "e"), (spans_of(d, 1), "new")):
+            assert store.submit(request, [], policy)
+        assert store.flush(30)
+        counts = {t.hex(): n for t, n in ((a, 6), (b, 4), (c, 5), (d, 1), (e, 3))}
+        for trace_id, spans in counts.items():
+            assert db_count(store.path, f"SELECT span_count FROM traces WHERE trace_id = '{trace_id}'") == spans
+            assert db_count(store.path, f"SELECT COUNT(*) FROM spans WHERE trace_id = '{trace_id}'") == spans
+        assert db_count(store.path, "SELECT COUNT(*) FROM traces WHERE policy = 'first'") == 2
+        # e is first stored by the delivery it shares with a stored trace, as in submission order
+        assert db_count(store.path, f"SELECT policy = 'a and e' FROM traces WHERE trace_id = '{e.hex()}'") == 1
+        assert db_count(store.path, "SELECT COUNT(*) FROM traces") == 5
+        assert value(registry, "otel_llm_store_written_traces_total") == 5
+        assert value(registry, "otel_llm_store_written_spans_total") == 3 + 4 + 2 + 5 + 4 + 2 + 2 + 1
+    finally:
+        store.shutdown()
+
+
 # --- 7: batched commits with bounded latency ------------------------------------------------
 
 

@@ -7,6 +7,8 @@ from typing import NamedTuple
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from otel_llm.pdata.span_rows import SpanRow
+
 
 class Outcome:
     """vLLM's ``finished_reason`` values plus ``unknown`` for engines that don't report one.
@@ -125,12 +127,14 @@ class RequestRecord:
 class KeptTrace:
     """What the tail sampler kept, after redaction and synthesis: the OTLP request to export (the
     trace's spans plus the synthesized segment spans), the one record per request a store row is
-    written for, and the policy that kept it."""
+    written for, the policy that kept it, and, when its producer built them, the store rows of the
+    request's spans (``pdata.span_rows``), so the store need not read the request again."""
 
     request: ExportTraceServiceRequest
     spans: int
     records: list[RequestRecord]
     policy: str
+    span_rows: list[SpanRow] | None = None
 
     @property
     def trace_id(self) -> bytes:

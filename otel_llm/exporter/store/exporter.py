@@ -36,7 +36,7 @@ class StoreComponent:
 
     def consume(self, kept: KeptTrace) -> bool:
         assert self.store is not None, "consume before start"
-        return self.store.submit(kept.request, kept.records, kept.policy)
+        return self.store.submit(kept.request, kept.records, kept.policy, kept.span_rows)
 
     def flush(self, only_if_due: bool) -> None:
         """The writer commits on its own (``commit_interval``): nothing is batched here."""

@@ -25,8 +25,8 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from otel_llm.pdata.attributes import any_value_to_python
 from otel_llm.pdata.records import RequestRecord
+from otel_llm.pdata.span_rows import SpanRow, int64, service_name_of, span_row
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +62,6 @@ _INT64_MAX = (1 << 63) - 1
 # whose start is years ahead (a broken clock, or a client's lie: 2262) would otherwise top every
 # list and pass "last 5 m".
 FUTURE_SKEW_NS = 10 * 60 * 10**9
-
-
-def _int64(value: int) -> int:
-    """OTLP timestamps are uint64; SQLite integers are signed 64-bit. Past 2262 is not a real time."""
-    return value if value <= _INT64_MAX else _INT64_MAX
 
 
 class StoreError(Exception):
@@ -128,6 +123,12 @@ class _Kept:
     request: ExportTraceServiceRequest
     records: list[RequestRecord]
     policy: str
+    span_rows: list[SpanRow] | None = None  # the request's rows, when its producer built them
+
+    def rows(self) -> list[SpanRow]:
+        if self.span_rows is None:
+            self.span_rows = list(_span_rows(self.request))
+        return self.span_rows
 
 
 @dataclass(slots=True)
@@ -137,25 +138,29 @@ class _Written:
     unstorable: list[_Kept] = field(default_factory=list)
 
 
-def _span_rows(request: ExportTraceServiceRequest) -> Iterator[tuple[Any, ...]]:
+def _span_rows(request: ExportTraceServiceRequest) -> Iterator[SpanRow]:
+    """The rows of a request whose producer did not hand them over (``KeptTrace.span_rows``)."""
     for resource_spans in request.resource_spans:
-        service = next((kv.value.string_value for kv in resource_spans.resource.attributes if kv.key == "service.name"),
-                       "")
+        service = service_name_of(resource_spans.resource)
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
-                attributes = {kv.key: any_value_to_python(kv.value) for kv in span.attributes}
-                yield (span.trace_id.hex(), span.span_id.hex(), span.parent_span_id.hex(), span.name, span.kind,
-                       service, _int64(span.start_time_unix_nano), _int64(span.end_time_unix_nano), span.status.code,
-                       span.status.message, json.dumps(attributes, default=str))
+                yield span_row(span, service)
 
 
 def _request_row(record: RequestRecord, policy: str) -> tuple[Any, ...]:
     segments = [{"name": s.name, "start_time_unix_nano": s.start_unix_ns, "end_time_unix_nano": s.end_unix_ns}
                 for s in record.segments]
     return (record.trace_id.hex(), record.span_id.hex(), record.model, record.engine_kind, record.service_name,
-            record.operation_name, record.outcome, policy, record.model_source, _int64(record.start_unix_ns),
+            record.operation_name, record.outcome, policy, record.model_source, int64(record.start_unix_ns),
             record.ttft_s, record.tpot_s, record.e2e_s, record.queue_s, record.prefill_s, record.decode_s,
-            record.gateway_overhead_s, record.prompt_tokens, record.completion_tokens, json.dumps(segments))
+            record.gateway_overhead_s, record.prompt_tokens, record.completion_tokens, _encode_segments(segments))
+
+
+_encode_segments = json.JSONEncoder().encode  # json.dumps without an encoder built per call
+_INSERT_SPANS = "INSERT OR IGNORE INTO spans VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+_REPLACE_SPANS = "INSERT OR REPLACE INTO spans VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+_INSERT_TRACE = "INSERT OR IGNORE INTO traces VALUES (?,?,?,?)"
+_REPLACE_REQUESTS = f"INSERT OR REPLACE INTO requests VALUES ({','.join('?' * len(SUMMARY_COLUMNS))})"
 
 
 class TraceStore:
@@ -175,6 +180,7 @@ class TraceStore:
         self._batch_size = max(1, batch_size)
         self._prune_interval_s = prune_interval_s
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
+        self._wake = threading.Event()  # ends the writer's wait for a fuller batch
         self._thread: threading.Thread | None = None
         self._idle = threading.Condition()
         self._pending = 0
@@ -222,17 +228,23 @@ class TraceStore:
         self._thread = threading.Thread(target=self._run, name="otel-llm-store", daemon=True)
         self._thread.start()
 
-    def submit(self, request: ExportTraceServiceRequest, records: list[RequestRecord], policy: str) -> bool:
+    def submit(self, request: ExportTraceServiceRequest, records: list[RequestRecord], policy: str,
+               span_rows: list[SpanRow] | None = None) -> bool:
+        """Queue a kept trace for the writer; ``span_rows``, when given, are ``request``'s rows as
+        ``pdata.span_rows.span_row`` reads them (the writer then does not read the request)."""
+        kept = _Kept(request, records, policy, span_rows)
         with self._idle:
             self._pending += 1
         try:
             # A burst of decisions (a shutdown, a backlog) waits for the writer rather than being lost;
             # the wait backs up into the intake, which refuses retryably. Only a stuck disk drops.
-            self._queue.put(_Kept(request, records, policy), timeout=self._block_s)
+            self._queue.put(kept, timeout=self._block_s)
+            if self._queue.qsize() >= self._batch_size:
+                self._wake.set()
             return True
         except queue.Full:
             self._done(1)
-            self._count_dropped([_Kept(request, records, policy)], "queue_full")
+            self._count_dropped([kept], "queue_full")
             return False
 
     def problem(self) -> str | None:
@@ -264,6 +276,7 @@ class TraceStore:
                 self._queue.put_nowait(_FLUSH)
             except queue.Full:
                 pass  # a full queue makes full batches: no wait to cut short
+            self._wake.set()
             with self._idle:
                 return self._idle.wait_for(lambda: self._pending <= 0, timeout=timeout_s)
         finally:
@@ -281,6 +294,7 @@ class TraceStore:
             self._queue.put(None, timeout=max(0.01, deadline - time.monotonic()))
         except queue.Full:
             pass
+        self._wake.set()
         thread.join(timeout=max(0.5, deadline - time.monotonic()))  # the last batch and a final retention pass
         if thread.is_alive():  # a stuck disk: what is still queued is lost at exit, and counted
             self._abandoned = True
@@ -376,14 +390,20 @@ class TraceStore:
                 batch.append(item)
             if len(batch) >= self._batch_size:
                 return batch, False
-            remaining = deadline - time.monotonic()
-            try:
-                if remaining <= 0 or self._flushing or item is _FLUSH or not batch:
+            after_flush = item is _FLUSH
+            while True:
+                try:
                     item = self._queue.get_nowait()
-                else:
-                    item = self._queue.get(timeout=remaining)
-            except queue.Empty:
-                return batch, False
+                    break
+                except queue.Empty:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or self._flushing or after_flush or not batch:
+                        return batch, False
+                    # Out the interval in one wait, not woken for each trace submitted (a thread
+                    # switch per trace cost more CPU than writing it): a full queue, a flush or a
+                    # shutdown wake it early.
+                    self._wake.wait(remaining)
+                    self._wake.clear()
 
     def _count_dropped(self, items: list[_Kept], reason: str) -> None:
         if items:
@@ -487,14 +507,23 @@ class TraceStore:
         self._problem = self._failure = None
 
     def _write(self, connection: sqlite3.Connection, kept: list[_Kept]) -> _Written:
-        """One transaction for the batch, a savepoint per trace: a trace that cannot be stored is
-        skipped (and counted once the batch commits), the others are written. An error that says the
-        store itself cannot persist (disk full, I/O, corruption) aborts the whole batch."""
+        """One transaction for the batch. The deliveries of traces not stored yet go first, one
+        statement per table for all of them; those of stored traces (a replay, late spans), and all
+        of them when that fails (a trace that cannot be stored), a savepoint per delivery, so a
+        trace that cannot be stored is skipped (and counted once the batch commits) and the others
+        are written. An error that says the store itself cannot persist (disk full, I/O,
+        corruption) aborts the whole batch."""
         now = time.time()
         written = _Written()
         connection.execute("BEGIN")
         try:
-            for item in kept:
+            # Disjoint traces: writing the new ones first gives what writing in order gives.
+            stored = {id(item) for item in self._of_stored_traces(connection, kept)}
+            new = [item for item in kept if id(item) not in stored] if stored else kept
+            one_by_one = [item for item in kept if id(item) in stored]
+            if new and not self._write_new(connection, new, now, written):
+                one_by_one = kept
+            for item in one_by_one:
                 connection.execute("SAVEPOINT trace")
                 try:
                     new_traces, spans = self._write_trace(connection, item, now)
@@ -515,29 +544,106 @@ class TraceStore:
         return written
 
     @staticmethod
+    def _of_stored_traces(connection: sqlite3.Connection, kept: list[_Kept]) -> list[_Kept]:
+        """The deliveries with a span of a trace already stored, or of a trace such a delivery has
+        too (so the rest share no trace with them), or whose rows cannot be read."""
+        trace_ids_of: list[tuple[_Kept, set[str]]] = []
+        unreadable: list[_Kept] = []
+        for item in kept:
+            try:
+                trace_ids_of.append((item, {row[0] for row in item.rows()}))
+            except (ValueError, TypeError, OverflowError):
+                unreadable.append(item)
+        ids = list({trace_id for _, trace_ids in trace_ids_of for trace_id in trace_ids})
+        marked: set[str] = set()
+        for start in range(0, len(ids), 500):
+            chunk = ids[start:start + 500]
+            marked.update(row[0] for row in connection.execute(
+                f"SELECT trace_id FROM traces WHERE trace_id IN ({','.join('?' * len(chunk))})", chunk))
+        stored: dict[int, _Kept] = {}
+        while marked:
+            before = len(stored)
+            for item, trace_ids in trace_ids_of:
+                if id(item) not in stored and not trace_ids.isdisjoint(marked):
+                    stored[id(item)] = item
+                    marked |= trace_ids
+            if len(stored) == before:
+                break
+        return unreadable + list(stored.values())
+
+    @staticmethod
+    def _write_new(connection: sqlite3.Connection, kept: list[_Kept], now: float, written: _Written) -> bool:
+        """The common case, in three statements: every span of the deliveries is new. False (nothing
+        written) when one is not, or a trace cannot be stored: ``_write_trace`` then writes each
+        on its own. Raises what says the store cannot persist."""
+        connection.execute("SAVEPOINT batch")
+        try:
+            span_rows: list[SpanRow] = []
+            trace_rows: list[tuple[str, float, str, int]] = []
+            request_rows: list[tuple[Any, ...]] = []
+            for item in kept:
+                rows = item.rows()
+                if not rows:
+                    continue
+                spans_by_trace: dict[str, int] = {}
+                for row in rows:
+                    spans_by_trace[row[0]] = spans_by_trace.get(row[0], 0) + 1
+                trace_rows.extend((trace_id, now, item.policy, count) for trace_id, count in spans_by_trace.items())
+                span_rows.extend(rows)
+                request_rows.extend(_request_row(r, item.policy) for r in item.records)
+            if connection.executemany(_INSERT_SPANS, span_rows).rowcount == len(span_rows):
+                new_traces = TraceStore._add_traces(connection, trace_rows)
+                connection.executemany(_REPLACE_REQUESTS, request_rows)
+                connection.execute("RELEASE batch")
+                written.new_traces += new_traces
+                written.spans += len(span_rows)
+                return True
+        except (sqlite3.Error, OverflowError, ValueError, TypeError) as exc:
+            if _store_failure(exc) is not None:
+                raise
+        connection.execute("ROLLBACK TO batch")
+        connection.execute("RELEASE batch")
+        return False
+
+    @staticmethod
+    def _add_traces(connection: sqlite3.Connection, trace_rows: list[tuple[str, float, str, int]]) -> int:
+        """The traces rows of spans just added, all new: one statement; else (late spans of a stored
+        trace) one at a time, a stored trace's span count raised. Returns the new traces."""
+        connection.execute("SAVEPOINT traces")
+        if connection.executemany(_INSERT_TRACE, trace_rows).rowcount == len(trace_rows):
+            connection.execute("RELEASE traces")
+            return len(trace_rows)
+        connection.execute("ROLLBACK TO traces")
+        connection.execute("RELEASE traces")
+        new_traces = 0
+        for row in trace_rows:
+            if connection.execute(_INSERT_TRACE, row).rowcount == 1:
+                new_traces += 1
+            else:
+                connection.execute("UPDATE traces SET span_count = span_count + ? WHERE trace_id = ?", (row[3], row[0]))
+        return new_traces
+
+    @staticmethod
     def _write_trace(connection: sqlite3.Connection, item: _Kept, now: float) -> tuple[int, int]:
         """Appends: the cost is that of the spans given, whatever the size of the stored trace (late
         spans of a 100 000-span trace cost what they cost at 1 000). Returns (new traces, spans)."""
-        spans = list(_span_rows(item.request))
+        spans = item.rows()
         if not spans:
             return 0, 0
-        by_trace: dict[str, list[tuple[Any, ...]]] = {}
+        by_trace: dict[str, list[SpanRow]] = {}
         for row in spans:
             by_trace.setdefault(row[0], []).append(row)
         new_traces = 0
         for trace_id, rows in by_trace.items():
-            added = connection.executemany("INSERT OR IGNORE INTO spans VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows).rowcount
+            added = connection.executemany(_INSERT_SPANS, rows).rowcount
             if added < len(rows):  # a replay: its spans overwrite the stored ones instead of duplicating
-                connection.executemany("INSERT OR REPLACE INTO spans VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
-            if connection.execute("INSERT OR IGNORE INTO traces VALUES (?,?,?,?)",
-                                  (trace_id, now, item.policy, added)).rowcount == 1:
+                connection.executemany(_REPLACE_SPANS, rows)
+            if connection.execute(_INSERT_TRACE, (trace_id, now, item.policy, added)).rowcount == 1:
                 new_traces += 1
             elif added:
                 connection.execute("UPDATE traces SET span_count = span_count + ? WHERE trace_id = ?",
                                    (added, trace_id))
-        connection.executemany(
-            f"INSERT OR REPLACE INTO requests VALUES ({','.join('?' * len(SUMMARY_COLUMNS))})",
-            [_request_row(r, item.policy) for r in item.records])
+        connection.executemany(_REPLACE_REQUESTS, [_request_row(r, item.policy) for r in item.records])
         return new_traces, len(spans)
 
     # --- retention -------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from otel_llm.pdata.records import KeptTrace, RequestRecord, Side
 from otel_llm.pdata.traces import CompletedTrace
 from otel_llm.processor.redaction.config import METADATA_KEYS, URL_KEYS, RedactionProcessor
 from otel_llm.processor.redaction.synthesis import (
-    NO_REDACTION, REDACTION_REASONS, Redaction, RedactionCounts, kept_trace_request)
+    NO_REDACTION, REDACTION_REASONS, Redaction, RedactionCounts, kept_trace)
 from otel_llm.service.telemetry import SelfTelemetry
 
 
@@ -65,12 +65,12 @@ class RedactionStage:
         if decision is None or not decision.keep or not self._consumers:
             return
         redacted = RedactionCounts()
-        request, spans = kept_trace_request(completed.spans, completed.records, decision.policy, decision.threshold,
-                                            self.redaction, redacted)
+        request, spans, span_rows = kept_trace(completed.spans, completed.records, decision.policy,
+                                               decision.threshold, self.redaction, redacted)
         for reason, count in redacted.by_reason():
             if count:
                 self._redacted[reason].inc(count)
-        kept = KeptTrace(request, spans, one_per_request(completed.records), decision.policy)
+        kept = KeptTrace(request, spans, one_per_request(completed.records), decision.policy, span_rows)
         for consumer in self._consumers:
             if not consumer.consume(kept):
                 self._dropped[consumer.name].inc()

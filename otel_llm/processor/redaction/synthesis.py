@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import re
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +18,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
+from otel_llm.pdata.attributes import any_value_to_python
 from otel_llm.pdata.records import RequestRecord, Segment, Side, Source
+from otel_llm.pdata.span_rows import (
+    INT64_MAX, SpanRow, attribute_values, encode_json, service_name_of, span_row)
 from otel_llm.pdata.spans import BufferedSpan
 
 SCOPE_NAME = "otel-llm"
@@ -30,53 +34,79 @@ def segment_span_id(trace_id: bytes, engine_span_id: bytes, name: str) -> bytes:
     return digest if any(digest) else b"\x00" * 7 + b"\x01"  # the all-zero id is invalid
 
 
-def _set(span: Span, key: str, value: str | int | float) -> None:
-    for kv in span.attributes:
-        if kv.key == key:
-            break
-    else:
-        kv = span.attributes.add()
-        kv.key = key
-    if isinstance(value, bool) or isinstance(value, str):
-        kv.value.string_value = str(value)
-    elif isinstance(value, int):
-        kv.value.int_value = value
-    else:
-        kv.value.double_value = value
+class _Attributes:
+    """A span's attributes set by key, as OTLP consumers read a repeated key: the first attribute of
+    that key is overwritten, else one is appended. Each position is looked up once, not per key set."""
+
+    __slots__ = ("_attributes", "_positions", "_values")
+
+    def __init__(self, span: Span, values: dict[str, Any] | None = None) -> None:
+        """``values``, when given, is ``attribute_values`` of the span's attributes, none of whose
+        keys repeats; it is kept equal to what ``attribute_values`` reads after each key set."""
+        self._attributes = span.attributes
+        self._values = values
+        positions: dict[str, int] = {}
+        if values is not None:
+            positions = {key: position for position, key in enumerate(values)}
+        else:
+            for position, kv in enumerate(self._attributes):
+                positions.setdefault(kv.key, position)
+        self._positions = positions
+
+    def __setitem__(self, key: str, value: str | int | float) -> None:
+        attributes = self._attributes
+        position = self._positions.get(key)
+        if position is None:
+            self._positions[key] = len(attributes)
+            kv = attributes.add(key=key)
+        else:
+            kv = attributes[position]
+        if type(value) is str or isinstance(value, (bool, str)):
+            value = str(value)
+            kv.value.string_value = value
+        elif isinstance(value, int):
+            kv.value.int_value = value
+        else:
+            kv.value.double_value = value
+            value = kv.value.double_value
+        if self._values is not None:
+            self._values[key] = value
 
 
-def enrich(span: Span, record: RequestRecord, policy: str) -> None:
+def enrich(span: Span, record: RequestRecord, policy: str, values: dict[str, Any] | None = None) -> None:
     """The gen_ai bridge attributes beside the engine's own legacy ones: only what a span of the
-    trace said or the configured model mapping gave, never a configured default."""
+    trace said or the configured model mapping gave, never a configured default. ``values``: see
+    ``_Attributes``."""
+    attributes = _Attributes(span, values)
     if policy:
-        _set(span, POLICY_ATTRIBUTE, policy)
-    _set(span, "otel_llm.outcome", record.outcome)
-    _set(span, "otel_llm.model_source", record.model_source)  # which rule fired, "none" or "default" included
+        attributes[POLICY_ATTRIBUTE] = policy
+    attributes["otel_llm.outcome"] = record.outcome
+    attributes["otel_llm.model_source"] = record.model_source  # which rule fired, "none" or "default" included
     if record.side == Side.CLIENT:
         return  # a client span already carries its own gen_ai attributes
     if record.prompt_tokens is not None:
-        _set(span, "gen_ai.usage.input_tokens", record.prompt_tokens)
+        attributes["gen_ai.usage.input_tokens"] = record.prompt_tokens
     if record.completion_tokens is not None:
-        _set(span, "gen_ai.usage.output_tokens", record.completion_tokens)
+        attributes["gen_ai.usage.output_tokens"] = record.completion_tokens
     if record.provider_name:
-        _set(span, "gen_ai.provider.name", record.provider_name)
+        attributes["gen_ai.provider.name"] = record.provider_name
     if record.operation_source != Source.DEFAULT:
-        _set(span, "gen_ai.operation.name", record.operation_name)
+        attributes["gen_ai.operation.name"] = record.operation_name
     if record.request_model:
-        _set(span, "gen_ai.request.model", record.request_model)
+        attributes["gen_ai.request.model"] = record.request_model
     if record.tpot_s is not None:
-        _set(span, "otel_llm.time_per_output_token", record.tpot_s)
+        attributes["otel_llm.time_per_output_token"] = record.tpot_s
     # What the engine did not measure for this request, and what was derived rather than measured.
     if record.segments_missing:
-        _set(span, "otel_llm.segments_missing", ",".join(record.segments_missing))
+        attributes["otel_llm.segments_missing"] = ",".join(record.segments_missing)
     if record.segments_derived:
-        _set(span, "otel_llm.segments_derived", ",".join(record.segments_derived))
+        attributes["otel_llm.segments_derived"] = ",".join(record.segments_derived)
     if record.not_measurable:
-        _set(span, "otel_llm.not_measurable", ",".join(record.not_measurable))
+        attributes["otel_llm.not_measurable"] = ",".join(record.not_measurable)
     if record.gateway_overhead_s is not None:
-        _set(span, "otel_llm.gateway_overhead", record.gateway_overhead_s)
+        attributes["otel_llm.gateway_overhead"] = record.gateway_overhead_s
     if record.client_overhead_s is not None:
-        _set(span, "otel_llm.client_overhead", record.client_overhead_s)
+        attributes["otel_llm.client_overhead"] = record.client_overhead_s
 
 
 def add_segment_span(into: ScopeSpans, trace_id: bytes, engine_span_id: bytes, segment: Segment) -> Span:
@@ -105,8 +135,7 @@ def with_trace_state(span: Span, threshold: str) -> None:
 GENAI_KEY_PREFIXES = ("gen_ai.", "llm.", "openinference.", "traceloop.")
 
 
-def _is_free_text(value: AnyValue, limit: int) -> bool:
-    kind = value.WhichOneof("value")
+def _is_free_text(value: AnyValue, limit: int, kind: str | None) -> bool:
     if kind == "string_value":
         text = value.string_value
         # A character is 1-4 bytes in UTF-8: most strings are decided without encoding them.
@@ -140,6 +169,13 @@ class RedactionCounts:
 
 REDACTION_REASONS = ("content_key", "free_text", "content_event", "not_allowed", "url_reduced")
 _SCALARS = frozenset({"int_value", "double_value", "bool_value", None})
+_PLAIN = frozenset({"int_value", "double_value", "bool_value", "string_value"})  # stored as they are
+# What a key alone decides (cached per key): allowed (kept whatever its value), blocked (removed),
+# else whether its text is known metadata, and a URL.
+_ALLOWED, _BLOCKED, _NOT_METADATA, _METADATA, _METADATA_URL = range(5)
+_CLASS = 0x7  # the bits of the classes above
+_GENAI = 0x8  # with this bit: a key that makes its span a GenAI span (GENAI_KEY_PREFIXES)
+_KEY_CACHE_LIMIT = 4096  # keys are the sender's: the cache must not grow with whatever they send
 
 
 def reduced_url(url: str) -> str:
@@ -179,6 +215,7 @@ class Redaction:
     url_keys: frozenset[str] = frozenset()
     _pattern: re.Pattern[str] | None = field(default=None, init=False, repr=False, compare=False)
     _allowed_pattern: re.Pattern[str] | None = field(default=None, init=False, repr=False, compare=False)
+    _key_classes: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.key_patterns:
@@ -197,38 +234,131 @@ class Redaction:
             return True
         return self._pattern is not None and self._pattern.match(key) is not None
 
+    def _key_class(self, key: str) -> int:
+        """The key's class, ``_GENAI`` set for a GenAI key."""
+        known = self._key_classes.get(key)
+        if known is not None:
+            return known
+        if self._allowed(key):
+            decided = _ALLOWED
+        elif self._blocked(key):
+            decided = _BLOCKED
+        elif self.metadata_keys is None or key in self.metadata_keys:
+            decided = _METADATA_URL if key in self.url_keys else _METADATA
+        else:
+            decided = _NOT_METADATA
+        if key.startswith(GENAI_KEY_PREFIXES):
+            decided |= _GENAI
+        if len(self._key_classes) < _KEY_CACHE_LIMIT:
+            self._key_classes[key] = decided
+        return decided
+
     def _strip(self, attributes: Any, genai: bool, counts: RedactionCounts) -> None:
         limit = self.max_free_text_bytes if genai else 0
-        metadata = self.metadata_keys
-        remove: set[int] = set()
+        allowlist = self.metadata_keys is not None
+        if not allowlist and not limit and not self.key_prefixes and self._pattern is None:
+            return  # nothing to remove (allow_content)
+        remove: list[int] = []
         for position, kv in enumerate(attributes):
-            key = kv.key
-            if self._allowed(key):
+            key_class = self._key_class(kv.key) & _CLASS
+            if key_class == _ALLOWED:
                 continue
-            if self._blocked(key):
+            if key_class == _BLOCKED:
                 counts.content_keys += 1
-                remove.add(position)
+                remove.append(position)
                 continue
-            if metadata is not None and kv.value.WhichOneof("value") not in _SCALARS:
-                if key not in metadata:
+            if not allowlist and not limit:
+                continue
+            value = kv.value
+            kind = value.WhichOneof("value")
+            if allowlist and kind not in _SCALARS:
+                if key_class == _NOT_METADATA:
                     counts.not_allowed += 1
-                    remove.add(position)
+                    remove.append(position)
                     continue
-                if key in self.url_keys and kv.value.WhichOneof("value") == "string_value":
-                    url = reduced_url(kv.value.string_value)
-                    if url != kv.value.string_value:
-                        kv.value.string_value = url
+                if key_class == _METADATA_URL and kind == "string_value":
+                    url = reduced_url(value.string_value)
+                    if url != value.string_value:
+                        value.string_value = url
                         counts.url_reduced += 1
-            if limit and _is_free_text(kv.value, limit):
+            if limit and _is_free_text(value, limit, kind):
                 counts.free_text += 1
-                remove.add(position)
-        if remove:
-            keep = [KeyValue(key=kv.key, value=kv.value) for i, kv in enumerate(attributes) if i not in remove]
-            del attributes[:]
-            attributes.extend(keep)
+                remove.append(position)
+        for position in reversed(remove):
+            del attributes[position]
+
+    def apply_with_values(self, span: Span, counts: RedactionCounts) -> dict[str, Any] | None:
+        """``apply_into``, returning ``attribute_values`` of the span's attributes after it: each
+        attribute read once for both. None, with nothing applied, when a key repeats."""
+        attributes = span.attributes
+        read: list[tuple[str, AnyValue, Any, int]] = []
+        values: dict[str, Any] = {}
+        classes = self._key_classes
+        genai_keys = 0
+        for kv in attributes:
+            key = kv.key
+            value = kv.value
+            kind = value.WhichOneof("value")
+            values[key] = getattr(value, kind) if kind in _PLAIN else any_value_to_python(value)
+            key_class = classes.get(key)
+            if key_class is None:
+                key_class = self._key_class(key)
+            genai_keys |= key_class
+            read.append((key, value, kind, key_class & _CLASS))
+        if len(values) != len(read):
+            return None
+        limit = self.max_free_text_bytes if genai_keys & _GENAI else 0
+        genai = bool(limit)
+        allowlist = self.metadata_keys is not None
+        remove: list[int] = []
+        for position, (key, value, kind, key_class) in enumerate(read):
+            if key_class == _ALLOWED:
+                continue
+            if key_class == _BLOCKED:
+                counts.content_keys += 1
+                remove.append(position)
+                continue
+            if allowlist and kind not in _SCALARS:
+                if key_class == _NOT_METADATA:
+                    counts.not_allowed += 1
+                    remove.append(position)
+                    continue
+                if key_class == _METADATA_URL and kind == "string_value":
+                    url = reduced_url(values[key])
+                    if url != values[key]:
+                        value.string_value = values[key] = url
+                        counts.url_reduced += 1
+            if limit and kind not in _SCALARS:
+                if kind == "string_value":  # _is_free_text, inline: most attributes of a GenAI span come here
+                    text = values[key]
+                    free_text = len(text) > limit or (len(text) * 4 > limit and len(text.encode()) > limit)
+                else:
+                    free_text = _is_free_text(value, limit, kind)
+                if free_text:
+                    counts.free_text += 1
+                    remove.append(position)
+        for position in reversed(remove):
+            del attributes[position]
+            del values[read[position][0]]
+        if span.events:
+            for event in span.events:
+                if event.name in self.event_names:
+                    counts.content_events += len(event.attributes)
+                    del event.attributes[:]
+                else:
+                    self._strip(event.attributes, genai, counts)
+        if allowlist and span.links:
+            for link in span.links:
+                self._strip(link.attributes, genai, counts)
+        return values
 
     def apply(self, span: Span) -> RedactionCounts:
         counts = RedactionCounts()
+        self.apply_into(span, counts)
+        return counts
+
+    def apply_into(self, span: Span, counts: RedactionCounts) -> None:
+        """``apply``, what it removes added to ``counts``."""
         genai = bool(self.max_free_text_bytes) and any(kv.key.startswith(GENAI_KEY_PREFIXES) for kv in span.attributes)
         self._strip(span.attributes, genai, counts)
         for event in span.events:
@@ -240,10 +370,47 @@ class Redaction:
         if self.metadata_keys is not None:
             for link in span.links:
                 self._strip(link.attributes, genai, counts)
-        return counts
 
 
 NO_REDACTION = Redaction()
+
+
+def _varint(value: int) -> bytes:
+    if value < 0x80:
+        return _ONE_BYTE[value]
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_ONE_BYTE = [bytes((n,)) for n in range(0x80)]
+
+
+def _length_delimited(tag: bytes, data: bytes) -> bytes:
+    return tag + _varint(len(data)) + data
+
+
+_TIMES = struct.Struct("<BQBQ")  # start_time_unix_nano (field 7) and end_time_unix_nano (8), fixed64
+_UINT64_MAX = (1 << 64) - 1
+_SEGMENT_FIELDS: dict[str, tuple[bytes, str]] = {}  # per segment name: (its Span fields, attributes JSON)
+
+
+def _segment_fields(name: str) -> tuple[bytes, str]:
+    """A segment span's fields that depend on its name alone: name, kind, its one attribute; and
+    that attribute as the store's JSON."""
+    known = _SEGMENT_FIELDS.get(name)
+    if known is None:
+        key_value = KeyValue(key=SEGMENT_ATTRIBUTE, value=AnyValue(string_value=name)).SerializeToString()
+        fields = b"".join((_length_delimited(b"\x2a", name.encode()),
+                           b"\x30\x01",  # kind: SPAN_KIND_INTERNAL
+                           _length_delimited(b"\x4a", key_value)))
+        known = (fields, encode_json({SEGMENT_ATTRIBUTE: name}))
+        if len(_SEGMENT_FIELDS) < 64:  # segment names are ours (a few), never the sender's
+            _SEGMENT_FIELDS[name] = known
+    return known
 
 
 def kept_trace_request(
@@ -251,40 +418,86 @@ def kept_trace_request(
     redaction: Redaction = NO_REDACTION, redacted: RedactionCounts | None = None,
 ) -> tuple[ExportTraceServiceRequest, int]:
     """The request to export/store, and how many spans it holds; what redaction removed is added to ``redacted``."""
+    request, count, _ = kept_trace(spans, records, policy, threshold, redaction, redacted)
+    return request, count
+
+
+def kept_trace(
+    spans: list[BufferedSpan], records: list[RequestRecord], policy: str, threshold: str,
+    redaction: Redaction = NO_REDACTION, redacted: RedactionCounts | None = None,
+) -> tuple[ExportTraceServiceRequest, int, list[SpanRow]]:
+    """The request to export/store, how many spans it holds and their store rows (in the request's
+    order, as ``span_row`` reads each span of the request); what redaction removed is added to
+    ``redacted``."""
     by_span = {r.span_id: r for r in records}
     request = ExportTraceServiceRequest()
-    groups: dict[tuple[int, int], ScopeSpans] = {}
-    resources: dict[int, ResourceSpans] = {}
+    groups: dict[tuple[int, int], tuple[ScopeSpans, list[SpanRow]]] = {}
+    resources: dict[int, tuple[ResourceSpans, str, list[list[SpanRow]]]] = {}
     count = 0
-    synthesized: dict[int, ScopeSpans] = {}  # per resource: segment spans belong to their engine's process
+    # Per resource: segment spans belong to their engine's process; their bytes are merged in at the end.
+    synthesized: dict[int, tuple[ScopeSpans, list[bytes], list[SpanRow]]] = {}
+    trace_state = f"ot=th:{threshold}" if threshold not in ("", "0") else ""
+    trace_state_field = _length_delimited(b"\x1a", trace_state.encode()) if trace_state else b""
+    counts = redacted if redacted is not None else RedactionCounts()
     for buffered in spans:
         resource_key = id(buffered.resource)
-        resource_spans = resources.get(resource_key)
-        if resource_spans is None:
-            resource_spans = resources[resource_key] = request.resource_spans.add()
+        resource = resources.get(resource_key)
+        if resource is None:
+            resource_spans = request.resource_spans.add()
             resource_spans.resource.CopyFrom(buffered.resource)
+            resource = resources[resource_key] = (resource_spans, service_name_of(buffered.resource), [])
+        resource_spans, service_name, resource_rows = resource
         group_key = (resource_key, id(buffered.scope))
-        scope_spans = groups.get(group_key)
-        if scope_spans is None:
-            scope_spans = groups[group_key] = resource_spans.scope_spans.add()
+        group = groups.get(group_key)
+        if group is None:
+            scope_spans = resource_spans.scope_spans.add()
             scope_spans.scope.CopyFrom(buffered.scope)
+            group = groups[group_key] = (scope_spans, [])
+            resource_rows.append(group[1])
+        scope_spans, rows = group
         span = scope_spans.spans.add()
         span.MergeFromString(buffered.payload)
-        removed = redaction.apply(span)
-        if redacted is not None:
-            redacted += removed
+        values = redaction.apply_with_values(span, counts)
+        if values is None:  # a repeated key
+            redaction.apply_into(span, counts)
         with_trace_state(span, threshold)
         count += 1
-        record = by_span.get(span.span_id)
-        if record is None:
+        span_id = span.span_id
+        record = by_span.get(span_id)
+        if record is not None:
+            enrich(span, record, policy, values)  # the values follow each key set
+        if values is None:
+            values = attribute_values(span.attributes)
+        row = span_row(span, service_name, encode_json(values))
+        rows.append(row)
+        if record is None or not record.segments:
             continue
-        enrich(span, record, policy)
-        if record.segments:
-            into = synthesized.get(resource_key)
-            if into is None:
-                into = synthesized[resource_key] = resource_spans.scope_spans.add()
-                into.scope.name = SCOPE_NAME
-            for segment in record.segments:
-                with_trace_state(add_segment_span(into, span.trace_id, span.span_id, segment), threshold)
-                count += 1
-    return request, count
+        into = synthesized.get(resource_key)
+        if into is None:
+            scope = resource_spans.scope_spans.add()
+            scope.scope.name = SCOPE_NAME
+            into = synthesized[resource_key] = (scope, [], [])
+            resource_rows.append(into[2])
+        scope, fields, segment_rows = into
+        # The segment spans as ``ScopeSpans.spans`` fields, the same messages ``add_segment_span`` and
+        # ``with_trace_state`` build once parsed (field order aside), without a Span object each.
+        trace_id = span.trace_id
+        trace_hex, parent_hex = row[0], row[1]
+        shared = b"".join((_length_delimited(b"\x0a", trace_id), trace_state_field,
+                           _length_delimited(b"\x22", span_id)))
+        for segment in record.segments:
+            name, start, end = segment.name, segment.start_unix_ns, segment.end_unix_ns
+            if not (0 <= start <= _UINT64_MAX and 0 <= end <= _UINT64_MAX):
+                raise ValueError(f"segment {name}: times out of the uint64 range: {start}, {end}")
+            segment_id = segment_span_id(trace_id, span_id, name)
+            by_name, attributes_json = _segment_fields(name)
+            body = b"".join((shared, b"\x12\x08", segment_id, by_name, _TIMES.pack(0x39, start, 0x41, end)))
+            fields.append(_length_delimited(b"\x12", body))
+            segment_rows.append((trace_hex, segment_id.hex(), parent_hex, name, Span.SPAN_KIND_INTERNAL,
+                                 service_name, start if start <= INT64_MAX else INT64_MAX,
+                                 end if end <= INT64_MAX else INT64_MAX, 0, "", attributes_json))
+            count += 1
+    for scope, fields, _ in synthesized.values():
+        scope.MergeFromString(b"".join(fields))
+    return request, count, [row for _, _, resource_rows in resources.values()
+                            for rows in resource_rows for row in rows]
