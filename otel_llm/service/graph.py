@@ -37,7 +37,7 @@ from otel_llm.processor.tail_sampling.stage import DecisionStage
 from otel_llm.receiver.otlp.admission import SHUTTING_DOWN
 from otel_llm.receiver.otlp.intake_log import IntakeLogKeeper, Record
 from otel_llm.receiver.otlp.process import IntakeState
-from otel_llm.service.telemetry import SelfTelemetry
+from otel_llm.service.telemetry import SelfTelemetry, incrementer
 
 log = logging.getLogger(__name__)
 
@@ -119,19 +119,21 @@ class _Entry:
         self.telemetry = telemetry
         self.next: TraceConsumer | None = None
         self.intake_log: IntakeLogKeeper | None = None
-        self._completed: dict[str, object] = {}  # reason -> labelled child, looked up once
+        self._late = incrementer(telemetry.late_spans)
+        self._completed: dict[str, Callable[[float], None]] = {}  # reason -> its child's increment, looked up once
 
     def consume(self, completed: CompletedTrace) -> None:
         assert self.next is not None
-        telemetry = self.telemetry
         if completed.late:
-            telemetry.late_spans.inc()
+            self._late(1)
         else:
-            child = self._completed.get(completed.reason)
-            if child is None:
-                child = self._completed[completed.reason] = telemetry.traces_completed.labels(completed.reason)
-            child.inc()  # type: ignore[attr-defined]
-            journal = self.intake_log.prior.get(completed.trace_id) if self.intake_log is not None else None
+            count = self._completed.get(completed.reason)
+            if count is None:
+                count = self._completed[completed.reason] = incrementer(
+                    self.telemetry.traces_completed.labels(completed.reason))
+            count(1)
+            intake_log = self.intake_log
+            journal = intake_log.prior.get(completed.trace.trace_id) if intake_log is not None else None
             if journal is not None:
                 completed.prior = Remembered(Decision(journal.keep, journal.policy, journal.threshold,
                                                       journal.rate_limited), set(journal.measured))
@@ -139,7 +141,7 @@ class _Entry:
             self.next.consume(completed)
         except Exception:  # counted, and the next trace is still assembled
             log.exception("completing trace %s failed", completed.trace_id.hex())
-            telemetry.spans_dropped.labels("assembly_error").inc(len(completed.trace.spans))
+            self.telemetry.spans_dropped.labels("assembly_error").inc(len(completed.trace.spans))
 
 
 UNREADY_AFTER_REFUSING_S = 5.0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -17,6 +17,15 @@ from otel_llm.receiver.otlp.process import ReceiverCounters
 MAX_UNMEASURED_SERVICES = 200
 MAX_SERVICE_LABEL_CHARS = 128
 OTHER_SERVICES = "_other"
+
+
+def incrementer(child: Any) -> Callable[[float], None]:
+    """A counter child's ``inc`` for the per-trace chain: its value's own ``inc``, under the same lock
+    ``Counter.inc`` takes (so exact at every scrape), without the checks ``Counter.inc`` repeats per
+    call (a labelled child, a non-negative amount: true of every caller here), ~0.4 us less each.
+    Falls back to ``Counter.inc`` where a prometheus_client release lays its values out otherwise."""
+    value_inc = getattr(getattr(child, "_value", None), "inc", None)
+    return value_inc if callable(value_inc) else child.inc  # type: ignore[no-any-return]
 
 
 class ReceiverCountersCollector(Collector):

@@ -3,7 +3,7 @@ namings' families once the trace's decision is known (exemplars link kept traces
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
@@ -31,7 +31,7 @@ from otel_llm.processor.llm_metrics.requests import (
     records_of_trace,
 )
 from otel_llm.receiver.otlp.intake_log import IntakeLogKeeper
-from otel_llm.service.telemetry import SelfTelemetry
+from otel_llm.service.telemetry import SelfTelemetry, incrementer
 
 
 def record_settings(metrics: LlmMetricsProcessor) -> RecordSettings:
@@ -102,8 +102,8 @@ class LlmMetricsStage:
         self._telemetry = telemetry
         self.intake_log = intake_log
         # Labelled children looked up once: per-record telemetry must cost well under a microsecond.
-        self._rejected: dict[str, Any] = {}
-        self._assembled: dict[tuple[str, str], Any] = {}
+        self._rejected: dict[str, Callable[[float], None]] = {}
+        self._assembled: dict[tuple[str, str], Callable[[float], None]] = {}
 
     def consume(self, completed: CompletedTrace) -> None:
         prior = completed.prior
@@ -143,16 +143,19 @@ class LlmMetricsStage:
                 self._record(record, kept)
 
     def _record(self, record: RequestRecord, with_exemplars: bool) -> None:
-        for reason in record.rejected:
-            child = self._rejected.get(reason)
-            if child is None:
-                child = self._rejected[reason] = self._telemetry.values_rejected.labels(reason)
-            child.inc()
-        for interval in record.not_measurable:
-            self._telemetry.count_unmeasured(record.service_name, "not_measurable_" + interval)
+        if record.rejected:
+            for reason in record.rejected:
+                rejected = self._rejected.get(reason)
+                if rejected is None:
+                    rejected = self._rejected[reason] = incrementer(self._telemetry.values_rejected.labels(reason))
+                rejected(1)
+        if record.not_measurable:
+            for interval in record.not_measurable:
+                self._telemetry.count_unmeasured(record.service_name, "not_measurable_" + interval)
         key = (record.engine_kind, record.outcome)
-        child = self._assembled.get(key)
-        if child is None:
-            child = self._assembled[key] = self._telemetry.requests_assembled.labels(record.engine_kind, record.outcome)
-        child.inc()
+        assembled = self._assembled.get(key)
+        if assembled is None:
+            assembled = self._assembled[key] = incrementer(
+                self._telemetry.requests_assembled.labels(record.engine_kind, record.outcome))
+        assembled(1)
         self.recorder.record(record, with_exemplars)

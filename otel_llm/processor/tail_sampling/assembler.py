@@ -236,12 +236,15 @@ class TraceAssembler:
         due: list[tuple[PendingTrace, str]] = []
         with self._lock:
             now = self._clock()
-            for trace_id, ready_at in list(self._ready.items()):
-                if ready_at <= now:
-                    trace = self._pending.pop(trace_id)
-                    del self._ready[trace_id]
-                    self._held.pop(trace_id, None)
-                    self._remember(trace_id, len(trace.spans))
+            ready = self._ready
+            if ready:
+                pending, held, remember = self._pending, self._held, self._remember
+                for trace_id in [trace_id for trace_id, ready_at in ready.items() if ready_at <= now]:
+                    trace = pending.pop(trace_id)
+                    del ready[trace_id]
+                    if held:
+                        held.pop(trace_id, None)
+                    remember(trace_id, len(trace.spans))
                     due.append((trace, "ready"))
             deadline = now - self.settings.decision_wait_s
             open_deadline = now - self.settings.max_open_call_wait_s
@@ -315,13 +318,21 @@ class TraceAssembler:
         return len(due)
 
     def _complete(self, trace: PendingTrace, reason: str) -> None:
-        self.completions[reason] = self.completions.get(reason, 0) + 1
+        completions = self.completions
+        completions[reason] = completions.get(reason, 0) + 1
         try:
             self._next.consume(CompletedTrace(trace, reason))
         finally:
-            with self._lock:
-                parked = self._parked.pop(trace.trace_id, None)
-                remembered = self._decided.get(trace.trace_id)
-            for buffered in parked or ():
-                single = PendingTrace(buffered.trace_id, 0.0, {buffered.span_id: buffered})
-                self._next.consume(CompletedTrace(single, "late", prior=remembered, late=True))
+            # Nearly always empty: looked at without the lock. A span is parked only while its trace's
+            # decision is None, under the lock, so one parked for this trace went in before the chain's
+            # remember_decision (which takes the lock) and is seen here.
+            if self._parked:
+                self._hand_on_parked(trace.trace_id)
+
+    def _hand_on_parked(self, trace_id: bytes) -> None:
+        with self._lock:
+            parked = self._parked.pop(trace_id, None)
+            remembered = self._decided.get(trace_id)
+        for buffered in parked or ():
+            single = PendingTrace(buffered.trace_id, 0.0, {buffered.span_id: buffered})
+            self._next.consume(CompletedTrace(single, "late", prior=remembered, late=True))

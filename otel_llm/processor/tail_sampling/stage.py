@@ -3,13 +3,13 @@ remembered in the buffer's decision cache (late spans follow it) and journaled b
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 from otel_llm.pdata.traces import DROP, KEEP_UNSAMPLED, CompletedTrace, Decision, Remembered, TraceConsumer
 from otel_llm.processor.tail_sampling.assembler import TraceAssembler
 from otel_llm.processor.tail_sampling.sampler import TailSampler
 from otel_llm.receiver.otlp.intake_log import IntakeLogKeeper
-from otel_llm.service.telemetry import SelfTelemetry
+from otel_llm.service.telemetry import SelfTelemetry, incrementer
 
 
 class DecisionStage:
@@ -22,7 +22,7 @@ class DecisionStage:
         self._telemetry = telemetry
         self._next = next
         self.intake_log = intake_log
-        self._counters: dict[tuple[str, bool, bool], Any] = {}
+        self._counters: dict[tuple[str, bool, bool], Callable[[float], None]] = {}
 
     def consume(self, completed: CompletedTrace) -> None:
         prior = completed.prior
@@ -30,36 +30,41 @@ class DecisionStage:
             # A late span follows its trace's decision (one that came while its trace was being completed
             # waited for it in the buffer); without one (the cache forgot the trace) it is not kept.
             completed.decision = prior.decision if prior is not None else DROP
-            if prior is not None:
-                self._journal(completed.trace_id, prior)
+            if prior is not None and self.intake_log is not None:
+                self._journal(completed.trace.trace_id, prior)
         else:
+            records = completed.records
             if prior is not None:
                 decision = prior.decision
             elif self._sampler is not None:
-                decision = self._sampler.decide(completed.trace, completed.records)
+                decision = self._sampler.decide(completed.trace, records)
             else:
                 decision = KEEP_UNSAMPLED
-            measured = {r.span_id for r in completed.records}
+            measured = {r.span_id for r in records} if records else set()
             if prior is not None:
                 measured |= prior.measured
             remembered = Remembered(decision, measured)
-            self._assembler.remember_decision(completed.trace_id, remembered)
+            trace_id = completed.trace.trace_id
+            self._assembler.remember_decision(trace_id, remembered)
             if prior is None:
-                self._count(decision)
-            self._journal(completed.trace_id, remembered)
+                count = self._counters.get((decision.policy, decision.keep, decision.rate_limited))
+                if count is None:
+                    count = self._counter(decision)
+                count(1)
+            if self.intake_log is not None:
+                self._journal(trace_id, remembered)
             completed.decision = decision
         self._next.consume(completed)
 
     def _journal(self, trace_id: bytes, remembered: Remembered) -> None:
-        if self.intake_log is not None:
-            decision = remembered.decision
-            self.intake_log.decided(trace_id, decision.keep, decision.rate_limited, decision.policy,
-                                     decision.threshold, remembered.measured)
+        assert self.intake_log is not None
+        decision = remembered.decision
+        self.intake_log.decided(trace_id, decision.keep, decision.rate_limited, decision.policy,
+                                decision.threshold, remembered.measured)
 
-    def _count(self, decision: Decision) -> None:
-        key = (decision.policy, decision.keep, decision.rate_limited)
-        child = self._counters.get(key)
-        if child is None:
-            outcome = "kept" if decision.keep else ("rate_limited" if decision.rate_limited else "dropped")
-            child = self._counters[key] = self._telemetry.sampling_decisions.labels(decision.policy or "none", outcome)
-        child.inc()
+    def _counter(self, decision: Decision) -> Callable[[float], None]:
+        """The increment of ``decision``'s sampling_decisions child, looked up once per label set."""
+        outcome = "kept" if decision.keep else ("rate_limited" if decision.rate_limited else "dropped")
+        count = incrementer(self._telemetry.sampling_decisions.labels(decision.policy or "none", outcome))
+        self._counters[(decision.policy, decision.keep, decision.rate_limited)] = count
+        return count
