@@ -987,23 +987,31 @@ fn kept<'py>(py: Python<'py>, attrs: &[(&[u8], Value)], keys: &[String]) -> PyRe
     Ok(Some(PyTuple::new(py, items)?))
 }
 
-/// `(shape, observation fields, kept attributes, valid)` for a span the core reads, else `None`;
-/// `valid`: `derive_timings` cannot refuse the observation (`passes`; false without `bounds`).
-fn read_row<'py>(py: Python<'py>, data: &[u8], row: &SpanRow, kept_keys: &[String], bounds: Option<&Bounds>)
-                 -> PyResult<PyObject> {
-    let none = || py.None();
+/// What the core read of one span, its values already Python objects.
+struct NativeRead<'py> {
+    shape: &'static str,
+    fields: Vec<PyObject>,
+    slim: Bound<'py, PyTuple>,
+    valid: bool,
+}
+
+/// The core's reading of a span (`read_shape` and its kept attributes), or `None` where the
+/// Python adapters must read it; `valid`: `derive_timings` cannot refuse the observation
+/// (`passes`; false without `bounds`).
+fn read_native<'py>(py: Python<'py>, data: &[u8], row: &SpanRow, kept_keys: &[String], bounds: Option<&Bounds>)
+                    -> PyResult<Option<NativeRead<'py>>> {
     // No events (token, exception and first-token events are Python's), no repeated key.
     if row.events != 0 || row.duplicate_keys {
-        return Ok(none());
+        return Ok(None);
     }
-    let Ok(name) = utf8(&data[row.name.0..row.name.1]) else { return Ok(none()) };
+    let Ok(name) = utf8(&data[row.name.0..row.name.1]) else { return Ok(None) };
     let attrs = match plain_attributes(data, row.payload.0, row.payload.1) {
         Ok(Some(attrs)) => attrs,
-        Ok(None) => return Ok(none()),
+        Ok(None) => return Ok(None),
         Err(Malformed(reason)) => return Err(PyValueError::new_err(reason)),
     };
-    let Ok(reading) = read_shape(row.kind, name, row.status_code, &attrs) else { return Ok(none()) };
-    let Some(slim) = kept(py, &attrs, kept_keys)? else { return Ok(none()) };
+    let Ok(reading) = read_shape(row.kind, name, row.status_code, &attrs) else { return Ok(None) };
+    let Some(slim) = kept(py, &attrs, kept_keys)? else { return Ok(None) };
     let valid = match (&reading.checked, bounds) {
         (Some(checked), Some(bounds)) => passes(checked, bounds),
         _ => false,
@@ -1018,9 +1026,257 @@ fn read_row<'py>(py: Python<'py>, data: &[u8], row: &SpanRow, kept_keys: &[Strin
             Out::Float(None) | Out::Int(None) | Out::Text(None) => py.None(),
         });
     }
-    let shape = PyString::intern(py, reading.shape).into_any();
-    let valid = PyBool::new(py, valid).to_owned().into_any();
-    Ok(PyTuple::new(py, [shape, PyTuple::new(py, fields)?.into_any(), slim.into_any(), valid])?.into_any().unbind())
+    Ok(Some(NativeRead { shape: reading.shape, fields, slim, valid }))
+}
+
+/// `(shape, observation fields, kept attributes, valid)` for a span the core reads, else `None`.
+fn read_row<'py>(py: Python<'py>, data: &[u8], row: &SpanRow, kept_keys: &[String], bounds: Option<&Bounds>)
+                 -> PyResult<PyObject> {
+    let Some(read) = read_native(py, data, row, kept_keys, bounds)? else { return Ok(py.None()) };
+    let shape = PyString::intern(py, read.shape).into_any();
+    let valid = PyBool::new(py, read.valid).to_owned().into_any();
+    Ok(PyTuple::new(py, [shape, PyTuple::new(py, read.fields)?.into_any(), read.slim.into_any(), valid])?
+        .into_any().unbind())
+}
+
+// --- stage three: the adapter stage's common rows ready to buffer ----------------------------------
+
+/// `EngineObservation`'s positional arguments (`observation.OBSERVATION_FIELDS`): how many, and
+/// where each shape's reading (`Reading.fields`, in the order of `digest._*_observation`) goes.
+const OBSERVATION_ARGS: usize = 32;
+const ARG_PROVIDER: usize = 16;
+const ARG_IS_ERROR: usize = 19;
+const ARG_MAY_BE_GATEWAY: usize = 21;
+const ARG_ITL: usize = 28;
+const ARG_PART: usize = 29;
+const ARG_MARKS: usize = 30;
+const ARG_DERIVED: usize = 31;
+const VLLM_ARGS: [usize; 16] = [2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 15, 17, 18, 22, 14];
+const SGLANG_ARGS: [usize; 14] = [2, 3, 4, 6, 9, 10, 22, ARG_MARKS, 11, 12, 13, 14, 19, 20];
+const TGI_ARGS: [usize; 7] = [3, 8, 4, 7, 15, 19, 20];
+const GENAI_ARGS: [usize; 16] = [2, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 22, 23, 26];
+
+/// `digest._NATIVE_READINGS[shape](*fields)` as `EngineObservation`'s positional arguments.
+fn observation_args<'py>(py: Python<'py>, shape: &'static str, fields: Vec<PyObject>)
+                         -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let (engine_kind, places, provider, may_be_gateway): (&str, &[usize], Option<&str>, bool) = match shape {
+        "vllm_v1" => ("vllm", &VLLM_ARGS, Some("vllm"), false),
+        "sglang" => ("sglang", &SGLANG_ARGS, Some("sglang"), false),
+        "tgi" => ("tgi", &TGI_ARGS, Some("tgi"), false),
+        "genai" => ("genai", &GENAI_ARGS, None, true),
+        _ => return Ok(None),
+    };
+    if places.len() != fields.len() {
+        return Ok(None);
+    }
+    let empty = PyTuple::empty(py).into_any().unbind();
+    let mut args: Vec<PyObject> = (0..OBSERVATION_ARGS).map(|_| py.None()).collect();
+    args[0] = PyString::intern(py, engine_kind).into_any().unbind();
+    args[1] = PyString::intern(py, shape).into_any().unbind();
+    if let Some(provider) = provider {
+        args[ARG_PROVIDER] = PyString::intern(py, provider).into_any().unbind();
+    }
+    args[ARG_IS_ERROR] = PyBool::new(py, false).to_owned().into_any().unbind();
+    args[ARG_MAY_BE_GATEWAY] = PyBool::new(py, may_be_gateway).to_owned().into_any().unbind();
+    args[ARG_ITL] = empty.clone_ref(py);
+    args[ARG_PART] = PyString::intern(py, "").into_any().unbind();
+    args[ARG_MARKS] = empty.clone_ref(py);
+    args[ARG_DERIVED] = empty;
+    for (&place, value) in places.iter().zip(fields) {
+        args[place] = if place == ARG_MARKS {
+            // SGLang's dispatch-to-first-token time, a mark only when present.
+            if value.is_none(py) {
+                continue;
+            }
+            PyTuple::new(py, [PyString::intern(py, "dispatch_to_first_token_s").into_any().unbind(), value])?
+                .into_any().unbind()
+        } else {
+            value
+        };
+    }
+    Ok(Some(PyTuple::new(py, args)?))
+}
+
+/// The adapter stage's settings as the core holds them, made once per `DigestSettings`
+/// (`digest._digester`): with them `rows` hands back most spans ready to buffer.
+#[pyclass(frozen, module = "otel_llm._core")]
+struct Digester {
+    kept_keys: Vec<String>,
+    bounds: Bounds,
+    max_attributes: usize,
+    max_value_bytes: usize,
+    observation_class: PyObject,
+    /// SGLang's stage names with their shared observation and its `OBSERVATION_FIELDS` tuple.
+    stages: Vec<(String, PyObject, PyObject)>,
+    stage_adapter: String,
+    /// `may_be_llm`'s tests for a span neither SERVER nor CLIENT (engines.py's constants).
+    internal_names: Vec<String>,
+    genai_operations: Vec<String>,
+    internal_prefixes: Vec<String>,
+}
+
+impl Digester {
+    /// `engines.may_be_llm`.
+    fn may_be_llm(&self, kind: i32, name: &str) -> bool {
+        kind == SPAN_KIND_SERVER || kind == SPAN_KIND_CLIENT || self.internal_names.iter().any(|n| n == name)
+            || name.contains(" Req ")
+            || self.genai_operations.iter().any(|op| op == name.split(' ').next().unwrap_or(""))
+            || self.internal_prefixes.iter().any(|p| name.starts_with(p.as_str()))
+    }
+}
+
+#[pymethods]
+impl Digester {
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    fn new(kept_keys: Vec<String>, bounds: (f64, i64, f64, f64), max_attributes: usize, max_value_bytes: usize,
+           observation_class: PyObject, stages: Vec<(String, PyObject, PyObject)>, stage_adapter: String,
+           internal_names: Vec<String>, genai_operations: Vec<String>, internal_prefixes: Vec<String>) -> Self {
+        let (max_latency_s, max_tokens, abs_tolerance_s, rel_tolerance) = bounds;
+        Digester {
+            kept_keys, bounds: Bounds { max_latency_s, max_tokens, abs_tolerance_s, rel_tolerance }, max_attributes,
+            max_value_bytes, observation_class, stages, stage_adapter, internal_names, genai_operations,
+            internal_prefixes,
+        }
+    }
+
+    /// `rows(data, portable) -> (origins, spans, matched, passed_through)`: `origins` as `scan`'s;
+    /// a span as `scan`'s 16-field row where the adapter stage's Python steps must run, else ready
+    /// to buffer as 12 fields, `BufferedSpan`'s in its order with the origin as an index over every
+    /// (resource, scope) of the request in order and the observation made (`portable`: as its
+    /// `OBSERVATION_FIELDS` tuple) or `None`. A ready span is within the attribute limits, has no
+    /// repeated key, and is an SGLang stage, a span `may_be_llm` rejects, a candidate `classify`
+    /// gives no adapter, or a span the core read whose values pass `derive_timings`' checks and
+    /// without a trace state (its sampling weight is Python's to check). `matched` and
+    /// `passed_through` count the ready spans as the adapter stage counts them.
+    fn rows<'py>(&self, py: Python<'py>, data: &[u8], portable: bool) -> PyResult<Bound<'py, PyTuple>> {
+        let (origins, rows) = scan(data).map_err(|Malformed(reason)| {
+            PyValueError::new_err(format!("malformed ExportTraceServiceRequest: {reason}"))
+        })?;
+        let origin_list = PyList::empty(py);
+        let mut first_origin: Vec<usize> = Vec::with_capacity(origins.len());
+        let mut flat = 0;
+        for origin in &origins {
+            first_origin.push(flat);
+            flat += origin.scopes.len();
+            let scopes = PyList::empty(py);
+            for scope in &origin.scopes {
+                scopes.append(PyBytes::new(py, scope))?;
+            }
+            origin_list.append((PyBytes::new(py, &origin.resource), scopes))?;
+        }
+        let mut matched: Vec<(String, usize)> = Vec::new();
+        let mut count = |adapter: &str| match matched.iter_mut().find(|(a, _)| a == adapter) {
+            Some((_, n)) => *n += 1,
+            None => matched.push((adapter.to_owned(), 1)),
+        };
+        let mut passed_through = 0usize;
+        let span_list = PyList::empty(py);
+        let slice = |range: (usize, usize)| PyBytes::new(py, &data[range.0..range.1]);
+        let text = |range: (usize, usize)| -> PyResult<Bound<'py, PyString>> {
+            // Validated UTF-8 already; checked again rather than trusted unchecked.
+            Ok(PyString::new(py, utf8(&data[range.0..range.1]).map_err(|Malformed(r)| PyValueError::new_err(r))?))
+        };
+        let empty = PyTuple::empty(py);
+        for row in &rows {
+            let within_limits = !row.duplicate_keys && row.payload.1 - row.payload.0 <= self.max_value_bytes
+                && row.attributes <= self.max_attributes;
+            let name = utf8(&data[row.name.0..row.name.1]).map_err(|Malformed(r)| PyValueError::new_err(r))?;
+            // (slim, observation) of a span ready to buffer; `None`: the Python steps' row.
+            let mut ready: Option<(Bound<'py, PyAny>, PyObject)> = None;
+            let mut read: Option<NativeRead<'py>> = None;
+            if within_limits {
+                if let Some((_, observation, fields)) = (row.kind == SPAN_KIND_INTERNAL)
+                    .then(|| self.stages.iter().find(|(stage, _, _)| stage == name)).flatten() {
+                    count(&self.stage_adapter);
+                    let observation = if portable { fields } else { observation };
+                    ready = Some((empty.clone().into_any(), observation.clone_ref(py)));
+                } else {
+                    read = read_native(py, data, row, &self.kept_keys, Some(&self.bounds))?;
+                    match read.take() {
+                        Some(native) if native.shape == "none" => {
+                            passed_through += 1;
+                            ready = Some((native.slim.into_any(), py.None()));
+                        }
+                        Some(native) if native.valid && row.trace_state.0 == row.trace_state.1 => {
+                            let shape = native.shape;
+                            match observation_args(py, shape, native.fields)? {
+                                Some(args) => {
+                                    count(shape);
+                                    let observation = if portable {
+                                        args.into_any().unbind()
+                                    } else {
+                                        self.observation_class.bind(py).call1(args)?.unbind()
+                                    };
+                                    ready = Some((native.slim.into_any(), observation));
+                                }
+                                None => read = None,
+                            }
+                        }
+                        Some(native) => read = Some(native),
+                        None if !self.may_be_llm(row.kind, name) => {
+                            passed_through += 1;
+                            ready = Some((empty.clone().into_any(), py.None()));
+                        }
+                        None => {}
+                    }
+                }
+            }
+            if let Some((slim, observation)) = ready {
+                let fields: [PyObject; 12] = [
+                    slice(row.trace_id).into_any().unbind(),
+                    slice(row.span_id).into_any().unbind(),
+                    slice(row.parent_span_id).into_any().unbind(),
+                    row.kind.into_pyobject(py)?.into_any().unbind(),
+                    row.status_code.into_pyobject(py)?.into_any().unbind(),
+                    row.start_unix_ns.into_pyobject(py)?.into_any().unbind(),
+                    row.end_unix_ns.into_pyobject(py)?.into_any().unbind(),
+                    text(row.trace_state)?.into_any().unbind(),
+                    slice(row.payload).into_any().unbind(),
+                    (first_origin[row.resource_index] + row.scope_index).into_pyobject(py)?.into_any().unbind(),
+                    slim.unbind(),
+                    observation,
+                ];
+                span_list.append(PyTuple::new(py, fields)?)?;
+                continue;
+            }
+            let read_object = match read {
+                Some(native) => {
+                    let shape = PyString::intern(py, native.shape).into_any();
+                    let valid = PyBool::new(py, native.valid).to_owned().into_any();
+                    PyTuple::new(py, [shape, PyTuple::new(py, native.fields)?.into_any(), native.slim.into_any(),
+                                      valid])?.into_any().unbind()
+                }
+                // Not read, or over a limit (the Python steps then read the span's view).
+                None => py.None(),
+            };
+            let fields: [PyObject; 16] = [
+                row.resource_index.into_pyobject(py)?.into_any().unbind(),
+                row.scope_index.into_pyobject(py)?.into_any().unbind(),
+                row.span_index.into_pyobject(py)?.into_any().unbind(),
+                slice(row.trace_id).into_any().unbind(),
+                slice(row.span_id).into_any().unbind(),
+                slice(row.parent_span_id).into_any().unbind(),
+                row.kind.into_pyobject(py)?.into_any().unbind(),
+                row.status_code.into_pyobject(py)?.into_any().unbind(),
+                row.start_unix_ns.into_pyobject(py)?.into_any().unbind(),
+                row.end_unix_ns.into_pyobject(py)?.into_any().unbind(),
+                text(row.trace_state)?.into_any().unbind(),
+                PyString::new(py, name).into_any().unbind(),
+                slice(row.payload).into_any().unbind(),
+                row.attributes.into_pyobject(py)?.into_any().unbind(),
+                PyBool::new(py, row.duplicate_keys).to_owned().into_any().unbind(),
+                read_object,
+            ];
+            span_list.append(PyTuple::new(py, fields)?)?;
+        }
+        let matched_dict = pyo3::types::PyDict::new(py);
+        for (adapter, n) in matched {
+            matched_dict.set_item(PyString::intern(py, &adapter), n)?;
+        }
+        PyTuple::new(py, [origin_list.into_any(), span_list.into_any(), matched_dict.into_any(),
+                          passed_through.into_pyobject(py)?.into_any()])
+    }
 }
 
 /// `scan(data) -> (origins, spans)`: origins as `[(resource_bytes, [scope_bytes, ...]), ...]` in
@@ -1093,6 +1349,7 @@ fn py_validate(data: &[u8]) -> PyResult<()> {
 fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(py_scan, module)?)?;
     module.add_function(wrap_pyfunction!(py_validate, module)?)?;
+    module.add_class::<Digester>()?;
     module.add("MAX_DEPTH", MAX_DEPTH)?;
     Ok(())
 }

@@ -34,7 +34,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from otel_llm.pdata.attributes import buffered_value
 from otel_llm.pdata.otlp_view import ExportTraceServiceRequest as ViewRequest, Span as ViewSpan
 from otel_llm.processor.llm_metrics.adapters.engines import (
-    SGLANG_STAGES, classify, may_be_llm, sglang_stage_observation)
+    _INTERNAL_NAMES, GENAI_OPERATIONS, LOGFIRE_AGENT_LLM_PREFIXES, SGLANG_STAGES, classify, may_be_llm,
+    sglang_stage_observation)
 from otel_llm.pdata.observation import OBSERVATION_FIELDS, EngineKind, EngineObservation, MalformedSpan, Part
 from otel_llm.processor.llm_metrics.requests import adjusted_count
 from otel_llm.processor.llm_metrics.segments import (
@@ -261,9 +262,7 @@ def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, 
     if not isinstance(data, bytes):
         data = bytes(data)  # the adapter process's memoryview of its pipe message; the core reads bytes
     try:
-        origin_rows, rows = extension.scan(data, settings.kept_attribute_keys,
-                                           (settings.max_latency_s, MAX_TOKENS_PER_REQUEST, ABS_TOLERANCE_S,
-                                            REL_TOLERANCE))
+        origin_rows, rows, matched, passed_through = _digester(extension, settings).rows(data, portable)
     except ValueError as exc:  # the same bytes the view's parse refuses (tests/test_native_core.py)
         raise DecodeError(str(exc)) from None
     limits = settings.limits
@@ -271,20 +270,17 @@ def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, 
     max_latency = settings.max_latency_s
     kept_keys = settings.kept_attribute_keys
     first_token_events = settings.first_token_events
-    matched: dict[str, int] = {}
     malformed: dict[tuple[str, str], int] = {}
-    passed_through = truncated = 0
-    spans_per_resource = [0] * len(origin_rows)
-    for row in rows:
-        spans_per_resource[row[0]] += 1
+    truncated = 0
     origins: list[list[Any]] = []  # per resource, per scope: an Origin (or its index on the pipe)
+    flat_origins: list[Any] = []  # the same, over every (resource, scope) in order: a ready row's index
     portable_origins: list[Any] = []
     service_names: list[str] = []
     for resource_index, (resource_bytes, scope_rows) in enumerate(origin_rows):
         resource = Resource()
         resource.ParseFromString(resource_bytes)
         if limits.enforce_resource(resource):
-            truncated += spans_per_resource[resource_index]
+            truncated += _spans_of_resource(rows, origin_rows, resource_index)
         resource_strings = {kv.key: kv.value.string_value for kv in resource.attributes
                             if kv.value.HasField("string_value")}
         service_name = resource_strings.get("service.name") or "unknown_service"
@@ -301,11 +297,22 @@ def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, 
             else:
                 per_scope.append(Origin(resource, scope, service_name, resource_strings))
         origins.append(per_scope)
+        flat_origins += per_scope
     spans: list[Any] = []
     append = spans.append
     view_spans: list[list[Any]] | None = None  # the request as the view, parsed at the first candidate
-    for (resource_index, scope_index, span_index, trace_id, span_id, parent_span_id, kind, status_code, start, end,
-         trace_state, name, payload, attribute_count, duplicate_keys, read_by_core) in rows:
+    for row in rows:
+        if len(row) == 12:  # ready to buffer (``Digester.rows``): most spans, so no other branch
+            if portable:
+                append((*row[:10], shared_attrs(row[10]), row[11]))
+            else:
+                trace_id, span_id, parent_span_id, kind, status_code, start, end, trace_state, payload, origin_index, \
+                    slim, observation = row
+                append(BufferedSpan(trace_id, span_id, parent_span_id, kind, status_code, start, end, trace_state,
+                                    payload, flat_origins[origin_index], shared_attrs(slim), observation))
+            continue
+        (resource_index, scope_index, span_index, trace_id, span_id, parent_span_id, kind, status_code, start, end,
+         trace_state, name, payload, attribute_count, duplicate_keys, read_by_core) = row
         span: Any = None
         slim: tuple[Any, ...] = ()
         if duplicate_keys or len(payload) > max_value_bytes or attribute_count > max_attributes:
@@ -386,6 +393,32 @@ def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, 
         else:
             append(BufferedSpan(*fields, observation))
     return portable_origins if portable else [], spans, (matched, malformed, passed_through, truncated)
+
+
+def _spans_of_resource(rows: list[tuple[Any, ...]], origin_rows: list[Any], resource_index: int) -> int:
+    """How many of ``rows`` (``Digester.rows``') belong to the request's ``resource_index``-th resource."""
+    first = sum(len(scopes) for _, scopes in origin_rows[:resource_index])
+    ready = range(first, first + len(origin_rows[resource_index][1]))
+    return sum(1 for row in rows if (row[9] in ready if len(row) == 12 else row[0] == resource_index))
+
+
+_digester_cache: list[tuple[Any, DigestSettings, Any]] = []  # (extension, settings, its Digester): one entry
+
+
+def _digester(extension: Any, settings: DigestSettings) -> Any:
+    """The core's ``Digester`` for ``settings``: what ``rows`` needs of them and of the adapters'
+    constants, converted once rather than on every request."""
+    if _digester_cache and _digester_cache[0][0] is extension and _digester_cache[0][1] is settings:
+        return _digester_cache[0][2]
+    stages = [(name, sglang_stage_observation(name), _observation_tuple(sglang_stage_observation(name)))
+              for name in sorted(SGLANG_STAGES)]
+    digester = extension.Digester(
+        list(settings.kept_attribute_keys),
+        (settings.max_latency_s, MAX_TOKENS_PER_REQUEST, ABS_TOLERANCE_S, REL_TOLERANCE),
+        settings.limits.max_attributes, settings.limits.max_value_bytes, EngineObservation, stages,
+        Part.SGLANG_STAGE, sorted(_INTERNAL_NAMES), sorted(GENAI_OPERATIONS), list(LOGFIRE_AGENT_LLM_PREFIXES))
+    _digester_cache[:] = [(extension, settings, digester)]
+    return digester
 
 
 def _vllm_observation(ttft: float | None, e2e: float | None, queue: float | None, prefill: float | None,
