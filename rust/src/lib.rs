@@ -13,7 +13,7 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
 
 /// upb's decode depth limit (100 levels below the message parsed) in this walk's counting, where
 /// the request is depth 1: measured against upb (tests/test_native_core.py, nested values and groups).
@@ -1113,9 +1113,50 @@ struct Digester {
     internal_names: Vec<String>,
     genai_operations: Vec<String>,
     internal_prefixes: Vec<String>,
+    /// `object.__new__`: an observation and a buffered span are made field by field, without a
+    /// Python `__init__` (the bulk of their cost), equal to what their constructors make.
+    object_new: PyObject,
+    /// `OBSERVATION_FIELDS` with, for a field held as a class default, that default: such a field
+    /// is set only where the value differs, as `EngineObservation.__init__` does.
+    observation_fields: Vec<(Py<PyString>, Option<PyObject>)>,
+    span_class: PyObject,
+    span_fields: Vec<Py<PyString>>,
+    /// `digest._shared_attrs` and its bound: equal kept attributes are one tuple.
+    shared_attrs: Py<PyDict>,
+    shared_attrs_limit: usize,
 }
 
 impl Digester {
+    fn make<'py>(&self, py: Python<'py>, class: &PyObject, names: impl Iterator<Item = (&'py Py<PyString>, Option<&'py PyObject>)>,
+                 values: impl Iterator<Item = Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>>
+    where Self: 'py {
+        let object = self.object_new.bind(py).call1((class.bind(py),))?;
+        for ((name, default), value) in names.zip(values) {
+            if default.is_some_and(|d| value.is(d)) {
+                continue;
+            }
+            object.setattr(name.bind(py), value)?;
+        }
+        Ok(object)
+    }
+
+    /// `digest.shared_attrs`.
+    fn share<'py>(&self, py: Python<'py>, attrs: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let tuple = attrs.downcast::<PyTuple>()?;
+        if tuple.is_empty() {
+            return Ok(attrs);
+        }
+        let shared = self.shared_attrs.bind(py);
+        if let Some(earlier) = shared.get_item(&attrs)? {
+            return Ok(earlier);
+        }
+        if shared.len() < self.shared_attrs_limit
+            && tuple.iter().skip(1).step_by(2).all(|v| v.is_exact_instance_of::<PyString>()) {
+            shared.set_item(&attrs, &attrs)?;
+        }
+        Ok(attrs)
+    }
+
     /// `engines.may_be_llm`.
     fn may_be_llm(&self, kind: i32, name: &str) -> bool {
         kind == SPAN_KIND_SERVER || kind == SPAN_KIND_CLIENT || self.internal_names.iter().any(|n| n == name)
@@ -1131,13 +1172,19 @@ impl Digester {
     #[allow(clippy::too_many_arguments)]
     fn new(kept_keys: Vec<String>, bounds: (f64, i64, f64, f64), max_attributes: usize, max_value_bytes: usize,
            observation_class: PyObject, stages: Vec<(String, PyObject, PyObject)>, stage_adapter: String,
-           internal_names: Vec<String>, genai_operations: Vec<String>, internal_prefixes: Vec<String>) -> Self {
+           internal_names: Vec<String>, genai_operations: Vec<String>, internal_prefixes: Vec<String>,
+           object_new: PyObject, observation_fields: Vec<(Py<PyString>, Option<PyObject>)>, span_class: PyObject,
+           span_fields: Vec<Py<PyString>>, shared_attrs: Py<PyDict>, shared_attrs_limit: usize) -> PyResult<Self> {
+        if observation_fields.len() != OBSERVATION_ARGS || span_fields.len() != 12 {
+            return Err(PyValueError::new_err("the observation's or the buffered span's fields changed"));
+        }
         let (max_latency_s, max_tokens, abs_tolerance_s, rel_tolerance) = bounds;
-        Digester {
+        Ok(Digester {
             kept_keys, bounds: Bounds { max_latency_s, max_tokens, abs_tolerance_s, rel_tolerance }, max_attributes,
             max_value_bytes, observation_class, stages, stage_adapter, internal_names, genai_operations,
-            internal_prefixes,
-        }
+            internal_prefixes, object_new, observation_fields, span_class, span_fields, shared_attrs,
+            shared_attrs_limit,
+        })
     }
 
     /// `rows(data, portable) -> (origins, spans, matched, passed_through)`: `origins` as `scan`'s;
@@ -1149,7 +1196,8 @@ impl Digester {
     /// gives no adapter, or a span the core read whose values pass `derive_timings`' checks and
     /// without a trace state (its sampling weight is Python's to check). `matched` and
     /// `passed_through` count the ready spans as the adapter stage counts them.
-    fn rows<'py>(&self, py: Python<'py>, data: &[u8], portable: bool) -> PyResult<Bound<'py, PyTuple>> {
+    fn rows<'py>(&self, py: Python<'py>, data: &[u8], portable: bool, make_origins: Bound<'py, PyAny>)
+                 -> PyResult<Bound<'py, PyTuple>> {
         let (origins, rows) = scan(data).map_err(|Malformed(reason)| {
             PyValueError::new_err(format!("malformed ExportTraceServiceRequest: {reason}"))
         })?;
@@ -1165,6 +1213,10 @@ impl Digester {
             }
             origin_list.append((PyBytes::new(py, &origin.resource), scopes))?;
         }
+        // (flat origins, what the caller keeps of them): an origin per (resource, scope) in order.
+        let made = make_origins.call1((origin_list,))?;
+        let flat_origins = made.get_item(0)?;
+        let mut slow: Vec<usize> = Vec::new();
         let mut matched: Vec<(String, usize)> = Vec::new();
         let mut count = |adapter: &str| match matched.iter_mut().find(|(a, _)| a == adapter) {
             Some((_, n)) => *n += 1,
@@ -1206,7 +1258,8 @@ impl Digester {
                                     let observation = if portable {
                                         args.into_any().unbind()
                                     } else {
-                                        self.observation_class.bind(py).call1(args)?.unbind()
+                                        let names = self.observation_fields.iter().map(|(n, d)| (n, d.as_ref()));
+                                        self.make(py, &self.observation_class, names, args.iter())?.unbind()
                                     };
                                     ready = Some((native.slim.into_any(), observation));
                                 }
@@ -1223,6 +1276,12 @@ impl Digester {
                 }
             }
             if let Some((slim, observation)) = ready {
+                let origin_index = first_origin[row.resource_index] + row.scope_index;
+                let origin = if portable {
+                    origin_index.into_pyobject(py)?.into_any()
+                } else {
+                    flat_origins.get_item(origin_index)?
+                };
                 let fields: [PyObject; 12] = [
                     slice(row.trace_id).into_any().unbind(),
                     slice(row.span_id).into_any().unbind(),
@@ -1233,11 +1292,16 @@ impl Digester {
                     row.end_unix_ns.into_pyobject(py)?.into_any().unbind(),
                     text(row.trace_state)?.into_any().unbind(),
                     slice(row.payload).into_any().unbind(),
-                    (first_origin[row.resource_index] + row.scope_index).into_pyobject(py)?.into_any().unbind(),
-                    slim.unbind(),
+                    origin.unbind(),
+                    self.share(py, slim)?.unbind(),
                     observation,
                 ];
-                span_list.append(PyTuple::new(py, fields)?)?;
+                if portable {
+                    span_list.append(PyTuple::new(py, fields)?)?;
+                } else {
+                    let names = self.span_fields.iter().map(|n| (n, None));
+                    span_list.append(self.make(py, &self.span_class, names, fields.into_iter().map(|f| f.into_bound(py)))?)?;
+                }
                 continue;
             }
             let read_object = match read {
@@ -1268,14 +1332,15 @@ impl Digester {
                 PyBool::new(py, row.duplicate_keys).to_owned().into_any().unbind(),
                 read_object,
             ];
+            slow.push(span_list.len());
             span_list.append(PyTuple::new(py, fields)?)?;
         }
-        let matched_dict = pyo3::types::PyDict::new(py);
+        let matched_dict = PyDict::new(py);
         for (adapter, n) in matched {
             matched_dict.set_item(PyString::intern(py, &adapter), n)?;
         }
-        PyTuple::new(py, [origin_list.into_any(), span_list.into_any(), matched_dict.into_any(),
-                          passed_through.into_pyobject(py)?.into_any()])
+        PyTuple::new(py, [made.get_item(1)?, span_list.into_any(), PyList::new(py, slow)?.into_any(),
+                          matched_dict.into_any(), passed_through.into_pyobject(py)?.into_any()])
     }
 }
 

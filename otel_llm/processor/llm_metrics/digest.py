@@ -13,6 +13,7 @@ objects on the other side (~1.6 µs per span). Figures: ``bench/hotpath.py``, ``
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import marshal
 import operator
@@ -261,56 +262,29 @@ def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, 
     the Python path's steps here too, so the kept attributes are the same set in both."""
     if not isinstance(data, bytes):
         data = bytes(data)  # the adapter process's memoryview of its pipe message; the core reads bytes
+    made: list[Any] = []
+
+    def make_origins(origin_rows: list[tuple[bytes, list[bytes]]]) -> tuple[list[Any], None]:
+        made.extend(_origins(origin_rows, settings.limits, portable))
+        return made[1], None
+
     try:
-        origin_rows, rows, matched, passed_through = _digester(extension, settings).rows(data, portable)
+        _, spans, slow, matched, passed_through = _digester(extension, settings).rows(data, portable, make_origins)
     except ValueError as exc:  # the same bytes the view's parse refuses (tests/test_native_core.py)
         raise DecodeError(str(exc)) from None
+    origins, flat_origins, portable_origins, service_names, truncated_resources = made
+    truncated = sum(_spans_of_resource(spans, index, origins[index], portable) for index in truncated_resources)
+    if not slow:  # every span ready to buffer (``Digester.rows``): the bench's, and most traffic
+        return portable_origins if portable else [], spans, (matched, {}, passed_through, truncated)
     limits = settings.limits
     max_attributes, max_value_bytes = limits.max_attributes, limits.max_value_bytes
     max_latency = settings.max_latency_s
     kept_keys = settings.kept_attribute_keys
     first_token_events = settings.first_token_events
     malformed: dict[tuple[str, str], int] = {}
-    truncated = 0
-    origins: list[list[Any]] = []  # per resource, per scope: an Origin (or its index on the pipe)
-    flat_origins: list[Any] = []  # the same, over every (resource, scope) in order: a ready row's index
-    portable_origins: list[Any] = []
-    service_names: list[str] = []
-    for resource_index, (resource_bytes, scope_rows) in enumerate(origin_rows):
-        resource = Resource()
-        resource.ParseFromString(resource_bytes)
-        if limits.enforce_resource(resource):
-            truncated += _spans_of_resource(rows, origin_rows, resource_index)
-        resource_strings = {kv.key: kv.value.string_value for kv in resource.attributes
-                            if kv.value.HasField("string_value")}
-        service_name = resource_strings.get("service.name") or "unknown_service"
-        service_names.append(service_name)
-        per_scope: list[Any] = []
-        if portable:
-            serialized = resource.SerializeToString()
-        for scope_bytes in scope_rows:
-            scope = InstrumentationScope()
-            scope.ParseFromString(scope_bytes)
-            if portable:
-                per_scope.append(len(portable_origins))
-                portable_origins.append((serialized, scope.SerializeToString(), service_name, resource_strings))
-            else:
-                per_scope.append(Origin(resource, scope, service_name, resource_strings))
-        origins.append(per_scope)
-        flat_origins += per_scope
-    spans: list[Any] = []
-    append = spans.append
     view_spans: list[list[Any]] | None = None  # the request as the view, parsed at the first candidate
-    for row in rows:
-        if len(row) == 12:  # ready to buffer (``Digester.rows``): most spans, so no other branch
-            if portable:
-                append((*row[:10], shared_attrs(row[10]), row[11]))
-            else:
-                trace_id, span_id, parent_span_id, kind, status_code, start, end, trace_state, payload, origin_index, \
-                    slim, observation = row
-                append(BufferedSpan(trace_id, span_id, parent_span_id, kind, status_code, start, end, trace_state,
-                                    payload, flat_origins[origin_index], shared_attrs(slim), observation))
-            continue
+    for position in slow:
+        row = spans[position]
         (resource_index, scope_index, span_index, trace_id, span_id, parent_span_id, kind, status_code, start, end,
          trace_state, name, payload, attribute_count, duplicate_keys, read_by_core) = row
         span: Any = None
@@ -389,17 +363,61 @@ def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, 
         fields = (trace_id, span_id, parent_span_id, kind, status_code, start, end, trace_state, payload, origin,
                   shared_attrs(slim))
         if portable:
-            append((*fields, _observation_tuple(observation) if observation is not None else None))
+            spans[position] = (*fields, _observation_tuple(observation) if observation is not None else None)
         else:
-            append(BufferedSpan(*fields, observation))
+            spans[position] = BufferedSpan(*fields, observation)
     return portable_origins if portable else [], spans, (matched, malformed, passed_through, truncated)
 
 
-def _spans_of_resource(rows: list[tuple[Any, ...]], origin_rows: list[Any], resource_index: int) -> int:
-    """How many of ``rows`` (``Digester.rows``') belong to the request's ``resource_index``-th resource."""
-    first = sum(len(scopes) for _, scopes in origin_rows[:resource_index])
-    ready = range(first, first + len(origin_rows[resource_index][1]))
-    return sum(1 for row in rows if (row[9] in ready if len(row) == 12 else row[0] == resource_index))
+def _origins(origin_rows: list[tuple[bytes, list[bytes]]], limits: AttributeLimits, portable: bool
+             ) -> tuple[list[list[Any]], list[Any], list[Any], list[str], list[int]]:
+    """The request's origins from the core's (resource bytes, [scope bytes]) rows: per resource per
+    scope, the same flattened in order, the pipe's origin tuples, each resource's service name, and
+    the resources trimmed to the attribute limits."""
+    origins: list[list[Any]] = []  # per resource, per scope: an Origin (or its index on the pipe)
+    flat_origins: list[Any] = []
+    portable_origins: list[Any] = []
+    service_names: list[str] = []
+    truncated_resources: list[int] = []
+    for resource_index, (resource_bytes, scope_rows) in enumerate(origin_rows):
+        resource = Resource()
+        resource.ParseFromString(resource_bytes)
+        if limits.enforce_resource(resource):
+            truncated_resources.append(resource_index)
+        resource_strings = {kv.key: kv.value.string_value for kv in resource.attributes
+                            if kv.value.HasField("string_value")}
+        service_name = resource_strings.get("service.name") or "unknown_service"
+        service_names.append(service_name)
+        per_scope: list[Any] = []
+        if portable:
+            serialized = resource.SerializeToString()
+        for scope_bytes in scope_rows:
+            scope = InstrumentationScope()
+            scope.ParseFromString(scope_bytes)
+            if portable:
+                per_scope.append(len(portable_origins))
+                portable_origins.append((serialized, scope.SerializeToString(), service_name, resource_strings))
+            else:
+                per_scope.append(Origin(resource, scope, service_name, resource_strings))
+        origins.append(per_scope)
+        flat_origins += per_scope
+    return origins, flat_origins, portable_origins, service_names, truncated_resources
+
+
+def _spans_of_resource(spans: list[Any], resource_index: int, resource_origins: list[Any], portable: bool) -> int:
+    """How many of ``Digester.rows``' ``spans`` belong to the ``resource_index``-th resource, whose
+    origins are ``resource_origins``: a ready span by its origin (on the pipe, the origin's index),
+    a row the Python steps take (16 fields) by its resource index."""
+    ready = set(resource_origins) if portable else {id(origin) for origin in resource_origins}
+    count = 0
+    for span in spans:
+        if isinstance(span, BufferedSpan):
+            count += id(span.origin) in ready
+        elif len(span) == 12:
+            count += span[9] in ready
+        else:
+            count += span[0] == resource_index
+    return count
 
 
 _digester_cache: list[tuple[Any, DigestSettings, Any]] = []  # (extension, settings, its Digester): one entry
@@ -412,11 +430,17 @@ def _digester(extension: Any, settings: DigestSettings) -> Any:
         return _digester_cache[0][2]
     stages = [(name, sglang_stage_observation(name), _observation_tuple(sglang_stage_observation(name)))
               for name in sorted(SGLANG_STAGES)]
+    slots = frozenset(EngineObservation.__slots__)
+    # A field held as a class default is set only where the value differs (``EngineObservation.__init__``).
+    observation_fields = [(name, None if name in slots else getattr(EngineObservation, name))
+                          for name in OBSERVATION_FIELDS]
+    span_fields = [field.name for field in dataclasses.fields(BufferedSpan)]
     digester = extension.Digester(
         list(settings.kept_attribute_keys),
         (settings.max_latency_s, MAX_TOKENS_PER_REQUEST, ABS_TOLERANCE_S, REL_TOLERANCE),
         settings.limits.max_attributes, settings.limits.max_value_bytes, EngineObservation, stages,
-        Part.SGLANG_STAGE, sorted(_INTERNAL_NAMES), sorted(GENAI_OPERATIONS), list(LOGFIRE_AGENT_LLM_PREFIXES))
+        Part.SGLANG_STAGE, sorted(_INTERNAL_NAMES), sorted(GENAI_OPERATIONS), list(LOGFIRE_AGENT_LLM_PREFIXES),
+        object.__new__, observation_fields, BufferedSpan, span_fields, _shared_attrs, SHARED_ATTRS_LIMIT)
     _digester_cache[:] = [(extension, settings, digester)]
     return digester
 
