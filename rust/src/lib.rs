@@ -306,7 +306,7 @@ fn read_span(buf: &[u8], start: usize, end: usize, resource_index: usize, scope_
         duplicate_keys: false,
         events: 0,
     };
-    let mut keys: Vec<&[u8]> = Vec::new();
+    let mut keys: Vec<&[u8]> = Vec::with_capacity(32);
     let mut reader = Reader::new(buf, start, end);
     // Validated above: every read below succeeds; `?` stays so a slip is an error, never a panic.
     while !reader.done() {
@@ -379,7 +379,7 @@ struct Origin {
 
 fn scan(buf: &[u8]) -> Result<(Vec<Origin>, Vec<SpanRow>)> {
     let mut origins: Vec<Origin> = Vec::new();
-    let mut spans: Vec<SpanRow> = Vec::new();
+    let mut spans: Vec<SpanRow> = Vec::with_capacity(buf.len() / 256);
     let mut request = Reader::new(buf, 0, buf.len());
     while !request.done() {
         let (number, wire_type) = request.tag()?;
@@ -440,7 +440,6 @@ fn scan(buf: &[u8]) -> Result<(Vec<Origin>, Vec<SpanRow>)> {
 }
 
 
-const LAT: &str = "gen_ai.latency.";
 
 // --- stage 1.5: vLLM's request span read in Rust (the bench's most common shape) ------------------
 
@@ -460,7 +459,7 @@ type Attributes<'a> = Vec<(&'a [u8], Value<'a>)>;
 /// The span's attributes (field 9 entries), or `None` when one is not a plain single value: no
 /// value, two oneof fields, a value message written twice (upb would merge them), a repeated key.
 fn plain_attributes(buf: &[u8], start: usize, end: usize) -> Result<Option<Attributes<'_>>> {
-    let mut out: Attributes = Vec::new();
+    let mut out: Attributes = Vec::with_capacity(32);
     let mut span = Reader::new(buf, start, end);
     while !span.done() {
         let (number, wire_type) = span.tag()?;
@@ -796,12 +795,11 @@ fn read_vllm(attrs: &[(&[u8], Value)]) -> std::result::Result<Reading, Bail> {
     if unread_usage(attrs, &VLLM_USAGE_KEYS) {
         return Err(Bail);
     }
-    let lat = |k: &str| format!("{LAT}{k}");
     let prompt = first_count(attrs, &["gen_ai.usage.prompt_tokens", "gen_ai.usage.input_tokens"])?;
     let completion = first_count(attrs, &["gen_ai.usage.completion_tokens", "gen_ai.usage.output_tokens"])?;
-    let latencies = [number(attrs, &lat("time_to_first_token"))?, number(attrs, &lat("e2e"))?,
-        number(attrs, &lat("time_in_queue"))?, number(attrs, &lat("time_in_model_prefill"))?,
-        number(attrs, &lat("time_in_model_decode"))?, number(attrs, &lat("time_in_model_inference"))?, None];
+    let latencies = [number(attrs, concat!("gen_ai.latency.", "time_to_first_token"))?, number(attrs, concat!("gen_ai.latency.", "e2e"))?,
+        number(attrs, concat!("gen_ai.latency.", "time_in_queue"))?, number(attrs, concat!("gen_ai.latency.", "time_in_model_prefill"))?,
+        number(attrs, concat!("gen_ai.latency.", "time_in_model_decode"))?, number(attrs, concat!("gen_ai.latency.", "time_in_model_inference"))?, None];
     let [ttft, e2e, queue, prefill, decode, inference, _] = latencies;
     Ok(Reading { shape: "vllm_v1", checked: Some(Checked { latencies, prompt, completion }), fields: vec![
         Out::Float(ttft),
@@ -830,16 +828,15 @@ fn read_sglang(status_code: i32, attrs: &[(&[u8], Value)]) -> std::result::Resul
     }
     let (is_error, error_type) = error_of(status_code, attrs)?;
     let finish = finish_reason(attrs)?;
-    let lat = |k: &str| format!("{LAT}{k}");
-    let mut ttft = number(attrs, &lat("time_to_first_token"))?;
-    let mut decode = number(attrs, &lat("time_in_model_decode"))?;
+    let mut ttft = number(attrs, concat!("gen_ai.latency.", "time_to_first_token"))?;
+    let mut decode = number(attrs, concat!("gen_ai.latency.", "time_in_model_decode"))?;
     let completion = first_count(attrs, &["gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens"])?;
     if decode == Some(0.0) && completion.is_some_and(|c| c > 1) {
         ttft = None;
         decode = None;
     }
-    let e2e = number(attrs, &lat("e2e"))?;
-    let queue = number(attrs, &lat("time_in_queue"))?;
+    let e2e = number(attrs, concat!("gen_ai.latency.", "e2e"))?;
+    let queue = number(attrs, concat!("gen_ai.latency.", "time_in_queue"))?;
     let prompt = first_count(attrs, &["gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens"])?;
     let checked = Checked { latencies: [ttft, e2e, queue, None, decode, None, None], prompt, completion };
     Ok(Reading { shape: "sglang", checked: Some(checked), fields: vec![
@@ -850,7 +847,7 @@ fn read_sglang(status_code: i32, attrs: &[(&[u8], Value)]) -> std::result::Resul
         Out::Int(prompt),
         Out::Int(completion),
         Out::Int(count(attrs, "gen_ai.usage.cached_tokens")?),
-        Out::Float(number(attrs, &lat("time_in_model_prefill"))?),
+        Out::Float(number(attrs, concat!("gen_ai.latency.", "time_in_model_prefill"))?),
         Out::Int(count(attrs, "gen_ai.request.max_tokens")?),
         Out::Text(text_of(attrs, "gen_ai.request.model")?),
         Out::Text(text_of(attrs, "gen_ai.response.model")?),
@@ -970,21 +967,46 @@ fn read_shape(kind: i32, name: &str, status_code: i32, attrs: &[(&[u8], Value)])
 
 /// `buffered_value` of the kept keys present, as (key, value, key, value, ...); `Bail` for a
 /// composite value (Python's `any_value_to_python`).
-fn kept<'py>(py: Python<'py>, attrs: &[(&[u8], Value)], keys: &[String]) -> PyResult<Option<Bound<'py, PyTuple>>> {
-    let mut items: Vec<PyObject> = Vec::new();
+fn kept<'py>(py: Python<'py>, attrs: &[(&[u8], Value)], keys: &[String], strings: &mut Interner)
+            -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let mut items: Vec<PyObject> = Vec::with_capacity(2 * keys.len());
     for key in keys {
         let Some(value) = lookup(attrs, key) else { continue };
         let object: PyObject = match value {
-            Value::Str(v) => PyString::intern(py, v).into_any().unbind(),
+            Value::Str(v) => strings.get(py, v).into_any().unbind(),
             Value::Bool(v) => PyBool::new(py, v).to_owned().into_any().unbind(),
             Value::Int(v) => v.into_pyobject(py)?.into_any().unbind(),
             Value::Double(v) => v.into_pyobject(py)?.into_any().unbind(),
             Value::Other => return Ok(None),
         };
-        items.push(PyString::intern(py, key).into_any().unbind());
+        items.push(strings.get(py, key).into_any().unbind());
         items.push(object);
     }
     Ok(Some(PyTuple::new(py, items)?))
+}
+
+/// Strings made once and shared: an attribute key, a model name or an adapter's name is one
+/// Python object however many spans carry it (and cheaper to look up here than to intern again).
+#[derive(Default)]
+struct Interner {
+    strings: std::collections::HashMap<String, Py<PyString>>,
+}
+
+/// Distinct strings an `Interner` holds; beyond them (hostile or very varied values) a string is
+/// interned by Python as before.
+const INTERNED_LIMIT: usize = 4096;
+
+impl Interner {
+    fn get<'py>(&mut self, py: Python<'py>, text: &str) -> Bound<'py, PyString> {
+        if let Some(string) = self.strings.get(text) {
+            return string.bind(py).clone();
+        }
+        let string = PyString::intern(py, text);
+        if self.strings.len() < INTERNED_LIMIT {
+            self.strings.insert(text.to_owned(), string.clone().unbind());
+        }
+        string
+    }
 }
 
 /// What the core read of one span, its values already Python objects.
@@ -998,8 +1020,8 @@ struct NativeRead<'py> {
 /// The core's reading of a span (`read_shape` and its kept attributes), or `None` where the
 /// Python adapters must read it; `valid`: `derive_timings` cannot refuse the observation
 /// (`passes`; false without `bounds`).
-fn read_native<'py>(py: Python<'py>, data: &[u8], row: &SpanRow, kept_keys: &[String], bounds: Option<&Bounds>)
-                    -> PyResult<Option<NativeRead<'py>>> {
+fn read_native<'py>(py: Python<'py>, data: &[u8], row: &SpanRow, kept_keys: &[String], bounds: Option<&Bounds>,
+                    strings: &mut Interner) -> PyResult<Option<NativeRead<'py>>> {
     // No events (token, exception and first-token events are Python's), no repeated key.
     if row.events != 0 || row.duplicate_keys {
         return Ok(None);
@@ -1011,7 +1033,7 @@ fn read_native<'py>(py: Python<'py>, data: &[u8], row: &SpanRow, kept_keys: &[St
         Err(Malformed(reason)) => return Err(PyValueError::new_err(reason)),
     };
     let Ok(reading) = read_shape(row.kind, name, row.status_code, &attrs) else { return Ok(None) };
-    let Some(slim) = kept(py, &attrs, kept_keys)? else { return Ok(None) };
+    let Some(slim) = kept(py, &attrs, kept_keys, strings)? else { return Ok(None) };
     let valid = match (&reading.checked, bounds) {
         (Some(checked), Some(bounds)) => passes(checked, bounds),
         _ => false,
@@ -1021,7 +1043,7 @@ fn read_native<'py>(py: Python<'py>, data: &[u8], row: &SpanRow, kept_keys: &[St
         fields.push(match field {
             Out::Float(Some(v)) => v.into_pyobject(py)?.into_any().unbind(),
             Out::Int(Some(v)) => v.into_pyobject(py)?.into_any().unbind(),
-            Out::Text(Some(v)) => PyString::intern(py, &v).into_any().unbind(),
+            Out::Text(Some(v)) => strings.get(py, &v).into_any().unbind(),
             Out::Flag(v) => PyBool::new(py, v).to_owned().into_any().unbind(),
             Out::Float(None) | Out::Int(None) | Out::Text(None) => py.None(),
         });
@@ -1030,9 +1052,9 @@ fn read_native<'py>(py: Python<'py>, data: &[u8], row: &SpanRow, kept_keys: &[St
 }
 
 /// `(shape, observation fields, kept attributes, valid)` for a span the core reads, else `None`.
-fn read_row<'py>(py: Python<'py>, data: &[u8], row: &SpanRow, kept_keys: &[String], bounds: Option<&Bounds>)
-                 -> PyResult<PyObject> {
-    let Some(read) = read_native(py, data, row, kept_keys, bounds)? else { return Ok(py.None()) };
+fn read_row<'py>(py: Python<'py>, data: &[u8], row: &SpanRow, kept_keys: &[String], bounds: Option<&Bounds>,
+                 strings: &mut Interner) -> PyResult<PyObject> {
+    let Some(read) = read_native(py, data, row, kept_keys, bounds, strings)? else { return Ok(py.None()) };
     let shape = PyString::intern(py, read.shape).into_any();
     let valid = PyBool::new(py, read.valid).to_owned().into_any();
     Ok(PyTuple::new(py, [shape, PyTuple::new(py, read.fields)?.into_any(), read.slim.into_any(), valid])?
@@ -1057,7 +1079,7 @@ const TGI_ARGS: [usize; 7] = [3, 8, 4, 7, 15, 19, 20];
 const GENAI_ARGS: [usize; 16] = [2, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 22, 23, 26];
 
 /// `digest._NATIVE_READINGS[shape](*fields)` as `EngineObservation`'s positional arguments.
-fn observation_args<'py>(py: Python<'py>, shape: &'static str, fields: Vec<PyObject>)
+fn observation_args<'py>(py: Python<'py>, shape: &'static str, fields: Vec<PyObject>, strings: &mut Interner)
                          -> PyResult<Option<Bound<'py, PyTuple>>> {
     let (engine_kind, places, provider, may_be_gateway): (&str, &[usize], Option<&str>, bool) = match shape {
         "vllm_v1" => ("vllm", &VLLM_ARGS, Some("vllm"), false),
@@ -1071,15 +1093,15 @@ fn observation_args<'py>(py: Python<'py>, shape: &'static str, fields: Vec<PyObj
     }
     let empty = PyTuple::empty(py).into_any().unbind();
     let mut args: Vec<PyObject> = (0..OBSERVATION_ARGS).map(|_| py.None()).collect();
-    args[0] = PyString::intern(py, engine_kind).into_any().unbind();
-    args[1] = PyString::intern(py, shape).into_any().unbind();
+    args[0] = strings.get(py, engine_kind).into_any().unbind();
+    args[1] = strings.get(py, shape).into_any().unbind();
     if let Some(provider) = provider {
-        args[ARG_PROVIDER] = PyString::intern(py, provider).into_any().unbind();
+        args[ARG_PROVIDER] = strings.get(py, provider).into_any().unbind();
     }
     args[ARG_IS_ERROR] = PyBool::new(py, false).to_owned().into_any().unbind();
     args[ARG_MAY_BE_GATEWAY] = PyBool::new(py, may_be_gateway).to_owned().into_any().unbind();
     args[ARG_ITL] = empty.clone_ref(py);
-    args[ARG_PART] = PyString::intern(py, "").into_any().unbind();
+    args[ARG_PART] = strings.get(py, "").into_any().unbind();
     args[ARG_MARKS] = empty.clone_ref(py);
     args[ARG_DERIVED] = empty;
     for (&place, value) in places.iter().zip(fields) {
@@ -1088,7 +1110,7 @@ fn observation_args<'py>(py: Python<'py>, shape: &'static str, fields: Vec<PyObj
             if value.is_none(py) {
                 continue;
             }
-            PyTuple::new(py, [PyString::intern(py, "dispatch_to_first_token_s").into_any().unbind(), value])?
+            PyTuple::new(py, [strings.get(py, "dispatch_to_first_token_s").into_any().unbind(), value])?
                 .into_any().unbind()
         } else {
             value
@@ -1124,6 +1146,7 @@ struct Digester {
     /// `digest._shared_attrs` and its bound: equal kept attributes are one tuple.
     shared_attrs: Py<PyDict>,
     shared_attrs_limit: usize,
+    strings: std::sync::Mutex<Interner>,
 }
 
 impl Digester {
@@ -1173,25 +1196,29 @@ impl Digester {
     fn new(kept_keys: Vec<String>, bounds: (f64, i64, f64, f64), max_attributes: usize, max_value_bytes: usize,
            observation_class: PyObject, stages: Vec<(String, PyObject, PyObject)>, stage_adapter: String,
            internal_names: Vec<String>, genai_operations: Vec<String>, internal_prefixes: Vec<String>,
-           object_new: PyObject, observation_fields: Vec<(Py<PyString>, Option<PyObject>)>, span_class: PyObject,
+           object_new: PyObject, observation_fields: Vec<(Py<PyString>, bool, PyObject)>, span_class: PyObject,
            span_fields: Vec<Py<PyString>>, shared_attrs: Py<PyDict>, shared_attrs_limit: usize) -> PyResult<Self> {
         if observation_fields.len() != OBSERVATION_ARGS || span_fields.len() != 12 {
             return Err(PyValueError::new_err("the observation's or the buffered span's fields changed"));
         }
+        // (name, held as a class default, that default): the default where there is one.
+        let observation_fields = observation_fields.into_iter()
+            .map(|(name, class_default, default)| (name, class_default.then_some(default))).collect();
         let (max_latency_s, max_tokens, abs_tolerance_s, rel_tolerance) = bounds;
         Ok(Digester {
             kept_keys, bounds: Bounds { max_latency_s, max_tokens, abs_tolerance_s, rel_tolerance }, max_attributes,
             max_value_bytes, observation_class, stages, stage_adapter, internal_names, genai_operations,
             internal_prefixes, object_new, observation_fields, span_class, span_fields, shared_attrs,
-            shared_attrs_limit,
+            shared_attrs_limit, strings: std::sync::Mutex::new(Interner::default()),
         })
     }
 
-    /// `rows(data, portable) -> (origins, spans, matched, passed_through)`: `origins` as `scan`'s;
-    /// a span as `scan`'s 16-field row where the adapter stage's Python steps must run, else ready
-    /// to buffer as 12 fields, `BufferedSpan`'s in its order with the origin as an index over every
-    /// (resource, scope) of the request in order and the observation made (`portable`: as its
-    /// `OBSERVATION_FIELDS` tuple) or `None`. A ready span is within the attribute limits, has no
+    /// `rows(data, portable, make_origins) -> (made, spans, slow, matched, passed_through)`:
+    /// `make_origins` gets `scan`'s origins and returns (an origin per (resource, scope) in request
+    /// order, `made`). `spans` holds, in request order, each span ready to buffer: a `BufferedSpan`
+    /// the core made (`portable`: its 12 fields with the origin as that index and the observation
+    /// as its `OBSERVATION_FIELDS` tuple), or at the positions `slow` lists, `scan`'s 16-field row
+    /// for the adapter stage's Python steps. A ready span is within the attribute limits, has no
     /// repeated key, and is an SGLang stage, a span `may_be_llm` rejects, a candidate `classify`
     /// gives no adapter, or a span the core read whose values pass `derive_timings`' checks and
     /// without a trace state (its sampling weight is Python's to check). `matched` and
@@ -1215,6 +1242,14 @@ impl Digester {
         }
         // (flat origins, what the caller keeps of them): an origin per (resource, scope) in order.
         let made = make_origins.call1((origin_list,))?;
+        // Never waited for while holding the GIL: a thread that finds it taken (another thread's call,
+        // switched out in a finalizer) uses strings of its own for this call.
+        let mut own = Interner::default();
+        let mut guard = self.strings.try_lock().ok();
+        let strings = match guard.as_deref_mut() {
+            Some(shared) => shared,
+            None => &mut own,
+        };
         let flat_origins = made.get_item(0)?;
         let mut slow: Vec<usize> = Vec::new();
         let mut matched: Vec<(String, usize)> = Vec::new();
@@ -1244,7 +1279,7 @@ impl Digester {
                     let observation = if portable { fields } else { observation };
                     ready = Some((empty.clone().into_any(), observation.clone_ref(py)));
                 } else {
-                    read = read_native(py, data, row, &self.kept_keys, Some(&self.bounds))?;
+                    read = read_native(py, data, row, &self.kept_keys, Some(&self.bounds), strings)?;
                     match read.take() {
                         Some(native) if native.shape == "none" => {
                             passed_through += 1;
@@ -1252,7 +1287,7 @@ impl Digester {
                         }
                         Some(native) if native.valid && row.trace_state.0 == row.trace_state.1 => {
                             let shape = native.shape;
-                            match observation_args(py, shape, native.fields)? {
+                            match observation_args(py, shape, native.fields, strings)? {
                                 Some(args) => {
                                     count(shape);
                                     let observation = if portable {
@@ -1306,7 +1341,7 @@ impl Digester {
             }
             let read_object = match read {
                 Some(native) => {
-                    let shape = PyString::intern(py, native.shape).into_any();
+                    let shape = strings.get(py, native.shape).into_any();
                     let valid = PyBool::new(py, native.valid).to_owned().into_any();
                     PyTuple::new(py, [shape, PyTuple::new(py, native.fields)?.into_any(), native.slim.into_any(),
                                       valid])?.into_any().unbind()
@@ -1369,6 +1404,7 @@ fn py_scan<'py>(py: Python<'py>, data: &[u8], kept_keys: Option<Vec<String>>, bo
         origin_list.append((PyBytes::new(py, &origin.resource), scopes))?;
     }
     let span_list = PyList::empty(py);
+    let mut strings = Interner::default();
     let slice = |range: (usize, usize)| PyBytes::new(py, &data[range.0..range.1]);
     let text = |range: (usize, usize)| -> PyResult<String> {
         // Validated UTF-8 already; checked again rather than trusted unchecked.
@@ -1376,7 +1412,7 @@ fn py_scan<'py>(py: Python<'py>, data: &[u8], kept_keys: Option<Vec<String>>, bo
     };
     for row in &rows {
         let read = match &kept_keys {
-            Some(keys) => read_row(py, data, row, keys, bounds.as_ref())?,
+            Some(keys) => read_row(py, data, row, keys, bounds.as_ref(), &mut strings)?,
             None => py.None(),
         };
         let fields: [PyObject; 16] = [

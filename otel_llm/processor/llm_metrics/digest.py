@@ -259,7 +259,10 @@ def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, 
     A span is buffered as the bytes received (attribute order as sent). The Python path buffers
     the view's re-serialization, whose map puts attributes in upb's hash order and keeps the last
     of a repeated key; a span with a repeated key, or one that may break an attribute limit, takes
-    the Python path's steps here too, so the kept attributes are the same set in both."""
+    the Python path's steps here too, so the kept attributes are the same set in both.
+
+    Most spans come back from the core's ``Digester.rows`` ready to buffer (made there, counted
+    there); the loop below runs only for the positions it lists as the Python steps'."""
     if not isinstance(data, bytes):
         data = bytes(data)  # the adapter process's memoryview of its pipe message; the core reads bytes
     made: list[Any] = []
@@ -432,7 +435,7 @@ def _digester(extension: Any, settings: DigestSettings) -> Any:
               for name in sorted(SGLANG_STAGES)]
     slots = frozenset(EngineObservation.__slots__)
     # A field held as a class default is set only where the value differs (``EngineObservation.__init__``).
-    observation_fields = [(name, None if name in slots else getattr(EngineObservation, name))
+    observation_fields = [(name, name not in slots, getattr(EngineObservation, name, None))
                           for name in OBSERVATION_FIELDS]
     span_fields = [field.name for field in dataclasses.fields(BufferedSpan)]
     digester = extension.Digester(
