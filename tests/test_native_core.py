@@ -610,6 +610,39 @@ def test_a_request_of_shapes_the_core_reads_is_never_parsed_in_python(monkeypatc
     assert parses == [1, 1]
 
 
+def test_the_core_hands_back_the_bench_spans_ready_to_buffer() -> None:
+    """Stage three: a span the core reads, skips or files by name comes back as a ``BufferedSpan``
+    the core made, no Python step per span; a span over a limit still takes the Python steps. The
+    objects it makes equal the reference's down to what their ``__dict__`` holds (the memory rule
+    of ``EngineObservation``: a field at its class default is not stored)."""
+    assert extension is not None
+    bench = _bench_requests()
+    origins_made: list[int] = []
+
+    def make_origins(rows: list[Any]) -> tuple[list[Any], None]:
+        origins_made.append(len(rows))
+        return digest_module._origins(rows, SETTINGS[0].limits, False)[1], None
+
+    with implementation("native"):
+        digester = digest_module._digester(extension, SETTINGS[0])
+        for data in bench.values():
+            _, spans, slow, matched, passed_through = digester.rows(data, False, make_origins)
+            assert slow == [] and len(spans) >= 200
+            assert all(type(span) is digest_module.BufferedSpan for span in spans)
+            assert sum(matched.values()) + passed_through == len(spans)
+            with implementation("python"):
+                reference, counts = digest_module.digest_in_process(data, SETTINGS[0])
+            assert matched == counts.matched and passed_through == counts.passed_through
+            for made, expected in zip(spans, reference, strict=True):
+                assert _span_row(made) == _span_row(expected)  # the payload: attributes in the order sent
+                if expected.observation is not None:
+                    assert vars(made.observation) == vars(expected.observation)
+        assert len(origins_made) == len(bench)
+        tight = digest_module._digester(extension, SETTINGS[1])
+        slow_spans = tight.rows(REQUESTS["edge:over_limits"], False, make_origins)[2]
+        assert slow_spans == [0]  # over 8 attributes: the Python path's trim
+
+
 @pytest.mark.parametrize("settings", SETTINGS, ids=["default_limits", "tight_limits"])
 def test_every_fixture_and_capture_digests_the_same_on_both_paths(settings: DigestSettings) -> None:
     compared = spans = 0

@@ -13,7 +13,7 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
 
 /// upb's decode depth limit (100 levels below the message parsed) in this walk's counting, where
 /// the request is depth 1: measured against upb (tests/test_native_core.py, nested values and groups).
@@ -306,7 +306,7 @@ fn read_span(buf: &[u8], start: usize, end: usize, resource_index: usize, scope_
         duplicate_keys: false,
         events: 0,
     };
-    let mut keys: Vec<&[u8]> = Vec::new();
+    let mut keys: Vec<&[u8]> = Vec::with_capacity(32);
     let mut reader = Reader::new(buf, start, end);
     // Validated above: every read below succeeds; `?` stays so a slip is an error, never a panic.
     while !reader.done() {
@@ -379,7 +379,7 @@ struct Origin {
 
 fn scan(buf: &[u8]) -> Result<(Vec<Origin>, Vec<SpanRow>)> {
     let mut origins: Vec<Origin> = Vec::new();
-    let mut spans: Vec<SpanRow> = Vec::new();
+    let mut spans: Vec<SpanRow> = Vec::with_capacity(buf.len() / 256);
     let mut request = Reader::new(buf, 0, buf.len());
     while !request.done() {
         let (number, wire_type) = request.tag()?;
@@ -440,7 +440,6 @@ fn scan(buf: &[u8]) -> Result<(Vec<Origin>, Vec<SpanRow>)> {
 }
 
 
-const LAT: &str = "gen_ai.latency.";
 
 // --- stage 1.5: vLLM's request span read in Rust (the bench's most common shape) ------------------
 
@@ -460,7 +459,7 @@ type Attributes<'a> = Vec<(&'a [u8], Value<'a>)>;
 /// The span's attributes (field 9 entries), or `None` when one is not a plain single value: no
 /// value, two oneof fields, a value message written twice (upb would merge them), a repeated key.
 fn plain_attributes(buf: &[u8], start: usize, end: usize) -> Result<Option<Attributes<'_>>> {
-    let mut out: Attributes = Vec::new();
+    let mut out: Attributes = Vec::with_capacity(32);
     let mut span = Reader::new(buf, start, end);
     while !span.done() {
         let (number, wire_type) = span.tag()?;
@@ -796,12 +795,11 @@ fn read_vllm(attrs: &[(&[u8], Value)]) -> std::result::Result<Reading, Bail> {
     if unread_usage(attrs, &VLLM_USAGE_KEYS) {
         return Err(Bail);
     }
-    let lat = |k: &str| format!("{LAT}{k}");
     let prompt = first_count(attrs, &["gen_ai.usage.prompt_tokens", "gen_ai.usage.input_tokens"])?;
     let completion = first_count(attrs, &["gen_ai.usage.completion_tokens", "gen_ai.usage.output_tokens"])?;
-    let latencies = [number(attrs, &lat("time_to_first_token"))?, number(attrs, &lat("e2e"))?,
-        number(attrs, &lat("time_in_queue"))?, number(attrs, &lat("time_in_model_prefill"))?,
-        number(attrs, &lat("time_in_model_decode"))?, number(attrs, &lat("time_in_model_inference"))?, None];
+    let latencies = [number(attrs, concat!("gen_ai.latency.", "time_to_first_token"))?, number(attrs, concat!("gen_ai.latency.", "e2e"))?,
+        number(attrs, concat!("gen_ai.latency.", "time_in_queue"))?, number(attrs, concat!("gen_ai.latency.", "time_in_model_prefill"))?,
+        number(attrs, concat!("gen_ai.latency.", "time_in_model_decode"))?, number(attrs, concat!("gen_ai.latency.", "time_in_model_inference"))?, None];
     let [ttft, e2e, queue, prefill, decode, inference, _] = latencies;
     Ok(Reading { shape: "vllm_v1", checked: Some(Checked { latencies, prompt, completion }), fields: vec![
         Out::Float(ttft),
@@ -830,16 +828,15 @@ fn read_sglang(status_code: i32, attrs: &[(&[u8], Value)]) -> std::result::Resul
     }
     let (is_error, error_type) = error_of(status_code, attrs)?;
     let finish = finish_reason(attrs)?;
-    let lat = |k: &str| format!("{LAT}{k}");
-    let mut ttft = number(attrs, &lat("time_to_first_token"))?;
-    let mut decode = number(attrs, &lat("time_in_model_decode"))?;
+    let mut ttft = number(attrs, concat!("gen_ai.latency.", "time_to_first_token"))?;
+    let mut decode = number(attrs, concat!("gen_ai.latency.", "time_in_model_decode"))?;
     let completion = first_count(attrs, &["gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens"])?;
     if decode == Some(0.0) && completion.is_some_and(|c| c > 1) {
         ttft = None;
         decode = None;
     }
-    let e2e = number(attrs, &lat("e2e"))?;
-    let queue = number(attrs, &lat("time_in_queue"))?;
+    let e2e = number(attrs, concat!("gen_ai.latency.", "e2e"))?;
+    let queue = number(attrs, concat!("gen_ai.latency.", "time_in_queue"))?;
     let prompt = first_count(attrs, &["gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens"])?;
     let checked = Checked { latencies: [ttft, e2e, queue, None, decode, None, None], prompt, completion };
     Ok(Reading { shape: "sglang", checked: Some(checked), fields: vec![
@@ -850,7 +847,7 @@ fn read_sglang(status_code: i32, attrs: &[(&[u8], Value)]) -> std::result::Resul
         Out::Int(prompt),
         Out::Int(completion),
         Out::Int(count(attrs, "gen_ai.usage.cached_tokens")?),
-        Out::Float(number(attrs, &lat("time_in_model_prefill"))?),
+        Out::Float(number(attrs, concat!("gen_ai.latency.", "time_in_model_prefill"))?),
         Out::Int(count(attrs, "gen_ai.request.max_tokens")?),
         Out::Text(text_of(attrs, "gen_ai.request.model")?),
         Out::Text(text_of(attrs, "gen_ai.response.model")?),
@@ -970,40 +967,73 @@ fn read_shape(kind: i32, name: &str, status_code: i32, attrs: &[(&[u8], Value)])
 
 /// `buffered_value` of the kept keys present, as (key, value, key, value, ...); `Bail` for a
 /// composite value (Python's `any_value_to_python`).
-fn kept<'py>(py: Python<'py>, attrs: &[(&[u8], Value)], keys: &[String]) -> PyResult<Option<Bound<'py, PyTuple>>> {
-    let mut items: Vec<PyObject> = Vec::new();
+fn kept<'py>(py: Python<'py>, attrs: &[(&[u8], Value)], keys: &[String], strings: &mut Interner)
+            -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let mut items: Vec<PyObject> = Vec::with_capacity(2 * keys.len());
     for key in keys {
         let Some(value) = lookup(attrs, key) else { continue };
         let object: PyObject = match value {
-            Value::Str(v) => PyString::intern(py, v).into_any().unbind(),
+            Value::Str(v) => strings.get(py, v).into_any().unbind(),
             Value::Bool(v) => PyBool::new(py, v).to_owned().into_any().unbind(),
             Value::Int(v) => v.into_pyobject(py)?.into_any().unbind(),
             Value::Double(v) => v.into_pyobject(py)?.into_any().unbind(),
             Value::Other => return Ok(None),
         };
-        items.push(PyString::intern(py, key).into_any().unbind());
+        items.push(strings.get(py, key).into_any().unbind());
         items.push(object);
     }
     Ok(Some(PyTuple::new(py, items)?))
 }
 
-/// `(shape, observation fields, kept attributes, valid)` for a span the core reads, else `None`;
-/// `valid`: `derive_timings` cannot refuse the observation (`passes`; false without `bounds`).
-fn read_row<'py>(py: Python<'py>, data: &[u8], row: &SpanRow, kept_keys: &[String], bounds: Option<&Bounds>)
-                 -> PyResult<PyObject> {
-    let none = || py.None();
+/// Strings made once and shared: an attribute key, a model name or an adapter's name is one
+/// Python object however many spans carry it (and cheaper to look up here than to intern again).
+#[derive(Default)]
+struct Interner {
+    strings: std::collections::HashMap<String, Py<PyString>>,
+}
+
+/// Distinct strings an `Interner` holds; beyond them (hostile or very varied values) a string is
+/// interned by Python as before.
+const INTERNED_LIMIT: usize = 4096;
+
+impl Interner {
+    fn get<'py>(&mut self, py: Python<'py>, text: &str) -> Bound<'py, PyString> {
+        if let Some(string) = self.strings.get(text) {
+            return string.bind(py).clone();
+        }
+        let string = PyString::intern(py, text);
+        if self.strings.len() < INTERNED_LIMIT {
+            self.strings.insert(text.to_owned(), string.clone().unbind());
+        }
+        string
+    }
+}
+
+/// What the core read of one span, its values already Python objects.
+struct NativeRead<'py> {
+    shape: &'static str,
+    fields: Vec<PyObject>,
+    slim: Bound<'py, PyTuple>,
+    valid: bool,
+}
+
+/// The core's reading of a span (`read_shape` and its kept attributes), or `None` where the
+/// Python adapters must read it; `valid`: `derive_timings` cannot refuse the observation
+/// (`passes`; false without `bounds`).
+fn read_native<'py>(py: Python<'py>, data: &[u8], row: &SpanRow, kept_keys: &[String], bounds: Option<&Bounds>,
+                    strings: &mut Interner) -> PyResult<Option<NativeRead<'py>>> {
     // No events (token, exception and first-token events are Python's), no repeated key.
     if row.events != 0 || row.duplicate_keys {
-        return Ok(none());
+        return Ok(None);
     }
-    let Ok(name) = utf8(&data[row.name.0..row.name.1]) else { return Ok(none()) };
+    let Ok(name) = utf8(&data[row.name.0..row.name.1]) else { return Ok(None) };
     let attrs = match plain_attributes(data, row.payload.0, row.payload.1) {
         Ok(Some(attrs)) => attrs,
-        Ok(None) => return Ok(none()),
+        Ok(None) => return Ok(None),
         Err(Malformed(reason)) => return Err(PyValueError::new_err(reason)),
     };
-    let Ok(reading) = read_shape(row.kind, name, row.status_code, &attrs) else { return Ok(none()) };
-    let Some(slim) = kept(py, &attrs, kept_keys)? else { return Ok(none()) };
+    let Ok(reading) = read_shape(row.kind, name, row.status_code, &attrs) else { return Ok(None) };
+    let Some(slim) = kept(py, &attrs, kept_keys, strings)? else { return Ok(None) };
     let valid = match (&reading.checked, bounds) {
         (Some(checked), Some(bounds)) => passes(checked, bounds),
         _ => false,
@@ -1013,14 +1043,340 @@ fn read_row<'py>(py: Python<'py>, data: &[u8], row: &SpanRow, kept_keys: &[Strin
         fields.push(match field {
             Out::Float(Some(v)) => v.into_pyobject(py)?.into_any().unbind(),
             Out::Int(Some(v)) => v.into_pyobject(py)?.into_any().unbind(),
-            Out::Text(Some(v)) => PyString::intern(py, &v).into_any().unbind(),
+            Out::Text(Some(v)) => strings.get(py, &v).into_any().unbind(),
             Out::Flag(v) => PyBool::new(py, v).to_owned().into_any().unbind(),
             Out::Float(None) | Out::Int(None) | Out::Text(None) => py.None(),
         });
     }
-    let shape = PyString::intern(py, reading.shape).into_any();
-    let valid = PyBool::new(py, valid).to_owned().into_any();
-    Ok(PyTuple::new(py, [shape, PyTuple::new(py, fields)?.into_any(), slim.into_any(), valid])?.into_any().unbind())
+    Ok(Some(NativeRead { shape: reading.shape, fields, slim, valid }))
+}
+
+/// `(shape, observation fields, kept attributes, valid)` for a span the core reads, else `None`.
+fn read_row<'py>(py: Python<'py>, data: &[u8], row: &SpanRow, kept_keys: &[String], bounds: Option<&Bounds>,
+                 strings: &mut Interner) -> PyResult<PyObject> {
+    let Some(read) = read_native(py, data, row, kept_keys, bounds, strings)? else { return Ok(py.None()) };
+    let shape = PyString::intern(py, read.shape).into_any();
+    let valid = PyBool::new(py, read.valid).to_owned().into_any();
+    Ok(PyTuple::new(py, [shape, PyTuple::new(py, read.fields)?.into_any(), read.slim.into_any(), valid])?
+        .into_any().unbind())
+}
+
+// --- stage three: the adapter stage's common rows ready to buffer ----------------------------------
+
+/// `EngineObservation`'s positional arguments (`observation.OBSERVATION_FIELDS`): how many, and
+/// where each shape's reading (`Reading.fields`, in the order of `digest._*_observation`) goes.
+const OBSERVATION_ARGS: usize = 32;
+const ARG_PROVIDER: usize = 16;
+const ARG_IS_ERROR: usize = 19;
+const ARG_MAY_BE_GATEWAY: usize = 21;
+const ARG_ITL: usize = 28;
+const ARG_PART: usize = 29;
+const ARG_MARKS: usize = 30;
+const ARG_DERIVED: usize = 31;
+const VLLM_ARGS: [usize; 16] = [2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 15, 17, 18, 22, 14];
+const SGLANG_ARGS: [usize; 14] = [2, 3, 4, 6, 9, 10, 22, ARG_MARKS, 11, 12, 13, 14, 19, 20];
+const TGI_ARGS: [usize; 7] = [3, 8, 4, 7, 15, 19, 20];
+const GENAI_ARGS: [usize; 16] = [2, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 22, 23, 26];
+
+/// `digest._NATIVE_READINGS[shape](*fields)` as `EngineObservation`'s positional arguments.
+fn observation_args<'py>(py: Python<'py>, shape: &'static str, fields: Vec<PyObject>, strings: &mut Interner)
+                         -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let (engine_kind, places, provider, may_be_gateway): (&str, &[usize], Option<&str>, bool) = match shape {
+        "vllm_v1" => ("vllm", &VLLM_ARGS, Some("vllm"), false),
+        "sglang" => ("sglang", &SGLANG_ARGS, Some("sglang"), false),
+        "tgi" => ("tgi", &TGI_ARGS, Some("tgi"), false),
+        "genai" => ("genai", &GENAI_ARGS, None, true),
+        _ => return Ok(None),
+    };
+    if places.len() != fields.len() {
+        return Ok(None);
+    }
+    let empty = PyTuple::empty(py).into_any().unbind();
+    let mut args: Vec<PyObject> = (0..OBSERVATION_ARGS).map(|_| py.None()).collect();
+    args[0] = strings.get(py, engine_kind).into_any().unbind();
+    args[1] = strings.get(py, shape).into_any().unbind();
+    if let Some(provider) = provider {
+        args[ARG_PROVIDER] = strings.get(py, provider).into_any().unbind();
+    }
+    args[ARG_IS_ERROR] = PyBool::new(py, false).to_owned().into_any().unbind();
+    args[ARG_MAY_BE_GATEWAY] = PyBool::new(py, may_be_gateway).to_owned().into_any().unbind();
+    args[ARG_ITL] = empty.clone_ref(py);
+    args[ARG_PART] = strings.get(py, "").into_any().unbind();
+    args[ARG_MARKS] = empty.clone_ref(py);
+    args[ARG_DERIVED] = empty;
+    for (&place, value) in places.iter().zip(fields) {
+        args[place] = if place == ARG_MARKS {
+            // SGLang's dispatch-to-first-token time, a mark only when present.
+            if value.is_none(py) {
+                continue;
+            }
+            PyTuple::new(py, [strings.get(py, "dispatch_to_first_token_s").into_any().unbind(), value])?
+                .into_any().unbind()
+        } else {
+            value
+        };
+    }
+    Ok(Some(PyTuple::new(py, args)?))
+}
+
+/// The adapter stage's settings as the core holds them, made once per `DigestSettings`
+/// (`digest._digester`): with them `rows` hands back most spans ready to buffer.
+#[pyclass(frozen, module = "otel_llm._core")]
+struct Digester {
+    kept_keys: Vec<String>,
+    bounds: Bounds,
+    max_attributes: usize,
+    max_value_bytes: usize,
+    observation_class: PyObject,
+    /// SGLang's stage names with their shared observation and its `OBSERVATION_FIELDS` tuple.
+    stages: Vec<(String, PyObject, PyObject)>,
+    stage_adapter: String,
+    /// `may_be_llm`'s tests for a span neither SERVER nor CLIENT (engines.py's constants).
+    internal_names: Vec<String>,
+    genai_operations: Vec<String>,
+    internal_prefixes: Vec<String>,
+    /// `object.__new__`: an observation and a buffered span are made field by field, without a
+    /// Python `__init__` (the bulk of their cost), equal to what their constructors make.
+    object_new: PyObject,
+    /// `OBSERVATION_FIELDS` with, for a field held as a class default, that default: such a field
+    /// is set only where the value differs, as `EngineObservation.__init__` does.
+    observation_fields: Vec<(Py<PyString>, Option<PyObject>)>,
+    span_class: PyObject,
+    span_fields: Vec<Py<PyString>>,
+    /// `digest._shared_attrs` and its bound: equal kept attributes are one tuple.
+    shared_attrs: Py<PyDict>,
+    shared_attrs_limit: usize,
+    strings: std::sync::Mutex<Interner>,
+}
+
+impl Digester {
+    fn make<'py>(&self, py: Python<'py>, class: &PyObject, names: impl Iterator<Item = (&'py Py<PyString>, Option<&'py PyObject>)>,
+                 values: impl Iterator<Item = Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>>
+    where Self: 'py {
+        let object = self.object_new.bind(py).call1((class.bind(py),))?;
+        for ((name, default), value) in names.zip(values) {
+            if default.is_some_and(|d| value.is(d)) {
+                continue;
+            }
+            object.setattr(name.bind(py), value)?;
+        }
+        Ok(object)
+    }
+
+    /// `digest.shared_attrs`.
+    fn share<'py>(&self, py: Python<'py>, attrs: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let tuple = attrs.downcast::<PyTuple>()?;
+        if tuple.is_empty() {
+            return Ok(attrs);
+        }
+        let shared = self.shared_attrs.bind(py);
+        if let Some(earlier) = shared.get_item(&attrs)? {
+            return Ok(earlier);
+        }
+        if shared.len() < self.shared_attrs_limit
+            && tuple.iter().skip(1).step_by(2).all(|v| v.is_exact_instance_of::<PyString>()) {
+            shared.set_item(&attrs, &attrs)?;
+        }
+        Ok(attrs)
+    }
+
+    /// `engines.may_be_llm`.
+    fn may_be_llm(&self, kind: i32, name: &str) -> bool {
+        kind == SPAN_KIND_SERVER || kind == SPAN_KIND_CLIENT || self.internal_names.iter().any(|n| n == name)
+            || name.contains(" Req ")
+            || self.genai_operations.iter().any(|op| op == name.split(' ').next().unwrap_or(""))
+            || self.internal_prefixes.iter().any(|p| name.starts_with(p.as_str()))
+    }
+}
+
+#[pymethods]
+impl Digester {
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    fn new(kept_keys: Vec<String>, bounds: (f64, i64, f64, f64), max_attributes: usize, max_value_bytes: usize,
+           observation_class: PyObject, stages: Vec<(String, PyObject, PyObject)>, stage_adapter: String,
+           internal_names: Vec<String>, genai_operations: Vec<String>, internal_prefixes: Vec<String>,
+           object_new: PyObject, observation_fields: Vec<(Py<PyString>, bool, PyObject)>, span_class: PyObject,
+           span_fields: Vec<Py<PyString>>, shared_attrs: Py<PyDict>, shared_attrs_limit: usize) -> PyResult<Self> {
+        if observation_fields.len() != OBSERVATION_ARGS || span_fields.len() != 12 {
+            return Err(PyValueError::new_err("the observation's or the buffered span's fields changed"));
+        }
+        // (name, held as a class default, that default): the default where there is one.
+        let observation_fields = observation_fields.into_iter()
+            .map(|(name, class_default, default)| (name, class_default.then_some(default))).collect();
+        let (max_latency_s, max_tokens, abs_tolerance_s, rel_tolerance) = bounds;
+        Ok(Digester {
+            kept_keys, bounds: Bounds { max_latency_s, max_tokens, abs_tolerance_s, rel_tolerance }, max_attributes,
+            max_value_bytes, observation_class, stages, stage_adapter, internal_names, genai_operations,
+            internal_prefixes, object_new, observation_fields, span_class, span_fields, shared_attrs,
+            shared_attrs_limit, strings: std::sync::Mutex::new(Interner::default()),
+        })
+    }
+
+    /// `rows(data, portable, make_origins) -> (made, spans, slow, matched, passed_through)`:
+    /// `make_origins` gets `scan`'s origins and returns (an origin per (resource, scope) in request
+    /// order, `made`). `spans` holds, in request order, each span ready to buffer: a `BufferedSpan`
+    /// the core made (`portable`: its 12 fields with the origin as that index and the observation
+    /// as its `OBSERVATION_FIELDS` tuple), or at the positions `slow` lists, `scan`'s 16-field row
+    /// for the adapter stage's Python steps. A ready span is within the attribute limits, has no
+    /// repeated key, and is an SGLang stage, a span `may_be_llm` rejects, a candidate `classify`
+    /// gives no adapter, or a span the core read whose values pass `derive_timings`' checks and
+    /// without a trace state (its sampling weight is Python's to check). `matched` and
+    /// `passed_through` count the ready spans as the adapter stage counts them.
+    fn rows<'py>(&self, py: Python<'py>, data: &[u8], portable: bool, make_origins: Bound<'py, PyAny>)
+                 -> PyResult<Bound<'py, PyTuple>> {
+        let (origins, rows) = scan(data).map_err(|Malformed(reason)| {
+            PyValueError::new_err(format!("malformed ExportTraceServiceRequest: {reason}"))
+        })?;
+        let origin_list = PyList::empty(py);
+        let mut first_origin: Vec<usize> = Vec::with_capacity(origins.len());
+        let mut flat = 0;
+        for origin in &origins {
+            first_origin.push(flat);
+            flat += origin.scopes.len();
+            let scopes = PyList::empty(py);
+            for scope in &origin.scopes {
+                scopes.append(PyBytes::new(py, scope))?;
+            }
+            origin_list.append((PyBytes::new(py, &origin.resource), scopes))?;
+        }
+        // (flat origins, what the caller keeps of them): an origin per (resource, scope) in order.
+        let made = make_origins.call1((origin_list,))?;
+        // Never waited for while holding the GIL: a thread that finds it taken (another thread's call,
+        // switched out in a finalizer) uses strings of its own for this call.
+        let mut own = Interner::default();
+        let mut guard = self.strings.try_lock().ok();
+        let strings = match guard.as_deref_mut() {
+            Some(shared) => shared,
+            None => &mut own,
+        };
+        let flat_origins = made.get_item(0)?;
+        let mut slow: Vec<usize> = Vec::new();
+        let mut matched: Vec<(String, usize)> = Vec::new();
+        let mut count = |adapter: &str| match matched.iter_mut().find(|(a, _)| a == adapter) {
+            Some((_, n)) => *n += 1,
+            None => matched.push((adapter.to_owned(), 1)),
+        };
+        let mut passed_through = 0usize;
+        let span_list = PyList::empty(py);
+        let slice = |range: (usize, usize)| PyBytes::new(py, &data[range.0..range.1]);
+        let text = |range: (usize, usize)| -> PyResult<Bound<'py, PyString>> {
+            // Validated UTF-8 already; checked again rather than trusted unchecked.
+            Ok(PyString::new(py, utf8(&data[range.0..range.1]).map_err(|Malformed(r)| PyValueError::new_err(r))?))
+        };
+        let empty = PyTuple::empty(py);
+        for row in &rows {
+            let within_limits = !row.duplicate_keys && row.payload.1 - row.payload.0 <= self.max_value_bytes
+                && row.attributes <= self.max_attributes;
+            let name = utf8(&data[row.name.0..row.name.1]).map_err(|Malformed(r)| PyValueError::new_err(r))?;
+            // (slim, observation) of a span ready to buffer; `None`: the Python steps' row.
+            let mut ready: Option<(Bound<'py, PyAny>, PyObject)> = None;
+            let mut read: Option<NativeRead<'py>> = None;
+            if within_limits {
+                if let Some((_, observation, fields)) = (row.kind == SPAN_KIND_INTERNAL)
+                    .then(|| self.stages.iter().find(|(stage, _, _)| stage == name)).flatten() {
+                    count(&self.stage_adapter);
+                    let observation = if portable { fields } else { observation };
+                    ready = Some((empty.clone().into_any(), observation.clone_ref(py)));
+                } else {
+                    read = read_native(py, data, row, &self.kept_keys, Some(&self.bounds), strings)?;
+                    match read.take() {
+                        Some(native) if native.shape == "none" => {
+                            passed_through += 1;
+                            ready = Some((native.slim.into_any(), py.None()));
+                        }
+                        Some(native) if native.valid && row.trace_state.0 == row.trace_state.1 => {
+                            let shape = native.shape;
+                            match observation_args(py, shape, native.fields, strings)? {
+                                Some(args) => {
+                                    count(shape);
+                                    let observation = if portable {
+                                        args.into_any().unbind()
+                                    } else {
+                                        let names = self.observation_fields.iter().map(|(n, d)| (n, d.as_ref()));
+                                        self.make(py, &self.observation_class, names, args.iter())?.unbind()
+                                    };
+                                    ready = Some((native.slim.into_any(), observation));
+                                }
+                                None => read = None,
+                            }
+                        }
+                        Some(native) => read = Some(native),
+                        None if !self.may_be_llm(row.kind, name) => {
+                            passed_through += 1;
+                            ready = Some((empty.clone().into_any(), py.None()));
+                        }
+                        None => {}
+                    }
+                }
+            }
+            if let Some((slim, observation)) = ready {
+                let origin_index = first_origin[row.resource_index] + row.scope_index;
+                let origin = if portable {
+                    origin_index.into_pyobject(py)?.into_any()
+                } else {
+                    flat_origins.get_item(origin_index)?
+                };
+                let fields: [PyObject; 12] = [
+                    slice(row.trace_id).into_any().unbind(),
+                    slice(row.span_id).into_any().unbind(),
+                    slice(row.parent_span_id).into_any().unbind(),
+                    row.kind.into_pyobject(py)?.into_any().unbind(),
+                    row.status_code.into_pyobject(py)?.into_any().unbind(),
+                    row.start_unix_ns.into_pyobject(py)?.into_any().unbind(),
+                    row.end_unix_ns.into_pyobject(py)?.into_any().unbind(),
+                    text(row.trace_state)?.into_any().unbind(),
+                    slice(row.payload).into_any().unbind(),
+                    origin.unbind(),
+                    self.share(py, slim)?.unbind(),
+                    observation,
+                ];
+                if portable {
+                    span_list.append(PyTuple::new(py, fields)?)?;
+                } else {
+                    let names = self.span_fields.iter().map(|n| (n, None));
+                    span_list.append(self.make(py, &self.span_class, names, fields.into_iter().map(|f| f.into_bound(py)))?)?;
+                }
+                continue;
+            }
+            let read_object = match read {
+                Some(native) => {
+                    let shape = strings.get(py, native.shape).into_any();
+                    let valid = PyBool::new(py, native.valid).to_owned().into_any();
+                    PyTuple::new(py, [shape, PyTuple::new(py, native.fields)?.into_any(), native.slim.into_any(),
+                                      valid])?.into_any().unbind()
+                }
+                // Not read, or over a limit (the Python steps then read the span's view).
+                None => py.None(),
+            };
+            let fields: [PyObject; 16] = [
+                row.resource_index.into_pyobject(py)?.into_any().unbind(),
+                row.scope_index.into_pyobject(py)?.into_any().unbind(),
+                row.span_index.into_pyobject(py)?.into_any().unbind(),
+                slice(row.trace_id).into_any().unbind(),
+                slice(row.span_id).into_any().unbind(),
+                slice(row.parent_span_id).into_any().unbind(),
+                row.kind.into_pyobject(py)?.into_any().unbind(),
+                row.status_code.into_pyobject(py)?.into_any().unbind(),
+                row.start_unix_ns.into_pyobject(py)?.into_any().unbind(),
+                row.end_unix_ns.into_pyobject(py)?.into_any().unbind(),
+                text(row.trace_state)?.into_any().unbind(),
+                PyString::new(py, name).into_any().unbind(),
+                slice(row.payload).into_any().unbind(),
+                row.attributes.into_pyobject(py)?.into_any().unbind(),
+                PyBool::new(py, row.duplicate_keys).to_owned().into_any().unbind(),
+                read_object,
+            ];
+            slow.push(span_list.len());
+            span_list.append(PyTuple::new(py, fields)?)?;
+        }
+        let matched_dict = PyDict::new(py);
+        for (adapter, n) in matched {
+            matched_dict.set_item(PyString::intern(py, &adapter), n)?;
+        }
+        PyTuple::new(py, [made.get_item(1)?, span_list.into_any(), PyList::new(py, slow)?.into_any(),
+                          matched_dict.into_any(), passed_through.into_pyobject(py)?.into_any()])
+    }
 }
 
 /// `scan(data) -> (origins, spans)`: origins as `[(resource_bytes, [scope_bytes, ...]), ...]` in
@@ -1048,6 +1404,7 @@ fn py_scan<'py>(py: Python<'py>, data: &[u8], kept_keys: Option<Vec<String>>, bo
         origin_list.append((PyBytes::new(py, &origin.resource), scopes))?;
     }
     let span_list = PyList::empty(py);
+    let mut strings = Interner::default();
     let slice = |range: (usize, usize)| PyBytes::new(py, &data[range.0..range.1]);
     let text = |range: (usize, usize)| -> PyResult<String> {
         // Validated UTF-8 already; checked again rather than trusted unchecked.
@@ -1055,7 +1412,7 @@ fn py_scan<'py>(py: Python<'py>, data: &[u8], kept_keys: Option<Vec<String>>, bo
     };
     for row in &rows {
         let read = match &kept_keys {
-            Some(keys) => read_row(py, data, row, keys, bounds.as_ref())?,
+            Some(keys) => read_row(py, data, row, keys, bounds.as_ref(), &mut strings)?,
             None => py.None(),
         };
         let fields: [PyObject; 16] = [
@@ -1093,6 +1450,7 @@ fn py_validate(data: &[u8]) -> PyResult<()> {
 fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(py_scan, module)?)?;
     module.add_function(wrap_pyfunction!(py_validate, module)?)?;
+    module.add_class::<Digester>()?;
     module.add("MAX_DEPTH", MAX_DEPTH)?;
     Ok(())
 }

@@ -13,6 +13,7 @@ objects on the other side (~1.6 µs per span). Figures: ``bench/hotpath.py``, ``
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import marshal
 import operator
@@ -34,7 +35,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from otel_llm.pdata.attributes import buffered_value
 from otel_llm.pdata.otlp_view import ExportTraceServiceRequest as ViewRequest, Span as ViewSpan
 from otel_llm.processor.llm_metrics.adapters.engines import (
-    SGLANG_STAGES, classify, may_be_llm, sglang_stage_observation)
+    _INTERNAL_NAMES, GENAI_OPERATIONS, LOGFIRE_AGENT_LLM_PREFIXES, SGLANG_STAGES, classify, may_be_llm,
+    sglang_stage_observation)
 from otel_llm.pdata.observation import OBSERVATION_FIELDS, EngineKind, EngineObservation, MalformedSpan, Part
 from otel_llm.processor.llm_metrics.requests import adjusted_count
 from otel_llm.processor.llm_metrics.segments import (
@@ -257,55 +259,37 @@ def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, 
     A span is buffered as the bytes received (attribute order as sent). The Python path buffers
     the view's re-serialization, whose map puts attributes in upb's hash order and keeps the last
     of a repeated key; a span with a repeated key, or one that may break an attribute limit, takes
-    the Python path's steps here too, so the kept attributes are the same set in both."""
+    the Python path's steps here too, so the kept attributes are the same set in both.
+
+    Most spans come back from the core's ``Digester.rows`` ready to buffer (made there, counted
+    there); the loop below runs only for the positions it lists as the Python steps'."""
     if not isinstance(data, bytes):
         data = bytes(data)  # the adapter process's memoryview of its pipe message; the core reads bytes
+    made: list[Any] = []
+
+    def make_origins(origin_rows: list[tuple[bytes, list[bytes]]]) -> tuple[list[Any], None]:
+        made.extend(_origins(origin_rows, settings.limits, portable))
+        return made[1], None
+
     try:
-        origin_rows, rows = extension.scan(data, settings.kept_attribute_keys,
-                                           (settings.max_latency_s, MAX_TOKENS_PER_REQUEST, ABS_TOLERANCE_S,
-                                            REL_TOLERANCE))
+        _, spans, slow, matched, passed_through = _digester(extension, settings).rows(data, portable, make_origins)
     except ValueError as exc:  # the same bytes the view's parse refuses (tests/test_native_core.py)
         raise DecodeError(str(exc)) from None
+    origins, flat_origins, portable_origins, service_names, truncated_resources = made
+    truncated = sum(_spans_of_resource(spans, index, origins[index], portable) for index in truncated_resources)
+    if not slow:  # every span ready to buffer (``Digester.rows``): the bench's, and most traffic
+        return portable_origins if portable else [], spans, (matched, {}, passed_through, truncated)
     limits = settings.limits
     max_attributes, max_value_bytes = limits.max_attributes, limits.max_value_bytes
     max_latency = settings.max_latency_s
     kept_keys = settings.kept_attribute_keys
     first_token_events = settings.first_token_events
-    matched: dict[str, int] = {}
     malformed: dict[tuple[str, str], int] = {}
-    passed_through = truncated = 0
-    spans_per_resource = [0] * len(origin_rows)
-    for row in rows:
-        spans_per_resource[row[0]] += 1
-    origins: list[list[Any]] = []  # per resource, per scope: an Origin (or its index on the pipe)
-    portable_origins: list[Any] = []
-    service_names: list[str] = []
-    for resource_index, (resource_bytes, scope_rows) in enumerate(origin_rows):
-        resource = Resource()
-        resource.ParseFromString(resource_bytes)
-        if limits.enforce_resource(resource):
-            truncated += spans_per_resource[resource_index]
-        resource_strings = {kv.key: kv.value.string_value for kv in resource.attributes
-                            if kv.value.HasField("string_value")}
-        service_name = resource_strings.get("service.name") or "unknown_service"
-        service_names.append(service_name)
-        per_scope: list[Any] = []
-        if portable:
-            serialized = resource.SerializeToString()
-        for scope_bytes in scope_rows:
-            scope = InstrumentationScope()
-            scope.ParseFromString(scope_bytes)
-            if portable:
-                per_scope.append(len(portable_origins))
-                portable_origins.append((serialized, scope.SerializeToString(), service_name, resource_strings))
-            else:
-                per_scope.append(Origin(resource, scope, service_name, resource_strings))
-        origins.append(per_scope)
-    spans: list[Any] = []
-    append = spans.append
     view_spans: list[list[Any]] | None = None  # the request as the view, parsed at the first candidate
-    for (resource_index, scope_index, span_index, trace_id, span_id, parent_span_id, kind, status_code, start, end,
-         trace_state, name, payload, attribute_count, duplicate_keys, read_by_core) in rows:
+    for position in slow:
+        row = spans[position]
+        (resource_index, scope_index, span_index, trace_id, span_id, parent_span_id, kind, status_code, start, end,
+         trace_state, name, payload, attribute_count, duplicate_keys, read_by_core) = row
         span: Any = None
         slim: tuple[Any, ...] = ()
         if duplicate_keys or len(payload) > max_value_bytes or attribute_count > max_attributes:
@@ -382,10 +366,86 @@ def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, 
         fields = (trace_id, span_id, parent_span_id, kind, status_code, start, end, trace_state, payload, origin,
                   shared_attrs(slim))
         if portable:
-            append((*fields, _observation_tuple(observation) if observation is not None else None))
+            spans[position] = (*fields, _observation_tuple(observation) if observation is not None else None)
         else:
-            append(BufferedSpan(*fields, observation))
+            spans[position] = BufferedSpan(*fields, observation)
     return portable_origins if portable else [], spans, (matched, malformed, passed_through, truncated)
+
+
+def _origins(origin_rows: list[tuple[bytes, list[bytes]]], limits: AttributeLimits, portable: bool
+             ) -> tuple[list[list[Any]], list[Any], list[Any], list[str], list[int]]:
+    """The request's origins from the core's (resource bytes, [scope bytes]) rows: per resource per
+    scope, the same flattened in order, the pipe's origin tuples, each resource's service name, and
+    the resources trimmed to the attribute limits."""
+    origins: list[list[Any]] = []  # per resource, per scope: an Origin (or its index on the pipe)
+    flat_origins: list[Any] = []
+    portable_origins: list[Any] = []
+    service_names: list[str] = []
+    truncated_resources: list[int] = []
+    for resource_index, (resource_bytes, scope_rows) in enumerate(origin_rows):
+        resource = Resource()
+        resource.ParseFromString(resource_bytes)
+        if limits.enforce_resource(resource):
+            truncated_resources.append(resource_index)
+        resource_strings = {kv.key: kv.value.string_value for kv in resource.attributes
+                            if kv.value.HasField("string_value")}
+        service_name = resource_strings.get("service.name") or "unknown_service"
+        service_names.append(service_name)
+        per_scope: list[Any] = []
+        if portable:
+            serialized = resource.SerializeToString()
+        for scope_bytes in scope_rows:
+            scope = InstrumentationScope()
+            scope.ParseFromString(scope_bytes)
+            if portable:
+                per_scope.append(len(portable_origins))
+                portable_origins.append((serialized, scope.SerializeToString(), service_name, resource_strings))
+            else:
+                per_scope.append(Origin(resource, scope, service_name, resource_strings))
+        origins.append(per_scope)
+        flat_origins += per_scope
+    return origins, flat_origins, portable_origins, service_names, truncated_resources
+
+
+def _spans_of_resource(spans: list[Any], resource_index: int, resource_origins: list[Any], portable: bool) -> int:
+    """How many of ``Digester.rows``' ``spans`` belong to the ``resource_index``-th resource, whose
+    origins are ``resource_origins``: a ready span by its origin (on the pipe, the origin's index),
+    a row the Python steps take (16 fields) by its resource index."""
+    ready = set(resource_origins) if portable else {id(origin) for origin in resource_origins}
+    count = 0
+    for span in spans:
+        if isinstance(span, BufferedSpan):
+            count += id(span.origin) in ready
+        elif len(span) == 12:
+            count += span[9] in ready
+        else:
+            count += span[0] == resource_index
+    return count
+
+
+_digester_cache: list[tuple[Any, DigestSettings, Any]] = []  # (extension, settings, its Digester): one entry
+
+
+def _digester(extension: Any, settings: DigestSettings) -> Any:
+    """The core's ``Digester`` for ``settings``: what ``rows`` needs of them and of the adapters'
+    constants, converted once rather than on every request."""
+    if _digester_cache and _digester_cache[0][0] is extension and _digester_cache[0][1] is settings:
+        return _digester_cache[0][2]
+    stages = [(name, sglang_stage_observation(name), _observation_tuple(sglang_stage_observation(name)))
+              for name in sorted(SGLANG_STAGES)]
+    slots = frozenset(EngineObservation.__slots__)
+    # A field held as a class default is set only where the value differs (``EngineObservation.__init__``).
+    observation_fields = [(name, name not in slots, getattr(EngineObservation, name, None))
+                          for name in OBSERVATION_FIELDS]
+    span_fields = [field.name for field in dataclasses.fields(BufferedSpan)]
+    digester = extension.Digester(
+        list(settings.kept_attribute_keys),
+        (settings.max_latency_s, MAX_TOKENS_PER_REQUEST, ABS_TOLERANCE_S, REL_TOLERANCE),
+        settings.limits.max_attributes, settings.limits.max_value_bytes, EngineObservation, stages,
+        Part.SGLANG_STAGE, sorted(_INTERNAL_NAMES), sorted(GENAI_OPERATIONS), list(LOGFIRE_AGENT_LLM_PREFIXES),
+        object.__new__, observation_fields, BufferedSpan, span_fields, _shared_attrs, SHARED_ATTRS_LIMIT)
+    _digester_cache[:] = [(extension, settings, digester)]
+    return digester
 
 
 def _vllm_observation(ttft: float | None, e2e: float | None, queue: float | None, prefill: float | None,
