@@ -253,7 +253,21 @@ def paced_phase(load: Load, server: Server, batches: Path, protocol: str, rate: 
         f"{fmt(every['p99_ms'], 2)} ms); server CPU {fmt(util(res), 0)} % of one core, "
         f"{fmt(cpu_per_million(res), 1)} CPU-s per M spans; refused {res['refused']}, errors {res['errors']}, "
         f"skipped {res['skipped_batches']}" + (f", first error {res['first_error']}" if res.get("first_error") else ""))
+    log_cpu_split(res)
     return res
+
+
+def log_cpu_split(res: dict[str, Any]) -> None:
+    """The server's CPU per M spans by process, and by thread of its main process (where it goes)."""
+    by_process = res.get("server_cpu_s_by_process") or {}
+    if len(by_process) > 1 and res.get("spans"):
+        log("    CPU-s per M spans by process: " + ", ".join(
+            f"{name} {seconds / res['spans'] * 1e6:.1f}" for name, seconds in sorted(by_process.items())))
+    by_thread = res.get("server_cpu_s_by_thread") or {}
+    if len(by_thread) > 1 and res.get("spans"):
+        log("    CPU-s per M spans by thread of the server's main process: " + ", ".join(
+            f"{name} {seconds / res['spans'] * 1e6:.1f}" for name, seconds in sorted(by_thread.items(), key=lambda kv: -kv[1])
+            if seconds / res["spans"] * 1e6 >= 0.05))
 
 
 def saturate_phase(load: Load, server: Server, batches: Path, protocol: str, warmup: float,
@@ -270,10 +284,7 @@ def saturate_phase(load: Load, server: Server, batches: Path, protocol: str, war
         f"call p50/p99 {fmt(res['latency']['p50_ms'], 1)}/{fmt(res['latency']['p99_ms'], 1)} ms, "
         f"refused {res['refused']}, errors {res['errors']}"
         + (f", first error {res['first_error']}" if res.get("first_error") else ""))
-    by_process = res.get("server_cpu_s_by_process") or {}
-    if len(by_process) > 1 and res.get("spans"):
-        log("    CPU-s per M spans by process: " + ", ".join(
-            f"{name} {seconds / res['spans'] * 1e6:.1f}" for name, seconds in sorted(by_process.items())))
+    log_cpu_split(res)
     return res
 
 

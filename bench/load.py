@@ -58,8 +58,8 @@ def process_tree(pid: int) -> list[int]:
     return pids
 
 
-def _one_cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+def _one_cpu_seconds(pid: int, task: str | None = None) -> float:
+    with open(f"/proc/{pid}/task/{task}/stat" if task else f"/proc/{pid}/stat", encoding="ascii") as f:
         data = f.read()
     rest = data[data.rindex(")") + 2:].split()
     return (int(rest[11]) + int(rest[12])) / CLK_TCK
@@ -86,6 +86,25 @@ def proc_cpu_seconds_by_process(pid: int) -> dict[str, float]:
             out[name] = out.get(name, 0.0) + _one_cpu_seconds(member)
         except OSError:
             pass
+    return out
+
+
+def proc_cpu_seconds_by_thread(pid: int) -> dict[str, float]:
+    """``{"<thread comm>": seconds}`` (utime + stime) over the threads of ``pid`` alone: otel-llm names
+    its busy threads (``otel_llm.internal.runtime.name_thread``), so the pipeline process's CPU splits
+    into its worker, ticker, intake pipe reader, store writer and the rest."""
+    out: dict[str, float] = {}
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/comm", encoding="utf-8") as f:
+                name = f.read().strip()
+            out[name] = out.get(name, 0.0) + _one_cpu_seconds(pid, task)
+        except OSError:
+            pass  # exited meanwhile
     return out
 
 
@@ -247,6 +266,7 @@ class Windowed:
         self.counters: dict[str, dict[str, float]] = {}
         self.marks: dict[str, float] = {}
         self.by_process: dict[str, dict[str, float]] = {}
+        self.by_thread: dict[str, dict[str, float]] = {}
         self._thread = threading.Thread(target=self._run, args=(start, end), daemon=True)
         self._thread.start()
 
@@ -261,6 +281,7 @@ class Windowed:
         if self.server_pid:
             self.marks[f"{name}_server_cpu"] = proc_cpu_seconds(self.server_pid)
             self.by_process[name] = proc_cpu_seconds_by_process(self.server_pid)
+            self.by_thread[name] = proc_cpu_seconds_by_thread(self.server_pid)
 
     def _run(self, start: float, end: float) -> None:
         time.sleep(max(0.0, start - time.perf_counter()))
@@ -282,6 +303,9 @@ class Windowed:
             before, after = self.by_process.get("start", {}), self.by_process.get("end", {})
             out["server_cpu_s_by_process"] = {name: seconds - before.get(name, 0.0)  # type: ignore[assignment]
                                               for name, seconds in after.items()}
+            before, after = self.by_thread.get("start", {}), self.by_thread.get("end", {})
+            out["server_cpu_s_by_thread"] = {name: seconds - before.get(name, 0.0)  # type: ignore[assignment]
+                                             for name, seconds in after.items()}
         start, end = self.counters.get("start", {}), self.counters.get("end", {})
         accepted = "otel_llm_receiver_accepted_spans_total"
         queued = "otel_llm_intake_queued_spans"

@@ -24,6 +24,14 @@ def name_process(name: str) -> None:
         libc.prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
 
+def name_thread(name: str) -> None:
+    """Show ``name`` (15 characters at most) as the calling thread's name in ``top -H``, ``ps -L``
+    and /proc/PID/task/TID/comm (Python 3.11's ``threading`` does not set it): every thread of a
+    process otherwise shows the process's name, so the CPU a busy server spends per thread (the
+    pipeline worker, the assembler's ticker, the pipe reader, the store's writer) cannot be told apart."""
+    name_process(name)  # PR_SET_NAME names the calling thread; on the main thread that is the process
+
+
 def tune_gc(switch_interval_s: float | None = None) -> None:
     """The hot path allocates millions of short-lived, acyclic objects; with CPython's default
     threshold (700) the cyclic collector ran for ~40 % of the pipeline's time (bench profile).

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from otel_llm.component import KeptTraceConsumer
+from otel_llm.internal.runtime import name_thread
 from otel_llm.pdata.spans import PendingTrace
 from otel_llm.pdata.traces import CompletedTrace, Decision, Remembered, TraceConsumer
 from otel_llm.processor.llm_metrics.config import LlmMetricsProcessor
@@ -260,6 +261,7 @@ class Pipeline:
             self.intake.put(record.payload, record.spans, size, False)
 
     def _work(self) -> None:
+        name_thread("otel-llm-worker")
         while True:
             item = self.intake.take(timeout_s=0.5)
             if item is None:
@@ -303,6 +305,7 @@ class Pipeline:
 
     def start(self, tick_interval_s: float = 0.1) -> None:
         def run() -> None:
+            name_thread("otel-llm-ticker")
             while not self._stop.wait(tick_interval_s):
                 with self._tick_lock:
                     if self._stop.is_set():

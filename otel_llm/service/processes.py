@@ -25,6 +25,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from otel_llm.internal.runtime import name_thread
 from otel_llm.processor.llm_metrics.digest import DIGESTED, FAILED, HEADER, DigestSettings, run_adapter_process
 from otel_llm.receiver.otlp.config import OtlpReceiver
 from otel_llm.receiver.otlp.intake_log import IntakeLogSettings, IntakeLogShared
@@ -123,6 +124,7 @@ class IngestProcesses:
             return self._events.popleft() if self._events else None
 
     def _read_loop(self) -> None:
+        name_thread("otel-llm-intake")
         assert self._data is not None
         recv = self._data.recv_bytes
         put, failed = self._put, self._failed

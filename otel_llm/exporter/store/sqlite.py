@@ -25,6 +25,7 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from otel_llm.internal.runtime import name_thread
 from otel_llm.pdata.records import RequestRecord
 from otel_llm.pdata.span_rows import SpanRow, int64, service_name_of, span_row
 
@@ -351,6 +352,7 @@ class TraceStore:
                   self.path, problem, aside)
 
     def _run(self) -> None:
+        name_thread("otel-llm-store")
         last_prune = time.monotonic()
         while True:
             batch, stop = self._next_batch()

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from otel_llm.internal.runtime import name_thread
 from otel_llm.processor.memory_limiter.config import MemoryLimiterProcessor
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,7 @@ class MemoryLimiter:
 
     def start(self) -> None:
         def run() -> None:
+            name_thread("otel-llm-memlim")
             while not self._stop.wait(self._interval):
                 try:
                     self.check()
