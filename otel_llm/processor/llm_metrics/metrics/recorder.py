@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from otel_llm.pdata.records import Outcome, RequestRecord, Segment
+from otel_llm.pdata.records import Outcome, RequestRecord
 from otel_llm.processor.llm_metrics.metrics.accounting import Accounting
 from otel_llm.processor.llm_metrics.metrics.definitions import (
     SEGMENT_METRIC,
@@ -433,31 +433,7 @@ class MetricsRecorder:
                     too_long = too_long or self._segment_too_long.get(cache_key, "dimension")
                 family = self.segments
                 bounds = family.bounds
-                if everything is None and not with_exemplars:
-                    # The common case, without the branches below: each segment's own series.
-                    series_of = by_name.get
-                    for name, start_unix_ns, end_unix_ns in record.segments:
-                        duration = (end_unix_ns - start_unix_ns) / 1e9
-                        resolved = series_of(name)
-                        if resolved is None:
-                            series = _series_of(family, base + (name,) + dimensions)
-                            resolved = by_name[name] = (series, _extra(series, series is family.series.get(family.OVERFLOW)))
-                        series, extra = resolved
-                        index = bisect_left(bounds, duration)
-                        series.counts[index] += weight
-                        series.total += duration * weight
-                        series.count += weight
-                        if extra:
-                            if extra & _EXPONENTIAL:
-                                exponential = series.exponential
-                                assert exponential is not None
-                                exponential.observe(duration, weight)
-                            if extra & _OVERFLOWED:
-                                family.overflowed += 1
-                    segments: tuple[Segment, ...] = ()
-                else:
-                    segments = record.segments
-                for name, start_unix_ns, end_unix_ns in segments:
+                for name, start_unix_ns, end_unix_ns in record.segments:
                     duration = (end_unix_ns - start_unix_ns) / 1e9
                     resolved = everything or by_name.get(name)
                     if resolved is None:
