@@ -253,37 +253,37 @@ class Redaction:
             self._key_classes[key] = decided
         return decided
 
+    def _removes(self, value: AnyValue, kind: str | None, key_class: int, allowlist: bool, limit: int,
+                 counts: RedactionCounts) -> bool:
+        """Whether the rules remove an attribute of this key class and value, counted; a metadata
+        URL that is kept is reduced in place. The one statement of the rules, for every path."""
+        if key_class == _ALLOWED:
+            return False
+        if key_class == _BLOCKED:
+            counts.content_keys += 1
+            return True
+        if allowlist and kind not in _SCALARS:
+            if key_class == _NOT_METADATA:
+                counts.not_allowed += 1
+                return True
+            if key_class == _METADATA_URL and kind == "string_value":
+                url = reduced_url(value.string_value)
+                if url != value.string_value:
+                    value.string_value = url
+                    counts.url_reduced += 1
+        if limit and _is_free_text(value, limit, kind):
+            counts.free_text += 1
+            return True
+        return False
+
     def _strip(self, attributes: Any, genai: bool, counts: RedactionCounts) -> None:
         limit = self.max_free_text_bytes if genai else 0
         allowlist = self.metadata_keys is not None
         if not allowlist and not limit and not self.key_prefixes and self._pattern is None:
             return  # nothing to remove (allow_content)
-        remove: list[int] = []
-        for position, kv in enumerate(attributes):
-            key_class = self._key_class(kv.key) & _CLASS
-            if key_class == _ALLOWED:
-                continue
-            if key_class == _BLOCKED:
-                counts.content_keys += 1
-                remove.append(position)
-                continue
-            if not allowlist and not limit:
-                continue
-            value = kv.value
-            kind = value.WhichOneof("value")
-            if allowlist and kind not in _SCALARS:
-                if key_class == _NOT_METADATA:
-                    counts.not_allowed += 1
-                    remove.append(position)
-                    continue
-                if key_class == _METADATA_URL and kind == "string_value":
-                    url = reduced_url(value.string_value)
-                    if url != value.string_value:
-                        value.string_value = url
-                        counts.url_reduced += 1
-            if limit and _is_free_text(value, limit, kind):
-                counts.free_text += 1
-                remove.append(position)
+        remove = [position for position, kv in enumerate(attributes)
+                  if self._removes(kv.value, kv.value.WhichOneof("value"), self._key_class(kv.key) & _CLASS,
+                                   allowlist, limit, counts)]
         for position in reversed(remove):
             del attributes[position]
 
@@ -314,29 +314,10 @@ class Redaction:
         for position, (key, value, kind, key_class) in enumerate(read):
             if key_class == _ALLOWED:
                 continue
-            if key_class == _BLOCKED:
-                counts.content_keys += 1
+            if self._removes(value, kind, key_class, allowlist, limit, counts):
                 remove.append(position)
-                continue
-            if allowlist and kind not in _SCALARS:
-                if key_class == _NOT_METADATA:
-                    counts.not_allowed += 1
-                    remove.append(position)
-                    continue
-                if key_class == _METADATA_URL and kind == "string_value":
-                    url = reduced_url(values[key])
-                    if url != values[key]:
-                        value.string_value = values[key] = url
-                        counts.url_reduced += 1
-            if limit and kind not in _SCALARS:
-                if kind == "string_value":  # _is_free_text, inline: most attributes of a GenAI span come here
-                    text = values[key]
-                    free_text = len(text) > limit or (len(text) * 4 > limit and len(text.encode()) > limit)
-                else:
-                    free_text = _is_free_text(value, limit, kind)
-                if free_text:
-                    counts.free_text += 1
-                    remove.append(position)
+            elif key_class == _METADATA_URL and kind == "string_value":
+                values[key] = value.string_value  # as reduced
         for position in reversed(remove):
             del attributes[position]
             del values[read[position][0]]
