@@ -1349,26 +1349,8 @@ impl Digester {
                 // Not read, or over a limit (the Python steps then read the span's view).
                 None => py.None(),
             };
-            let fields: [PyObject; 16] = [
-                row.resource_index.into_pyobject(py)?.into_any().unbind(),
-                row.scope_index.into_pyobject(py)?.into_any().unbind(),
-                row.span_index.into_pyobject(py)?.into_any().unbind(),
-                slice(row.trace_id).into_any().unbind(),
-                slice(row.span_id).into_any().unbind(),
-                slice(row.parent_span_id).into_any().unbind(),
-                row.kind.into_pyobject(py)?.into_any().unbind(),
-                row.status_code.into_pyobject(py)?.into_any().unbind(),
-                row.start_unix_ns.into_pyobject(py)?.into_any().unbind(),
-                row.end_unix_ns.into_pyobject(py)?.into_any().unbind(),
-                text(row.trace_state)?.into_any().unbind(),
-                PyString::new(py, name).into_any().unbind(),
-                slice(row.payload).into_any().unbind(),
-                row.attributes.into_pyobject(py)?.into_any().unbind(),
-                PyBool::new(py, row.duplicate_keys).to_owned().into_any().unbind(),
-                read_object,
-            ];
             slow.push(span_list.len());
-            span_list.append(PyTuple::new(py, fields)?)?;
+            span_list.append(scan_row(py, data, row, read_object)?)?;
         }
         let matched_dict = PyDict::new(py);
         for (adapter, n) in matched {
@@ -1377,6 +1359,38 @@ impl Digester {
         PyTuple::new(py, [made.get_item(1)?, span_list.into_any(), PyList::new(py, slow)?.into_any(),
                           matched_dict.into_any(), passed_through.into_pyobject(py)?.into_any()])
     }
+}
+
+/// `scan`'s 16-field row of one span: `(resource_index, scope_index, span_index, trace_id, span_id,
+/// parent_span_id, kind, status_code, start, end, trace_state, name, payload, attribute_count,
+/// duplicate_keys, read)`; `Digester.rows` hands back the same for a span the adapter stage's Python
+/// steps read.
+fn scan_row<'py>(py: Python<'py>, data: &[u8], row: &SpanRow, read: PyObject) -> PyResult<Bound<'py, PyTuple>> {
+    let slice = |range: (usize, usize)| PyBytes::new(py, &data[range.0..range.1]).into_any().unbind();
+    let text = |range: (usize, usize)| -> PyResult<PyObject> {
+        // Validated UTF-8 already; checked again rather than trusted unchecked.
+        let text = utf8(&data[range.0..range.1]).map_err(|Malformed(r)| PyValueError::new_err(r))?;
+        Ok(PyString::new(py, text).into_any().unbind())
+    };
+    let fields: [PyObject; 16] = [
+        row.resource_index.into_pyobject(py)?.into_any().unbind(),
+        row.scope_index.into_pyobject(py)?.into_any().unbind(),
+        row.span_index.into_pyobject(py)?.into_any().unbind(),
+        slice(row.trace_id),
+        slice(row.span_id),
+        slice(row.parent_span_id),
+        row.kind.into_pyobject(py)?.into_any().unbind(),
+        row.status_code.into_pyobject(py)?.into_any().unbind(),
+        row.start_unix_ns.into_pyobject(py)?.into_any().unbind(),
+        row.end_unix_ns.into_pyobject(py)?.into_any().unbind(),
+        text(row.trace_state)?,
+        text(row.name)?,
+        slice(row.payload),
+        row.attributes.into_pyobject(py)?.into_any().unbind(),
+        PyBool::new(py, row.duplicate_keys).to_owned().into_any().unbind(),
+        read,
+    ];
+    PyTuple::new(py, fields)
 }
 
 /// `scan(data) -> (origins, spans)`: origins as `[(resource_bytes, [scope_bytes, ...]), ...]` in
@@ -1405,35 +1419,12 @@ fn py_scan<'py>(py: Python<'py>, data: &[u8], kept_keys: Option<Vec<String>>, bo
     }
     let span_list = PyList::empty(py);
     let mut strings = Interner::default();
-    let slice = |range: (usize, usize)| PyBytes::new(py, &data[range.0..range.1]);
-    let text = |range: (usize, usize)| -> PyResult<String> {
-        // Validated UTF-8 already; checked again rather than trusted unchecked.
-        Ok(utf8(&data[range.0..range.1]).map_err(|Malformed(r)| PyValueError::new_err(r))?.to_owned())
-    };
     for row in &rows {
         let read = match &kept_keys {
             Some(keys) => read_row(py, data, row, keys, bounds.as_ref(), &mut strings)?,
             None => py.None(),
         };
-        let fields: [PyObject; 16] = [
-            row.resource_index.into_pyobject(py)?.into_any().unbind(),
-            row.scope_index.into_pyobject(py)?.into_any().unbind(),
-            row.span_index.into_pyobject(py)?.into_any().unbind(),
-            slice(row.trace_id).into_any().unbind(),
-            slice(row.span_id).into_any().unbind(),
-            slice(row.parent_span_id).into_any().unbind(),
-            row.kind.into_pyobject(py)?.into_any().unbind(),
-            row.status_code.into_pyobject(py)?.into_any().unbind(),
-            row.start_unix_ns.into_pyobject(py)?.into_any().unbind(),
-            row.end_unix_ns.into_pyobject(py)?.into_any().unbind(),
-            text(row.trace_state)?.into_pyobject(py)?.into_any().unbind(),
-            text(row.name)?.into_pyobject(py)?.into_any().unbind(),
-            slice(row.payload).into_any().unbind(),
-            row.attributes.into_pyobject(py)?.into_any().unbind(),
-            PyBool::new(py, row.duplicate_keys).to_owned().into_any().unbind(),
-            read,
-        ];
-        span_list.append(PyTuple::new(py, fields)?)?;
+        span_list.append(scan_row(py, data, row, read)?)?;
     }
     PyTuple::new(py, [origin_list.into_any(), span_list.into_any()])
 }
