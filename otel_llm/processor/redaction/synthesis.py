@@ -321,16 +321,8 @@ class Redaction:
         for position in reversed(remove):
             del attributes[position]
             del values[read[position][0]]
-        if span.events:
-            for event in span.events:
-                if event.name in self.event_names:
-                    counts.content_events += len(event.attributes)
-                    del event.attributes[:]
-                else:
-                    self._strip(event.attributes, genai, counts)
-        if allowlist and span.links:
-            for link in span.links:
-                self._strip(link.attributes, genai, counts)
+        if span.events or span.links:
+            self._strip_events_and_links(span, genai, counts)
         return values
 
     def apply(self, span: Span) -> RedactionCounts:
@@ -342,6 +334,10 @@ class Redaction:
         """``apply``, what it removes added to ``counts``."""
         genai = bool(self.max_free_text_bytes) and any(kv.key.startswith(GENAI_KEY_PREFIXES) for kv in span.attributes)
         self._strip(span.attributes, genai, counts)
+        self._strip_events_and_links(span, genai, counts)
+
+    def _strip_events_and_links(self, span: Span, genai: bool, counts: RedactionCounts) -> None:
+        """A content event loses its attributes; other events', and links' under the allow-list, are stripped."""
         for event in span.events:
             if event.name in self.event_names:
                 counts.content_events += len(event.attributes)
