@@ -70,6 +70,8 @@ class TraceAssembler:
         self._spans_dropped = spans_dropped
         self._spans_duplicate = spans_duplicate
         self._pending: OrderedDict[bytes, PendingTrace] = OrderedDict()
+        # trace id -> when it is due. Insertion order is due order (each is the monotonic clock read
+        # under the lock plus the one grace), so a tick reads only the due ones and stops at the next.
         self._ready: dict[bytes, float] = {}
         # trace id -> what the sampler decided (None until decided), so late spans follow it
         self._decided: OrderedDict[bytes, Remembered | None] = OrderedDict()
@@ -239,7 +241,12 @@ class TraceAssembler:
             ready = self._ready
             if ready:
                 pending, held, remember = self._pending, self._held, self._remember
-                for trace_id in [trace_id for trace_id, ready_at in ready.items() if ready_at <= now]:
+                due_ids = []
+                for trace_id, ready_at in ready.items():
+                    if ready_at > now:
+                        break
+                    due_ids.append(trace_id)
+                for trace_id in due_ids:
                     trace = pending.pop(trace_id)
                     del ready[trace_id]
                     if held:
@@ -271,6 +278,17 @@ class TraceAssembler:
         for trace, reason in due:
             self._complete(trace, reason)
         return len(due)
+
+    def completion_lag(self) -> float:
+        """Seconds the longest-due ready trace has waited past its time: the ticker's lag behind intake."""
+        ready = self._ready
+        if not ready:
+            return 0.0
+        try:
+            first = next(iter(ready.values()))
+        except (StopIteration, RuntimeError):  # read without the lock: emptied or changed meanwhile
+            return 0.0
+        return max(0.0, self._clock() - first)
 
     def held_since(self) -> float | None:
         """When the oldest trace held past ``decision_wait`` for a call in flight was first seen
