@@ -219,3 +219,14 @@ def test_compiled_observers_match_the_reference(genai_version: str, seed: int) -
     assert any(OVERFLOW in f.series for f in got_hists.values())
     assert reference.too_long and sum(reference.hist_overflowed.values()) > 0
     assert any(s.exemplars for f in got_hists.values() for s in f.series.values())
+
+
+def test_a_misspelled_record_field_fails_where_the_metric_is_declared() -> None:
+    from otel_llm.processor.llm_metrics.metrics.definitions import Field, Fields
+
+    with pytest.raises(ValueError, match="RequestRecord has no field 'ttft'"):
+        Field("ttft")
+    with pytest.raises(ValueError, match="RequestRecord has no field 'engine'"):
+        Fields("model", "engine")
+    record = _random_record(random.Random(4))
+    assert Fields("model", "engine_kind")(record) == (record.model, record.engine_kind)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from otel_llm.pdata.records import RequestRecord, Side
 
@@ -41,6 +42,67 @@ def build_1_2_5_buckets(max_value: int) -> tuple[float, ...]:
         exponent += 1
 
 
+_RECORD_FIELDS = frozenset(RequestRecord.__dataclass_fields__)
+
+
+class Field:
+    """A spec's value that is a record's field as it is, declared as data: the recorder's compiled
+    observer reads ``record.<name>`` inline instead of calling a function, and a misspelled name
+    fails here, at import, not at the first record."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        if name not in _RECORD_FIELDS:
+            raise ValueError(f"RequestRecord has no field {name!r}")
+        self.name = name
+
+    def __call__(self, record: RequestRecord) -> Any:
+        return getattr(record, self.name)
+
+    def __repr__(self) -> str:
+        return f"Field({self.name!r})"
+
+
+class Fields:
+    """A naming's label values that are record fields as they are, in label order (see ``Field``)."""
+
+    __slots__ = ("names",)
+
+    def __init__(self, *names: str) -> None:
+        for name in names:
+            Field(name)  # the same check
+        self.names = names
+
+    def __call__(self, record: RequestRecord) -> tuple[str, ...]:
+        return tuple(getattr(record, name) for name in self.names)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Fields) and other.names == self.names
+
+    def __hash__(self) -> int:
+        return hash(self.names)
+
+    def __repr__(self) -> str:
+        return f"Fields{self.names!r}"
+
+
+class Constant:
+    """A spec's value that is the same for every record (a counter of requests counts 1 each)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: int | None) -> None:
+        self.value = value
+
+    def __call__(self, record: RequestRecord) -> int | None:
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"Constant({self.value!r})"
+
+
+# Any other callable is called per record (a value computed from several fields).
 Value = Callable[[RequestRecord], float | None]
 # A spec with ``per_step``: one observation per value of a sequence (vLLM's per-step inter-token latency).
 Values = Callable[[RequestRecord], tuple[float, ...]]
@@ -117,40 +179,40 @@ def vllm_naming(max_model_len: int, max_model_len_by_model: dict[str, int] | Non
     return Naming(
         key="vllm",
         label_names=("model_name", "engine_kind", "service_name"),
-        labels=lambda r: (r.model, r.engine_kind, r.service_name),
+        labels=Fields("model", "engine_kind", "service_name"),
         histograms=(
             HistogramSpec("vllm:time_to_first_token_seconds", "s", "Histogram of time to first token in seconds.",
-                          TTFT_BUCKETS, lambda r: r.ttft_s, success_only=True),
+                          TTFT_BUCKETS, Field("ttft_s"), success_only=True),
             HistogramSpec("vllm:request_time_per_output_token_seconds", "s",
                           "Histogram of time_per_output_token_seconds per request.",
-                          TPOT_BUCKETS, lambda r: r.tpot_s, success_only=True),
+                          TPOT_BUCKETS, Field("tpot_s"), success_only=True),
             HistogramSpec("vllm:inter_token_latency_seconds", "s", "Histogram of inter-token latency in seconds.",
-                          INTER_TOKEN_LATENCY_BUCKETS, lambda r: None, per_step=lambda r: r.itl_s),
+                          INTER_TOKEN_LATENCY_BUCKETS, Constant(None), per_step=Field("itl_s")),
             HistogramSpec("vllm:e2e_request_latency_seconds", "s", "Histogram of e2e request latency in seconds.",
-                          REQUEST_LATENCY_BUCKETS, lambda r: r.e2e_s),
+                          REQUEST_LATENCY_BUCKETS, Field("e2e_s")),
             HistogramSpec("vllm:request_queue_time_seconds", "s",
                           "Histogram of time spent in WAITING phase for request.",
-                          REQUEST_LATENCY_BUCKETS, lambda r: r.queue_s),
+                          REQUEST_LATENCY_BUCKETS, Field("queue_s")),
             HistogramSpec("vllm:request_prefill_time_seconds", "s",
                           "Histogram of time spent in PREFILL phase for request.",
-                          REQUEST_LATENCY_BUCKETS, lambda r: r.prefill_s),
+                          REQUEST_LATENCY_BUCKETS, Field("prefill_s")),
             HistogramSpec("vllm:request_decode_time_seconds", "s",
                           "Histogram of time spent in DECODE phase for request.",
-                          REQUEST_LATENCY_BUCKETS, lambda r: r.decode_s),
+                          REQUEST_LATENCY_BUCKETS, Field("decode_s")),
             HistogramSpec("vllm:request_inference_time_seconds", "s",
                           "Histogram of time spent in RUNNING phase for request.",
-                          REQUEST_LATENCY_BUCKETS, lambda r: r.inference_s),
+                          REQUEST_LATENCY_BUCKETS, Field("inference_s")),
             HistogramSpec("vllm:request_prompt_tokens", "{token}", "Number of prefill tokens processed.",
-                          tokens, lambda r: r.prompt_tokens, buckets_by_model=per_model),
+                          tokens, Field("prompt_tokens"), buckets_by_model=per_model),
             HistogramSpec("vllm:request_generation_tokens", "{token}", "Number of generation tokens processed.",
-                          tokens, lambda r: r.completion_tokens, buckets_by_model=per_model),
+                          tokens, Field("completion_tokens"), buckets_by_model=per_model),
         ),
         counters=(
-            CounterSpec("vllm:prompt_tokens", "{token}", "Number of prefill tokens processed.", lambda r: r.prompt_tokens),
+            CounterSpec("vllm:prompt_tokens", "{token}", "Number of prefill tokens processed.", Field("prompt_tokens")),
             CounterSpec("vllm:generation_tokens", "{token}", "Number of generation tokens processed.",
-                        lambda r: r.completion_tokens),
+                        Field("completion_tokens")),
             CounterSpec("vllm:request_success", "{request}", "Count of finished requests by finished reason.",
-                        lambda r: 1, by_outcome=True),
+                        Constant(1), by_outcome=True),
         ),
     )
 
@@ -183,12 +245,12 @@ def genai_naming(version: str = "1.41") -> Naming:
         schema_url=GENAI_VERSIONS[version],
         histograms=(
             HistogramSpec("gen_ai.server.time_to_first_token", "s", "Time to generate first token for successful responses.",
-                          GENAI_TTFT_BUCKETS, lambda r: r.ttft_s, success_only=True),
+                          GENAI_TTFT_BUCKETS, Field("ttft_s"), success_only=True),
             HistogramSpec("gen_ai.server.time_per_output_token", "s",
                           "Time per output token generated after the first token for successful responses.",
                           GENAI_TPOT_BUCKETS, _genai_tpot, success_only=True),
             HistogramSpec("gen_ai.server.request.duration", "s", "Generative AI server request duration.",
-                          GENAI_DURATION_BUCKETS, lambda r: r.e2e_s),
+                          GENAI_DURATION_BUCKETS, Field("e2e_s")),
         ),
     )
 
@@ -227,15 +289,15 @@ def genai_client_naming(version: str = DEFAULT_GENAI_VERSION) -> Naming:
         schema_url=GENAI_VERSIONS["1.41"],
         histograms=(
             HistogramSpec("gen_ai.client.operation.duration", "s", "GenAI operation duration.",
-                          GENAI_DURATION_BUCKETS, lambda r: r.e2e_s),
+                          GENAI_DURATION_BUCKETS, Field("e2e_s")),
             HistogramSpec("gen_ai.client.operation.time_to_first_chunk", "s",
                           "Time to receive the first chunk, for streaming calls.",
-                          GENAI_DURATION_BUCKETS, lambda r: r.ttft_s),
+                          GENAI_DURATION_BUCKETS, Field("ttft_s")),
             HistogramSpec("gen_ai.client.token.usage", "{token}", "Number of input and output tokens used.",
-                          GENAI_CLIENT_TOKEN_BUCKETS, lambda r: r.prompt_tokens,
+                          GENAI_CLIENT_TOKEN_BUCKETS, Field("prompt_tokens"),
                           fixed_label=("gen_ai.token.type", "input")),
             HistogramSpec("gen_ai.client.token.usage", "{token}", "Number of input and output tokens used.",
-                          GENAI_CLIENT_TOKEN_BUCKETS, lambda r: r.completion_tokens,
+                          GENAI_CLIENT_TOKEN_BUCKETS, Field("completion_tokens"),
                           fixed_label=("gen_ai.token.type", "output")),
         ),
     )
@@ -260,19 +322,19 @@ def _genai_client_naming_0_1() -> Naming:
         schema_url=GENAI_VERSIONS["0.1"],
         histograms=(
             HistogramSpec("gen_ai.client.inference.duration", "s", "GenAI inference operation duration.",
-                          GENAI_DURATION_BUCKETS, lambda r: r.e2e_s),
+                          GENAI_DURATION_BUCKETS, Field("e2e_s")),
             HistogramSpec("gen_ai.client.inference.time_to_first_chunk", "s",
                           "Time to receive the first chunk, for streaming calls.",
-                          GENAI_DURATION_BUCKETS, lambda r: r.ttft_s),
+                          GENAI_DURATION_BUCKETS, Field("ttft_s")),
         ),
         counters=(
-            usage("input_tokens", "Input tokens used (cached ones included).", lambda r: r.prompt_tokens),
-            usage("output_tokens", "Output tokens used (reasoning ones included).", lambda r: r.completion_tokens),
+            usage("input_tokens", "Input tokens used (cached ones included).", Field("prompt_tokens")),
+            usage("output_tokens", "Output tokens used (reasoning ones included).", Field("completion_tokens")),
             usage("cache_read.input_tokens", "Input tokens read from the provider's cache.",
-                  lambda r: r.cached_tokens),
+                  Field("cached_tokens")),
             usage("cache_write.input_tokens", "Input tokens written to the provider's cache.",
-                  lambda r: r.cache_write_tokens),
-            usage("reasoning.output_tokens", "Output tokens spent on reasoning.", lambda r: r.reasoning_tokens),
+                  Field("cache_write_tokens")),
+            usage("reasoning.output_tokens", "Output tokens spent on reasoning.", Field("reasoning_tokens")),
         ),
     )
 
@@ -282,18 +344,18 @@ def own_naming() -> Naming:
     return Naming(
         key="otel_llm",
         label_names=("model_name", "engine_kind", "service_name"),
-        labels=lambda r: (r.model, r.engine_kind, r.service_name),
+        labels=Fields("model", "engine_kind", "service_name"),
         histograms=(
             HistogramSpec("otel_llm_gateway_overhead_seconds", "s",
                           "Edge gateway span duration minus the engine's e2e latency.",
-                          GENAI_DURATION_BUCKETS, lambda r: r.gateway_overhead_s),
+                          GENAI_DURATION_BUCKETS, Field("gateway_overhead_s")),
             HistogramSpec("otel_llm_client_overhead_seconds", "s",
                           "Joined client span duration minus the engine's e2e latency: what the caller waited "
                           "outside the engine (network, gateways, their queues).",
-                          GENAI_DURATION_BUCKETS, lambda r: r.client_overhead_s),
+                          GENAI_DURATION_BUCKETS, Field("client_overhead_s")),
             HistogramSpec("otel_llm_edge_time_to_first_token_seconds", "s",
                           "Time to first token as the edge gateway reports it.",
-                          TTFT_BUCKETS, lambda r: r.edge_ttft_s, success_only=True),
+                          TTFT_BUCKETS, Field("edge_ttft_s"), success_only=True),
         ),
     )
 
@@ -303,7 +365,7 @@ SEGMENT_METRIC = HistogramSpec(
     "Duration of each request segment (preprocess, queue, prefill, decode, postprocess; kv_transfer, compute, "
     "queue_and_prefill, routing where an engine has them), every engine.",
     TTFT_BUCKETS,  # segments span milliseconds (preprocess) to minutes (queue under overload)
-    lambda r: None,  # observed per segment, see MetricsRecorder
+    Constant(None),  # observed per segment, see MetricsRecorder
 )
 
 
@@ -388,7 +450,7 @@ def vllm_cache_naming(max_model_len: int, max_model_len_by_model: dict[str, int]
     return Naming(
         key="vllm",
         label_names=("model_name", "engine_kind", "service_name"),
-        labels=lambda r: (r.model, r.engine_kind, r.service_name),
+        labels=Fields("model", "engine_kind", "service_name"),
         histograms=(
             HistogramSpec("vllm:request_prefill_kv_computed_tokens", "{token}",
                           "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
@@ -396,13 +458,13 @@ def vllm_cache_naming(max_model_len: int, max_model_len_by_model: dict[str, int]
         ),
         counters=(
             CounterSpec("vllm:prompt_tokens_cached", "{token}", "Number of cached prompt tokens (local + external).",
-                        lambda r: r.cached_tokens),
+                        Field("cached_tokens")),
             CounterSpec("vllm:spec_decode_num_drafts", "{step}", "Number of spec decoding drafts.",
-                        lambda r: r.spec_steps),
+                        Field("spec_steps")),
             CounterSpec("vllm:spec_decode_num_draft_tokens", "{token}", "Number of draft tokens.",
-                        lambda r: r.spec_draft_tokens),
+                        Field("spec_draft_tokens")),
             CounterSpec("vllm:spec_decode_num_accepted_tokens", "{token}", "Number of accepted tokens.",
-                        lambda r: r.spec_accepted_tokens),
+                        Field("spec_accepted_tokens")),
         ),
     )
 
@@ -414,7 +476,7 @@ def own_cache_naming() -> Naming:
     return Naming(
         key="otel_llm",
         label_names=("model_name", "engine_kind", "service_name"),
-        labels=lambda r: (r.model, r.engine_kind, r.service_name),
+        labels=Fields("model", "engine_kind", "service_name"),
         histograms=(
             HistogramSpec("otel_llm_request_prefix_cache_hit_ratio", "1",
                           "Per request: prompt tokens read from a cache / prompt tokens, for requests whose spans "
@@ -428,13 +490,13 @@ def own_cache_naming() -> Naming:
         counters=(
             CounterSpec("otel_llm_prompt_tokens_cached", "{token}",
                         "Prompt tokens read from a cache, of requests whose spans report cache reads.",
-                        lambda r: r.cached_tokens),
+                        Field("cached_tokens")),
             CounterSpec("otel_llm_prompt_tokens_computed", "{token}",
                         "Prompt tokens prefilled (prompt minus cached), of requests whose spans report cache reads.",
                         _computed_prompt_tokens),
             CounterSpec("otel_llm_prompt_tokens_cache_write", "{token}",
                         "Prompt tokens written to a cache (semconv cache_creation / cache_write), where reported.",
-                        lambda r: r.cache_write_tokens),
+                        Field("cache_write_tokens")),
         ),
     )
 

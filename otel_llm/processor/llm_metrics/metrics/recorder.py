@@ -14,6 +14,9 @@ from otel_llm.processor.llm_metrics.metrics.accounting import Accounting
 from otel_llm.processor.llm_metrics.metrics.definitions import (
     SEGMENT_METRIC,
     CounterSpec,
+    Constant,
+    Field,
+    Fields,
     HistogramSpec,
     Naming,
     prometheus_label_name,
@@ -93,18 +96,12 @@ def _bind(naming: Naming, dimension_names: tuple[str, ...], series_limit: int, b
 
 
 def _same_labels(a: BoundNaming, b: BoundNaming) -> bool:
-    """Whether two namings build the same label key from a record (same label names, and the same
-    function or one of the same code without captured state): their series can share one key lookup."""
+    """Whether two namings build the same label key from a record (the same label names, and the
+    same function or the same declared fields): their series can share one key lookup."""
     if a.label_names != b.label_names:
         return False
     fa, fb = a.naming.labels, b.naming.labels
-    if fa is fb:
-        return True
-    ca, cb = getattr(fa, "__code__", None), getattr(fb, "__code__", None)
-    return (ca is not None and cb is not None and ca.co_code == cb.co_code and ca.co_names == cb.co_names
-            and ca.co_consts == cb.co_consts and ca.co_argcount == cb.co_argcount
-            and not getattr(fa, "__closure__", None) and not getattr(fb, "__closure__", None)
-            and not getattr(fa, "__defaults__", None) and not getattr(fb, "__defaults__", None))
+    return fa is fb or (isinstance(fa, Fields) and fa == fb)
 
 
 class _Plan:
@@ -130,56 +127,21 @@ class _Plan:
         self.cache_limit = 4 * series_limit + 64
 
 
-# The bytecode of ``lambda r: r.name``: a value spec of exactly that shape is read as ``record.name``
-# in a side's compiled observer, without the call (most specs are plain field reads).
-_FIELD_READ = (lambda r: r.model).__code__
-
-
-# ``lambda r: 1`` (a counter of requests): inlined as its constant.
-_CONSTANT = (lambda r: 1).__code__
-
-
-def _plain(value: Callable[..., Any]) -> Any:
-    """The code of a one-argument function without captured state or defaults, else None."""
-    code = getattr(value, "__code__", None)
-    if (code is None or code.co_argcount != 1 or getattr(value, "__closure__", None)
-            or getattr(value, "__defaults__", None)):
-        return None
-    return code
-
-
-def _field_of(value: Callable[..., Any]) -> str | None:
-    """The attribute ``value`` returns unchanged when it is a plain field read, else None."""
-    code = _plain(value)
-    if (code is None or code.co_code != _FIELD_READ.co_code or len(code.co_names) != 1
-            or not code.co_names[0].isidentifier()):
-        return None
-    return code.co_names[0]
-
-
 def _inline(value: Callable[..., Any]) -> str | None:
-    """Source for what ``value(record)`` returns, when it is a field read or an integer constant."""
-    field = _field_of(value)
-    if field is not None:
-        return f"record.{field}"
-    code = _plain(value)
-    if code is not None and code.co_code == _CONSTANT.co_code and code.co_consts == _CONSTANT.co_consts:
-        return repr(code.co_consts[-1])
+    """Source for what ``value(record)`` returns, when it is declared as a field or a constant
+    (``definitions.Field``, ``Constant``): most specs, read without a call."""
+    if isinstance(value, Field):
+        return f"record.{value.name}"
+    if isinstance(value, Constant):
+        return repr(value.value)
     return None
 
 
 def _fields_tuple(labels: Callable[..., Any]) -> str | None:
-    """Source for ``labels(record)`` when it is a tuple of field reads (``lambda r: (r.a, r.b)``)."""
-    code = _plain(labels)
-    if code is None or not 1 <= len(code.co_names) <= 16:
+    """Source for ``labels(record)`` when its values are declared as fields (``definitions.Fields``)."""
+    if not isinstance(labels, Fields):
         return None
-    names = code.co_names
-    if not all(n.isidentifier() for n in names):
-        return None
-    reference = eval("lambda r: (" + ", ".join(f"r.{n}" for n in names) + ",)")  # noqa: S307 (identifiers only)
-    if reference.__code__.co_code != code.co_code or reference.__code__.co_consts != code.co_consts:
-        return None
-    return "(" + ", ".join(f"record.{n}" for n in names) + ",)"
+    return "(" + ", ".join(f"record.{name}" for name in labels.names) + ",)"
 
 
 Observer = Callable[[RequestRecord, float, bool, Key, str, str, float], str]
