@@ -1317,6 +1317,19 @@ impl Digester {
                 } else {
                     flat_origins.get_item(origin_index)?
                 };
+                let attrs = self.share(py, slim)?.unbind();
+                if !portable {
+                    let span_id = slice(row.span_id);
+                    let compact = Row::make(
+                        py, &data[row.trace_id.0..row.trace_id.1], span_id.clone(),
+                        &data[row.parent_span_id.0..row.parent_span_id.1], row.kind, row.status_code,
+                        row.start_unix_ns, row.end_unix_ns, text(row.trace_state)?, &data[row.payload.0..row.payload.1],
+                        origin.clone().unbind(), attrs.clone_ref(py), observation.clone_ref(py));
+                    if let Some(compact) = compact {
+                        span_list.append(Bound::new(py, compact)?)?;
+                        continue;
+                    }
+                }
                 let fields: [PyObject; 12] = [
                     slice(row.trace_id).into_any().unbind(),
                     slice(row.span_id).into_any().unbind(),
@@ -1328,12 +1341,13 @@ impl Digester {
                     text(row.trace_state)?.into_any().unbind(),
                     slice(row.payload).into_any().unbind(),
                     origin.unbind(),
-                    self.share(py, slim)?.unbind(),
+                    attrs,
                     observation,
                 ];
                 if portable {
                     span_list.append(PyTuple::new(py, fields)?)?;
                 } else {
+                    // Ids the receivers refuse (a caller that did not check them): the dataclass holds it.
                     let names = self.span_fields.iter().map(|n| (n, None));
                     span_list.append(self.make(py, &self.span_class, names, fields.into_iter().map(|f| f.into_bound(py)))?)?;
                 }
@@ -1358,6 +1372,326 @@ impl Digester {
         }
         PyTuple::new(py, [made.get_item(1)?, span_list.into_any(), PyList::new(py, slow)?.into_any(),
                           matched_dict.into_any(), passed_through.into_pyobject(py)?.into_any()])
+    }
+}
+
+// --- a buffered span held compactly ---------------------------------------------------------------
+
+/// How a `Row` holds its span's bytes (`body[0]`): the rest as received, or without the fields the
+/// row holds anyway, in the order every OTLP serializer writes them (field-number order): the
+/// ids (trace id, span id, parent id, no trace state) before the name, and kind, start and end after it.
+const BODY_AS_RECEIVED: u8 = 0;
+const BODY_WITHOUT_IDS: u8 = 1;
+const BODY_WITHOUT_IDS_AND_TIMES: u8 = 2;
+
+fn push_varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+/// The length of the length-delimited field at the start of `data` (tag, length, value), if it is one.
+fn delimited_len(data: &[u8]) -> Option<usize> {
+    let mut length: u64 = 0;
+    for (index, byte) in data.iter().enumerate().skip(1).take(10) {
+        length |= u64::from(byte & 0x7f) << (7 * (index - 1));
+        if byte & 0x80 == 0 {
+            let end = (index as u64 + 1).checked_add(length)?;
+            return (end <= data.len() as u64).then_some(end as usize);
+        }
+    }
+    None
+}
+
+/// A buffered span (`otel_llm.pdata.spans.BufferedSpan`'s fields, methods and attribute names), as
+/// the compiled core makes it for spans with the ids the receivers admit (16-byte trace id, 8-byte
+/// span id, parent id empty or 8 bytes). Its numbers and ids are held inline, its bytes as one Rust
+/// allocation without the fields it holds anyway, rebuilt byte for byte when read (`payload`):
+/// ~300 B less per buffered span than the dataclass with its int and bytes objects. Not tracked by
+/// the garbage collector (no `__traverse__`): what it refers to (bytes, strings, the origin, the
+/// attribute tuple, the observation) never refers back to a span, so it can be in no cycle.
+#[pyclass(frozen, module = "otel_llm._core", name = "BufferedSpan")]
+struct Row {
+    span_id: Py<PyBytes>, // the trace's key for it: one object either way
+    trace_state: Py<PyString>,
+    origin: PyObject,
+    attrs: PyObject,
+    observation: PyObject,
+    start_unix_ns: u64,
+    end_unix_ns: u64,
+    body: Box<[u8]>,
+    trace_id: [u8; 16],
+    parent_span_id: [u8; 8],
+    kind: i32,
+    status_code: i32,
+    has_parent: bool,
+}
+
+impl Row {
+    /// The fields `body` leaves out before and after the span's name.
+    fn omitted(&self, py: Python<'_>) -> (Vec<u8>, Vec<u8>) {
+        let mut ids = Vec::with_capacity(38);
+        ids.extend_from_slice(&[0x0a, 16]);
+        ids.extend_from_slice(&self.trace_id);
+        ids.extend_from_slice(&[0x12, 8]);
+        ids.extend_from_slice(self.span_id.bind(py).as_bytes());
+        if self.has_parent {
+            ids.extend_from_slice(&[0x22, 8]);
+            ids.extend_from_slice(&self.parent_span_id);
+        }
+        let mut times = Vec::with_capacity(20);
+        if self.kind != 0 {
+            times.push(0x30);
+            push_varint(&mut times, self.kind as i64 as u64); // int32: a negative one sign-extended
+        }
+        if self.start_unix_ns != 0 {
+            times.push(0x39);
+            times.extend_from_slice(&self.start_unix_ns.to_le_bytes());
+        }
+        if self.end_unix_ns != 0 {
+            times.push(0x41);
+            times.extend_from_slice(&self.end_unix_ns.to_le_bytes());
+        }
+        (ids, times)
+    }
+
+    /// `payload` without what `omitted` rebuilds, where the payload holds exactly that; else as received.
+    fn compact(&mut self, py: Python<'_>, payload: &[u8]) {
+        let (ids, times) = self.omitted(py);
+        let mut body = Vec::with_capacity(payload.len() + 1);
+        match payload.strip_prefix(ids.as_slice()) {
+            Some(rest) if self.trace_state.bind(py).to_str().is_ok_and(str::is_empty) => {
+                let name_end = (rest.first() == Some(&0x2a)).then(|| delimited_len(rest)).flatten();
+                match name_end {
+                    Some(end) if !times.is_empty() && rest[end..].starts_with(&times) => {
+                        body.push(BODY_WITHOUT_IDS_AND_TIMES);
+                        body.extend_from_slice(&rest[..end]);
+                        body.extend_from_slice(&rest[end + times.len()..]);
+                    }
+                    _ => {
+                        body.push(BODY_WITHOUT_IDS);
+                        body.extend_from_slice(rest);
+                    }
+                }
+            }
+            _ => {
+                body.push(BODY_AS_RECEIVED);
+                body.extend_from_slice(payload);
+            }
+        }
+        self.body = body.into_boxed_slice();
+    }
+
+    fn payload_bytes(&self, py: Python<'_>) -> Vec<u8> {
+        let rest = &self.body[1..];
+        match self.body[0] {
+            BODY_AS_RECEIVED => rest.to_vec(),
+            layout => {
+                let (ids, times) = self.omitted(py);
+                let mut out = Vec::with_capacity(ids.len() + rest.len() + times.len());
+                out.extend_from_slice(&ids);
+                if layout == BODY_WITHOUT_IDS_AND_TIMES {
+                    // The name's extent, as `compact` found it in these same bytes.
+                    let end = delimited_len(rest).unwrap_or(rest.len());
+                    out.extend_from_slice(&rest[..end]);
+                    out.extend_from_slice(&times);
+                    out.extend_from_slice(&rest[end..]);
+                } else {
+                    out.extend_from_slice(rest);
+                }
+                out
+            }
+        }
+    }
+
+    /// A row of these fields, or `None` where an id has a length the receivers refuse (the
+    /// dataclass then holds the span).
+    #[allow(clippy::too_many_arguments)]
+    fn make(py: Python<'_>, trace_id: &[u8], span_id: Bound<'_, PyBytes>, parent_span_id: &[u8], kind: i32,
+            status_code: i32, start_unix_ns: u64, end_unix_ns: u64, trace_state: Bound<'_, PyString>,
+            payload: &[u8], origin: PyObject, attrs: PyObject, observation: PyObject) -> Option<Row> {
+        let trace_id: [u8; 16] = trace_id.try_into().ok()?;
+        if span_id.as_bytes().len() != 8 {
+            return None;
+        }
+        let (parent, has_parent): ([u8; 8], bool) = match parent_span_id.len() {
+            0 => ([0; 8], false),
+            _ => (parent_span_id.try_into().ok()?, true),
+        };
+        let mut row = Row {
+            span_id: span_id.unbind(), trace_state: trace_state.unbind(), origin, attrs, observation, start_unix_ns,
+            end_unix_ns, body: Box::new([]), trace_id, parent_span_id: parent, kind, status_code, has_parent,
+        };
+        row.compact(py, payload);
+        Some(row)
+    }
+
+    fn fields<'py>(&self, py: Python<'py>) -> PyResult<[Bound<'py, PyAny>; 12]> {
+        Ok([
+            self.trace_id(py).into_any(), self.span_id.bind(py).clone().into_any(),
+            self.parent_span_id(py).into_any(), self.kind.into_pyobject(py)?.into_any(),
+            self.status_code.into_pyobject(py)?.into_any(), self.start_unix_ns.into_pyobject(py)?.into_any(),
+            self.end_unix_ns.into_pyobject(py)?.into_any(), self.trace_state.bind(py).clone().into_any(),
+            self.payload(py).into_any(), self.origin.bind(py).clone(), self.attrs.bind(py).clone(),
+            self.observation.bind(py).clone(),
+        ])
+    }
+}
+
+const ROW_FIELDS: [&str; 12] = ["trace_id", "span_id", "parent_span_id", "kind", "status_code", "start_unix_ns",
+                                "end_unix_ns", "trace_state", "payload", "origin", "attrs", "observation"];
+
+#[pymethods]
+impl Row {
+    /// `BufferedSpan`'s constructor; `ValueError` for an id of a length the receivers refuse.
+    #[new]
+    #[pyo3(signature = (trace_id, span_id, parent_span_id, kind, status_code, start_unix_ns, end_unix_ns,
+                        trace_state, payload, origin, attrs, observation=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(py: Python<'_>, trace_id: &[u8], span_id: Bound<'_, PyBytes>, parent_span_id: &[u8], kind: i32,
+           status_code: i32, start_unix_ns: u64, end_unix_ns: u64, trace_state: Bound<'_, PyString>,
+           payload: &[u8], origin: PyObject, attrs: Bound<'_, PyTuple>, observation: Option<PyObject>)
+           -> PyResult<Self> {
+        Row::make(py, trace_id, span_id, parent_span_id, kind, status_code, start_unix_ns, end_unix_ns, trace_state,
+                  payload, origin, attrs.into_any().unbind(), observation.unwrap_or_else(|| py.None()))
+            .ok_or_else(|| PyValueError::new_err("a span id of 8 bytes, a trace id of 16, a parent id of 0 or 8"))
+    }
+
+    #[getter]
+    fn trace_id<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.trace_id)
+    }
+
+    /// The assembler points spans at one object per id (the dataclass's memory rule); a row holds
+    /// its ids inline, so an equal id changes nothing, and a different one is refused.
+    #[setter]
+    fn set_trace_id(&self, value: &[u8]) -> PyResult<()> {
+        if value == self.trace_id {
+            Ok(())
+        } else {
+            Err(PyValueError::new_err("a buffered span's trace id does not change"))
+        }
+    }
+
+    #[getter]
+    fn span_id(&self, py: Python<'_>) -> Py<PyBytes> {
+        self.span_id.clone_ref(py)
+    }
+
+    #[getter]
+    fn parent_span_id<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, if self.has_parent { &self.parent_span_id } else { &[] })
+    }
+
+    #[setter]
+    fn set_parent_span_id(&self, value: &[u8]) -> PyResult<()> {
+        if value == (if self.has_parent { &self.parent_span_id[..] } else { &[] }) {
+            Ok(())
+        } else {
+            Err(PyValueError::new_err("a buffered span's parent id does not change"))
+        }
+    }
+
+    #[getter]
+    fn kind(&self) -> i32 {
+        self.kind
+    }
+
+    #[getter]
+    fn status_code(&self) -> i32 {
+        self.status_code
+    }
+
+    #[getter]
+    fn start_unix_ns(&self) -> u64 {
+        self.start_unix_ns
+    }
+
+    #[getter]
+    fn end_unix_ns(&self) -> u64 {
+        self.end_unix_ns
+    }
+
+    #[getter]
+    fn trace_state(&self, py: Python<'_>) -> Py<PyString> {
+        self.trace_state.clone_ref(py)
+    }
+
+    /// The span as received, rebuilt (a new bytes object on each read: kept traces read it once).
+    #[getter]
+    fn payload<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.payload_bytes(py))
+    }
+
+    #[getter]
+    fn origin(&self, py: Python<'_>) -> PyObject {
+        self.origin.clone_ref(py)
+    }
+
+    #[getter]
+    fn attrs(&self, py: Python<'_>) -> PyObject {
+        self.attrs.clone_ref(py)
+    }
+
+    #[getter]
+    fn observation(&self, py: Python<'_>) -> PyObject {
+        self.observation.clone_ref(py)
+    }
+
+    #[getter]
+    fn resource<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.origin.bind(py).getattr(pyo3::intern!(py, "resource"))
+    }
+
+    #[getter]
+    fn scope<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.origin.bind(py).getattr(pyo3::intern!(py, "scope"))
+    }
+
+    #[getter]
+    fn service_name<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.origin.bind(py).getattr(pyo3::intern!(py, "service_name"))
+    }
+
+    /// An engine's own request span (not a GenAI span that may turn out to be a gateway).
+    #[getter]
+    fn is_engine(&self, py: Python<'_>) -> PyResult<bool> {
+        let observation = self.observation.bind(py);
+        if observation.is_none() {
+            return Ok(false);
+        }
+        Ok(!observation.getattr(pyo3::intern!(py, "may_be_gateway"))?.is_truthy()?
+            && !observation.getattr(pyo3::intern!(py, "part"))?.is_truthy()?)
+    }
+
+    fn attr<'py>(&self, py: Python<'py>, key: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let attrs = self.attrs.bind(py).downcast::<PyTuple>()?;
+        let mut index = 0;
+        while index + 1 < attrs.len() {
+            if attrs.get_item(index)?.eq(&key)? {
+                return attrs.get_item(index + 1);
+            }
+            index += 2;
+        }
+        Ok(py.None().into_bound(py))
+    }
+
+    /// As the dataclass's: equal fields, same class.
+    fn __eq__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<PyObject> {
+        let Ok(other) = other.downcast::<Row>() else { return Ok(py.NotImplemented()) };
+        let mine = PyTuple::new(py, self.fields(py)?)?;
+        let theirs = PyTuple::new(py, other.get().fields(py)?)?;
+        Ok(PyBool::new(py, mine.eq(theirs)?).to_owned().into_any().unbind())
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let mut parts = Vec::with_capacity(12);
+        for (name, value) in ROW_FIELDS.iter().zip(self.fields(py)?) {
+            parts.push(format!("{name}={}", value.repr()?));
+        }
+        Ok(format!("BufferedSpan({})", parts.join(", ")))
     }
 }
 
@@ -1442,6 +1776,7 @@ fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(py_scan, module)?)?;
     module.add_function(wrap_pyfunction!(py_validate, module)?)?;
     module.add_class::<Digester>()?;
+    module.add_class::<Row>()?;
     module.add("MAX_DEPTH", MAX_DEPTH)?;
     Ok(())
 }
