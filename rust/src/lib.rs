@@ -13,7 +13,7 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 /// upb's decode depth limit (100 levels below the message parsed) in this walk's counting, where
 /// the request is depth 1: measured against upb (tests/test_native_core.py, nested values and groups).
@@ -1293,8 +1293,13 @@ impl Digester {
                                     let observation = if portable {
                                         args.into_any().unbind()
                                     } else {
-                                        let names = self.observation_fields.iter().map(|(n, d)| (n, d.as_ref()));
-                                        self.make(py, &self.observation_class, names, args.iter())?.unbind()
+                                        match Observation::from_args(py, &args)? {
+                                            Some(compact) => Bound::new(py, compact)?.into_any().unbind(),
+                                            None => {
+                                                let names = self.observation_fields.iter().map(|(n, d)| (n, d.as_ref()));
+                                                self.make(py, &self.observation_class, names, args.iter())?.unbind()
+                                            }
+                                        }
                                     };
                                     ready = Some((native.slim.into_any(), observation));
                                 }
@@ -1372,6 +1377,338 @@ impl Digester {
         }
         PyTuple::new(py, [made.get_item(1)?, span_list.into_any(), PyList::new(py, slow)?.into_any(),
                           matched_dict.into_any(), passed_through.into_pyobject(py)?.into_any()])
+    }
+}
+
+// --- an engine observation held compactly ---------------------------------------------------------
+
+/// Where each of `OBSERVATION_FIELDS` is held in an `Observation`.
+#[derive(Clone, Copy)]
+enum Slot {
+    Object(usize),
+    Float(usize),
+    Int(usize),
+    Flag(usize),
+    Rare(usize),
+}
+
+/// `OBSERVATION_FIELDS`' order: engine_kind, adapter, ttft_s, e2e_s, queue_s, prefill_s, decode_s,
+/// inference_s, preprocess_s, prompt_tokens, completion_tokens, max_tokens, request_model,
+/// response_model, finish_reason, operation_name, provider_name, server_address, server_port,
+/// is_error, error_type, may_be_gateway, cached_tokens, cache_write_tokens, spec_decode,
+/// spec_decode_rejected, reasoning_tokens, tpot_s, itl_s, part, marks, derived.
+const OBSERVATION_SLOTS: [Slot; OBSERVATION_ARGS] = [
+    Slot::Object(0), Slot::Object(1), Slot::Float(0), Slot::Float(1), Slot::Float(2), Slot::Float(3),
+    Slot::Float(4), Slot::Float(5), Slot::Rare(0), Slot::Int(0), Slot::Int(1), Slot::Int(2), Slot::Object(2),
+    Slot::Object(3), Slot::Object(4), Slot::Object(5), Slot::Object(6), Slot::Object(7), Slot::Object(8),
+    Slot::Flag(0), Slot::Rare(1), Slot::Flag(1), Slot::Int(3), Slot::Rare(2), Slot::Rare(3), Slot::Rare(4),
+    Slot::Rare(5), Slot::Rare(6), Slot::Rare(7), Slot::Object(9), Slot::Rare(8), Slot::Rare(9),
+];
+const OBSERVATION_OBJECTS: usize = 10;
+const OBSERVATION_FLOATS: usize = 6;
+const OBSERVATION_INTS: usize = 4;
+const OBSERVATION_RARE: usize = 10;
+/// The rare fields' defaults: `None`, except the tuples `itl_s`, `marks` and `derived` (empty).
+const RARE_TUPLES: [bool; OBSERVATION_RARE] = [false, false, false, false, false, false, false, true, true, true];
+
+/// An `EngineObservation` (`otel_llm.pdata.observation`: the same attributes, `as_tuple`, `mark`,
+/// equality, repr) as the compiled core makes it for the spans it reads: its latencies and token
+/// counts held as numbers, not a float or int object each, and the fields few spans set in one
+/// tuple made only when one is set: ~190 B where the Python object with its numbers holds ~510 B
+/// (a vLLM span's). Not tracked by the garbage collector: it refers only to strings, numbers and
+/// tuples of them. Values read back as the Python class holds them (a float a float, an int an int).
+#[pyclass(frozen, module = "otel_llm._core", name = "EngineObservation")]
+struct Observation {
+    objects: [PyObject; OBSERVATION_OBJECTS],
+    floats: [f64; OBSERVATION_FLOATS],
+    ints: [i64; OBSERVATION_INTS],
+    /// Bit `i` (floats) or `OBSERVATION_FLOATS + i` (ints): that number is set, not `None`.
+    present: u16,
+    flags: [bool; 2],
+    rare: Option<Py<PyTuple>>,
+}
+
+impl Observation {
+    /// From `EngineObservation`'s 32 positional arguments, or `None` where a value is not of the
+    /// type held here (the Python class then holds the observation, unchanged).
+    fn from_args(py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<Option<Observation>> {
+        if args.len() != OBSERVATION_ARGS {
+            return Ok(None);
+        }
+        let mut objects: [PyObject; OBSERVATION_OBJECTS] = std::array::from_fn(|_| py.None());
+        let mut floats = [0.0; OBSERVATION_FLOATS];
+        let mut ints = [0i64; OBSERVATION_INTS];
+        let mut present = 0u16;
+        let mut flags = [false; 2];
+        let mut rare: Vec<Bound<'_, PyAny>> = Vec::with_capacity(OBSERVATION_RARE);
+        let mut any_rare = false;
+        for (value, slot) in args.iter().zip(OBSERVATION_SLOTS) {
+            match slot {
+                Slot::Object(i) => objects[i] = value.unbind(),
+                Slot::Float(i) if value.is_none() => floats[i] = 0.0,
+                Slot::Float(i) => {
+                    let Ok(float) = value.downcast_exact::<PyFloat>() else { return Ok(None) };
+                    floats[i] = float.value();
+                    present |= 1 << i;
+                }
+                Slot::Int(i) if value.is_none() => ints[i] = 0,
+                Slot::Int(i) => {
+                    if !value.is_exact_instance_of::<PyInt>() {
+                        return Ok(None);
+                    }
+                    let Ok(int) = value.extract::<i64>() else { return Ok(None) };
+                    ints[i] = int;
+                    present |= 1 << (OBSERVATION_FLOATS + i);
+                }
+                Slot::Flag(i) => {
+                    let Ok(flag) = value.downcast_exact::<PyBool>() else { return Ok(None) };
+                    flags[i] = flag.is_true();
+                }
+                Slot::Rare(i) => {
+                    let default = if RARE_TUPLES[i] {
+                        value.downcast_exact::<PyTuple>().is_ok_and(|t| t.is_empty())
+                    } else {
+                        value.is_none()
+                    };
+                    any_rare |= !default;
+                    rare.push(value);
+                }
+            }
+        }
+        let rare = if any_rare { Some(PyTuple::new(py, rare)?.unbind()) } else { None };
+        Ok(Some(Observation { objects, floats, ints, present, flags, rare }))
+    }
+
+    fn field(&self, py: Python<'_>, index: usize) -> PyResult<PyObject> {
+        Ok(match OBSERVATION_SLOTS[index] {
+            Slot::Object(i) => self.objects[i].clone_ref(py),
+            Slot::Float(i) if self.present & (1 << i) != 0 => PyFloat::new(py, self.floats[i]).into_any().unbind(),
+            Slot::Int(i) if self.present & (1 << (OBSERVATION_FLOATS + i)) != 0 => {
+                self.ints[i].into_pyobject(py)?.into_any().unbind()
+            }
+            Slot::Float(_) | Slot::Int(_) => py.None(),
+            Slot::Flag(i) => PyBool::new(py, self.flags[i]).to_owned().into_any().unbind(),
+            Slot::Rare(i) => match &self.rare {
+                Some(rare) => rare.bind(py).get_item(i)?.unbind(),
+                None if RARE_TUPLES[i] => PyTuple::empty(py).into_any().unbind(),
+                None => py.None(),
+            },
+        })
+    }
+
+    fn tuple<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let values = (0..OBSERVATION_ARGS).map(|index| self.field(py, index)).collect::<PyResult<Vec<_>>>()?;
+        PyTuple::new(py, values)
+    }
+}
+
+const OBSERVATION_NAMES: [&str; OBSERVATION_ARGS] = [
+    "engine_kind", "adapter", "ttft_s", "e2e_s", "queue_s", "prefill_s", "decode_s", "inference_s", "preprocess_s",
+    "prompt_tokens", "completion_tokens", "max_tokens", "request_model", "response_model", "finish_reason",
+    "operation_name", "provider_name", "server_address", "server_port", "is_error", "error_type", "may_be_gateway",
+    "cached_tokens", "cache_write_tokens", "spec_decode", "spec_decode_rejected", "reasoning_tokens", "tpot_s",
+    "itl_s", "part", "marks", "derived"];
+
+#[pymethods]
+impl Observation {
+    /// Every field in `OBSERVATION_FIELDS` order, as `EngineObservation.as_tuple`.
+    fn as_tuple<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        self.tuple(py)
+    }
+
+    fn mark<'py>(&self, py: Python<'py>, key: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        if let Some(rare) = &self.rare {
+            let marks = rare.bind(py).get_item(8)?;
+            let marks = marks.downcast::<PyTuple>()?;
+            let mut index = 0;
+            while index + 1 < marks.len() {
+                if marks.get_item(index)?.eq(&key)? {
+                    return marks.get_item(index + 1);
+                }
+                index += 2;
+            }
+        }
+        Ok(py.None().into_bound(py))
+    }
+
+    /// Equal to an `EngineObservation` (either class) of equal fields, as the Python class's.
+    fn __eq__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<PyObject> {
+        let theirs = if let Ok(other) = other.downcast::<Observation>() {
+            other.get().tuple(py)?.into_any()
+        } else if other.hasattr(pyo3::intern!(py, "as_tuple"))? && other.hasattr(pyo3::intern!(py, "mark"))? {
+            other.call_method0(pyo3::intern!(py, "as_tuple"))?
+        } else {
+            return Ok(py.NotImplemented());
+        };
+        Ok(PyBool::new(py, self.tuple(py)?.eq(theirs)?).to_owned().into_any().unbind())
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let mut parts = Vec::with_capacity(OBSERVATION_ARGS);
+        for (index, name) in OBSERVATION_NAMES.iter().enumerate() {
+            parts.push(format!("{name}={}", self.field(py, index)?.bind(py).repr()?));
+        }
+        Ok(format!("EngineObservation({})", parts.join(", ")))
+    }
+
+    #[getter]
+    fn engine_kind(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 0)
+    }
+
+    #[getter]
+    fn adapter(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 1)
+    }
+
+    #[getter]
+    fn ttft_s(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 2)
+    }
+
+    #[getter]
+    fn e2e_s(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 3)
+    }
+
+    #[getter]
+    fn queue_s(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 4)
+    }
+
+    #[getter]
+    fn prefill_s(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 5)
+    }
+
+    #[getter]
+    fn decode_s(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 6)
+    }
+
+    #[getter]
+    fn inference_s(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 7)
+    }
+
+    #[getter]
+    fn preprocess_s(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 8)
+    }
+
+    #[getter]
+    fn prompt_tokens(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 9)
+    }
+
+    #[getter]
+    fn completion_tokens(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 10)
+    }
+
+    #[getter]
+    fn max_tokens(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 11)
+    }
+
+    #[getter]
+    fn request_model(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 12)
+    }
+
+    #[getter]
+    fn response_model(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 13)
+    }
+
+    #[getter]
+    fn finish_reason(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 14)
+    }
+
+    #[getter]
+    fn operation_name(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 15)
+    }
+
+    #[getter]
+    fn provider_name(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 16)
+    }
+
+    #[getter]
+    fn server_address(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 17)
+    }
+
+    #[getter]
+    fn server_port(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 18)
+    }
+
+    #[getter]
+    fn is_error(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 19)
+    }
+
+    #[getter]
+    fn error_type(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 20)
+    }
+
+    #[getter]
+    fn may_be_gateway(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 21)
+    }
+
+    #[getter]
+    fn cached_tokens(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 22)
+    }
+
+    #[getter]
+    fn cache_write_tokens(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 23)
+    }
+
+    #[getter]
+    fn spec_decode(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 24)
+    }
+
+    #[getter]
+    fn spec_decode_rejected(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 25)
+    }
+
+    #[getter]
+    fn reasoning_tokens(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 26)
+    }
+
+    #[getter]
+    fn tpot_s(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 27)
+    }
+
+    #[getter]
+    fn itl_s(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 28)
+    }
+
+    #[getter]
+    fn part(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 29)
+    }
+
+    #[getter]
+    fn marks(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 30)
+    }
+
+    #[getter]
+    fn derived(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.field(py, 31)
     }
 }
 
@@ -1777,6 +2114,7 @@ fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(py_validate, module)?)?;
     module.add_class::<Digester>()?;
     module.add_class::<Row>()?;
+    module.add_class::<Observation>()?;
     module.add("MAX_DEPTH", MAX_DEPTH)?;
     Ok(())
 }
