@@ -1401,10 +1401,10 @@ const OBSERVATION_SLOTS: [Slot; OBSERVATION_ARGS] = [
     Slot::Object(0), Slot::Object(1), Slot::Float(0), Slot::Float(1), Slot::Float(2), Slot::Float(3),
     Slot::Float(4), Slot::Float(5), Slot::Rare(0), Slot::Int(0), Slot::Int(1), Slot::Int(2), Slot::Object(2),
     Slot::Object(3), Slot::Object(4), Slot::Object(5), Slot::Object(6), Slot::Object(7), Slot::Object(8),
-    Slot::Flag(0), Slot::Rare(1), Slot::Flag(1), Slot::Int(3), Slot::Rare(2), Slot::Rare(3), Slot::Rare(4),
+    Slot::Flag(10), Slot::Rare(1), Slot::Flag(11), Slot::Int(3), Slot::Rare(2), Slot::Rare(3), Slot::Rare(4),
     Slot::Rare(5), Slot::Rare(6), Slot::Rare(7), Slot::Object(9), Slot::Rare(8), Slot::Rare(9),
 ];
-const OBSERVATION_OBJECTS: usize = 10;
+const OBSERVATION_OBJECTS: usize = 12; // with the two flags
 const OBSERVATION_FLOATS: usize = 6;
 const OBSERVATION_INTS: usize = 4;
 const OBSERVATION_RARE: usize = 10;
@@ -1414,17 +1414,40 @@ const RARE_TUPLES: [bool; OBSERVATION_RARE] = [false, false, false, false, false
 /// An `EngineObservation` (`otel_llm.pdata.observation`: the same attributes, `as_tuple`, `mark`,
 /// equality, repr) as the compiled core makes it for the spans it reads: its latencies and token
 /// counts held as numbers, not a float or int object each, and the fields few spans set in one
-/// tuple made only when one is set: ~190 B where the Python object with its numbers holds ~510 B
+/// tuple made only when one is set: 208 B where the Python object with its numbers holds ~510 B
 /// (a vLLM span's). Not tracked by the garbage collector: it refers only to strings, numbers and
 /// tuples of them. Values read back as the Python class holds them (a float a float, an int an int).
 #[pyclass(frozen, module = "otel_llm._core", name = "EngineObservation")]
 struct Observation {
-    objects: [PyObject; OBSERVATION_OBJECTS],
+    // Strings and flags as struct members (read as fast as a `__slots__` slot; see `Row`).
+    #[pyo3(get)]
+    engine_kind: PyObject,
+    #[pyo3(get)]
+    adapter: PyObject,
+    #[pyo3(get)]
+    request_model: PyObject,
+    #[pyo3(get)]
+    response_model: PyObject,
+    #[pyo3(get)]
+    finish_reason: PyObject,
+    #[pyo3(get)]
+    operation_name: PyObject,
+    #[pyo3(get)]
+    provider_name: PyObject,
+    #[pyo3(get)]
+    server_address: PyObject,
+    #[pyo3(get)]
+    server_port: PyObject,
+    #[pyo3(get)]
+    part: PyObject,
+    #[pyo3(get)]
+    is_error: PyObject,
+    #[pyo3(get)]
+    may_be_gateway: PyObject,
     floats: [f64; OBSERVATION_FLOATS],
     ints: [i64; OBSERVATION_INTS],
     /// Bit `i` (floats) or `OBSERVATION_FLOATS + i` (ints): that number is set, not `None`.
     present: u16,
-    flags: [bool; 2],
     rare: Option<Py<PyTuple>>,
 }
 
@@ -1439,7 +1462,6 @@ impl Observation {
         let mut floats = [0.0; OBSERVATION_FLOATS];
         let mut ints = [0i64; OBSERVATION_INTS];
         let mut present = 0u16;
-        let mut flags = [false; 2];
         let mut rare: Vec<Bound<'_, PyAny>> = Vec::with_capacity(OBSERVATION_RARE);
         let mut any_rare = false;
         for (value, slot) in args.iter().zip(OBSERVATION_SLOTS) {
@@ -1461,8 +1483,10 @@ impl Observation {
                     present |= 1 << (OBSERVATION_FLOATS + i);
                 }
                 Slot::Flag(i) => {
-                    let Ok(flag) = value.downcast_exact::<PyBool>() else { return Ok(None) };
-                    flags[i] = flag.is_true();
+                    if !value.is_exact_instance_of::<PyBool>() {
+                        return Ok(None);
+                    }
+                    objects[i] = value.unbind();
                 }
                 Slot::Rare(i) => {
                     let default = if RARE_TUPLES[i] {
@@ -1476,18 +1500,39 @@ impl Observation {
             }
         }
         let rare = if any_rare { Some(PyTuple::new(py, rare)?.unbind()) } else { None };
-        Ok(Some(Observation { objects, floats, ints, present, flags, rare }))
+        let [engine_kind, adapter, request_model, response_model, finish_reason, operation_name, provider_name,
+             server_address, server_port, part, is_error, may_be_gateway] = objects;
+        Ok(Some(Observation {
+            engine_kind, adapter, request_model, response_model, finish_reason, operation_name, provider_name,
+            server_address, server_port, part, is_error, may_be_gateway, floats, ints, present, rare,
+        }))
+    }
+
+    fn object(&self, index: usize) -> &PyObject {
+        match index {
+            0 => &self.engine_kind,
+            1 => &self.adapter,
+            2 => &self.request_model,
+            3 => &self.response_model,
+            4 => &self.finish_reason,
+            5 => &self.operation_name,
+            6 => &self.provider_name,
+            7 => &self.server_address,
+            8 => &self.server_port,
+            9 => &self.part,
+            10 => &self.is_error,
+            _ => &self.may_be_gateway,
+        }
     }
 
     fn field(&self, py: Python<'_>, index: usize) -> PyResult<PyObject> {
         Ok(match OBSERVATION_SLOTS[index] {
-            Slot::Object(i) => self.objects[i].clone_ref(py),
+            Slot::Object(i) | Slot::Flag(i) => self.object(i).clone_ref(py),
             Slot::Float(i) if self.present & (1 << i) != 0 => PyFloat::new(py, self.floats[i]).into_any().unbind(),
             Slot::Int(i) if self.present & (1 << (OBSERVATION_FLOATS + i)) != 0 => {
                 self.ints[i].into_pyobject(py)?.into_any().unbind()
             }
             Slot::Float(_) | Slot::Int(_) => py.None(),
-            Slot::Flag(i) => PyBool::new(py, self.flags[i]).to_owned().into_any().unbind(),
             Slot::Rare(i) => match &self.rare {
                 Some(rare) => rare.bind(py).get_item(i)?.unbind(),
                 None if RARE_TUPLES[i] => PyTuple::empty(py).into_any().unbind(),
@@ -1552,16 +1597,6 @@ impl Observation {
     }
 
     #[getter]
-    fn engine_kind(&self, py: Python<'_>) -> PyResult<PyObject> {
-        self.field(py, 0)
-    }
-
-    #[getter]
-    fn adapter(&self, py: Python<'_>) -> PyResult<PyObject> {
-        self.field(py, 1)
-    }
-
-    #[getter]
     fn ttft_s(&self, py: Python<'_>) -> PyResult<PyObject> {
         self.field(py, 2)
     }
@@ -1612,53 +1647,8 @@ impl Observation {
     }
 
     #[getter]
-    fn request_model(&self, py: Python<'_>) -> PyResult<PyObject> {
-        self.field(py, 12)
-    }
-
-    #[getter]
-    fn response_model(&self, py: Python<'_>) -> PyResult<PyObject> {
-        self.field(py, 13)
-    }
-
-    #[getter]
-    fn finish_reason(&self, py: Python<'_>) -> PyResult<PyObject> {
-        self.field(py, 14)
-    }
-
-    #[getter]
-    fn operation_name(&self, py: Python<'_>) -> PyResult<PyObject> {
-        self.field(py, 15)
-    }
-
-    #[getter]
-    fn provider_name(&self, py: Python<'_>) -> PyResult<PyObject> {
-        self.field(py, 16)
-    }
-
-    #[getter]
-    fn server_address(&self, py: Python<'_>) -> PyResult<PyObject> {
-        self.field(py, 17)
-    }
-
-    #[getter]
-    fn server_port(&self, py: Python<'_>) -> PyResult<PyObject> {
-        self.field(py, 18)
-    }
-
-    #[getter]
-    fn is_error(&self, py: Python<'_>) -> PyResult<PyObject> {
-        self.field(py, 19)
-    }
-
-    #[getter]
     fn error_type(&self, py: Python<'_>) -> PyResult<PyObject> {
         self.field(py, 20)
-    }
-
-    #[getter]
-    fn may_be_gateway(&self, py: Python<'_>) -> PyResult<PyObject> {
-        self.field(py, 21)
     }
 
     #[getter]
@@ -1694,11 +1684,6 @@ impl Observation {
     #[getter]
     fn itl_s(&self, py: Python<'_>) -> PyResult<PyObject> {
         self.field(py, 28)
-    }
-
-    #[getter]
-    fn part(&self, py: Python<'_>) -> PyResult<PyObject> {
-        self.field(py, 29)
     }
 
     #[getter]
@@ -1746,15 +1731,22 @@ fn delimited_len(data: &[u8]) -> Option<usize> {
 /// the compiled core makes it for spans with the ids the receivers admit (16-byte trace id, 8-byte
 /// span id, parent id empty or 8 bytes). Its numbers and ids are held inline, its bytes as one Rust
 /// allocation without the fields it holds anyway, rebuilt byte for byte when read (`payload`):
-/// ~300 B less per buffered span than the dataclass with its int and bytes objects. Not tracked by
+/// ~200 B less per buffered span than the dataclass with its int and bytes objects. Not tracked by
 /// the garbage collector (no `__traverse__`): what it refers to (bytes, strings, the origin, the
 /// attribute tuple, the observation) never refers back to a span, so it can be in no cycle.
 #[pyclass(frozen, module = "otel_llm._core", name = "BufferedSpan")]
 struct Row {
+    // Objects read as struct members (`#[pyo3(get)]` on a frozen class's `Py` field: CPython reads
+    // them as it reads a `__slots__` slot, ~10 ns, where a getter function takes ~30 ns).
+    #[pyo3(get)]
     span_id: Py<PyBytes>, // the trace's key for it: one object either way
+    #[pyo3(get)]
     trace_state: Py<PyString>,
+    #[pyo3(get)]
     origin: PyObject,
+    #[pyo3(get)]
     attrs: PyObject,
+    #[pyo3(get)]
     observation: PyObject,
     start_unix_ns: u64,
     end_unix_ns: u64,
@@ -1913,11 +1905,6 @@ impl Row {
     }
 
     #[getter]
-    fn span_id(&self, py: Python<'_>) -> Py<PyBytes> {
-        self.span_id.clone_ref(py)
-    }
-
-    #[getter]
     fn parent_span_id<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         PyBytes::new(py, if self.has_parent { &self.parent_span_id } else { &[] })
     }
@@ -1951,30 +1938,10 @@ impl Row {
         self.end_unix_ns
     }
 
-    #[getter]
-    fn trace_state(&self, py: Python<'_>) -> Py<PyString> {
-        self.trace_state.clone_ref(py)
-    }
-
     /// The span as received, rebuilt (a new bytes object on each read: kept traces read it once).
     #[getter]
     fn payload<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         PyBytes::new(py, &self.payload_bytes(py))
-    }
-
-    #[getter]
-    fn origin(&self, py: Python<'_>) -> PyObject {
-        self.origin.clone_ref(py)
-    }
-
-    #[getter]
-    fn attrs(&self, py: Python<'_>) -> PyObject {
-        self.attrs.clone_ref(py)
-    }
-
-    #[getter]
-    fn observation(&self, py: Python<'_>) -> PyObject {
-        self.observation.clone_ref(py)
     }
 
     #[getter]
@@ -2021,6 +1988,12 @@ impl Row {
         let mine = PyTuple::new(py, self.fields(py)?)?;
         let theirs = PyTuple::new(py, other.get().fields(py)?)?;
         Ok(PyBool::new(py, mine.eq(theirs)?).to_owned().into_any().unbind())
+    }
+
+    /// The object and its bytes' allocation (`sys.getsizeof`; a trace's shared objects not counted).
+    fn __sizeof__(slf: &Bound<'_, Self>) -> PyResult<usize> {
+        let basic: usize = slf.get_type().getattr(pyo3::intern!(slf.py(), "__basicsize__"))?.extract()?;
+        Ok(basic + slf.get().body.len())
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
