@@ -4,7 +4,9 @@ The RSS phase's workload (``python -m bench --rss-only``: traces whose root neve
 by the adapter stage of the configured core (``OTEL_LLM_CORE``) into the real ``TraceAssembler``,
 with ``decision_wait`` long enough that nothing completes; prints the bytes allocated per buffered
 span and the source lines that allocated them. A few seconds, and steadier than RSS: for measuring
-one change to what a buffered span holds at a time.
+one change to what a buffered span holds at a time. It sees Python's allocations only: on the native
+path a buffered span's bytes are a Rust allocation of the core's ``BufferedSpan`` (``rust/src/lib.rs``
+``Row``), counted by RSS and by ``sys.getsizeof(span)``, not here.
 """
 
 from __future__ import annotations

@@ -15,12 +15,14 @@ attributes are compared as a mapping, never as an order.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import marshal
 import os
 import random
 import re
 import sqlite3
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -613,8 +615,8 @@ def test_a_request_of_shapes_the_core_reads_is_never_parsed_in_python(monkeypatc
 def test_the_core_hands_back_the_bench_spans_ready_to_buffer() -> None:
     """Stage three: a span the core reads, skips or files by name comes back as a ``BufferedSpan``
     the core made, no Python step per span; a span over a limit still takes the Python steps. The
-    objects it makes equal the reference's down to what their ``__dict__`` holds (the memory rule
-    of ``EngineObservation``: a field at its class default is not stored)."""
+    objects it makes (the compact ``BufferedSpan`` and ``EngineObservation`` of ``rust/src/lib.rs``)
+    equal the reference's field by field, each value of the same type."""
     assert extension is not None
     bench = _bench_requests()
     origins_made: list[int] = []
@@ -628,15 +630,18 @@ def test_the_core_hands_back_the_bench_spans_ready_to_buffer() -> None:
         for data in bench.values():
             _, spans, slow, matched, passed_through = digester.rows(data, False, make_origins)
             assert slow == [] and len(spans) >= 200
-            assert all(type(span) is digest_module.BufferedSpan for span in spans)
+            assert all(type(span) is extension.BufferedSpan for span in spans)  # the compact row (lib.rs Row)
             assert sum(matched.values()) + passed_through == len(spans)
             with implementation("python"):
                 reference, counts = digest_module.digest_in_process(data, SETTINGS[0])
             assert matched == counts.matched and passed_through == counts.passed_through
             for made, expected in zip(spans, reference, strict=True):
                 assert _span_row(made) == _span_row(expected)  # the payload: attributes in the order sent
-                if expected.observation is not None:
-                    assert vars(made.observation) == vars(expected.observation)
+                if expected.observation is not None:  # the core's compact observation (lib.rs Observation)
+                    assert type(made.observation) in (extension.EngineObservation, type(expected.observation))
+                    made_fields, expected_fields = made.observation.as_tuple(), expected.observation.as_tuple()
+                    assert made_fields == expected_fields
+                    assert [type(value) for value in made_fields] == [type(value) for value in expected_fields]
         assert len(origins_made) == len(bench)
         tight = digest_module._digester(extension, SETTINGS[1])
         slow_spans = tight.rows(REQUESTS["edge:over_limits"], False, make_origins)[2]
@@ -980,3 +985,131 @@ def test_a_required_core_that_does_not_import_refuses_to_start(monkeypatch: pyte
         native_core.select("auto")
     monkeypatch.delenv(native_core.REQUIRE_ENV)
     assert native_core.select("auto") == (None, "the compiled core is not installed (No module named 'otel_llm._core')")
+
+
+# --- what a buffered span holds on the native path (issue 25's memory: the core's compact classes) ---
+
+def _span_bytes() -> dict[str, bytes]:
+    """A span's bytes in each way the compact row holds them: as serializers write them (ids, name,
+    kind and times in field order), orders none writes, a trace state, and the values at the edges."""
+    trace_id, span_id, parent = bytes(range(1, 17)), b"\x05" * 8, b"\x09" * 8
+    start, end = 1_700_000_000_000_000_000, 1_700_000_001_500_000_000
+    full = Span(trace_id=trace_id, span_id=span_id, parent_span_id=parent, name="llm_request",
+                kind=Span.SPAN_KIND_SERVER, start_time_unix_nano=start, end_time_unix_nano=end)
+    full.attributes.extend(F.kv({"gen_ai.request.model": "m", "gen_ai.usage.prompt_tokens": 12}))
+    full.status.code = Status.STATUS_CODE_ERROR
+    root = Span()
+    root.CopyFrom(full)
+    root.parent_span_id = b""
+    ids_only = Span(trace_id=trace_id, span_id=span_id).SerializeToString()
+    return {
+        "serialized": full.SerializeToString(),
+        "root": root.SerializeToString(),
+        "no_kind_no_times": Span(trace_id=trace_id, span_id=span_id, name="x").SerializeToString(),
+        "only_end": Span(trace_id=trace_id, span_id=span_id, name="x", end_time_unix_nano=end).SerializeToString(),
+        "negative_kind": Span(trace_id=trace_id, span_id=span_id, name="x", kind=-1,  # type: ignore[arg-type]
+                              start_time_unix_nano=start).SerializeToString(),
+        "trace_state": Span(trace_id=trace_id, span_id=span_id, trace_state="ot=th:8", name="x", kind=2,
+                            start_time_unix_nano=start, end_time_unix_nano=end).SerializeToString(),
+        "name_first": Span(name="x").SerializeToString() + Span(
+            trace_id=trace_id, span_id=span_id, kind=2, start_time_unix_nano=start).SerializeToString(),
+        "attributes_before_times": ids_only + Span(name="x", attributes=full.attributes).SerializeToString()
+        + Span(kind=2, start_time_unix_nano=start, end_time_unix_nano=end).SerializeToString(),
+        "times_before_name": ids_only + Span(kind=2, start_time_unix_nano=start).SerializeToString()
+        + Span(name="x").SerializeToString(),
+        "id_repeated": full.SerializeToString() + Span(span_id=b"\x06" * 8).SerializeToString(),
+        "long_length_varint": ids_only + b"\x2a\x81\x00x" + Span(kind=2).SerializeToString(),
+    }
+
+
+def _compact(data: bytes, origin: Any = None, attrs: tuple[Any, ...] = (), observation: Any = None) -> Any:
+    span = Span.FromString(data)
+    return extension.BufferedSpan(span.trace_id, span.span_id, span.parent_span_id, span.kind, span.status.code,
+                                  span.start_time_unix_nano, span.end_time_unix_nano, span.trace_state, data, origin,
+                                  attrs, observation)
+
+
+# Bytes each leaves out of what it holds, from the encoding: trace id 2+16, span id 2+8, parent id
+# 2+8; kind 2 (11 when negative: a 10-byte varint), start 1+8, end 1+8; nothing where the order is
+# not the serializers' (the ids must lead, and kind and times follow the name) or a value differs.
+OMITTED = {"serialized": 58, "root": 48, "no_kind_no_times": 28, "only_end": 37, "negative_kind": 48,
+           "trace_state": 0, "name_first": 0, "attributes_before_times": 28, "times_before_name": 28,
+           "id_repeated": 0, "long_length_varint": 30}
+
+
+@pytest.mark.parametrize("name", sorted(_span_bytes()))
+def test_the_compact_span_gives_back_its_bytes_exactly_and_every_field(name: str) -> None:
+    data = _span_bytes()[name]
+    parsed = Span.FromString(data)
+    row = _compact(data)
+    assert row.payload == data  # byte for byte: what the store and the exporters get
+    # One layout byte, the bytes less what the row rebuilds from its own fields.
+    assert sys.getsizeof(row) == type(row).__basicsize__ + 1 + len(data) - OMITTED[name]
+    assert (row.trace_id, row.span_id, row.parent_span_id, row.kind, row.status_code, row.start_unix_ns,
+            row.end_unix_ns, row.trace_state) == (
+        parsed.trace_id, parsed.span_id, parsed.parent_span_id, parsed.kind, parsed.status.code,
+        parsed.start_time_unix_nano, parsed.end_time_unix_nano, parsed.trace_state)
+    assert row == _compact(data) and row != _compact(data + Span(name="y").SerializeToString())
+    assert not gc.is_tracked(row)  # what it refers to never refers back: no cycle to collect
+    with pytest.raises(TypeError):
+        hash(row)  # as the dataclass (eq without frozen)
+    row.trace_id, row.parent_span_id = bytes(parsed.trace_id), bytes(parsed.parent_span_id)  # the assembler's sharing
+    with pytest.raises(ValueError):
+        row.trace_id = b"\x07" * 16
+    with pytest.raises(ValueError):
+        row.parent_span_id = b"\x07" * 8
+    assert row.payload == data
+
+
+def test_the_compact_span_reads_as_the_dataclass_and_refuses_ids_the_receivers_refuse() -> None:
+    from otel_llm.pdata.observation import EngineObservation
+    from otel_llm.pdata.spans import BufferedSpan, Origin
+    from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
+    from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+
+    origin = Origin(Resource(), InstrumentationScope(name="s"), "svc", {"service.name": "svc"})
+    attrs = ("gen_ai.request.model", "m", "http.route", "/v1/chat")
+    data = _span_bytes()["serialized"]
+    for observation, engine in ((None, False), (EngineObservation("vllm", "vllm_v1"), True),
+                                (EngineObservation("genai", "genai", may_be_gateway=True), False),
+                                (EngineObservation("sglang", "sglang_stage", part="sglang_stage"), False)):
+        row = _compact(data, origin, attrs, observation)
+        reference = BufferedSpan(*(getattr(row, name) for name in (
+            "trace_id", "span_id", "parent_span_id", "kind", "status_code", "start_unix_ns", "end_unix_ns",
+            "trace_state", "payload", "origin", "attrs", "observation")))
+        assert (row.is_engine, reference.is_engine) == (engine, engine)
+        assert row.observation is observation and row.origin is origin and row.attrs is attrs
+        assert (row.resource, row.scope, row.service_name) == (origin.resource, origin.scope, "svc")
+        assert [row.attr(key) for key in ("http.route", "gen_ai.request.model", "absent")] == ["/v1/chat", "m", None]
+        assert repr(row) == repr(reference)
+    span = Span.FromString(data)
+    fields = (span.trace_id, span.span_id, span.parent_span_id, 2, 0, 1, 2, "", data, origin, ())
+    for bad in ({0: b"\x01" * 15}, {1: b"\x01" * 7}, {2: b"\x01" * 4}):
+        changed = tuple(bad.get(index, value) for index, value in enumerate(fields))
+        with pytest.raises(ValueError):
+            extension.BufferedSpan(*changed, None)
+        assert type(digest_module._compact_span(extension, changed, None)) is BufferedSpan  # held as before
+
+
+def test_the_compact_observation_reads_as_the_python_class() -> None:
+    from otel_llm.pdata.observation import OBSERVATION_FIELDS, EngineObservation
+
+    compact: list[Any] = []
+    with implementation("native"):
+        for data in _bench_requests().values():
+            spans, _ = digest_module.digest_in_process(data, SETTINGS[0])
+            compact += [span.observation for span in spans if type(span.observation) is extension.EngineObservation]
+    adapters = {observation.adapter for observation in compact}
+    assert {"vllm_v1", "genai", "sglang", "tgi"} <= adapters, adapters
+    assert any(observation.marks for observation in compact)  # a rare field set (SGLang's dispatch mark)
+    for observation in compact:
+        values = observation.as_tuple()
+        assert values == tuple(getattr(observation, name) for name in OBSERVATION_FIELDS)
+        python = EngineObservation(*values)
+        assert [type(value) for value in python.as_tuple()] == [type(value) for value in values]
+        assert observation == python and python == observation and observation != EngineObservation("tgi", "tgi")
+        assert repr(observation) == repr(python)
+        assert observation.mark("dispatch_to_first_token_s") == python.mark("dispatch_to_first_token_s")
+        assert not gc.is_tracked(observation)
+        with pytest.raises(TypeError):
+            hash(observation)

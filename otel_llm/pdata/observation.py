@@ -42,7 +42,10 @@ OBSERVATION_FIELDS = (
     "itl_s", "part", "marks", "derived")
 class EngineObservation:
     """Latencies in seconds as the engine reported them; ``None`` where the engine has no such field.
-    Not changed once its adapter made it (an SGLang stage's is shared by every span of the stage)."""
+    Not changed once its adapter made it (an SGLang stage's is shared by every span of the stage).
+    For the spans the compiled core reads, it makes ``otel_llm._core.EngineObservation`` instead
+    (``rust/src/lib.rs`` ``Observation``): the same attributes, ``as_tuple``, ``mark``, equality with
+    this class, its numbers held as numbers."""
 
     __slots__ = ("engine_kind", "adapter", "ttft_s", "e2e_s", "queue_s", "prefill_s", "decode_s", "inference_s",
                  "prompt_tokens", "completion_tokens", "max_tokens", "request_model", "response_model",

@@ -36,7 +36,10 @@ class BufferedSpan:
 
     Held by the hundred thousand (``python -m bench --rss-only``): once buffered, ``trace_id`` and
     ``parent_span_id`` are the objects of its trace and of its parent (``TraceAssembler``), equal
-    ``attrs`` are one tuple (``digest.shared_attrs``), an SGLang stage's observation one object."""
+    ``attrs`` are one tuple (``digest.shared_attrs``), an SGLang stage's observation one object.
+    On the native path the compiled core makes ``otel_llm._core.BufferedSpan`` instead (``rust/src/lib.rs``
+    ``Row``): the same attributes and methods, its ids, times and bytes held inline; this class stays
+    the reference, and what the Python path and the adapter process's pipe make."""
 
     trace_id: bytes
     span_id: bytes

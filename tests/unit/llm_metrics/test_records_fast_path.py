@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
@@ -116,8 +117,14 @@ def _gateway_and_engine() -> tuple[BufferedSpan, BufferedSpan]:
     raise AssertionError("the bench workload has no gateway + vLLM trace")
 
 
+def replace(span: BufferedSpan, **changes: Any) -> BufferedSpan:
+    """``dataclasses.replace`` for either class of buffered span (the dataclass, the core's compact row)."""
+    fields = {field.name: getattr(span, field.name) for field in dataclasses.fields(BufferedSpan)}
+    return type(span)(**{**fields, **changes})  # type: ignore[no-any-return]
+
+
 def _unclaimed(like: BufferedSpan, span_id: bytes, parent: bytes, kind: int = Span.SPAN_KIND_SERVER) -> BufferedSpan:
-    return dataclasses.replace(like, span_id=span_id, parent_span_id=parent, kind=kind, observation=None, attrs=())
+    return replace(like, span_id=span_id, parent_span_id=parent, kind=kind, observation=None, attrs=())
 
 
 def _trace(*spans: BufferedSpan) -> PendingTrace:
@@ -130,11 +137,10 @@ def _trace(*spans: BufferedSpan) -> PendingTrace:
 def _shapes() -> dict[str, tuple[PendingTrace, bool]]:
     """Each shape with whether the fast path may take it (from the rules in ``_simple_request``'s docstring)."""
     gw, eng = _gateway_and_engine()
-    root_engine = dataclasses.replace(eng, parent_span_id=b"")
+    root_engine = replace(eng, parent_span_id=b"")
     upstream = b"\x77" * 8  # a parent the trace does not hold
-    orphan = dataclasses.replace(eng, parent_span_id=upstream)
+    orphan = replace(eng, parent_span_id=upstream)
     other_id, third_id = b"\x42" * 8, b"\x43" * 8
-    replace = dataclasses.replace
     return {
         "engine_under_gateway": (_trace(gw, eng), True),
         "engine_listed_before_gateway": (_trace(eng, gw), True),
