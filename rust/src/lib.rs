@@ -1571,18 +1571,10 @@ impl Observation {
     }
 
     fn mark<'py>(&self, py: Python<'py>, key: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        if let Some(rare) = &self.rare {
-            let marks = rare.bind(py).get_item(8)?;
-            let marks = marks.downcast::<PyTuple>()?;
-            let mut index = 0;
-            while index + 1 < marks.len() {
-                if marks.get_item(index)?.eq(&key)? {
-                    return marks.get_item(index + 1);
-                }
-                index += 2;
-            }
+        match &self.rare {
+            Some(rare) => value_of_key(py, rare.bind(py).get_item(8)?.downcast::<PyTuple>()?, &key),
+            None => Ok(py.None().into_bound(py)),
         }
-        Ok(py.None().into_bound(py))
     }
 
     /// Equal to an `EngineObservation` (either class) of equal fields, as the Python class's.
@@ -1878,6 +1870,18 @@ impl Row {
     }
 }
 
+/// The value after `key` in a flat `(key, value, key, value, ...)` tuple (kept attributes, marks), else None.
+fn value_of_key<'py>(py: Python<'py>, pairs: &Bound<'py, PyTuple>, key: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let mut index = 0;
+    while index + 1 < pairs.len() {
+        if pairs.get_item(index)?.eq(key)? {
+            return pairs.get_item(index + 1);
+        }
+        index += 2;
+    }
+    Ok(py.None().into_bound(py))
+}
+
 const ROW_FIELDS: [&str; 12] = ["trace_id", "span_id", "parent_span_id", "kind", "status_code", "start_unix_ns",
                                 "end_unix_ns", "trace_state", "payload", "origin", "attrs", "observation"];
 
@@ -1980,15 +1984,7 @@ impl Row {
     }
 
     fn attr<'py>(&self, py: Python<'py>, key: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        let attrs = self.attrs.bind(py).downcast::<PyTuple>()?;
-        let mut index = 0;
-        while index + 1 < attrs.len() {
-            if attrs.get_item(index)?.eq(&key)? {
-                return attrs.get_item(index + 1);
-            }
-            index += 2;
-        }
-        Ok(py.None().into_bound(py))
+        value_of_key(py, self.attrs.bind(py).downcast::<PyTuple>()?, &key)
     }
 
     /// As the dataclass's: equal fields, same class.
