@@ -1979,6 +1979,11 @@ impl Row {
         if observation.is_none() {
             return Ok(false);
         }
+        if let Ok(native) = observation.downcast::<Observation>() {
+            // The core's own observation (every span it reads): its members, without two attribute lookups.
+            let native = native.get();
+            return Ok(!native.may_be_gateway.bind(py).is_truthy()? && !native.part.bind(py).is_truthy()?);
+        }
         Ok(!observation.getattr(pyo3::intern!(py, "may_be_gateway"))?.is_truthy()?
             && !observation.getattr(pyo3::intern!(py, "part"))?.is_truthy()?)
     }
