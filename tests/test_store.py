@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from prometheus_client import CollectorRegistry
 
-from otel_llm.exporter.store.sqlite import StoreReader, TraceStore
+from otel_llm.exporter.store.sqlite import DB_NAME, StoreReader, TraceStore
+from otel_llm.pdata.records import RequestRecord
 from tests.support.payloads import vllm_batch
 
 
@@ -21,6 +23,13 @@ def make_store(tmp_path: Path, retention_s: float = 3600, max_size_bytes: int = 
 
 def one_trace(**kwargs) -> ExportTraceServiceRequest:
     return vllm_batch(1, **kwargs)
+
+
+def record(model: str, trace_id: bytes) -> RequestRecord:
+    return RequestRecord(trace_id=trace_id, span_id=b"\x02" * 8, engine_kind="vllm", adapter="vllm_v1",
+                         service_name="s", model=model, model_source="test", request_model=model,
+                         response_model=model, operation_name="chat", provider_name="vllm", outcome="stop",
+                         ttft_s=0.2, e2e_s=1.0)
 
 
 def test_absurd_values_do_not_stop_the_writer(tmp_path):
@@ -66,5 +75,72 @@ def test_retention_by_age_and_size(tmp_path):
         store.shutdown()
         assert registry.get_sample_value("otel_llm_store_pruned_traces_total", {"reason": "size"}) > 0
         assert registry.get_sample_value("otel_llm_store_size_bytes") <= 256 * 1024
+    finally:
+        store.shutdown()
+
+
+def _clustered(path: Path) -> None:
+    """Gives a store file the layout stores had before 2026-12 (spans and requests clustered on
+    (trace id, span id), WITHOUT ROWID), rows kept: the file an upgraded otel-llm finds."""
+    connection = sqlite3.connect(path, isolation_level=None)
+    try:
+        connection.execute("BEGIN")
+        for name, indexes in (("spans", ()), ("requests", ("requests_start", "requests_model"))):
+            sql = connection.execute("SELECT sql FROM sqlite_master WHERE name = ?", (name,)).fetchone()[0]
+            index_sql = [connection.execute("SELECT sql FROM sqlite_master WHERE name = ?", (index,)).fetchone()[0]
+                         for index in indexes]
+            connection.execute(f"ALTER TABLE {name} RENAME TO {name}_rowid")
+            connection.execute(sql.rstrip().rstrip(";") + " WITHOUT ROWID")
+            connection.execute(f"INSERT INTO {name} SELECT * FROM {name}_rowid")
+            connection.execute(f"DROP TABLE {name}_rowid")
+            for statement in index_sql:
+                connection.execute(statement)
+        connection.execute("COMMIT")
+    finally:
+        connection.close()
+
+
+def _layout(path: Path) -> dict[str, str]:
+    connection = sqlite3.connect(path)
+    try:
+        return {name: sql for name, sql in connection.execute("SELECT name, sql FROM sqlite_master WHERE sql IS NOT NULL")}
+    finally:
+        connection.close()
+
+
+def test_a_store_of_the_clustered_layout_is_converted_with_every_row(tmp_path):
+    requests = [one_trace(model=f"m{i}") for i in range(3)]
+    records = [record(model=f"m{i}", trace_id=r.resource_spans[0].scope_spans[0].spans[0].trace_id) for i, r in
+               enumerate(requests)]
+    store, _ = make_store(tmp_path)
+    try:
+        for request, rec in zip(requests, records):
+            assert store.submit(request, [rec], "errors")
+        assert store.flush(10)
+    finally:
+        store.shutdown()
+    reader = StoreReader(tmp_path)
+    trace_ids = [r.resource_spans[0].scope_spans[0].spans[0].trace_id.hex() for r in requests]
+    before = [reader.get_trace(t) for t in trace_ids]
+    listed = reader.list_requests(limit=10)
+    assert all(before) and len(listed) == 3
+    db = tmp_path / DB_NAME
+    _clustered(db)
+    assert "WITHOUT ROWID" in _layout(db)["spans"] and "WITHOUT ROWID" in _layout(db)["requests"]
+
+    store, registry = make_store(tmp_path)
+    try:
+        layout = _layout(db)
+        assert not any("WITHOUT ROWID" in sql.upper() for sql in layout.values()), layout
+        assert {"requests_start", "requests_model", "traces_stored_at"} <= set(layout)
+        assert [reader.get_trace(t) for t in trace_ids] == before
+        assert reader.list_requests(limit=10) == listed
+        # (trace id, span id) is still unique: the same trace again adds no span and no request
+        assert store.submit(requests[0], [records[0]], "errors") and store.flush(10)
+        assert reader.get_trace(trace_ids[0]) == before[0]
+        assert len(reader.list_requests(limit=10)) == 3
+        later = one_trace(model="later")
+        assert store.submit(later, [], "test") and store.flush(10)
+        assert reader.get_trace(later.resource_spans[0].scope_spans[0].spans[0].trace_id.hex()) is not None
     finally:
         store.shutdown()
