@@ -461,3 +461,40 @@ def test_a_late_span_arriving_while_its_trace_is_completed_follows_the_decision(
     late = [c for c in handed if c.late]
     assert len(late) == 1 and late[0].prior is not None and late[0].prior.decision.keep
     assert list(late[0].trace.spans) == [sid(50)]
+
+
+def test_at_max_traces_a_due_trace_is_completed_as_ready_before_any_is_cut_short():
+    """A ticker behind (saturation) leaves due traces buffered; reaching ``max_traces`` completes
+    them ("ready"), and only once none is due the oldest trace early ("memory_limit")."""
+    clock = [0.0]
+    completions: list[tuple[bytes, str]] = []
+
+    class Record:
+        def consume(self, completed: CompletedTrace) -> None:
+            completions.append((completed.trace.trace_id, completed.reason))
+
+    buffer = TraceAssembler(AssemblySettings(decision_wait_s=1e9, grace_s=1.0, max_traces=3), Record(),
+                            clock=lambda: clock[0])
+
+    def request(number: int, rooted: bool) -> list[BufferedSpan]:
+        trace_id = number.to_bytes(16, "big")
+        engine = span(2, 1 if rooted else 9, True)
+        engine.trace_id = trace_id
+        if not rooted:
+            return [engine]  # its parent (9) never comes: never ready
+        root = span(1, None, False)
+        root.trace_id = trace_id
+        return [root, engine]
+
+    buffer.add_batch(request(1, rooted=False))  # the oldest, never ready
+    buffer.add_batch(request(2, rooted=True))   # ready, due at 1.0
+    clock[0] = 0.5
+    buffer.add_batch(request(3, rooted=True))   # ready, due at 1.5
+    clock[0] = 1.2  # trace 2 is due, trace 3 not yet; the ticker has not run
+    buffer.add_batch(request(4, rooted=False))
+    assert completions == [((2).to_bytes(16, "big"), "ready")]
+    buffer.add_batch(request(5, rooted=False))  # nothing due: the oldest is cut short
+    assert completions[1:] == [((1).to_bytes(16, "big"), "memory_limit")]
+    assert len(buffer) == 3 and buffer.completions == {"ready": 1, "memory_limit": 1}
+    clock[0] = 2.0
+    assert buffer.tick() == 1 and completions[2:] == [((3).to_bytes(16, "big"), "ready")]

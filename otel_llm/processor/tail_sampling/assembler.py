@@ -122,9 +122,9 @@ class TraceAssembler:
                     trace = PendingTrace(trace_id, now)
                     self._pending[trace_id] = trace
                     if len(self._pending) > self.settings.max_traces:
-                        oldest = self._pop_oldest()
-                        touched.pop(oldest.trace_id, None)
-                        completed.append((oldest, "memory_limit"))
+                        freed, reason = self._make_room(now)
+                        touched.pop(freed.trace_id, None)
+                        completed.append((freed, reason))
                 if buffered.span_id in trace.spans and buffered.is_engine == trace.spans[buffered.span_id].is_engine:
                     duplicate += 1  # the same span again (a retried export): it replaces its first copy
                 elif len(trace.spans) >= limit:
@@ -197,6 +197,21 @@ class TraceAssembler:
         if trace.ready_at is None:
             trace.ready_at = now + self.settings.grace_s
             self._ready[trace.trace_id] = trace.ready_at
+
+    def _make_room(self, now: float) -> tuple[PendingTrace, str]:
+        """At ``max_traces``: a trace whose grace is over is complete, not cut short, so the longest-due
+        one goes first ("ready", what the ticker, behind, would have done); only when none is due is
+        the oldest trace completed early ("memory_limit")."""
+        ready = self._ready
+        if ready:
+            trace_id, ready_at = next(iter(ready.items()))
+            if ready_at <= now:
+                del ready[trace_id]
+                trace = self._pending.pop(trace_id)
+                self._held.pop(trace_id, None)
+                self._remember(trace_id, len(trace.spans))
+                return trace, "ready"
+        return self._pop_oldest(), "memory_limit"
 
     def _pop_oldest(self) -> PendingTrace:
         trace_id, trace = self._pending.popitem(last=False)
