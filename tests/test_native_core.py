@@ -18,6 +18,7 @@ import contextlib
 import gc
 import json
 import marshal
+import math
 import os
 import random
 import re
@@ -1113,3 +1114,95 @@ def test_the_compact_observation_reads_as_the_python_class() -> None:
         assert not gc.is_tracked(observation)
         with pytest.raises(TypeError):
             hash(observation)
+
+
+# --- a request's timings and segments ---------------------------------------------------------------
+
+def _random_observation_values(rng: random.Random) -> tuple[Any, ...]:
+    """``EngineObservation``'s 32 fields with latencies and token counts drawn where the checks
+    and the arithmetic turn: None, signed zeros, tolerance edges, NaN, infinities, absurd values."""
+    from otel_llm.processor.llm_metrics.segments import ABS_TOLERANCE_S, REL_TOLERANCE
+
+    wild = rng.random() < 0.25  # else only values a live engine sends
+    absurd = [1e9, 1e300, 5e18, math.inf, math.nan, -1.0, -0.001] if wild else []
+    e2e = rng.choice([None, 0.0, -0.0, 1e-9, 0.35, 1.0, 7.25, 3600.0] + absurd)
+
+    def latency() -> float | None:
+        if e2e is not None and isinstance(e2e, float) and math.isfinite(e2e) and rng.random() < 0.35:
+            # near e2e, and near e2e + the tolerance (TTFT's limit, the derived intervals' sign)
+            edge = e2e + (ABS_TOLERANCE_S + REL_TOLERANCE * e2e) * rng.choice([0, 1, -1])
+            return max(0.0, math.nextafter(edge, rng.choice([math.inf, -math.inf]))) * rng.choice([1, 1, 0.5, 0.25])
+        # 2.5e-09, 1.0000000005, 0.2500000005: half a nanosecond exactly (round() ties to even)
+        return rng.choice([None, None, 0.0, -0.0, 1e-6, 0.012, 0.1, 0.25, 0.5, 2.0, 2.5e-09, 1.0000000005,
+                           0.2500000005] + absurd)
+
+    def tokens() -> int | None:
+        return rng.choice([None, 0, 1, 2, 3, 17, 4096, 100_000_000] + ([100_000_001, -1] if wild else []))
+
+    ttft, queue, prefill, decode, inference = latency(), latency(), latency(), latency(), latency()
+    preprocess = rng.choice([None, None, None, 0.0, 0.004, latency(), 3])  # 3: an int (Python reads it)
+    tpot = rng.choice([None, None, None, 0.02, latency()])
+    derived = rng.choice([(), (), (), (), (), ("prefill",), ("decode",), ("prefill", "decode")])
+    values: list[Any] = [None] * 32
+    values[0:2] = ["vllm", "vllm_v1"]
+    values[2:9] = [ttft, e2e, queue, prefill, decode, inference, preprocess]
+    values[9:12] = [tokens(), tokens(), None]
+    values[12:19] = ["m", "m", None, "chat", "vllm", None, None]
+    values[19], values[20], values[21] = False, None, False
+    values[22:27] = [None] * 5
+    values[27], values[28], values[29], values[30], values[31] = tpot, (), None, (), derived
+    return tuple(values)
+
+
+def _exactly(value: Any) -> Any:
+    """A value compared by type and repr as well (``-0.0 == 0.0``; ``1 == 1.0``)."""
+    if isinstance(value, tuple):
+        return (type(value).__name__ if type(value) is not tuple else "", tuple(_exactly(v) for v in value))
+    return type(value).__name__, repr(value)
+
+
+def test_the_cores_timings_and_segments_are_the_python_functions() -> None:
+    """Every observation the core takes gets Python's ``derive_timings`` and ``build_segments``
+    exactly (values, types, signs, not_measurable, segment order and bounds); every one it declines
+    is one Python refuses or reads itself (an adapter-derived interval, a value not a float)."""
+    from otel_llm.pdata.observation import EngineObservation, MalformedSpan
+    from otel_llm.pdata.records import Segment
+    from otel_llm.processor.llm_metrics.segments import build_segments, derive_timings, timings_and_segments
+
+    rng = random.Random(25)
+    taken = declined = refused = 0
+    starts = [0, 1, 1_764_000_000_123_456_789, 2**63 - 1, 2**64 - 1]
+    for _ in range(20_000):
+        values = _random_observation_values(rng)
+        start = rng.choice(starts)
+        python = EngineObservation(*values)
+        try:
+            timings = derive_timings(python, math.inf)
+            expected: Any = (tuple(timings), build_segments(start, timings))
+        except MalformedSpan as exc:
+            expected = exc.reason
+        except OverflowError:  # an interval past any float's nanoseconds (intake's max_latency_s stops it first)
+            expected = "overflow"
+        try:
+            compact = extension.EngineObservation(*values)
+        except TypeError:  # a value the compact class does not hold (an int preprocess): Python's alone
+            assert isinstance(values[8], int)
+            continue
+        assert _exactly(compact.as_tuple()) == _exactly(python.as_tuple())  # (== fails on NaN)
+        both = extension.timings_and_segments(compact, start, True, Segment)
+        if both is None:
+            declined += 1
+            refused += isinstance(expected, str)
+            continue
+        taken += 1
+        assert not isinstance(expected, str), (values, start, expected)
+        assert all(type(segment) is Segment for segment in both[1])
+        assert _exactly(both) == _exactly(expected), (values, start)
+        assert extension.timings_and_segments(compact, start, False, Segment) == (both[0], ())
+        for path in ("native", "python"):  # the function completion calls, on either path
+            with implementation(path):
+                timings, segments = timings_and_segments(compact, start, True)
+            assert _exactly((tuple(timings), segments)) == _exactly(expected), path
+    # The core took the common cases and declined exactly where Python has more to say.
+    assert taken > 3_000 and refused > 3_000 and declined > refused, (taken, declined, refused)
+    assert extension.timings_and_segments(EngineObservation("vllm", "vllm_v1", ttft_s=0.1), 0, True, Segment) is None

@@ -1565,6 +1565,15 @@ const OBSERVATION_NAMES: [&str; OBSERVATION_ARGS] = [
 
 #[pymethods]
 impl Observation {
+    /// From `EngineObservation`'s 32 positional arguments when every value is of a type this class
+    /// holds (tests make compact observations this way; the digester makes them the same way).
+    #[new]
+    #[pyo3(signature = (*args))]
+    fn py_new(py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<Self> {
+        Observation::from_args(py, args)?.ok_or_else(|| pyo3::exceptions::PyTypeError::new_err(
+            "EngineObservation's 32 fields, each of a type the compact class holds"))
+    }
+
     /// Every field in `OBSERVATION_FIELDS` order, as `EngineObservation.as_tuple`.
     fn as_tuple<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         self.tuple(py)
@@ -2091,10 +2100,248 @@ fn py_validate(data: &[u8]) -> PyResult<()> {
         .map_err(|Malformed(reason)| PyValueError::new_err(format!("malformed ExportTraceServiceRequest: {reason}")))
 }
 
+// --- a request's timings and segments ---------------------------------------------------------
+
+/// `segments.py`'s constants, as the Python functions read them.
+const ABS_TOLERANCE_S: f64 = 1e-3;
+const REL_TOLERANCE: f64 = 0.01;
+const MAX_TOKENS_PER_REQUEST: i64 = 100_000_000;
+/// Nanosecond offsets beyond this are left to Python's unbounded ints (a request of ~146 years).
+const MAX_OFFSET_NS: f64 = 4.611_686_018_427_388e18; // 2^62
+
+/// The float a rare slot holds, `Ok(None)` for `None`, `Err(())` for any other object (Python reads it).
+fn rare_float(rare: Option<&Bound<'_, PyTuple>>, index: usize) -> std::result::Result<Option<f64>, ()> {
+    let Some(rare) = rare else { return Ok(None) };
+    let value = rare.get_item(index).map_err(|_| ())?;
+    if value.is_none() {
+        return Ok(None);
+    }
+    value.downcast_exact::<PyFloat>().map(|f| Some(f.value())).map_err(|_| ())
+}
+
+/// Python's `round(x * 1e9)` (ties to even) when it fits this core's integers, else `None`.
+fn ns(seconds: f64) -> Option<i64> {
+    let product = seconds * 1e9;
+    (product.abs() <= MAX_OFFSET_NS).then(|| product.round_ties_even() as i64)
+}
+
+static TUPLE_NEW: pyo3::sync::GILOnceCell<PyObject> = pyo3::sync::GILOnceCell::new();
+
+/// `tuple.__new__`, which makes a named tuple from its values as `segments.py`'s `_new_tuple` does.
+fn tuple_new(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    Ok(TUPLE_NEW.get_or_try_init(py, || py.get_type::<PyTuple>().getattr("__new__").map(Bound::unbind))?.bind(py))
+}
+
+fn segment_name<'py>(py: Python<'py>, name: &str) -> &'py Bound<'py, PyString> {
+    match name {
+        "preprocess" => pyo3::intern!(py, "preprocess"),
+        "queue" => pyo3::intern!(py, "queue"),
+        "prefill" => pyo3::intern!(py, "prefill"),
+        "decode" => pyo3::intern!(py, "decode"),
+        "inference" => pyo3::intern!(py, "inference"),
+        _ => pyo3::intern!(py, "postprocess"),
+    }
+}
+
+/// `segments.build_segments`' arithmetic on the same values: (name, start, end) in its order, or
+/// `None` where an integer would not fit (Python's unbounded ints then do it).
+#[allow(clippy::too_many_arguments)]
+fn segment_bounds(start: i64, ttft: Option<f64>, e2e: Option<f64>, queue: Option<f64>, prefill: Option<f64>,
+                  decode: Option<f64>, inference: Option<f64>, preprocess: Option<f64>)
+                  -> Option<Vec<(&'static str, i64, i64)>> {
+    let at = |base: i64, offset: f64, sign: i64| -> Option<i64> { base.checked_add(sign.checked_mul(ns(offset)?)?) };
+    let mut segments: Vec<(&'static str, i64, i64)> = Vec::with_capacity(5);
+    if let (Some(ttft), Some(queue), Some(prefill), Some(decode), Some(e2e)) = (ttft, queue, prefill, decode, e2e) {
+        let first_token = at(start, ttft, 1)?;
+        let mut prefill_start = at(first_token, prefill, -1)?;
+        let mut queue_start = at(prefill_start, queue, -1)?;
+        let decode_end = at(first_token, decode, 1)?;
+        let end = at(start, e2e, 1)?;
+        if queue_start <= start {
+            queue_start = start;
+        } else {
+            segments.push(("preprocess", start, queue_start));
+        }
+        if prefill_start < queue_start {
+            prefill_start = queue_start;
+        }
+        segments.push(("queue", queue_start, prefill_start));
+        segments.push(("prefill", prefill_start, first_token));
+        segments.push(("decode", first_token, decode_end));
+        if end > decode_end {
+            segments.push(("postprocess", decode_end, end));
+        }
+        return Some(segments);
+    }
+    let mut cursor = start;
+    if let (Some(ttft), Some(queue), Some(prefill)) = (ttft, queue, prefill) {
+        let first_token = at(start, ttft, 1)?;
+        let mut prefill_start = at(first_token, prefill, -1)?;
+        let mut queue_start = at(prefill_start, queue, -1)?;
+        if queue_start > cursor {
+            segments.push(("preprocess", cursor, queue_start));
+        } else {
+            queue_start = cursor;
+        }
+        if prefill_start < queue_start {
+            prefill_start = queue_start;
+        }
+        segments.push(("queue", queue_start, prefill_start));
+        segments.push(("prefill", prefill_start, first_token));
+        cursor = first_token;
+    } else if let (Some(queue), Some(preprocess)) = (queue, preprocess) {
+        if preprocess > 0.0 {
+            let following = at(cursor, preprocess, 1)?;
+            segments.push(("preprocess", cursor, following));
+            cursor = following;
+        }
+        let following = at(cursor, queue, 1)?;
+        segments.push(("queue", cursor, following));
+        cursor = following;
+        if let Some(inference) = inference {
+            let following = at(cursor, inference, 1)?;
+            segments.push(("inference", cursor, following));
+            cursor = following;
+        }
+    } else if let (Some(ttft), Some(prefill)) = (ttft, prefill) {
+        let first_token = at(start, ttft, 1)?;
+        let mut prefill_start = at(first_token, prefill, -1)?;
+        if prefill_start > cursor {
+            segments.push(("queue", cursor, prefill_start));
+        } else {
+            prefill_start = cursor;
+        }
+        segments.push(("prefill", prefill_start, first_token));
+        cursor = first_token;
+    }
+    if let (Some(decode), Some(ttft)) = (decode, ttft) {
+        if segments.is_empty() {
+            cursor = at(start, ttft, 1)?;
+        }
+        let decode_end = at(cursor, decode, 1)?;
+        segments.push(("decode", cursor, decode_end));
+        cursor = decode_end;
+    }
+    if let Some(e2e) = e2e {
+        if !segments.is_empty() {
+            let end = at(start, e2e, 1)?;
+            if end > cursor {
+                segments.push(("postprocess", cursor, end));
+            }
+        }
+    }
+    Some(segments)
+}
+
+/// `segments.derive_timings(obs, inf)` and, with `with_segments`, `build_segments(start_unix_ns, ·)`
+/// for an observation this core made, as (the `Timings` fields in order, a plain tuple; the segments,
+/// `segment_type`'s named tuples): the same values by the same IEEE operations in the same order.
+/// `None` wherever the Python functions have more to say: an observation of the Python class, an
+/// interval an adapter derived, a value to refuse (they raise `MalformedSpan` with its reason), a
+/// rare value that is not a float, an integer past this core's. Python stays the reference
+/// (`tests/test_native_core.py` compares both on every fixture and on random observations).
+#[pyfunction]
+fn timings_and_segments<'py>(py: Python<'py>, observation: &Bound<'py, PyAny>, start_unix_ns: &Bound<'py, PyAny>,
+                             with_segments: bool, segment_type: &Bound<'py, PyAny>)
+                             -> PyResult<Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
+    let Ok(observation) = observation.downcast::<Observation>() else { return Ok(None) };
+    let obs = observation.get();
+    let rare = obs.rare.as_ref().map(|rare| rare.bind(py));
+    if let Some(rare) = rare {
+        if rare.get_item(9)?.len()? != 0 {
+            return Ok(None); // `derived`: checked as derived, by Python
+        }
+    }
+    let float = |i: usize| (obs.present & (1 << i) != 0).then(|| obs.floats[i]);
+    let int = |i: usize| (obs.present & (1 << (OBSERVATION_FLOATS + i)) != 0).then(|| obs.ints[i]);
+    let (ttft, e2e, queue, prefill, decode, inference) = (float(0), float(1), float(2), float(3), float(4), float(5));
+    let (Ok(given_preprocess), Ok(given_tpot)) = (rare_float(rare, 0), rare_float(rare, 6)) else { return Ok(None) };
+    let (prompt, completion) = (int(0), int(1));
+    let in_bounds = |value: Option<f64>| value.is_none_or(|v| (0.0..=f64::MAX).contains(&v));
+    if ![ttft, e2e, queue, prefill, decode, inference, given_preprocess, given_tpot].into_iter().all(in_bounds)
+        || ![prompt, completion].into_iter().all(|n| n.is_none_or(|n| (0..=MAX_TOKENS_PER_REQUEST).contains(&n))) {
+        return Ok(None);
+    }
+    let tolerance = ABS_TOLERANCE_S + REL_TOLERANCE * e2e.unwrap_or(0.0);
+    let inference = inference.or(match (prefill, decode) {
+        (Some(prefill), Some(decode)) => Some(prefill + decode),
+        _ => None,
+    });
+    if let (Some(ttft), Some(e2e)) = (ttft, e2e) {
+        if ttft > e2e + tolerance {
+            return Ok(None); // inconsistent: Python raises
+        }
+    }
+    let mut not_measurable: Vec<&str> = Vec::new();
+    // Python's max(value, 0.0): the first argument unless the second is greater.
+    let at_least_zero = |value: f64| if 0.0 > value { 0.0 } else { value };
+    let mut preprocess = given_preprocess;
+    if given_preprocess.is_none() {
+        if let (Some(ttft), Some(queue), Some(prefill)) = (ttft, queue, prefill) {
+            let value = ttft - queue - prefill;
+            if value < -tolerance {
+                not_measurable.push("preprocess");
+            } else {
+                preprocess = Some(at_least_zero(value));
+            }
+        }
+    }
+    let mut postprocess = None;
+    if let (Some(e2e), Some(ttft), Some(decode)) = (e2e, ttft, decode) {
+        let value = e2e - ttft - decode;
+        if value < -tolerance {
+            not_measurable.push("postprocess");
+        } else {
+            postprocess = Some(at_least_zero(value));
+        }
+    } else if let Some(e2e) = e2e {
+        let known = preprocess.unwrap_or(0.0) + queue.unwrap_or(0.0) + inference.unwrap_or(0.0);
+        if known > e2e + tolerance {
+            not_measurable.push("postprocess");
+        }
+    }
+    let tpot = given_tpot.or(match (decode, completion) {
+        (Some(decode), Some(tokens)) => Some(if tokens > 1 { decode / (tokens - 1) as f64 } else { 0.0 }),
+        _ => None,
+    });
+    let segments = if with_segments {
+        let Ok(start) = start_unix_ns.extract::<i64>() else { return Ok(None) };
+        let Some(bounds) = segment_bounds(start, ttft, e2e, queue, prefill, decode, inference, preprocess)
+        else { return Ok(None) };
+        let tuple_new = tuple_new(py)?;
+        let mut built = Vec::with_capacity(bounds.len());
+        for (name, first, last) in bounds {
+            built.push(tuple_new.call1((segment_type, (segment_name(py, name), first, last)))?);
+        }
+        PyTuple::new(py, built)?
+    } else {
+        PyTuple::empty(py)
+    };
+    // The observation's own objects where Python keeps them (a given preprocess or tpot), new floats where it computes.
+    let given = |index: usize, value: Option<f64>| -> PyResult<PyObject> {
+        Ok(match (rare, value) {
+            (Some(rare), Some(_)) => rare.get_item(index)?.unbind(),
+            _ => py.None(),
+        })
+    };
+    let number = |value: Option<f64>| -> PyObject {
+        value.map_or_else(|| py.None(), |v| PyFloat::new(py, v).into_any().unbind())
+    };
+    let values = PyTuple::new(py, [
+        number(ttft), number(e2e), number(queue), number(prefill), number(decode), number(inference),
+        if given_preprocess.is_some() { given(0, given_preprocess)? } else { number(preprocess) },
+        number(postprocess),
+        if given_tpot.is_some() { given(6, given_tpot)? } else { number(tpot) },
+        PyTuple::new(py, not_measurable)?.into_any().unbind(),
+    ])?;
+    Ok(Some((values.into_any(), segments.into_any())))
+}
+
 #[pymodule]
 fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(py_scan, module)?)?;
     module.add_function(wrap_pyfunction!(py_validate, module)?)?;
+    module.add_function(wrap_pyfunction!(timings_and_segments, module)?)?;
     module.add_class::<Digester>()?;
     module.add_class::<Row>()?;
     module.add_class::<Observation>()?;

@@ -25,7 +25,7 @@ from otel_llm.processor.llm_metrics.adapters.engines import GENAI_OPERATIONS
 from otel_llm.pdata.observation import EngineKind, EngineObservation, MalformedSpan
 from otel_llm.processor.llm_metrics import composite
 from otel_llm.pdata.records import Outcome, RequestRecord, Side, Source
-from otel_llm.processor.llm_metrics.segments import build_segments, derive_timings
+from otel_llm.processor.llm_metrics.segments import timings_and_segments
 from otel_llm.pdata.spans import FIRST_TOKEN_EVENT, BufferedSpan, PendingTrace
 
 _SERVER = Span.SPAN_KIND_SERVER
@@ -517,20 +517,22 @@ def build_record(buffered: BufferedSpan, joined: Joined, settings: RecordSetting
     dimensions = _dimensions(buffered, lookup, settings) if settings.dimensions else ()
     tenant = _tenant(buffered, lookup, settings.tenant) if settings.tenant is not None else ""
     weight = adjusted_count(buffered.trace_state) if buffered.trace_state else 1.0
-    t = derive_timings(obs, math.inf)  # validated at intake; derived again here, not stored per span
     server = side == Side.SERVER
     start = buffered.start_unix_ns
+    # Validated at intake; derived again here, not stored per span.
+    timings, segments = timings_and_segments(obs, start, server)
+    ttft, e2e, queue, prefill, decode, inference, _, _, tpot, not_measurable = timings
     # Positional, in RequestRecord's field order (_RECORD_ORDER, checked at import): keywords cost ~3x.
     record = RequestRecord(
         buffered.trace_id, buffered.span_id, CLIENT_ENGINE_KIND if side == Side.CLIENT else obs.engine_kind,
         obs.adapter, buffered.origin.service_name, model, source, request_model, response_model, operation,
         obs.provider_name or "", _outcome(obs), side, operation_source, obs.error_type or "",
         obs.server_address or "", obs.server_port or "", start,
-        t.ttft_s, t.tpot_s, t.e2e_s, t.queue_s, t.prefill_s, t.decode_s, t.inference_s,
+        ttft, tpot, e2e, queue, prefill, decode, inference,
         obs.prompt_tokens, obs.completion_tokens,
         None, None, None, b"", b"",  # gateway/client overhead, edge TTFT, edge and joined span: the join's
-        build_segments(start, t) if server else (), dimensions, weight,
-        (), (), t.not_measurable, obs.derived,  # rejected (below), segments missing, not measurable, derived
+        segments, dimensions, weight,
+        (), (), not_measurable, obs.derived,  # rejected (below), segments missing, not measurable, derived
         obs.cached_tokens, obs.cache_write_tokens, obs.reasoning_tokens, obs.itl_s, tenant)
     rejected: list[str] = []
     if server and trace is not None and (partner is not None or obs.engine_kind in _COMPOSITE_KINDS):

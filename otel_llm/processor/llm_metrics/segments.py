@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+from otel_llm.internal import core as native_core
 from otel_llm.pdata.observation import EngineObservation, MalformedSpan
 from otel_llm.pdata.records import Segment
 
@@ -232,3 +233,18 @@ def build_segments(start_unix_ns: int, t: Timings) -> tuple[Segment, ...]:
         if end > cursor:
             segments.append(_new_tuple(Segment, ("postprocess", cursor, end)))
     return tuple(segments)
+
+
+def timings_and_segments(obs: EngineObservation, start_unix_ns: int,
+                         with_segments: bool) -> tuple[tuple[Any, ...], tuple[Segment, ...]]:
+    """``derive_timings(obs, inf)``'s values in ``Timings``' order and ``build_segments(start_unix_ns, ·)``
+    (``()`` without ``with_segments``), as a request's completion needs them. With the compiled core,
+    an observation it made whose numbers need no refusal is done there (its timings a plain tuple);
+    the functions above are the reference and decide everything else."""
+    extension = native_core.active()[0]
+    if extension is not None:
+        both = extension.timings_and_segments(obs, start_unix_ns, with_segments, Segment)
+        if both is not None:
+            return both
+    t = derive_timings(obs, _INF)
+    return t, (build_segments(start_unix_ns, t) if with_segments else ())
