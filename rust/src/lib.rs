@@ -128,11 +128,26 @@ impl<'a> Reader<'a> {
         Reader { buf, pos: start, end }
     }
 
+    #[inline]
     fn done(&self) -> bool {
         self.pos >= self.end
     }
 
+    /// Most varints on the wire (tags, lengths, small numbers) are one byte: read inline.
+    #[inline]
     fn varint(&mut self) -> Result<u64> {
+        if self.pos < self.end {
+            let byte = self.buf[self.pos];
+            if byte & 0x80 == 0 {
+                self.pos += 1;
+                return Ok(u64::from(byte));
+            }
+        }
+        self.long_varint()
+    }
+
+    #[inline(never)]
+    fn long_varint(&mut self) -> Result<u64> {
         let mut value: u64 = 0;
         for index in 0..10 {
             if self.pos >= self.end {
@@ -148,6 +163,7 @@ impl<'a> Reader<'a> {
         Err(Malformed("varint longer than 10 bytes"))
     }
 
+    #[inline]
     fn tag(&mut self) -> Result<(u32, u8)> {
         let tag = self.varint()?;
         if tag > u64::from(u32::MAX) {
@@ -160,6 +176,7 @@ impl<'a> Reader<'a> {
         Ok((number, (tag & 7) as u8))
     }
 
+    #[inline]
     fn fixed(&mut self, size: usize) -> Result<u64> {
         if self.end - self.pos < size {
             return Err(Malformed("truncated fixed-width value"));
@@ -173,6 +190,7 @@ impl<'a> Reader<'a> {
     }
 
     /// A length-delimited field's (start, end) within the buffer.
+    #[inline]
     fn delimited(&mut self) -> Result<(usize, usize)> {
         let length = self.varint()?;
         let remaining = (self.end - self.pos) as u64;
