@@ -144,3 +144,34 @@ def test_a_store_of_the_clustered_layout_is_converted_with_every_row(tmp_path):
         assert reader.get_trace(later.resource_spans[0].scope_spans[0].spans[0].trace_id.hex()) is not None
     finally:
         store.shutdown()
+
+
+def test_a_conversion_that_fails_keeps_the_old_layout_and_the_store_opens(tmp_path, monkeypatch, caplog):
+    from otel_llm.exporter.store import sqlite as store_module
+
+    first = one_trace(model="before")
+    store, _ = make_store(tmp_path)
+    try:
+        assert store.submit(first, [], "test") and store.flush(10)
+    finally:
+        store.shutdown()
+    db = tmp_path / DB_NAME
+    _clustered(db)
+    # The copy fails part-way (as a full disk makes it): the CREATE of the new table is refused.
+    statements = store_module._schema_statements()
+    monkeypatch.setattr(store_module, "_schema_statements", lambda: [
+        (name, "CREATE TABLE spans (no_such_syntax" if name == "spans" else sql) for name, sql in statements])
+    store, registry = make_store(tmp_path)
+    try:
+        assert "keep their clustered layout" in caplog.text
+        layout = _layout(db)
+        assert "WITHOUT ROWID" in layout["spans"] and "WITHOUT ROWID" in layout["requests"]
+        assert "spans_clustered" not in layout  # rolled back, nothing half-done
+        reader = StoreReader(tmp_path)
+        assert reader.get_trace(first.resource_spans[0].scope_spans[0].spans[0].trace_id.hex()) is not None
+        later = one_trace(model="after")
+        assert store.submit(later, [], "test") and store.flush(10)
+        assert reader.get_trace(later.resource_spans[0].scope_spans[0].spans[0].trace_id.hex()) is not None
+        assert registry.get_sample_value("otel_llm_store_written_traces_total") == 1
+    finally:
+        store.shutdown()

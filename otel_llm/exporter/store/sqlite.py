@@ -125,7 +125,9 @@ _CLUSTERED_TABLES = ("spans", "requests")
 def _rebuild_clustered_tables(connection: sqlite3.Connection, path: Path) -> None:
     """A store file written before the tables were rowid tables gets their layout, rows kept, in
     one transaction (a crash halfway leaves the old layout, converted at the next start). It costs
-    a copy of the two tables once: logged, with the time it took."""
+    a copy of the two tables once: logged, with the time it took. When the copy fails (no room on
+    the disk for it) the old layout stays, which works as before, and the store opens; corrupt
+    pages raise, as any read of them would."""
     old = [name for name, sql in connection.execute(
         f"SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name IN {_CLUSTERED_TABLES}")
         if "WITHOUT ROWID" in sql.upper()]
@@ -144,6 +146,13 @@ def _rebuild_clustered_tables(connection: sqlite3.Connection, path: Path) -> Non
             if name not in _CLUSTERED_TABLES and sql.upper().startswith("CREATE INDEX"):
                 connection.execute(sql)
         connection.execute("COMMIT")
+    except sqlite3.Error as exc:
+        _rollback(connection)
+        if _store_failure(exc) == "corrupt":
+            raise
+        log.warning("trace store %s: tables %s keep their clustered layout (slower writes; converted at a later "
+                    "start): %s", path, ", ".join(old), exc)
+        return
     except BaseException:
         _rollback(connection)
         raise
