@@ -2150,14 +2150,16 @@ fn tuple_new(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
     Ok(TUPLE_NEW.get_or_try_init(py, || py.get_type::<PyTuple>().getattr("__new__").map(Bound::unbind))?.bind(py))
 }
 
-fn segment_name<'py>(py: Python<'py>, name: &str) -> &'py Bound<'py, PyString> {
+/// A segment's name as one string object however many requests have it, as Python's literals are.
+fn segment_name<'py>(py: Python<'py>, name: &str) -> Bound<'py, PyString> {
     match name {
-        "preprocess" => pyo3::intern!(py, "preprocess"),
-        "queue" => pyo3::intern!(py, "queue"),
-        "prefill" => pyo3::intern!(py, "prefill"),
-        "decode" => pyo3::intern!(py, "decode"),
-        "inference" => pyo3::intern!(py, "inference"),
-        _ => pyo3::intern!(py, "postprocess"),
+        "preprocess" => pyo3::intern!(py, "preprocess").clone(),
+        "queue" => pyo3::intern!(py, "queue").clone(),
+        "prefill" => pyo3::intern!(py, "prefill").clone(),
+        "decode" => pyo3::intern!(py, "decode").clone(),
+        "inference" => pyo3::intern!(py, "inference").clone(),
+        "postprocess" => pyo3::intern!(py, "postprocess").clone(),
+        other => PyString::new(py, other),
     }
 }
 
@@ -2335,21 +2337,19 @@ fn timings_and_segments<'py>(py: Python<'py>, observation: &Bound<'py, PyAny>, s
     } else {
         PyTuple::empty(py)
     };
-    // The observation's own objects where Python keeps them (a given preprocess or tpot), new floats where it computes.
-    let given = |index: usize, value: Option<f64>| -> PyResult<PyObject> {
-        Ok(match (rare, value) {
-            (Some(rare), Some(_)) => rare.get_item(index)?.unbind(),
-            _ => py.None(),
-        })
-    };
     let number = |value: Option<f64>| -> PyObject {
         value.map_or_else(|| py.None(), |v| PyFloat::new(py, v).into_any().unbind())
     };
+    // A preprocess or tpot the observation gave is its own object, as Python keeps it; one computed, a new float.
+    let given_or = |index: usize, given: Option<f64>, computed: Option<f64>| -> PyResult<PyObject> {
+        match (rare, given) {
+            (Some(rare), Some(_)) => Ok(rare.get_item(index)?.unbind()),
+            _ => Ok(number(computed)),
+        }
+    };
     let values = PyTuple::new(py, [
         number(ttft), number(e2e), number(queue), number(prefill), number(decode), number(inference),
-        if given_preprocess.is_some() { given(0, given_preprocess)? } else { number(preprocess) },
-        number(postprocess),
-        if given_tpot.is_some() { given(6, given_tpot)? } else { number(tpot) },
+        given_or(0, given_preprocess, preprocess)?, number(postprocess), given_or(6, given_tpot, tpot)?,
         PyTuple::new(py, not_measurable)?.into_any().unbind(),
     ])?;
     Ok(Some((values.into_any(), segments.into_any())))
