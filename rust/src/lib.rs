@@ -2293,27 +2293,25 @@ fn timings_and_segments<'py>(py: Python<'py>, observation: &Bound<'py, PyAny>, s
         }
     }
     let mut not_measurable: Vec<&str> = Vec::new();
-    // Python's max(value, 0.0): the first argument unless the second is greater.
-    let at_least_zero = |value: f64| if 0.0 > value { 0.0 } else { value };
+    // An interval derived from two clocks: below -tolerance not measurable (named), else at least
+    // zero as Python's max(value, 0.0) gives it (the first argument unless the second is greater).
+    let mut derived = |value: f64, name: &'static str| {
+        if value < -tolerance {
+            not_measurable.push(name);
+            None
+        } else {
+            Some(if 0.0 > value { 0.0 } else { value })
+        }
+    };
     let mut preprocess = given_preprocess;
     if given_preprocess.is_none() {
         if let (Some(ttft), Some(queue), Some(prefill)) = (ttft, queue, prefill) {
-            let value = ttft - queue - prefill;
-            if value < -tolerance {
-                not_measurable.push("preprocess");
-            } else {
-                preprocess = Some(at_least_zero(value));
-            }
+            preprocess = derived(ttft - queue - prefill, "preprocess");
         }
     }
     let mut postprocess = None;
     if let (Some(e2e), Some(ttft), Some(decode)) = (e2e, ttft, decode) {
-        let value = e2e - ttft - decode;
-        if value < -tolerance {
-            not_measurable.push("postprocess");
-        } else {
-            postprocess = Some(at_least_zero(value));
-        }
+        postprocess = derived(e2e - ttft - decode, "postprocess");
     } else if let Some(e2e) = e2e {
         let known = preprocess.unwrap_or(0.0) + queue.unwrap_or(0.0) + inference.unwrap_or(0.0);
         if known > e2e + tolerance {
