@@ -2120,7 +2120,9 @@ fn py_validate(data: &[u8]) -> PyResult<()> {
 
 // --- a request's timings and segments ---------------------------------------------------------
 
-/// `segments.py`'s constants, as the Python functions read them.
+/// `segments.py`'s constants, as the Python functions read them. A second copy, pinned: the
+/// differential test (tests/test_native_core.py) draws values at the tolerance's edges and at
+/// the token limit and its successor, so a drift between the two fails it.
 const ABS_TOLERANCE_S: f64 = 1e-3;
 const REL_TOLERANCE: f64 = 0.01;
 const MAX_TOKENS_PER_REQUEST: i64 = 100_000_000;

@@ -129,7 +129,7 @@ def _rebuild_clustered_tables(connection: sqlite3.Connection, path: Path) -> Non
     the disk for it) the old layout stays, which works as before, and the store opens; corrupt
     pages raise, as any read of them would."""
     old = [name for name, sql in connection.execute(
-        f"SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name IN {_CLUSTERED_TABLES}")
+        "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name IN (?, ?)", _CLUSTERED_TABLES)
         if "WITHOUT ROWID" in sql.upper()]
     if not old:
         return
