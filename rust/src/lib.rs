@@ -11,6 +11,8 @@
 //! The schema is the installed opentelemetry-proto's (tests/test_native_core.py checks it against
 //! the descriptors, so a proto upgrade that adds a field fails the suite rather than drifting).
 
+mod recorder;
+
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
@@ -2363,6 +2365,7 @@ fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Digester>()?;
     module.add_class::<Row>()?;
     module.add_class::<Observation>()?;
+    recorder::register(module)?;
     module.add("MAX_DEPTH", MAX_DEPTH)?;
     Ok(())
 }

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from otel_llm.internal import core as native_core
 from otel_llm.pdata.records import Outcome, RequestRecord, Segment, Side
 from otel_llm.processor.llm_metrics.metrics.definitions import (
     SEGMENT_METRIC,
@@ -25,7 +26,7 @@ from otel_llm.processor.llm_metrics.metrics.definitions import (
     vllm_naming,
 )
 from otel_llm.processor.llm_metrics.metrics.exponential import ExponentialState
-from otel_llm.processor.llm_metrics.metrics.families import CounterFamily, HistogramFamily
+from otel_llm.processor.llm_metrics.metrics.families import CounterFamily, HistogramFamily, HistogramSeries
 from otel_llm.processor.llm_metrics.metrics.recorder import MetricsRecorder
 
 OVERFLOW = ("__overflow__",)
@@ -176,12 +177,25 @@ def _random_record(rng: random.Random) -> RequestRecord:
         lora_adapter=adapter, lora_base_model="llama" if adapter else "")
 
 
+def _core_of(implementation: str) -> Any:
+    """The compiled core for "native" (the test is skipped on a machine without one, unless
+    ``make test`` requires it), None for the Python observers."""
+    if implementation == "python":
+        return None
+    extension = native_core.active()[0] or native_core.select("auto")[0]
+    if extension is None:
+        pytest.skip("the compiled core is not built: only the Python observers exist here")
+    return extension
+
+
+@pytest.mark.parametrize("implementation", ["python", "native"])
 @pytest.mark.parametrize("genai_version", ["1.41", "0.1"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_compiled_observers_match_the_reference(genai_version: str, seed: int) -> None:
+def test_compiled_observers_match_the_reference(genai_version: str, seed: int, implementation: str) -> None:
     namings = [vllm_naming(8192, {"qwen": 1000}), vllm_cache_naming(8192, {"qwen": 1000}), genai_naming(genai_version),
                genai_client_naming(genai_version), own_naming(), own_cache_naming(), adapter_naming()]
-    recorder = MetricsRecorder(namings, ("tier",), LIMIT, max_label_value_bytes=MAX_LABEL_BYTES)
+    core = _core_of(implementation)
+    recorder = MetricsRecorder(namings, ("tier",), LIMIT, max_label_value_bytes=MAX_LABEL_BYTES, core=core)
     recorder.keep_exponential(160, 20)
     reference = Reference(namings, ("tier",))
     rng = random.Random(seed)
@@ -219,6 +233,45 @@ def test_compiled_observers_match_the_reference(genai_version: str, seed: int) -
     assert any(OVERFLOW in f.series for f in got_hists.values())
     assert reference.too_long and sum(reference.hist_overflowed.values()) > 0
     assert any(s.exemplars for f in got_hists.values() for s in f.series.values())
+    # Each implementation wrote series of its own kind: the core's observers were the ones compared.
+    expected_class = HistogramSeries if core is None else core.HistogramSeries
+    assert {type(s) for f in got_hists.values() for s in f.series.values()} == {expected_class}
+
+
+def _state(recorder: MetricsRecorder) -> dict[str, Any]:
+    out: dict[str, Any] = {"too_long": dict(recorder.too_long)}
+    for family in recorder.families():
+        if isinstance(family, HistogramFamily):
+            out[family.name] = ({key: (s.counts, s.total, s.count, dict(s.bounds and {"own": s.bounds}),
+                                       {i: (e.trace_id, e.span_id, e.value, type(e.value)) for i, e in s.exemplars.items()})
+                                 for key, s in family.series.items()}, family.overflowed, list(family.series))
+        else:
+            out[family.name] = (dict(family.series), family.overflowed, list(family.series))
+    return out
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_the_cores_observers_are_the_python_observers(seed: int) -> None:
+    """Without exponential buckets (the default), on the same records: the same series in the same
+    order (each drew on the byte budget in the same order), the same floats bit for bit (a sum's
+    rounding is order-dependent), the same exemplar values and types, overflow and too-long counts."""
+    namings = [vllm_naming(8192, {"qwen": 1000}), vllm_cache_naming(8192, {"qwen": 1000}), genai_naming("1.41"),
+               genai_client_naming("1.41"), own_naming(), own_cache_naming(), adapter_naming()]
+    core = _core_of("native")
+    recorders = [MetricsRecorder(namings, ("tier",), LIMIT, series_limit_bytes=limit, max_label_value_bytes=MAX_LABEL_BYTES,
+                                 core=implementation)
+                 for implementation in (None, core) for limit in (16 * 1024 * 1024, 60_000)]
+    rng = random.Random(seed)
+    for _ in range(800):
+        record = _random_record(rng)
+        with_exemplars = rng.random() < 0.3
+        for recorder in recorders:
+            recorder.record(record, with_exemplars)
+    python_big, python_small, native_big, native_small = (_state(r) for r in recorders)
+    assert native_big == python_big
+    assert native_small == python_small
+    assert python_small != python_big  # the small byte budget did overflow series the large one kept
+    assert recorders[3].budget.used == recorders[1].budget.used and recorders[2].budget.used == recorders[0].budget.used
 
 
 def test_a_misspelled_record_field_fails_where_the_metric_is_declared() -> None:

@@ -120,9 +120,10 @@ def _histogram(name: str, unit: str, doc: str, bounds: tuple[float, ...], label_
             metric.native[frozenset(labels.items())] = series.exponential.fitted(native_max_size, NATIVE_MAX_SCHEMA)
         les = [_le(b) for b in series.bounds] + ["+Inf"] if series.bounds else family_les
         cumulative = 0.0
+        counts, exemplars = series.counts, series.exemplars  # the core's series hands out a copy per read
         for index, le in enumerate(les):
-            cumulative += series.counts[index]
-            exemplar = series.exemplars.get(index)
+            cumulative += counts[index]
+            exemplar = exemplars.get(index)
             prom_exemplar = (
                 PromExemplar({"trace_id": exemplar.trace_id, "span_id": exemplar.span_id}, exemplar.value,
                              exemplar.timestamp)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from otel_llm.processor.llm_metrics.metrics.exponential import ExponentialState
 
@@ -101,7 +101,7 @@ class Family(Generic[V]):
 
 
 class HistogramFamily(Family[HistogramSeries]):
-    __slots__ = ("bounds", "bounds_by_model", "exponential")
+    __slots__ = ("bounds", "bounds_by_model", "exponential", "series_class")
 
     def __init__(self, name: str, bounds: tuple[float, ...], limit: int, budget: SeriesBudget | None = None,
                  label_names: tuple[str, ...] | None = None,
@@ -114,11 +114,17 @@ class HistogramFamily(Family[HistogramSeries]):
         self.bounds_by_model = bounds_by_model or {}
         # (max_size, max_scale) of the exponential state each new series keeps; None: none kept.
         self.exponential: tuple[int, int] | None = None
+        # The compiled core's series (its recorder's observers write those, buckets as Rust numbers),
+        # or None: this module's.
+        self.series_class: Any = None
 
     def new_series(self, key: Key) -> HistogramSeries:
         own = self.bounds_by_model.get(key[0], ()) if self.bounds_by_model and key else ()
-        return HistogramSeries([0.0] * (len(own or self.bounds) + 1), bounds=own,
-                               exponential=ExponentialState(*self.exponential) if self.exponential else None)
+        exponential = ExponentialState(*self.exponential) if self.exponential else None
+        if self.series_class is not None:
+            series: HistogramSeries = self.series_class(len(own or self.bounds) + 1, own, exponential)
+            return series
+        return HistogramSeries([0.0] * (len(own or self.bounds) + 1), bounds=own, exponential=exponential)
 
     def observe(self, key: Key, value: float, weight: float = 1.0, exemplar: Exemplar | None = None) -> None:
         series = self.series.get(key)

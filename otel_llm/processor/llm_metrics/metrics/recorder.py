@@ -7,8 +7,10 @@ import time
 from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
+from otel_llm.internal import core as native_core
 from otel_llm.pdata.records import Outcome, RequestRecord
 from otel_llm.processor.llm_metrics.metrics.accounting import Accounting
 from otel_llm.processor.llm_metrics.metrics.definitions import (
@@ -148,7 +150,7 @@ Observer = Callable[[RequestRecord, float, bool, Key, str, str, float], str]
 
 
 def _compile(side: str, bounds: list[BoundNaming], series_limit: int,
-             new_slots: Callable[[_Plan, Key], list[Any]]) -> tuple[Observer, Observer]:
+             new_slots: Callable[[_Plan, Key], list[Any]], core: ModuleType | None = None) -> tuple[Observer, Observer]:
     """One side's recording loop unrolled for its namings' specs, as Python source generated once
     (as ``dataclasses`` and ``namedtuple`` build their methods): ``observe(record, weight, succeeded,
     dimensions, trace_id, span_id, now)`` records ``record`` in every naming of
@@ -158,7 +160,10 @@ def _compile(side: str, bounds: list[BoundNaming], series_limit: int,
     A record pays no per-spec tuple unpacking, branch on a spec's options or call for a plain field
     read, and namings with the same labels share one key and one cache lookup. Per observation it
     does exactly what the loop over specs did, in the same order (series are created, and draw on
-    the byte budget, in that order): the same bucket, count, sum, exemplar and overflow counting."""
+    the byte budget, in that order): the same bucket, count, sum, exemplar and overflow counting.
+
+    With the compiled ``core``, the same loop is the core's ``Observer``, run from ``_native_ops``'
+    plan (the series it observes into are then the core's ``HistogramSeries``)."""
     plans: list[_Plan] = []
     group_of: list[int] = []
     for bound in bounds:
@@ -171,11 +176,73 @@ def _compile(side: str, bounds: list[BoundNaming], series_limit: int,
             group_of.append(len(plans))
             plans.append(_Plan([bound], series_limit))
     plans = [_Plan(plan.bounds, series_limit) for plan in plans]  # hists and counters of every member
+    if core is not None:
+        ops, shared = _native_ops(bounds, group_of, plans)
+        return tuple(core.Observer(ops, shared, new_slots, MetricsRecorder._resolve, Exemplar,
+                                   CounterFamily.OVERFLOW, with_exemplars) for with_exemplars in (False, True))
     scope: dict[str, Any] = {"bisect_left": bisect_left, "Exemplar": Exemplar, "OVERFLOW": CounterFamily.OVERFLOW,
                              "new_slots": new_slots, "resolve": MetricsRecorder._resolve}
     exec(compile(_source(bounds, group_of, plans, scope, exemplars=False) + "\n\n"  # noqa: S102
                  + _source(bounds, group_of, plans, scope, exemplars=True), f"<observe {side}>", "exec"), scope)
     return scope["observe"], scope["observe_with_exemplars"]
+
+
+def _shared_values(plans: list[_Plan]) -> list[Callable[..., Any]]:
+    """A computed value (not a field read) that several specs observe whatever the outcome is
+    computed once per record, up front (the value functions are pure functions of the record), in
+    this order."""
+    uses: dict[int, int] = {}
+    for plan in plans:
+        for value_of in [h[0] for h in plan.hists if h[2] is None and not h[1]] + [c[0] for c in plan.counters]:
+            if _inline(value_of) is None:
+                uses[id(value_of)] = uses.get(id(value_of), 0) + 1
+    shared: dict[int, Callable[..., Any]] = {}
+    for plan in plans:
+        for value_of in [h[0] for h in plan.hists if h[2] is None and not h[1]] + [c[0] for c in plan.counters]:
+            if uses.get(id(value_of), 0) > 1 and id(value_of) not in shared:
+                shared[id(value_of)] = value_of
+    return list(shared.values())
+
+
+def _native_ops(bounds: list[BoundNaming], group_of: list[int], plans: list[_Plan]) -> tuple[list[tuple[Any, ...]], list[Any]]:
+    """The compiled core's ``Observer`` plan: the steps ``_source`` writes, in its order, as data
+    (the core's ``Observer`` documents the tuples)."""
+    shared = _shared_values(plans)
+    shared_index = {id(value_of): index for index, value_of in enumerate(shared)}
+
+    def value(value_of: Callable[..., Any]) -> tuple[str, Any]:
+        if isinstance(value_of, Field):
+            return ("field", value_of.name)
+        if isinstance(value_of, Constant):
+            return ("constant", value_of.value)
+        if id(value_of) in shared_index:
+            return ("shared", shared_index[id(value_of)])
+        return ("call", value_of)
+
+    ops: list[tuple[Any, ...]] = []
+    hist_offset = [0] * len(plans)
+    counter_offset = [0] * len(plans)
+    started: set[int] = set()
+    for bound, group in zip(bounds, group_of):
+        plan = plans[group]
+        count = len(plan.hists)
+        if group not in started:
+            started.add(group)
+            fields = plan.labels.names if isinstance(plan.labels, Fields) else None
+            ops.append(("key", group, fields, plan.labels, plan.cache, plan, plan.cache_limit))
+        for _ in bound.histograms:
+            position = hist_offset[group]
+            hist_offset[group] += 1
+            value_of, success_only, per_step, family_bounds, family, suffix = plan.hists[position]
+            ops.append(("hist", group, position, count, value(value_of), success_only, per_step, family,
+                        family_bounds, bool(family.bounds_by_model), suffix))
+        for _ in bound.counters:
+            position = counter_offset[group]
+            counter_offset[group] += 1
+            value_of, by_outcome, counter_family, counter_suffix = plan.counters[position]
+            ops.append(("counter", group, value(value_of), by_outcome, counter_family, counter_family.series,
+                        counter_suffix))
+    return ops, shared
 
 
 def _source(bounds: list[BoundNaming], group_of: list[int], plans: list[_Plan], scope: dict[str, Any],
@@ -186,20 +253,11 @@ def _source(bounds: list[BoundNaming], group_of: list[int], plans: list[_Plan], 
     hist_offset = [0] * len(plans)
     counter_offset = [0] * len(plans)
     started: set[int] = set()
-    # A computed value (not a field read) that several specs observe whatever the outcome is
-    # computed once, up front (the value functions are pure functions of the record).
-    uses: dict[int, int] = {}
-    for plan in plans:
-        for value_of in [h[0] for h in plan.hists if h[2] is None and not h[1]] + [c[0] for c in plan.counters]:
-            if _inline(value_of) is None:
-                uses[id(value_of)] = uses.get(id(value_of), 0) + 1
     shared: dict[int, str] = {}
-    for plan in plans:
-        for value_of in [h[0] for h in plan.hists if h[2] is None and not h[1]] + [c[0] for c in plan.counters]:
-            if uses.get(id(value_of), 0) > 1 and id(value_of) not in shared:
-                name = shared[id(value_of)] = f"shared_{len(shared)}"
-                scope[name + "_of"] = value_of
-                lines.append(f"    {name} = {name}_of(record)")
+    for value_of in _shared_values(plans):
+        name = shared[id(value_of)] = f"shared_{len(shared)}"
+        scope[name + "_of"] = value_of
+        lines.append(f"    {name} = {name}_of(record)")
 
     def read(value: Callable[..., Any], name: str) -> str:
         inline = _inline(value)
@@ -327,10 +385,13 @@ def _too_long(key: Key, names: tuple[str, ...], limit: int) -> str:
 class MetricsRecorder:
     def __init__(self, namings: list[Naming], dimension_names: tuple[str, ...], series_limit: int,
                  series_limit_bytes: int = DEFAULT_SERIES_LIMIT_BYTES,
-                 max_label_value_bytes: int = DEFAULT_MAX_LABEL_VALUE_BYTES) -> None:
+                 max_label_value_bytes: int = DEFAULT_MAX_LABEL_VALUE_BYTES, core: ModuleType | None | bool = True) -> None:
         """``series_limit`` label sets per family and ``series_limit_bytes`` of exposition over all
         families; a label value over ``max_label_value_bytes`` never takes a series of its own: its
-        observations go to the overflow series, counted in ``too_long`` by label."""
+        observations go to the overflow series, counted in ``too_long`` by label. ``core``: the
+        compiled core to record with (``True``: the process's choice, ``internal/core.py``; ``None``
+        or ``False``: the Python observers, the reference)."""
+        self._core: ModuleType | None = native_core.active()[0] if core is True else (core or None)
         self.dimension_names = dimension_names
         self.budget = SeriesBudget(series_limit_bytes)
         self.max_label_value_bytes = max_label_value_bytes
@@ -340,7 +401,7 @@ class MetricsRecorder:
         for bound in self.namings:
             self._by_side.setdefault(bound.naming.side, []).append(bound)
         self._observers: dict[str, tuple[Observer, Observer]] = {
-            side: _compile(side, bounds, series_limit, self._slots) for side, bounds in self._by_side.items()}
+            side: _compile(side, bounds, series_limit, self._slots, self._core) for side, bounds in self._by_side.items()}
         self.segment_label_names = ("model_name", "engine_kind", "service_name", "segment") + dimension_names
         self.segments = HistogramFamily(SEGMENT_METRIC.name, SEGMENT_METRIC.buckets, series_limit, self.budget,
                                         self.segment_label_names + ("le",))
@@ -353,6 +414,9 @@ class MetricsRecorder:
         # Bucket limit of the native histogram parts a scrape gets (``exporters.prometheus.native_histograms``
         # sets it with ``keep_exponential``); None: a scrape copies none.
         self.native_max_size: int | None = None
+        if self._core is not None:  # the core's observers write only the core's series
+            for family in self._histogram_families():
+                family.series_class = self._core.HistogramSeries
 
     def record(self, record: RequestRecord, with_exemplars: bool = False) -> None:
         """Observe ``record`` in every naming of its side; ``with_exemplars`` only for traces the sampler kept.
@@ -395,7 +459,15 @@ class MetricsRecorder:
                     too_long = too_long or self._segment_too_long.get(cache_key, "dimension")
                 family = self.segments
                 bounds = family.bounds
-                for name, start_unix_ns, end_unix_ns in record.segments:
+                if self._core is not None:
+                    def resolve(name: str) -> tuple[Any, int]:
+                        series = _series_of(family, base + (name,) + dimensions)
+                        resolved = by_name[name] = (series, _extra(series, series is family.series.get(family.OVERFLOW)))
+                        return resolved
+
+                    self._core.observe_segments(record.segments, by_name, everything, bounds, family, resolve, weight,
+                                                Exemplar, trace_id, span_id, now if with_exemplars else None)
+                for name, start_unix_ns, end_unix_ns in () if self._core is not None else record.segments:
                     duration = (end_unix_ns - start_unix_ns) / 1e9
                     resolved = everything or by_name.get(name)
                     if resolved is None:
@@ -444,12 +516,15 @@ class MetricsRecorder:
         caller asked for (a caller wanting smaller ones downscales a copy: ``ExponentialState.fitted``).
         Called when the components start, before the first request is recorded."""
         with self.lock:
-            histograms = [f for f in self.families() if isinstance(f, HistogramFamily)]
+            histograms = self._histogram_families()
             if any(f.series for f in histograms):
                 raise RuntimeError("exponential buckets must be asked for before the first observation")
             for family in histograms:
                 old = family.exponential
                 family.exponential = (max(max_size, old[0]), max(max_scale, old[1])) if old else (max_size, max_scale)
+
+    def _histogram_families(self) -> list[HistogramFamily]:
+        return [f for f in self.families() if isinstance(f, HistogramFamily)]
 
     def families(self) -> list[HistogramFamily | CounterFamily]:
         out: list[HistogramFamily | CounterFamily] = [self.segments]

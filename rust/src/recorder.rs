@@ -1,0 +1,523 @@
+//! The metrics recorder's per-record loop (`processor/llm_metrics/metrics/recorder.py`): the
+//! observations of one side's namings and a record's segments, into histogram series whose
+//! buckets, sum and count are Rust numbers.
+//!
+//! Python builds everything this runs from: the recording plan (`recorder.py` `_native_ops`, the
+//! same walk over the namings' specs as the generated Python observer, so series are created and
+//! draw on the byte budget in the same order), the label-key caches, the families and the calls
+//! for what is rare (a new cache entry, a new series, an overflow count, a counter's new key,
+//! exponential buckets). This file only does what the generated observer does per record, with
+//! the same IEEE operations: a bucket by `bisect_left`'s comparisons, `count += weight`,
+//! `sum += value * weight`. The Python observer stays the reference
+//! (`tests/unit/llm_metrics/test_recorder_reference.py` runs both against a plain reference).
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+
+/// One histogram series: per-bucket counts (the last one +Inf), sum and count as the Python
+/// `families.HistogramSeries` holds them, read through the same attribute names.
+#[pyclass(module = "otel_llm._core", name = "HistogramSeries")]
+pub struct Series {
+    counts: Vec<f64>,
+    total: f64,
+    count: f64,
+    exemplars: Py<PyDict>,
+    bounds: Py<PyTuple>,
+    own_bounds: Vec<f64>,
+    exponential: PyObject,
+}
+
+#[pymethods]
+impl Series {
+    /// `buckets` counts of zero; `bounds` its own upper bounds (`()`: the family's), `exponential`
+    /// the exponential state it keeps too, or None.
+    #[new]
+    fn new(py: Python<'_>, buckets: usize, bounds: Bound<'_, PyTuple>, exponential: PyObject) -> PyResult<Self> {
+        let own_bounds: Vec<f64> = bounds.extract()?;
+        if !own_bounds.is_empty() && own_bounds.len() + 1 != buckets {
+            return Err(PyValueError::new_err("a series with bounds of its own has one bucket more than them"));
+        }
+        Ok(Series {
+            counts: vec![0.0; buckets],
+            total: 0.0,
+            count: 0.0,
+            exemplars: PyDict::new(py).unbind(),
+            bounds: bounds.unbind(),
+            own_bounds,
+            exponential,
+        })
+    }
+
+    /// A copy: the series is read at exposition, written only here.
+    #[getter]
+    fn counts(&self) -> Vec<f64> {
+        self.counts.clone()
+    }
+
+    #[getter]
+    fn total(&self) -> f64 {
+        self.total
+    }
+
+    #[getter]
+    fn count(&self) -> f64 {
+        self.count
+    }
+
+    #[getter]
+    fn exemplars(&self, py: Python<'_>) -> Py<PyDict> {
+        self.exemplars.clone_ref(py)
+    }
+
+    #[getter]
+    fn bounds(&self, py: Python<'_>) -> Py<PyTuple> {
+        self.bounds.clone_ref(py)
+    }
+
+    #[getter]
+    fn exponential(&self, py: Python<'_>) -> PyObject {
+        self.exponential.clone_ref(py)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("HistogramSeries(counts={:?}, total={:?}, count={:?})", self.counts, self.total, self.count)
+    }
+}
+
+/// Python's `bisect_left(bounds, value)` for a float: the first bound not less than `value`
+/// (`value == bound` falls in that bucket; NaN in the first, as Python's comparisons put it).
+#[inline]
+fn bisect_left(bounds: &[f64], value: f64) -> usize {
+    let (mut lo, mut hi) = (0usize, bounds.len());
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if bounds[mid] < value {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+// What an observation does besides its bucket, sum and count (recorder.py `_OVERFLOWED`, `_EXPONENTIAL`).
+const OVERFLOWED: i64 = 1;
+const EXPONENTIAL: i64 = 2;
+
+/// Adds one observation to `series`: the Python observer's bucket, count and sum, then what the
+/// series' flag word asks for and the exemplar.
+#[allow(clippy::too_many_arguments)]
+fn observe_into<'py>(py: Python<'py>, series_object: &Bound<'py, PyAny>, family_bounds: &[f64], own_bounds_apply: bool,
+                     value: &Bound<'py, PyAny>, number: f64, weight: f64, extra: i64, family: &Bound<'py, PyAny>,
+                     exemplar: Option<&Exemplars<'py>>) -> PyResult<()> {
+    let cell = series_object.downcast::<Series>()?;
+    let index;
+    let exponential;
+    {
+        let mut series = cell.borrow_mut();
+        let bounds = if own_bounds_apply && !series.own_bounds.is_empty() { &series.own_bounds } else { family_bounds };
+        index = bisect_left(bounds, number);
+        if index >= series.counts.len() {
+            return Err(PyValueError::new_err("a series with fewer buckets than its family's bounds"));
+        }
+        series.counts[index] += weight;
+        series.total += number * weight;
+        series.count += weight;
+        exponential = if extra & EXPONENTIAL != 0 { Some(series.exponential.clone_ref(py)) } else { None };
+    }
+    if extra != 0 {
+        if let Some(state) = exponential {
+            state.bind(py).call_method1(pyo3::intern!(py, "observe"), (value, weight))?;
+        }
+        if extra & OVERFLOWED != 0 {
+            let name = pyo3::intern!(py, "overflowed");
+            let overflowed = family.getattr(name)?;
+            family.setattr(name, overflowed.add(1)?)?;
+        }
+    }
+    if let Some(exemplar) = exemplar {
+        let made = exemplar.class.call1((exemplar.trace_id, exemplar.span_id, value, exemplar.now))?;
+        cell.borrow().exemplars.bind(py).set_item(index, made)?;
+    }
+    Ok(())
+}
+
+/// What an exemplar links to (a kept trace's ids and the time it was recorded).
+struct Exemplars<'py> {
+    class: &'py Bound<'py, PyAny>,
+    trace_id: &'py Bound<'py, PyAny>,
+    span_id: &'py Bound<'py, PyAny>,
+    now: f64,
+}
+
+/// A spec's value, as `recorder.py` `_inline`/`read` resolve it.
+enum Value {
+    Field(Py<PyString>),
+    Constant(PyObject),
+    Call(PyObject),
+    Shared(usize),
+}
+
+impl Value {
+    fn of(spec: &Bound<'_, PyTuple>) -> PyResult<Value> {
+        let kind: String = spec.get_item(0)?.extract()?;
+        let what = spec.get_item(1)?;
+        Ok(match kind.as_str() {
+            "field" => Value::Field(what.downcast_into::<PyString>()?.unbind()),
+            "constant" => Value::Constant(what.unbind()),
+            "call" => Value::Call(what.unbind()),
+            "shared" => Value::Shared(what.extract()?),
+            other => return Err(PyValueError::new_err(format!("unknown value kind {other:?}"))),
+        })
+    }
+
+    fn read<'py>(&self, py: Python<'py>, record: &Bound<'py, PyAny>, shared: &[Bound<'py, PyAny>]) -> PyResult<Bound<'py, PyAny>> {
+        match self {
+            Value::Field(name) => record.getattr(name.bind(py)),
+            Value::Constant(value) => Ok(value.bind(py).clone()),
+            Value::Call(function) => function.bind(py).call1((record,)),
+            Value::Shared(index) => Ok(shared[*index].clone()),
+        }
+    }
+}
+
+struct KeyOp {
+    group: usize,
+    fields: Option<Vec<Py<PyString>>>,
+    labels: PyObject,
+    cache: Py<PyDict>,
+    plan: PyObject,
+    cache_limit: usize,
+}
+
+struct HistOp {
+    group: usize,
+    position: usize,
+    count: usize,
+    value: Value,
+    success_only: bool,
+    per_step: Option<PyObject>,
+    family: PyObject,
+    bounds: Vec<f64>,
+    by_model: bool,
+    suffix: Option<Py<PyTuple>>,
+}
+
+struct CounterOp {
+    group: usize,
+    value: Value,
+    by_outcome: bool,
+    family: PyObject,
+    series: Py<PyDict>,
+    suffix: Option<Py<PyTuple>>,
+}
+
+enum Op {
+    Key(KeyOp),
+    Hist(HistOp),
+    Counter(CounterOp),
+}
+
+fn suffix_of(item: Bound<'_, PyAny>) -> PyResult<Option<Py<PyTuple>>> {
+    let tuple = item.downcast_into::<PyTuple>()?;
+    Ok(if tuple.is_empty() { None } else { Some(tuple.unbind()) })
+}
+
+/// Bucket bounds as the recorder compares them: finite and below 2^53 in magnitude, so a value's
+/// float compares with each bound as the value itself does (an integer count included).
+fn checked_bounds(item: Bound<'_, PyAny>) -> PyResult<Vec<f64>> {
+    let bounds: Vec<f64> = item.extract()?;
+    if bounds.iter().any(|b| !(b.abs() < 9_007_199_254_740_992.0)) {
+        return Err(PyValueError::new_err("bucket bounds past 2^53 are the Python observer's"));
+    }
+    Ok(bounds)
+}
+
+/// A counter's series key for one label-key cache entry, counter step and outcome: the tuple the
+/// generated observer builds per record (`key + suffix + (outcome,)`), built once. The entry and
+/// the outcome are held, so the addresses that name them are not reused while this is kept.
+struct CounterKey {
+    _entry: Py<PyList>,
+    _outcome: Option<PyObject>,
+    key: Py<PyTuple>,
+}
+
+/// One side's recording loop (`recorder.py` `_compile`), run as its plan says.
+#[pyclass(module = "otel_llm._core")]
+pub struct Observer {
+    shared: Vec<PyObject>,
+    ops: Vec<Op>,
+    groups: usize,
+    new_slots: PyObject,
+    resolve: PyObject,
+    exemplar: PyObject,
+    overflow: Py<PyTuple>,
+    with_exemplars: bool,
+    counter_keys: std::collections::HashMap<(usize, usize, usize), CounterKey>,
+    counter_keys_limit: usize,
+}
+
+#[pymethods]
+impl Observer {
+    /// `ops`: tuples ("key", group, field names or None, labels callable, cache, plan, cache limit),
+    /// ("hist", group, position, count, value, success only, per-step callable or None, family,
+    /// bounds, per-model bounds, key suffix), ("counter", group, value, by outcome, family, its
+    /// series dict, key suffix); a value is ("field", name), ("constant", v), ("call", f) or
+    /// ("shared", index into `shared`, the callables computed once per record first).
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    fn new(ops: Vec<Bound<'_, PyTuple>>, shared: Vec<PyObject>, new_slots: PyObject, resolve: PyObject,
+           exemplar: PyObject, overflow: Bound<'_, PyTuple>, with_exemplars: bool) -> PyResult<Self> {
+        let mut built = Vec::with_capacity(ops.len());
+        let mut groups = 0usize;
+        for op in ops {
+            let kind: String = op.get_item(0)?.extract()?;
+            let group: usize = op.get_item(1)?.extract()?;
+            groups = groups.max(group + 1);
+            built.push(match kind.as_str() {
+                "key" => {
+                    let fields = op.get_item(2)?;
+                    Op::Key(KeyOp {
+                        group,
+                        fields: if fields.is_none() {
+                            None
+                        } else {
+                            Some(fields.extract::<Vec<Bound<'_, PyString>>>()?.into_iter().map(Bound::unbind).collect())
+                        },
+                        labels: op.get_item(3)?.unbind(),
+                        cache: op.get_item(4)?.downcast_into::<PyDict>()?.unbind(),
+                        plan: op.get_item(5)?.unbind(),
+                        cache_limit: op.get_item(6)?.extract()?,
+                    })
+                }
+                "hist" => {
+                    let per_step = op.get_item(6)?;
+                    Op::Hist(HistOp {
+                        group,
+                        position: op.get_item(2)?.extract()?,
+                        count: op.get_item(3)?.extract()?,
+                        value: Value::of(op.get_item(4)?.downcast()?)?,
+                        success_only: op.get_item(5)?.extract()?,
+                        per_step: if per_step.is_none() { None } else { Some(per_step.unbind()) },
+                        family: op.get_item(7)?.unbind(),
+                        bounds: checked_bounds(op.get_item(8)?)?,
+                        by_model: op.get_item(9)?.extract()?,
+                        suffix: suffix_of(op.get_item(10)?)?,
+                    })
+                }
+                "counter" => Op::Counter(CounterOp {
+                    group,
+                    value: Value::of(op.get_item(2)?.downcast()?)?,
+                    by_outcome: op.get_item(3)?.extract()?,
+                    family: op.get_item(4)?.unbind(),
+                    series: op.get_item(5)?.downcast_into::<PyDict>()?.unbind(),
+                    suffix: suffix_of(op.get_item(6)?)?,
+                }),
+                other => return Err(PyValueError::new_err(format!("unknown recording step {other:?}"))),
+            });
+        }
+        // Bounded as the label-key caches are: a hostile flood of keys clears it.
+        let counter_keys_limit = built.iter().map(|op| match op { Op::Key(k) => k.cache_limit, _ => 0 }).sum::<usize>()
+            .saturating_mul(4).max(64);
+        Ok(Observer { shared, ops: built, groups, new_slots, resolve, exemplar, overflow: overflow.unbind(), with_exemplars,
+                      counter_keys: std::collections::HashMap::new(), counter_keys_limit })
+    }
+
+    /// The generated observer's signature and result: the first label too long for a series, or "".
+    #[allow(clippy::too_many_arguments)]
+    fn __call__<'py>(&mut self, py: Python<'py>, record: &Bound<'py, PyAny>, weight: f64, succeeded: bool,
+                     dimensions: &Bound<'py, PyTuple>, trace_id: &Bound<'py, PyAny>, span_id: &Bound<'py, PyAny>,
+                     now: f64) -> PyResult<Bound<'py, PyAny>> {
+        let shared: Vec<Bound<'py, PyAny>> =
+            self.shared.iter().map(|f| f.bind(py).call1((record,))).collect::<PyResult<_>>()?;
+        let mut keys: Vec<Option<Bound<'py, PyTuple>>> = vec![None; self.groups];
+        let mut slots: Vec<Option<Bound<'py, PyList>>> = vec![None; self.groups];
+        let mut too_long_of: Vec<bool> = vec![false; self.groups];
+        let mut too_long: Option<Bound<'py, PyAny>> = None;
+        let exemplar_class = self.exemplar.bind(py);
+        let exemplars = Exemplars { class: exemplar_class, trace_id, span_id, now };
+        let exemplar = if self.with_exemplars { Some(&exemplars) } else { None };
+        let mut outcome: Option<Bound<'py, PyAny>> = None;
+        for (step, op) in self.ops.iter().enumerate() {
+            match op {
+                Op::Key(key_op) => {
+                    let mut key = match &key_op.fields {
+                        Some(names) => {
+                            let mut items = Vec::with_capacity(names.len() + dimensions.len());
+                            for name in names {
+                                items.push(record.getattr(name.bind(py))?);
+                            }
+                            items.extend(dimensions.iter());
+                            PyTuple::new(py, items)?
+                        }
+                        None => key_op.labels.bind(py).call1((record,))?.add(dimensions)?.downcast_into::<PyTuple>()?,
+                    };
+                    let cache = key_op.cache.bind(py);
+                    let found = match cache.get_item(&key)? {
+                        Some(found) => found,
+                        None => {
+                            if cache.len() >= key_op.cache_limit {
+                                cache.clear();
+                            }
+                            let made = self.new_slots.bind(py).call1((key_op.plan.bind(py), &key))?;
+                            cache.set_item(&key, &made)?;
+                            made
+                        }
+                    };
+                    let list = found.downcast_into::<PyList>()?;
+                    let last = list.get_item(list.len().wrapping_sub(1))?;
+                    let long = last.is_truthy()?;
+                    if long {
+                        key = self.overflow.bind(py).clone();
+                        if too_long.as_ref().map_or(Ok(true), |t| t.is_truthy().map(|b| !b))? {
+                            too_long = Some(last);
+                        }
+                    }
+                    too_long_of[key_op.group] = long;
+                    keys[key_op.group] = Some(key);
+                    slots[key_op.group] = Some(list);
+                }
+                Op::Hist(h) => {
+                    if h.success_only && !succeeded {
+                        continue;
+                    }
+                    let (Some(key), Some(list)) = (&keys[h.group], &slots[h.group]) else {
+                        return Err(PyValueError::new_err("a histogram step before its key"));
+                    };
+                    let family = h.family.bind(py);
+                    let observe = |value: Bound<'py, PyAny>| -> PyResult<()> {
+                        let number: f64 = value.extract()?;
+                        let mut series = list.get_item(h.position)?;
+                        if series.is_none() {
+                            let series_key = match &h.suffix {
+                                Some(suffix) => key.add(suffix.bind(py))?,
+                                None => key.clone().into_any(),
+                            };
+                            series = self.resolve.bind(py).call1((list, h.position, h.count, family, series_key))?;
+                        }
+                        let extra: i64 = list.get_item(h.count + h.position)?.extract()?;
+                        observe_into(py, &series, &h.bounds, h.by_model, &value, number, weight, extra, family, exemplar)
+                    };
+                    match &h.per_step {
+                        None => {
+                            let value = h.value.read(py, record, &shared)?;
+                            if !value.is_none() {
+                                observe(value)?;
+                            }
+                        }
+                        Some(steps) => {
+                            for value in steps.bind(py).call1((record,))?.try_iter()? {
+                                observe(value?)?;
+                            }
+                        }
+                    }
+                }
+                Op::Counter(c) => {
+                    let amount = c.value.read(py, record, &shared)?;
+                    if amount.is_none() {
+                        continue;
+                    }
+                    let Some(key) = &keys[c.group] else {
+                        return Err(PyValueError::new_err("a counter step before its key"));
+                    };
+                    let added = amount.extract::<f64>()? * weight;
+                    let family = c.family.bind(py);
+                    if too_long_of[c.group] {
+                        family.call_method1(pyo3::intern!(py, "add_overflow"), (added,))?;
+                        continue;
+                    }
+                    if c.by_outcome && outcome.is_none() {
+                        outcome = Some(record.getattr(pyo3::intern!(py, "outcome"))?);
+                    }
+                    let Some(entry) = &slots[c.group] else {
+                        return Err(PyValueError::new_err("a counter step before its key"));
+                    };
+                    let outcome_of_key = if c.by_outcome { outcome.as_ref() } else { None };
+                    let cached = (entry.as_ptr() as usize, step, outcome_of_key.map_or(0, |o| o.as_ptr() as usize));
+                    let counter_key = match self.counter_keys.get(&cached) {
+                        Some(known) => known.key.bind(py).clone(),
+                        None => {
+                            let mut built = match &c.suffix {
+                                Some(suffix) => key.add(suffix.bind(py))?,
+                                None => key.clone().into_any(),
+                            };
+                            if let Some(outcome) = outcome_of_key {
+                                built = built.add(PyTuple::new(py, [outcome])?)?;
+                            }
+                            let built = built.downcast_into::<PyTuple>()?;
+                            if self.counter_keys.len() >= self.counter_keys_limit {
+                                self.counter_keys.clear();
+                            }
+                            self.counter_keys.insert(cached, CounterKey {
+                                _entry: entry.clone().unbind(),
+                                _outcome: outcome_of_key.map(|o| o.clone().unbind()),
+                                key: built.clone().unbind(),
+                            });
+                            built
+                        }
+                    };
+                    let series = c.series.bind(py);
+                    match series.get_item(&counter_key)? {
+                        None => {
+                            family.call_method1(pyo3::intern!(py, "add"), (counter_key, added))?;
+                        }
+                        Some(current) => {
+                            let current: f64 = current.extract()?;
+                            series.set_item(counter_key, current + added)?;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(match too_long {
+            Some(label) => label,
+            None => PyString::intern(py, "").into_any(),
+        })
+    }
+}
+
+/// A record's segments into the segment family's series (`MetricsRecorder.record`'s loop):
+/// `by_name` the key's cache of segment name -> (series, flag word), `everything` the overflow
+/// entry every segment of a too-long key goes to (or None), `resolve(name)` the entry for a name
+/// not yet cached. Durations as Python computes them: `(end - start) / 1e9`.
+#[pyfunction]
+#[pyo3(signature = (segments, by_name, everything, bounds, family, resolve, weight, exemplar_class, trace_id, span_id, now))]
+#[allow(clippy::too_many_arguments)]
+pub fn observe_segments<'py>(py: Python<'py>, segments: &Bound<'py, PyAny>, by_name: &Bound<'py, PyDict>,
+                             everything: &Bound<'py, PyAny>, bounds: Vec<f64>, family: &Bound<'py, PyAny>,
+                             resolve: &Bound<'py, PyAny>, weight: f64, exemplar_class: &Bound<'py, PyAny>,
+                             trace_id: &Bound<'py, PyAny>, span_id: &Bound<'py, PyAny>, now: Option<f64>) -> PyResult<()> {
+    if bounds.iter().any(|b| !(b.abs() < 9_007_199_254_740_992.0)) {
+        return Err(PyValueError::new_err("bucket bounds past 2^53 are the Python observer's"));
+    }
+    let exemplars = now.map(|now| Exemplars { class: exemplar_class, trace_id, span_id, now });
+    for segment in segments.try_iter()? {
+        let segment = segment?;
+        let name = segment.get_item(0)?;
+        let start: i128 = segment.get_item(1)?.extract()?;
+        let end: i128 = segment.get_item(2)?.extract()?;
+        // int - int is exact in Python; int / float rounds the difference to a float first.
+        let duration = (end - start) as f64 / 1e9;
+        let resolved = if everything.is_none() {
+            match by_name.get_item(&name)? {
+                Some(found) => found,
+                None => resolve.call1((&name,))?,
+            }
+        } else {
+            everything.clone()
+        };
+        let series = resolved.get_item(0)?;
+        let extra: i64 = resolved.get_item(1)?.extract()?;
+        let value = pyo3::types::PyFloat::new(py, duration).into_any();
+        observe_into(py, &series, &bounds, false, &value, duration, weight, extra, family, exemplars.as_ref())?;
+    }
+    Ok(())
+}
+
+pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_class::<Series>()?;
+    module.add_class::<Observer>()?;
+    module.add_function(wrap_pyfunction!(observe_segments, module)?)?;
+    Ok(())
+}
