@@ -1207,3 +1207,76 @@ def test_the_cores_timings_and_segments_are_the_python_functions() -> None:
     # The core took the common cases and declined exactly where Python has more to say.
     assert taken > 3_000 and refused > 3_000 and declined > refused, (taken, declined, refused)
     assert extension.timings_and_segments(EngineObservation("vllm", "vllm_v1", ttft_s=0.1), 0, True, Segment) is None
+
+
+def test_the_cores_rolling_quantile_is_the_python_one() -> None:
+    """The ``slowest`` policy's windows: the same operations, values and clock on both classes give the
+    same thresholds bit for bit, the same totals, and the same errors (NaN, infinity) with nothing
+    changed by them. The clock moves in steps within a slice, across slices, past the whole window
+    and back to idle gaps; values sit on bin edges, below the first bin and past the last."""
+    from otel_llm.processor.tail_sampling.quantiles import RollingQuantile
+
+    rng = random.Random(25)
+    checked = errors = cached_answers = 0
+    for window_s, slices in ((10.0, 10), (3.0, 3), (60.0, 7), (0.5, 1)):
+        now = [1000.0 + rng.random()]
+        python = RollingQuantile(window_s, slices, clock=lambda: now[0])
+        native = extension.RollingQuantile(window_s, slices, clock=lambda: now[0])
+        for _ in range(6000):
+            step = rng.random()  # mostly calm (a window fills past the cached-answer size), now and then a jump
+            if step < 0.993:
+                now[0] += rng.random() * window_s / slices / 500
+            elif step < 0.999:
+                now[0] += rng.random() * window_s / slices * 2
+            else:
+                now[0] += window_s * rng.choice([1.0, 1.5, 3.0])
+            kind = rng.random()
+            value: Any = rng.choice([
+                rng.lognormvariate(-1, 2), 1e-4, 1e-4 * 1.1 ** rng.randrange(0, 220), 0.0, -1.0, 1e300,
+                rng.randrange(0, 5), rng.random() * 1e-5])
+            if rng.random() < 0.01:
+                value = rng.choice([math.nan, math.inf, -math.inf])
+            q = rng.choice([0.5, 0.9, 0.99, 0.999, 1.0])
+            results = []
+            for window in (python, native):
+                try:
+                    if kind < 0.7:
+                        slice_id, position = window.slice_at(now[0])
+                        results.append(window.quantile_then_add(q, value, now[0], slice_id, position))
+                    elif kind < 0.85:
+                        results.append(window.add(value))
+                    else:
+                        results.append(window.quantile(q))
+                except (ValueError, OverflowError) as exc:
+                    results.append(type(exc))
+            assert _exactly(results[0]) == _exactly(results[1]), (window_s, slices, kind, value, q, now[0])
+            assert python.total == native.total
+            checked += 1
+            errors += isinstance(results[0], type)
+            cached_answers += python.total >= 200 and kind < 0.7
+    assert errors > 50 and cached_answers > 5000, (errors, cached_answers)
+    assert checked == 24_000
+
+    # A cached threshold lives 0.5 s, and a new slice drops it: two extremes added after a threshold
+    # was cached show in it only once either happens (both paths, checked every 10 ms).
+    for start, crosses_slice in ((1.0, False), (9.8, True)):
+        now = [start]
+        python = RollingQuantile(100.0, 10, clock=lambda: now[0])
+        native = extension.RollingQuantile(100.0, 10, clock=lambda: now[0])
+        answers = []
+        for window in (python, native):
+            now[0] = start
+            for _ in range(300):
+                window.add(0.01)
+            cached = window.quantile(0.999)
+            window.add(50.0)
+            window.add(50.0)
+            seen = []
+            for step in range(1, 61):
+                now[0] = start + step * 0.01
+                seen.append(window.quantile(0.999))
+            answers.append(seen)
+            assert seen[0] == cached and seen[-1] > cached
+            # Without a slice boundary the cached answer is kept for 0.5 s; across one it is dropped at once.
+            assert (seen.index(seen[-1]) < 25) == crosses_slice
+        assert answers[0] == answers[1]

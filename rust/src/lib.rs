@@ -11,6 +11,7 @@
 //! The schema is the installed opentelemetry-proto's (tests/test_native_core.py checks it against
 //! the descriptors, so a proto upgrade that adds a field fails the suite rather than drifting).
 
+mod quantiles;
 mod recorder;
 
 use pyo3::exceptions::PyValueError;
@@ -2366,6 +2367,7 @@ fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Row>()?;
     module.add_class::<Observation>()?;
     recorder::register(module)?;
+    quantiles::register(module)?;
     module.add("MAX_DEPTH", MAX_DEPTH)?;
     Ok(())
 }

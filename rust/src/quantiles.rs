@@ -1,0 +1,210 @@
+//! `processor/tail_sampling/quantiles.py`'s `RollingQuantile` (the `slowest` policy's windows):
+//! the same bins, slices, cache and IEEE operations (`math.log` and `**` are the C library's `log`
+//! and `pow` in both), so a threshold is the same float. The Python class stays the reference
+//! (`tests/test_native_core.py` drives both with the same values and clock).
+
+use pyo3::exceptions::{PyOverflowError, PyValueError};
+use pyo3::prelude::*;
+
+const BINS: usize = 200;
+const MIN: f64 = 1e-4;
+const GROWTH: f64 = 1.1;
+const EXACT_BELOW: i64 = 200;
+const REFRESH_S: f64 = 0.5;
+
+/// Python's `int(x)` of a float, as the bin and slice arithmetic uses it: truncation, and the
+/// errors `int()` raises for NaN and infinities.
+fn truncated(x: f64) -> PyResult<i64> {
+    if x.is_nan() {
+        return Err(PyValueError::new_err("cannot convert float NaN to integer"));
+    }
+    if x.is_infinite() {
+        return Err(PyOverflowError::new_err("cannot convert float infinity to integer"));
+    }
+    if !(x.abs() < 9.2e18) {
+        return Err(PyOverflowError::new_err("a value past this core's integers"));
+    }
+    Ok(x.trunc() as i64)
+}
+
+fn bin_of(value: f64, log_growth: f64) -> PyResult<usize> {
+    if value <= MIN {
+        return Ok(0);
+    }
+    let index = 1 + truncated((value / MIN).ln() / log_growth)?;
+    Ok(if index > (BINS - 1) as i64 { BINS - 1 } else { index as usize })
+}
+
+fn upper_edge(index: usize) -> f64 {
+    MIN * GROWTH.powf(index as f64)
+}
+
+#[pyclass(module = "otel_llm._core")]
+pub struct RollingQuantile {
+    slice_s: f64,
+    slices: usize,
+    clock: PyObject,
+    counts: Vec<[i64; BINS]>,
+    slice_ids: Vec<i64>,
+    merged: [i64; BINS],
+    #[pyo3(get)]
+    total: i64,
+    cached: Vec<(f64, Option<f64>)>,
+    cached_at: f64,
+    added_since: i64,
+    log_growth: f64,
+}
+
+impl RollingQuantile {
+    fn current(&mut self, now: f64) -> PyResult<usize> {
+        let slice_id = truncated(now / self.slice_s)?;
+        let position = slice_id.rem_euclid(self.slices as i64) as usize;
+        if self.slice_ids[position] != slice_id {
+            self.expire(position);
+            self.slice_ids[position] = slice_id;
+            let oldest_live = slice_id - self.slices as i64 + 1;
+            for other in 0..self.slices {
+                if 0 <= self.slice_ids[other] && self.slice_ids[other] < oldest_live {
+                    self.expire(other);
+                }
+            }
+            self.cached.clear();
+        }
+        Ok(position)
+    }
+
+    fn expire(&mut self, position: usize) {
+        if self.slice_ids[position] >= 0 {
+            for index in 0..BINS {
+                let count = self.counts[position][index];
+                if count != 0 {
+                    self.merged[index] -= count;
+                    self.total -= count;
+                }
+            }
+        }
+        self.counts[position] = [0; BINS];
+        self.slice_ids[position] = -1;
+    }
+
+    fn cached_of(&self, q: f64) -> Option<Option<f64>> {
+        self.cached.iter().find(|(key, _)| *key == q).map(|(_, value)| *value)
+    }
+
+    fn compute(&self, q: f64) -> Option<f64> {
+        if self.total <= 0 {
+            return None;
+        }
+        let rank = q * self.total as f64;
+        let mut running: i64 = 0;
+        for (index, count) in self.merged.iter().enumerate() {
+            running += count;
+            if running as f64 >= rank {
+                return Some(upper_edge(index));
+            }
+        }
+        Some(upper_edge(BINS - 1))
+    }
+
+    fn quantile_at(&mut self, q: f64, now: f64) -> PyResult<Option<f64>> {
+        self.current(now)?;
+        let fresh = self.total >= EXACT_BELOW && now - self.cached_at < REFRESH_S
+            && self.added_since < self.total.div_euclid(100);
+        if fresh {
+            if let Some(known) = self.cached_of(q) {
+                return Ok(known);
+            }
+        }
+        let result = self.compute(q);
+        if !fresh {
+            self.cached.clear();
+            self.cached_at = now;
+            self.added_since = 0;
+        }
+        match self.cached.iter_mut().find(|(key, _)| *key == q) {
+            Some(entry) => entry.1 = result,
+            None => self.cached.push((q, result)),
+        }
+        Ok(result)
+    }
+
+    fn add_at(&mut self, position: usize, value: f64) -> PyResult<()> {
+        let index = bin_of(value, self.log_growth)?;
+        self.counts[position][index] += 1;
+        self.merged[index] += 1;
+        self.total += 1;
+        self.added_since += 1;
+        Ok(())
+    }
+
+    fn now(&self, py: Python<'_>) -> PyResult<f64> {
+        self.clock.bind(py).call0()?.extract()
+    }
+}
+
+#[pymethods]
+impl RollingQuantile {
+    #[new]
+    #[pyo3(signature = (window_s, slices = 10, clock = None))]
+    fn new(py: Python<'_>, window_s: f64, slices: usize, clock: Option<PyObject>) -> PyResult<Self> {
+        if slices == 0 {
+            return Err(PyValueError::new_err("slices must be at least 1"));
+        }
+        let clock = match clock {
+            Some(clock) => clock,
+            None => py.import("time")?.getattr("monotonic")?.unbind(),
+        };
+        Ok(RollingQuantile {
+            slice_s: window_s / slices as f64,
+            slices,
+            clock,
+            counts: vec![[0; BINS]; slices],
+            slice_ids: vec![-1; slices],
+            merged: [0; BINS],
+            total: 0,
+            cached: Vec::new(),
+            cached_at: f64::NEG_INFINITY,
+            added_since: 0,
+            log_growth: GROWTH.ln(),
+        })
+    }
+
+    fn add(&mut self, py: Python<'_>, value: f64) -> PyResult<()> {
+        // Python bins the value before it reads the clock: a value it cannot bin changes nothing.
+        bin_of(value, self.log_growth)?;
+        let now = self.now(py)?;
+        let position = self.current(now)?;
+        self.add_at(position, value)
+    }
+
+    fn quantile(&mut self, py: Python<'_>, q: f64) -> PyResult<Option<f64>> {
+        let now = self.now(py)?;
+        self.quantile_at(q, now)
+    }
+
+    fn slice_at(&self, now: f64) -> PyResult<(i64, i64)> {
+        let slice_id = truncated(now / self.slice_s)?;
+        Ok((slice_id, slice_id.rem_euclid(self.slices as i64)))
+    }
+
+    fn quantile_then_add(&mut self, q: f64, value: f64, now: f64, slice_id: i64, position: usize) -> PyResult<Option<f64>> {
+        if position >= self.slices {
+            return Err(PyValueError::new_err("a slice position past the window's slices"));
+        }
+        if self.slice_ids[position] != slice_id {
+            self.current(now)?;
+        }
+        let total = self.total;
+        let result = match self.cached_of(q) {
+            Some(known) if total >= EXACT_BELOW && now - self.cached_at < REFRESH_S
+                && self.added_since < total.div_euclid(100) => known,
+            _ => self.quantile_at(q, now)?,
+        };
+        self.add_at(position, value)?;
+        Ok(result)
+    }
+}
+
+pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_class::<RollingQuantile>()
+}
