@@ -9,7 +9,6 @@ the exposition its series make (each sample line repeats the series' labels), so
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -125,22 +124,6 @@ class HistogramFamily(Family[HistogramSeries]):
             series: HistogramSeries = self.series_class(len(own or self.bounds) + 1, own, exponential)
             return series
         return HistogramSeries([0.0] * (len(own or self.bounds) + 1), bounds=own, exponential=exponential)
-
-    def observe(self, key: Key, value: float, weight: float = 1.0, exemplar: Exemplar | None = None) -> None:
-        series = self.series.get(key)
-        if series is None:
-            key = self._admit(key)
-            series = self.series.get(key)
-            if series is None:
-                series = self.series[key] = self.new_series(key)
-        index = bisect_left(series.bounds or self.bounds, value)  # le semantics: value == bound falls in that bucket
-        series.counts[index] += weight
-        series.total += value * weight
-        series.count += weight
-        if series.exponential is not None:
-            series.exponential.observe(value, weight)
-        if exemplar is not None:
-            series.exemplars[index] = exemplar
 
 
 class CounterFamily(Family[float]):

@@ -459,7 +459,7 @@ class MetricsRecorder:
                     too_long = too_long or self._segment_too_long.get(cache_key, "dimension")
                 family = self.segments
                 bounds = family.bounds
-                if self._core is not None:
+                if self._core is not None:  # the same loop in the core, its series the core's
                     def resolve(name: str) -> tuple[Any, int]:
                         series = _series_of(family, base + (name,) + dimensions)
                         resolved = by_name[name] = (series, _extra(series, series is family.series.get(family.OVERFLOW)))
@@ -467,26 +467,27 @@ class MetricsRecorder:
 
                     self._core.observe_segments(record.segments, by_name, everything, bounds, family, resolve, weight,
                                                 Exemplar, trace_id, span_id, now if with_exemplars else None)
-                for name, start_unix_ns, end_unix_ns in () if self._core is not None else record.segments:
-                    duration = (end_unix_ns - start_unix_ns) / 1e9
-                    resolved = everything or by_name.get(name)
-                    if resolved is None:
-                        series = _series_of(family, base + (name,) + dimensions)
-                        resolved = by_name[name] = (series, _extra(series, series is family.series.get(family.OVERFLOW)))
-                    series, extra = resolved
-                    index = bisect_left(bounds, duration)
-                    series.counts[index] += weight
-                    series.total += duration * weight
-                    series.count += weight
-                    if extra:
-                        if extra & _EXPONENTIAL:
-                            exponential = series.exponential
-                            assert exponential is not None
-                            exponential.observe(duration, weight)
-                        if extra & _OVERFLOWED:
-                            family.overflowed += 1
-                    if with_exemplars:
-                        series.exemplars[index] = Exemplar(trace_id, span_id, duration, now)
+                else:
+                    for name, start_unix_ns, end_unix_ns in record.segments:
+                        duration = (end_unix_ns - start_unix_ns) / 1e9
+                        resolved = everything or by_name.get(name)
+                        if resolved is None:
+                            series = _series_of(family, base + (name,) + dimensions)
+                            resolved = by_name[name] = (series, _extra(series, series is family.series.get(family.OVERFLOW)))
+                        series, extra = resolved
+                        index = bisect_left(bounds, duration)
+                        series.counts[index] += weight
+                        series.total += duration * weight
+                        series.count += weight
+                        if extra:
+                            if extra & _EXPONENTIAL:
+                                exponential = series.exponential
+                                assert exponential is not None
+                                exponential.observe(duration, weight)
+                            if extra & _OVERFLOWED:
+                                family.overflowed += 1
+                        if with_exemplars:
+                            series.exemplars[index] = Exemplar(trace_id, span_id, duration, now)
             if too_long:
                 self.too_long[too_long] = self.too_long.get(too_long, 0) + 1
             if self.accounting is not None:
