@@ -11,6 +11,7 @@ one that reached ``max_tokens`` is ``length``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import subprocess
@@ -209,27 +210,36 @@ def test_a_live_vllm_server_is_counted_exactly_as_it_counts_itself(live):
     assert all(c.ok for c in more)
     ok_total = len(calls) + len(more)
     theirs = poll(vllm, lambda s: s.value("vllm:num_requests_running") == 0 and s.value("vllm:num_requests_waiting") == 0
-                  and finished(s) == ok_total, "vLLM idle with every call finished")
-    ours = otel.wait_until(lambda s: finished(s) >= ok_total and s.value("otel_llm_traces_in_memory") == 0,
-                           timeout_s=120, what=f"{ok_total} vLLM requests measured")
-    assert finished(ours) == ok_total and ours.value("otel_llm_spans_malformed_total") == 0
-    assert theirs.value("vllm:request_success_total", model_name=SERVED_MODEL) == ok_total  # no abort counted
+                  and finished(s) >= ok_total, "vLLM idle with every call finished")
+    # The client's close reaches vLLM's engine core (another process) as a message: an aborted call
+    # whose last token was generated first is a finished request to vLLM (by length: ignore_eos), so
+    # to otel-llm too. Seen once in a suite run on a loaded machine; usually none.
+    finished_aborts = int(finished(theirs)) - ok_total
+    assert 0 <= finished_aborts <= len(aborts), finished_aborts
+    done = ok_total + finished_aborts
+    ours = otel.wait_until(lambda s: finished(s) >= done and s.value("otel_llm_traces_in_memory") == 0,
+                           timeout_s=120, what=f"{done} vLLM requests measured")
+    assert finished(ours) == done and ours.value("otel_llm_spans_malformed_total") == 0
+    assert theirs.value("vllm:request_success_total", model_name=SERVED_MODEL) == done  # no abort counted
     for name in FINISHED_FAMILIES:
         assert_family_equal(name, theirs, ours)
-    assert_slo_counts_equal_vllms_bucket(theirs, ours, ok_total)  # an aborted request: in neither
+    assert_slo_counts_equal_vllms_bucket(theirs, ours, done)  # an aborted request: in neither
     print_comparison(theirs, ours)  # the figures a reviewer reads with -s
+    print(f"aborted calls vLLM finished before the client's close reached it: {finished_aborts} of {len(aborts)}")
     # TTFT: vLLM observed each aborted request's first token (the client read chunks before leaving).
     assert theirs.value(TTFT + "_count", model_name=SERVED_MODEL) == ok_total + len(aborts)
-    assert ours.value(TTFT + "_count", model_name=SERVED_MODEL) == ok_total
+    assert ours.value(TTFT + "_count", model_name=SERVED_MODEL) == done
     # Token counters: vLLM's include the aborted requests' prompt (exactly: its own /tokenize) and
-    # whatever they generated before the client left.
-    aborted_prompt_tokens = sum(prompt_tokens(vllm, i) for i in range(len(aborts)))
+    # whatever they generated before the client left. Which aborted calls finished is not known, so
+    # the prompt tokens of the others are one of the sums of that many of them.
+    aborted_prompts = [prompt_tokens(vllm, i) for i in range(len(aborts))]
     assert theirs.value("vllm:prompt_tokens_total", model_name=SERVED_MODEL) - \
-        ours.value("vllm:prompt_tokens_total", model_name=SERVED_MODEL) == aborted_prompt_tokens
+        ours.value("vllm:prompt_tokens_total", model_name=SERVED_MODEL) in {
+            sum(chosen) for chosen in itertools.combinations(aborted_prompts, len(aborts) - finished_aborts)}
     assert ours.value("vllm:generation_tokens_total", model_name=SERVED_MODEL) == \
-        sum(c.completion_tokens or 0 for c in calls + more)
+        sum(c.completion_tokens or 0 for c in calls + more) + finished_aborts * (MAX_MODEL_LEN // 2)
     assert theirs.value("vllm:generation_tokens_total", model_name=SERVED_MODEL) - \
-        ours.value("vllm:generation_tokens_total", model_name=SERVED_MODEL) >= len(aborts)
+        ours.value("vllm:generation_tokens_total", model_name=SERVED_MODEL) >= len(aborts) - finished_aborts
 
 
 def assert_slo_counts_equal_vllms_bucket(theirs: Scrape, ours: Scrape, finished_requests: int) -> None:
@@ -272,7 +282,9 @@ def poll(vllm: VllmServer, predicate, what: str, timeout_s: float = 120.0) -> Sc
     deadline = time.monotonic() + timeout_s
     scrape = vllm.scrape()
     while not predicate(scrape):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert time.monotonic() < deadline, (
+            f"timed out waiting for {what}: vLLM running {scrape.value('vllm:num_requests_running')}, waiting "
+            f"{scrape.value('vllm:num_requests_waiting')}, finished {finished(scrape)}")
         time.sleep(0.1)
         scrape = vllm.scrape()
     return scrape
