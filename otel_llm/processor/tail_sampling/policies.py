@@ -85,7 +85,7 @@ class SlowestPolicy(Policy):
     def __init__(self, metrics: list[str], quantile: float, window_s: float, max_models: int = 1000,
                  name: str = "slowest", clock: Callable[[], float] = time.monotonic, core: Any = True) -> None:
         """``core``: the compiled core whose ``RollingQuantile`` keeps the windows (``True``: the
-        process's choice, ``internal/core.py``; ``None``: ``quantiles.py``'s, the reference)."""
+        process's choice, ``internal/core.py``; ``None`` or ``False``: ``quantiles.py``'s, the reference)."""
         self.name = name
         self.metrics = metrics
         self.quantile = quantile
@@ -100,11 +100,10 @@ class SlowestPolicy(Policy):
         # Bounded whatever the model names (a flood clears it).
         self._by_model: dict[str, list[RollingQuantile | None]] = {}
         self._by_model_limit = 2 * max_models + 64
-        extension = native_core.active()[0] if core is True else core
-        # The core counts slices in 64-bit integers: a slice shorter than a millisecond (no
-        # configuration allows one) stays with the reference.
-        self._window_class: Any = (extension.RollingQuantile if extension is not None and window_s / 10 >= 1e-3
-                                   else RollingQuantile)
+        # The core numbers slices in 64-bit integers: at the shortest window the config allows (1 ms,
+        # ten 0.1 ms slices) a monotonic clock reaches 2^63 slices after ~29 million years.
+        extension = native_core.active()[0] if core is True else (core or None)
+        self._window_class: Any = extension.RollingQuantile if extension is not None else RollingQuantile
 
     def _window(self, model: str, metric: str) -> RollingQuantile | None:
         key = (model, metric)
