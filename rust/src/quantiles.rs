@@ -87,6 +87,12 @@ impl RollingQuantile {
         self.slice_ids[position] = -1;
     }
 
+    /// Whether a cached threshold still answers: the window is past its exact size, the answer
+    /// younger than `REFRESH_S` and fewer than 1 % of the window added since.
+    fn fresh(&self, now: f64) -> bool {
+        self.total >= EXACT_BELOW && now - self.cached_at < REFRESH_S && self.added_since < self.total.div_euclid(100)
+    }
+
     fn cached_of(&self, q: f64) -> Option<Option<f64>> {
         self.cached.iter().find(|(key, _)| *key == q).map(|(_, value)| *value)
     }
@@ -108,8 +114,7 @@ impl RollingQuantile {
 
     fn quantile_at(&mut self, q: f64, now: f64) -> PyResult<Option<f64>> {
         self.current(now)?;
-        let fresh = self.total >= EXACT_BELOW && now - self.cached_at < REFRESH_S
-            && self.added_since < self.total.div_euclid(100);
+        let fresh = self.fresh(now);
         if fresh {
             if let Some(known) = self.cached_of(q) {
                 return Ok(known);
@@ -194,10 +199,8 @@ impl RollingQuantile {
         if self.slice_ids[position] != slice_id {
             self.current(now)?;
         }
-        let total = self.total;
         let result = match self.cached_of(q) {
-            Some(known) if total >= EXACT_BELOW && now - self.cached_at < REFRESH_S
-                && self.added_since < total.div_euclid(100) => known,
+            Some(known) if self.fresh(now) => known,
             _ => self.quantile_at(q, now)?,
         };
         self.add_at(position, value)?;

@@ -13,7 +13,7 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyDict, PyFloat, PyList, PyString, PyTuple};
 
 /// One histogram series: per-bucket counts (the last one +Inf), sum and count as the Python
 /// `families.HistogramSeries` holds them, read through the same attribute names.
@@ -109,8 +109,11 @@ const EXPONENTIAL: i64 = 2;
 /// series' flag word asks for and the exemplar.
 #[allow(clippy::too_many_arguments)]
 fn observe_into<'py>(py: Python<'py>, series_object: &Bound<'py, PyAny>, family_bounds: &[f64], own_bounds_apply: bool,
-                     value: &Bound<'py, PyAny>, number: f64, weight: f64, extra: i64, family: &Bound<'py, PyAny>,
+                     value: Option<&Bound<'py, PyAny>>, number: f64, weight: f64, extra: i64, family: &Bound<'py, PyAny>,
                      exemplar: Option<&Exemplars<'py>>) -> PyResult<()> {
+    // The observed value as Python passes it on (the object itself, or a float of `number` for a
+    // segment's duration), made only where the exponential state or an exemplar takes it.
+    let value_object = || value.cloned().unwrap_or_else(|| PyFloat::new(py, number).into_any());
     let cell = series_object.downcast::<Series>()?;
     let index;
     let exponential;
@@ -128,7 +131,7 @@ fn observe_into<'py>(py: Python<'py>, series_object: &Bound<'py, PyAny>, family_
     }
     if extra != 0 {
         if let Some(state) = exponential {
-            state.bind(py).call_method1(pyo3::intern!(py, "observe"), (value, weight))?;
+            state.bind(py).call_method1(pyo3::intern!(py, "observe"), (value_object(), weight))?;
         }
         if extra & OVERFLOWED != 0 {
             let name = pyo3::intern!(py, "overflowed");
@@ -137,7 +140,7 @@ fn observe_into<'py>(py: Python<'py>, series_object: &Bound<'py, PyAny>, family_
         }
     }
     if let Some(exemplar) = exemplar {
-        let made = exemplar.class.call1((exemplar.trace_id, exemplar.span_id, value, exemplar.now))?;
+        let made = exemplar.class.call1((exemplar.trace_id, exemplar.span_id, value_object(), exemplar.now))?;
         cell.borrow().exemplars.bind(py).set_item(index, made)?;
     }
     Ok(())
@@ -397,7 +400,7 @@ impl Observer {
                             series = self.resolve.bind(py).call1((list, h.position, h.count, family, series_key))?;
                         }
                         let extra: i64 = list.get_item(h.count + h.position)?.extract()?;
-                        observe_into(py, &series, &h.bounds, h.by_model, &value, number, weight, extra, family, exemplar)
+                        observe_into(py, &series, &h.bounds, h.by_model, Some(&value), number, weight, extra, family, exemplar)
                     };
                     match &h.per_step {
                         None => {
@@ -418,7 +421,7 @@ impl Observer {
                     if amount.is_none() {
                         continue;
                     }
-                    let Some(key) = &keys[c.group] else {
+                    let (Some(key), Some(entry)) = (&keys[c.group], &slots[c.group]) else {
                         return Err(PyValueError::new_err("a counter step before its key"));
                     };
                     let added = amount.extract::<f64>()? * weight;
@@ -430,9 +433,6 @@ impl Observer {
                     if c.by_outcome && outcome.is_none() {
                         outcome = Some(record.getattr(pyo3::intern!(py, "outcome"))?);
                     }
-                    let Some(entry) = &slots[c.group] else {
-                        return Err(PyValueError::new_err("a counter step before its key"));
-                    };
                     let outcome_of_key = if c.by_outcome { outcome.as_ref() } else { None };
                     let cached = (entry.as_ptr() as usize, step, outcome_of_key.map_or(0, |o| o.as_ptr() as usize));
                     let counter_key = match self.counter_keys.get(&cached) {
@@ -472,52 +472,64 @@ impl Observer {
         }
         Ok(match too_long {
             Some(label) => label,
-            None => PyString::intern(py, "").into_any(),
+            None => pyo3::intern!(py, "").clone().into_any(),
         })
     }
 }
 
-/// A record's segments into the segment family's series (`MetricsRecorder.record`'s loop):
-/// `by_name` the key's cache of segment name -> (series, flag word), `everything` the overflow
-/// entry every segment of a too-long key goes to (or None), `resolve(name)` the entry for a name
-/// not yet cached. Durations as Python computes them: `(end - start) / 1e9`.
-#[pyfunction]
-#[pyo3(signature = (segments, by_name, everything, bounds, family, resolve, weight, exemplar_class, trace_id, span_id, now))]
-#[allow(clippy::too_many_arguments)]
-pub fn observe_segments<'py>(py: Python<'py>, segments: &Bound<'py, PyAny>, by_name: &Bound<'py, PyDict>,
-                             everything: &Bound<'py, PyAny>, bounds: Vec<f64>, family: &Bound<'py, PyAny>,
-                             resolve: &Bound<'py, PyAny>, weight: f64, exemplar_class: &Bound<'py, PyAny>,
-                             trace_id: &Bound<'py, PyAny>, span_id: &Bound<'py, PyAny>, now: Option<f64>) -> PyResult<()> {
-    if bounds.iter().any(|b| !(b.abs() < 9_007_199_254_740_992.0)) {
-        return Err(PyValueError::new_err("bucket bounds past 2^53 are the Python observer's"));
+/// A record's segments into the segment family's series (`MetricsRecorder.record`'s loop), the
+/// family's bounds checked and held once. Per record: `by_name` the key's cache of segment name ->
+/// (series, flag word), `everything` the overflow entry every segment of a too-long key goes to
+/// (or None), `resolve(name)` the entry for a name not yet cached. Durations as Python computes
+/// them: `(end - start) / 1e9`.
+#[pyclass(module = "otel_llm._core", frozen)]
+pub struct SegmentObserver {
+    bounds: Vec<f64>,
+    family: PyObject,
+    exemplar: PyObject,
+}
+
+#[pymethods]
+impl SegmentObserver {
+    #[new]
+    fn new(bounds: Bound<'_, PyAny>, family: PyObject, exemplar: PyObject) -> PyResult<Self> {
+        Ok(SegmentObserver { bounds: checked_bounds(bounds)?, family, exemplar })
     }
-    let exemplars = now.map(|now| Exemplars { class: exemplar_class, trace_id, span_id, now });
-    for segment in segments.try_iter()? {
-        let segment = segment?;
-        let name = segment.get_item(0)?;
-        let start: i128 = segment.get_item(1)?.extract()?;
-        let end: i128 = segment.get_item(2)?.extract()?;
-        // int - int is exact in Python; int / float rounds the difference to a float first.
-        let duration = (end - start) as f64 / 1e9;
-        let resolved = if everything.is_none() {
-            match by_name.get_item(&name)? {
-                Some(found) => found,
-                None => resolve.call1((&name,))?,
-            }
-        } else {
-            everything.clone()
-        };
-        let series = resolved.get_item(0)?;
-        let extra: i64 = resolved.get_item(1)?.extract()?;
-        let value = pyo3::types::PyFloat::new(py, duration).into_any();
-        observe_into(py, &series, &bounds, false, &value, duration, weight, extra, family, exemplars.as_ref())?;
+
+    #[pyo3(signature = (segments, by_name, everything, resolve, weight, trace_id, span_id, now))]
+    #[allow(clippy::too_many_arguments)]
+    fn __call__<'py>(&self, py: Python<'py>, segments: &Bound<'py, PyAny>, by_name: &Bound<'py, PyDict>,
+                     everything: &Bound<'py, PyAny>, resolve: &Bound<'py, PyAny>, weight: f64,
+                     trace_id: &Bound<'py, PyAny>, span_id: &Bound<'py, PyAny>, now: Option<f64>) -> PyResult<()> {
+        let class = self.exemplar.bind(py);
+        let family = self.family.bind(py);
+        let exemplars = now.map(|now| Exemplars { class, trace_id, span_id, now });
+        for segment in segments.try_iter()? {
+            let segment = segment?;
+            let name = segment.get_item(0)?;
+            let start: i128 = segment.get_item(1)?.extract()?;
+            let end: i128 = segment.get_item(2)?.extract()?;
+            // int - int is exact in Python; int / float rounds the difference to a float first.
+            let duration = (end - start) as f64 / 1e9;
+            let resolved = if everything.is_none() {
+                match by_name.get_item(&name)? {
+                    Some(found) => found,
+                    None => resolve.call1((&name,))?,
+                }
+            } else {
+                everything.clone()
+            };
+            let series = resolved.get_item(0)?;
+            let extra: i64 = resolved.get_item(1)?.extract()?;
+            observe_into(py, &series, &self.bounds, false, None, duration, weight, extra, family, exemplars.as_ref())?;
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Series>()?;
     module.add_class::<Observer>()?;
-    module.add_function(wrap_pyfunction!(observe_segments, module)?)?;
+    module.add_class::<SegmentObserver>()?;
     Ok(())
 }

@@ -417,6 +417,7 @@ class MetricsRecorder:
         if self._core is not None:  # the core's observers write only the core's series
             for family in self._histogram_families():
                 family.series_class = self._core.HistogramSeries
+            self._observe_segments = self._core.SegmentObserver(self.segments.bounds, self.segments, Exemplar)
 
     def record(self, record: RequestRecord, with_exemplars: bool = False) -> None:
         """Observe ``record`` in every naming of its side; ``with_exemplars`` only for traces the sampler kept.
@@ -465,8 +466,8 @@ class MetricsRecorder:
                         resolved = by_name[name] = (series, _extra(series, series is family.series.get(family.OVERFLOW)))
                         return resolved
 
-                    self._core.observe_segments(record.segments, by_name, everything, bounds, family, resolve, weight,
-                                                Exemplar, trace_id, span_id, now if with_exemplars else None)
+                    self._observe_segments(record.segments, by_name, everything, resolve, weight, trace_id, span_id,
+                                           now if with_exemplars else None)
                 else:
                     for name, start_unix_ns, end_unix_ns in record.segments:
                         duration = (end_unix_ns - start_unix_ns) / 1e9
