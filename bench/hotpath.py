@@ -110,7 +110,7 @@ def split_completion(pipeline: Any, clock: _Clock, payloads: list[bytes]) -> dic
     sampler = pipeline.decision._sampler
     out: dict[str, float] = {}
     t0 = time.process_time()
-    all_records = [records_of_trace(c.trace, metrics.settings, []) for c in captured]
+    all_records = [records_of_trace(c.trace, metrics.settings, [], metrics.native_records) for c in captured]
     out["records_of_trace"] = time.process_time() - t0
     t0 = time.process_time()
     for c, records in zip(captured, all_records):

@@ -12,6 +12,7 @@
 //! the descriptors, so a proto upgrade that adds a field fails the suite rather than drifting).
 
 mod quantiles;
+mod records;
 mod recorder;
 
 use pyo3::exceptions::PyValueError;
@@ -2270,7 +2271,14 @@ fn timings_and_segments<'py>(py: Python<'py>, observation: &Bound<'py, PyAny>, s
                              with_segments: bool, segment_type: &Bound<'py, PyAny>)
                              -> PyResult<Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
     let Ok(observation) = observation.downcast::<Observation>() else { return Ok(None) };
-    let obs = observation.get();
+    Ok(observation_timings(py, observation.get(), start_unix_ns, with_segments, segment_type)?
+        .map(|(values, segments)| (values.into_any(), segments.into_any())))
+}
+
+/// `timings_and_segments` for an observation of this core's (the request records' builder calls it too).
+fn observation_timings<'py>(py: Python<'py>, obs: &Observation, start_unix_ns: &Bound<'py, PyAny>,
+                            with_segments: bool, segment_type: &Bound<'py, PyAny>)
+                            -> PyResult<Option<(Bound<'py, PyTuple>, Bound<'py, PyTuple>)>> {
     let rare = obs.rare.as_ref().map(|rare| rare.bind(py));
     if let Some(rare) = rare {
         if rare.get_item(9)?.len()? != 0 {
@@ -2355,7 +2363,7 @@ fn timings_and_segments<'py>(py: Python<'py>, observation: &Bound<'py, PyAny>, s
         given_or(0, given_preprocess, preprocess)?, number(postprocess), given_or(6, given_tpot, tpot)?,
         PyTuple::new(py, not_measurable)?.into_any().unbind(),
     ])?;
-    Ok(Some((values.into_any(), segments.into_any())))
+    Ok(Some((values, segments)))
 }
 
 #[pymodule]
@@ -2367,6 +2375,7 @@ fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Row>()?;
     module.add_class::<Observation>()?;
     recorder::register(module)?;
+    records::register(module)?;
     quantiles::register(module)?;
     module.add("MAX_DEPTH", MAX_DEPTH)?;
     Ok(())

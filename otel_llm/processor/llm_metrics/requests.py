@@ -18,18 +18,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from otel_llm.processor.llm_metrics.adapters.engines import GENAI_OPERATIONS
 from otel_llm.pdata.observation import EngineKind, EngineObservation, MalformedSpan
 from otel_llm.processor.llm_metrics import composite
-from otel_llm.pdata.records import Outcome, RequestRecord, Side, Source
+from otel_llm.pdata.records import Outcome, RequestRecord, Segment, Side, Source
 from otel_llm.processor.llm_metrics.segments import timings_and_segments
 from otel_llm.pdata.spans import FIRST_TOKEN_EVENT, BufferedSpan, PendingTrace
 
 _SERVER = Span.SPAN_KIND_SERVER
 _ERROR = Status.STATUS_CODE_ERROR
+
+_OTHER_ERROR = "_OTHER"  # semconv's error.type when nothing names the error
 
 CLIENT_ENGINE_KIND = "client"  # the engine_kind of a client-side record (its store row, its CLI line)
 NO_MODEL_SOURCE = "none"
@@ -683,7 +686,7 @@ def _join_server_side(record: RequestRecord, obs: EngineObservation, joined: Joi
     if failed_gateway is not None and record.outcome != Outcome.ERROR:
         # The client got an error from the edge: that is the request's outcome, whatever the engine saw.
         record.outcome = Outcome.ERROR
-        record.error_type = _text(failed_gateway, "error.type") or "_OTHER"
+        record.error_type = _text(failed_gateway, "error.type") or _OTHER_ERROR
     measured_by_engine = obs.engine_kind != EngineKind.GENAI and record.e2e_s is not None
     if joined.servers:
         edge = joined.servers[-1]
@@ -783,12 +786,33 @@ def _simple_request(trace: PendingTrace) -> tuple[BufferedSpan, Joined] | None:
     return engine, Joined(lookup, lookup, None)
 
 
+def native_record_builder(settings: RecordSettings, extension: Any) -> Any:
+    """The compiled core's ``RecordBuilder`` for these settings, or ``None`` where they ask for what
+    only Python reads (extra dimensions, a tenant, LoRA adapters) or there is no core. It builds the
+    record of the shapes ``_simple_request`` takes from the core's own spans and observations, by
+    this module's rules, and declines everything else (``rust/src/records.rs``)."""
+    if extension is None or settings.dimensions or settings.tenant is not None or settings.lora_adapters:
+        return None
+    return extension.RecordBuilder(
+        RequestRecord, Segment, list(settings.edge_ttft_attributes), FIRST_TOKEN_EVENT, settings.max_latency_s,
+        settings.default_operation, sorted(GENAI_OPERATIONS), list(_ROUTE_OPERATIONS.items()),
+        list(_FINISH_REASONS.items()), sorted(_COMPOSITE_KINDS),
+        [(rule.attribute, rule.values) for rule in settings.resource_model_rules], settings.model_from_service_name,
+        settings.default_model, (Outcome.ERROR, Outcome.LENGTH, Outcome.UNKNOWN),
+        Side.SERVER, Source.DEFAULT, EngineKind.GENAI, _OTHER_ERROR)
+
+
 def records_of_trace(trace: PendingTrace, settings: RecordSettings,
-                     malformed: list[tuple[str, str]] | None = None) -> list[RequestRecord]:
+                     malformed: list[tuple[str, str]] | None = None, native: Any = None) -> list[RequestRecord]:
     """Server records (engine requests, then gateway-only requests), then client records.
 
     A request whose spans cannot make one (composite.py) gives no record; its reason is appended to
-    ``malformed``, for ``otel_llm_spans_malformed_total``."""
+    ``malformed``, for ``otel_llm_spans_malformed_total``. ``native``: ``native_record_builder``'s,
+    which reads the common shapes first."""
+    if native is not None:
+        record = native.build(trace.spans)
+        if record is not None:
+            return [record]
     simple = _simple_request(trace)
     if simple is None:
         return _records_of_any_trace(trace, settings, malformed)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from otel_llm.internal import core as native_core
 from otel_llm.pdata.observation import EngineKind
 from otel_llm.pdata.records import RequestRecord, Side
 from otel_llm.pdata.spans import BufferedSpan
@@ -28,6 +29,7 @@ from otel_llm.processor.llm_metrics.requests import (
     RecordSettings,
     ResourceModelRule,
     TenantRule,
+    native_record_builder,
     records_of_trace,
 )
 from otel_llm.receiver.otlp.intake_log import IntakeLogKeeper
@@ -97,6 +99,7 @@ class LlmMetricsStage:
     def __init__(self, config: LlmMetricsProcessor, telemetry: SelfTelemetry, next: TraceConsumer,  # noqa: A002
                  intake_log: IntakeLogKeeper | None = None) -> None:
         self.settings = record_settings(config)
+        self.native_records = native_record_builder(self.settings, native_core.active()[0])
         self.recorder = recorder_of(config)
         self._next = next
         self._telemetry = telemetry
@@ -113,7 +116,8 @@ class LlmMetricsStage:
             # A late engine span is measured alone; so is a late GenAI client span (a call that
             # outlived its trace's wait), on the client side only: its engine was measured before.
             client = not span.is_engine and _is_client_call(span)
-            records = records_of_trace(completed.trace, self.settings, malformed) if span.is_engine or client else []
+            records = (records_of_trace(completed.trace, self.settings, malformed, self.native_records)
+                       if span.is_engine or client else [])
             if client:
                 records = [r for r in records if r.side == Side.CLIENT]
             measure = (span.is_engine or bool(records)) and not (prior is not None and span.span_id in prior.measured)
@@ -126,7 +130,7 @@ class LlmMetricsStage:
             to_record = records if measure else []
             count_malformed = measure
         else:
-            records = records_of_trace(completed.trace, self.settings, malformed)
+            records = records_of_trace(completed.trace, self.settings, malformed, self.native_records)
             to_record = records if prior is None else [r for r in records if r.span_id not in prior.measured]
             count_malformed = prior is None
         completed.records = records

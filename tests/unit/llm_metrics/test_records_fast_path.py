@@ -24,8 +24,10 @@ import pytest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from bench.workload import generate
+from otel_llm.internal import core as native_core
 from otel_llm.pdata.records import RequestRecord, Segment
-from otel_llm.pdata.spans import BufferedSpan, PendingTrace
+from otel_llm.pdata.observation import EngineObservation
+from otel_llm.pdata.spans import FIRST_TOKEN_EVENT, BufferedSpan, PendingTrace
 from otel_llm.processor.llm_metrics import requests
 from otel_llm.processor.llm_metrics.digest import AttributeLimits, DigestSettings, digest_in_process
 from otel_llm.processor.llm_metrics.requests import (
@@ -75,11 +77,37 @@ def _corpus() -> dict[str, list[PendingTrace]]:
 CORPUS = _corpus()
 
 
-def _both_paths(trace: PendingTrace, settings: RecordSettings) -> tuple[object, object]:
+def typed(record: RequestRecord) -> tuple[tuple[str, str, object], ...]:
+    """A record's fields with their types (``==`` alone takes 1 for 1.0 and a str subclass for a str),
+    a segment's too."""
+    return tuple((f.name, type(getattr(record, f.name)).__name__,
+                  tuple((type(s).__name__, *s) for s in record.segments) if f.name == "segments"
+                  else getattr(record, f.name)) for f in dataclasses.fields(RequestRecord))
+
+
+def _typed(result: tuple[list[RequestRecord], list[tuple[str, str]]]) -> object:
+    records, malformed = result
+    return [typed(record) for record in records], malformed
+
+
+def _both_paths(trace: PendingTrace, settings: RecordSettings,
+                taken: dict[str, int] | None = None) -> tuple[object, object]:
+    """(the fast path's, the general path's) records and malformed reasons; with the compiled core, the
+    fast path is first the core's ``RecordBuilder`` (``taken`` counts what it built and declined)."""
     fast_malformed: list[tuple[str, str]] = []
     general_malformed: list[tuple[str, str]] = []
     fast = records_of_trace(trace, settings, fast_malformed)
     general = requests._records_of_any_trace(trace, settings, general_malformed)
+    builder = requests.native_record_builder(settings, native_core.active()[0])
+    if builder is not None:
+        built = builder.build(trace.spans)
+        if taken is not None:
+            taken["built" if built is not None else "declined"] += 1
+        if built is not None:
+            assert _typed(([built], [])) == _typed((general, general_malformed)), trace.trace_id.hex()
+        native_malformed: list[tuple[str, str]] = []
+        native = records_of_trace(trace, settings, native_malformed, builder)
+        assert _typed((native, native_malformed)) == _typed((general, general_malformed))
     return (fast, fast_malformed), (general, general_malformed)
 
 
@@ -87,9 +115,10 @@ def _both_paths(trace: PendingTrace, settings: RecordSettings) -> tuple[object, 
 def test_every_fixture_capture_and_bench_trace_gives_the_general_paths_records(settings_name: str) -> None:
     settings = SETTINGS[settings_name]
     fast_taken = general_taken = records = 0
+    taken = {"built": 0, "declined": 0}
     for name, traces in CORPUS.items():
         for trace in traces:
-            fast, general = _both_paths(trace, settings)
+            fast, general = _both_paths(trace, settings, taken)
             assert fast == general, f"{name}: trace {trace.trace_id.hex()}"
             records += len(fast[0])  # type: ignore[index]
             if requests._simple_request(trace) is None:
@@ -99,6 +128,14 @@ def test_every_fixture_capture_and_bench_trace_gives_the_general_paths_records(s
     # Both sides of the comparison are exercised: the bench's gateway + vLLM traces take the fast path,
     # the fixtures' composite and disaggregated requests (several engine spans) the general one.
     assert fast_taken > 100 and general_taken > 10 and records > fast_taken
+    if native_core.active()[0] is None:
+        return
+    if settings_name == "everything":  # dimensions, a tenant and LoRA adapters: Python's alone
+        assert taken == {"built": 0, "declined": 0}
+    else:
+        # The core builds most of what the fast path takes (the bench's vLLM and TGI traces; not its
+        # SGLang ones, composite) and declines the rest.
+        assert taken["built"] > fast_taken // 2 and taken["declined"] >= general_taken, taken
 
 
 # --- hand-made shapes at the boundary ---------------------------------------------------------------
@@ -134,6 +171,12 @@ def _trace(*spans: BufferedSpan) -> PendingTrace:
     return trace
 
 
+def _without_e2e(observation: Any) -> Any:
+    fields = list(observation.as_tuple())
+    fields[3] = None  # e2e_s (OBSERVATION_FIELDS)
+    return type(observation)(*fields)
+
+
 def _shapes() -> dict[str, tuple[PendingTrace, bool]]:
     """Each shape with whether the fast path may take it (from the rules in ``_simple_request``'s docstring)."""
     gw, eng = _gateway_and_engine()
@@ -149,6 +192,9 @@ def _shapes() -> dict[str, tuple[PendingTrace, bool]]:
         "engine_root_with_unclaimed_children": (
             _trace(root_engine, _unclaimed(gw, other_id, eng.span_id, Span.SPAN_KIND_INTERNAL)), True),
         "gateway_failed": (_trace(replace(gw, status_code=Status.STATUS_CODE_ERROR), eng), True),
+        # The engine's e2e is its span's duration, the gateway's the same: an overhead of exactly 0.
+        "gateway_as_long_as_engine": (_trace(replace(gw, start_unix_ns=eng.start_unix_ns, end_unix_ns=eng.end_unix_ns),
+                                             replace(eng, observation=_without_e2e(eng.observation))), True),
         "engine_sampled_upstream": (_trace(gw, replace(eng, trace_state="ot=th:8")), True),
         "engine_bad_threshold": (_trace(gw, replace(eng, trace_state="ot=th:zz")), True),
         "gateway_parent_upstream": (_trace(replace(gw, parent_span_id=upstream), eng), True),
@@ -196,10 +242,151 @@ def test_the_boundary_shapes_mean_what_they_say() -> None:
     assert one("engine_under_gateway").edge_span_id == gw.span_id
     assert one("engine_alone_as_root").edge_span_id == b""
     assert one("gateway_failed").outcome == "error"
+    assert one("gateway_as_long_as_engine").gateway_overhead_s == 0.0
     assert one("engine_sampled_upstream").weight == 2.0  # th:8 rejects half: 2**56 / (2**56 - 2**55)
     malformed: list[tuple[str, str]] = []
     assert records_of_trace(SHAPES["engine_bad_threshold"][0], settings, malformed) == []
     assert malformed == [("invalid_sampling_threshold", eng.service_name)]
+
+
+# --- the compiled core's records on random traces ------------------------------------------------------
+
+_ATTRIBUTE_KEYS = ("http.route", "url.path", "error.type", "gen_ai.server.time_to_first_token", FIRST_TOKEN_EVENT,
+                   "x-edge-ttft", "tenant.id")
+_ATTRIBUTE_VALUES: tuple[object, ...] = (
+    "/v1/chat/completions", "/generate", "/v1/embeddings", "", "x", "Timeout", 0.25, 0.0, 2.0, 86400.0, 86400,
+    -1.0, 1e12, float("nan"),
+    float("inf"), 7, -3, 2**70, True, False, None, ["/v1/completions"], [], {"a": 1}, b"0.5", "0.5", "junk")
+_ROUTES = ("/v1/chat/completions", "/generate", "/v1/embeddings", "/health", "")
+_FINISH = (None, "", "stop", "STOP", "Length", "abort", "cancelled", "eos", "weird", "\u017ftop", "\u0130")
+_MODELS = (None, "", "m-one", "Qwen/Qwen3-0.6B")
+_OPERATIONS = (None, "", "chat", "acompletion", "embeddings", "text_completion")
+_RANDOM_SETTINGS = (
+    RecordSettings(),
+    RecordSettings(default_model="configured", default_operation="chat"),
+    RecordSettings(resource_model_rules=(ResourceModelRule("service.name", {"vllm-qwen-0": "Qwen"}),
+                                         ResourceModelRule("model.id")), model_from_service_name=True),
+    RecordSettings(edge_ttft_attributes=("x-edge-ttft", "gen_ai.server.time_to_first_token"), max_latency_s=2.0,
+                   model_from_service_name=True, default_model="fallback"),
+)
+
+
+def _random_attrs(rng: random.Random, start: int) -> tuple[object, ...]:
+    pairs: list[object] = []
+    for key in rng.sample(_ATTRIBUTE_KEYS, rng.randrange(len(_ATTRIBUTE_KEYS) + 1)):
+        if key == FIRST_TOKEN_EVENT:
+            value: object = rng.choice((start + rng.randrange(-10**9, 10**10), 0, None, 1.5))
+        else:
+            value = rng.choice(_ATTRIBUTE_VALUES if rng.random() < 0.3 else _ROUTES)
+        pairs += [key, value]
+    if pairs and rng.random() < 0.1:
+        pairs.append(rng.choice(_ATTRIBUTE_KEYS))  # a key in last place, with no value after it
+    return tuple(pairs)
+
+
+def _random_observation(rng: random.Random, observation: Any, gateway: bool) -> Any:
+    """The span's observation with fields drawn at random, as the core's class where it holds those
+    values (else the Python class: the core's builder declines it)."""
+    fields = list(observation.as_tuple())
+
+    def maybe_float() -> float | None:
+        if rng.random() < 0.8:
+            return rng.choice((None, 0.0, rng.uniform(0, 3), rng.uniform(0, 0.2)))
+        return rng.choice((float("nan"), -0.5, 1e9))
+
+    def maybe_int(top: int) -> int | None:
+        if rng.random() < 0.8:
+            return rng.choice((None, 0, 1, rng.randrange(top)))
+        return rng.choice((-1, top * 3))
+
+    if not gateway:
+        for index in range(2, 8):  # ttft, e2e, queue, prefill, decode, inference
+            if rng.random() < 0.08:
+                fields[index] = maybe_float()
+        if rng.random() < 0.1:
+            fields[8] = maybe_float()  # preprocess
+        for index in (9, 10, 11):  # prompt, completion, max tokens
+            if rng.random() < 0.15:
+                fields[index] = maybe_int(500)
+        fields[16] = rng.choice((None, "", "vllm"))
+        fields[17], fields[18] = rng.choice((None, "host")), rng.choice((None, "", "8000"))
+        fields[19] = rng.random() < 0.1
+        fields[20] = rng.choice((None, None, "", "timeout"))
+        fields[25] = rng.choice((None, None, "spec_decode_inconsistent"))
+        fields[26] = rng.choice((None, 12))
+        fields[27] = rng.choice((None, None, 0.02))
+        fields[28] = rng.choice(((), (0.01, 0.02)))
+        fields[31] = rng.choice(((),) * 9 + (("prefill", "decode"),))
+    fields[12], fields[13] = rng.choice(_MODELS), rng.choice(_MODELS)
+    fields[14] = rng.choice(_FINISH)
+    fields[15] = rng.choice(_OPERATIONS)
+    fields[22] = maybe_int(600)
+    fields[23] = rng.choice((None,) * 6 + (5, -2, 10**6, 2**70))
+    fields[24] = rng.choice((None,) * 6 + ((3, 5, 2), [3, 5, 2]))
+    try:
+        return type(observation)(*fields)
+    except TypeError:
+        return EngineObservation(*fields)
+
+
+def _random_trace(rng: random.Random, gateway: BufferedSpan, engine: BufferedSpan) -> PendingTrace:
+    base = engine.start_unix_ns
+    origin = dataclasses.replace(engine.origin, resource_strings=rng.choice((
+        {}, {"service.name": "vllm-qwen-0"}, {"service.name": "unknown_service:python"}, {"service.name": ""},
+        {"model.id": "from-resource", "service.name": "engine-a"}, {"model.id": ""})))
+
+    def times(span: BufferedSpan) -> dict[str, int]:
+        roll = rng.random()
+        if roll < 0.05:
+            return {"start_unix_ns": 0}
+        if roll < 0.1:
+            return {"end_unix_ns": span.start_unix_ns - 1}
+        if roll < 0.15:
+            return {"end_unix_ns": span.start_unix_ns + 10**15}
+        if roll < 0.3:
+            return {"start_unix_ns": span.start_unix_ns + rng.randrange(-10**8, 10**8)}
+        return {}
+
+    new_engine = replace(engine, observation=_random_observation(rng, engine.observation, False), origin=origin,
+                         attrs=_random_attrs(rng, base) if rng.random() < 0.5 else (),
+                         trace_state=rng.choice(("",) * 12 + ("ot=th:8", "vendor=a", "ot=th:zz", "ot=p:3")),
+                         **times(engine))
+    if rng.random() < 0.25:
+        return _trace(replace(new_engine, parent_span_id=b""))
+    new_gateway = replace(gateway, observation=_random_observation(rng, gateway.observation, True),
+                          attrs=_random_attrs(rng, gateway.start_unix_ns),
+                          status_code=rng.choice((Status.STATUS_CODE_UNSET, Status.STATUS_CODE_OK,
+                                                  Status.STATUS_CODE_ERROR)),
+                          kind=rng.choice((Span.SPAN_KIND_SERVER,) * 9 + (Span.SPAN_KIND_CLIENT,)), **times(gateway))
+    return _trace(*rng.sample((new_gateway, new_engine), 2))
+
+
+def test_the_cores_records_are_the_python_ones_on_random_traces() -> None:
+    """The core's ``RecordBuilder`` against the general joining on 6 000 random gateway + engine and
+    engine-alone traces: every value it reads drawn from what an adapter, a hostile attribute or an
+    odd clock can give (numbers of every type, strings it must not lowercase itself, durations past
+    the bound, negative overheads, failed gateways, upstream thresholds, cache counts beyond the
+    prompt). Each record it builds must be the general path's, field for field and type for type;
+    what it declines, Python reads as before."""
+    extension = native_core.active()[0]
+    if extension is None:
+        pytest.skip("the compiled core is not installed")
+    gateway, engine = _gateway_and_engine()
+    rng = random.Random(2512)
+    taken = {"built": 0, "declined": 0}
+    reasons: set[str] = set()
+    for case in range(6000):
+        settings = _RANDOM_SETTINGS[case % len(_RANDOM_SETTINGS)]
+        trace = _random_trace(rng, gateway, engine)
+        _both_paths(trace, settings, taken)
+        built = requests.native_record_builder(settings, extension).build(trace.spans)
+        if built is not None:
+            reasons.update(built.rejected)
+    # Both sides are exercised, and the records it built met the rules that reject values.
+    assert taken["built"] > 1000 and taken["declined"] > 1000, taken
+    assert {"invalid_span_times", "absurd_span_duration", "negative_gateway_overhead", "invalid_edge_ttft",
+            "cached_tokens_exceed_prompt", "cache_write_tokens_exceed_prompt",
+            "spec_decode_inconsistent"} <= reasons, reasons
 
 
 # --- segments ------------------------------------------------------------------------------------------

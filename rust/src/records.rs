@@ -1,0 +1,640 @@
+//! `processor/llm_metrics/requests.py`'s `records_of_trace` for the shapes most traffic has (its
+//! `_simple_request`: one engine span alone, or directly under the trace's only GenAI span, a
+//! gateway's SERVER span), read from the spans and observations this core made: the same record,
+//! field for field, by the same rules and IEEE operations. Whatever those rules leave to more
+//! Python (a composite engine's other spans, an upstream sampling threshold, a model only the
+//! resource or the configuration names, an attribute value that is not a string or a number, a
+//! span or observation of the Python classes) it declines (`None`), and Python reads the trace as
+//! before: the Python functions stay the reference (`tests/unit/llm_metrics/test_records_fast_path.py`
+//! compares both on every shape, setting and random trace).
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyString, PyTuple};
+
+use crate::{observation_timings, Observation, Row, OBSERVATION_FLOATS};
+
+const SPAN_KIND_SERVER: i32 = 2;
+const STATUS_CODE_ERROR: i32 = 2;
+/// `requests._RECORD_ORDER`'s length: the record's fields passed positionally.
+const RECORD_ARGS: usize = 44;
+
+/// A value the Python rules read differently from a string, a number or nothing: declined.
+struct Declined;
+
+type Read<T> = Result<T, Declined>;
+
+/// `requests._text`: the first value of `key` among a span's kept attributes: `Ok(None)` when
+/// there is none (or it is `None`), the string when it is one; anything else (a list, a map, a
+/// bool, a number, which `_text` turns into text by rules of its own) is declined.
+fn text<'py>(py: Python<'py>, row: &Row, key: &str) -> Read<Option<Bound<'py, PyString>>> {
+    match attribute(py, row, key)? {
+        None => Ok(None),
+        Some(value) if value.is_none() => Ok(None),
+        Some(value) => value.downcast_exact::<PyString>().map(|s| Some(s.clone())).map_err(|_| Declined),
+    }
+}
+
+/// The object after the first `key` in a span's `(key, value, ...)` attributes; `Some(None)`-like
+/// (`Some` of Python's `None`) for a key in last place, as `BufferedSpan.attr` reads it.
+fn attribute<'py>(py: Python<'py>, row: &Row, key: &str) -> Read<Option<Bound<'py, PyAny>>> {
+    let attrs = row.attrs.bind(py).downcast::<PyTuple>().map_err(|_| Declined)?;
+    let length = attrs.len();
+    let mut index = 0;
+    while index < length {
+        let item = attrs.get_item(index).map_err(|_| Declined)?;
+        let Ok(name) = item.downcast_exact::<PyString>() else { return Err(Declined) };
+        if name.to_str().map_err(|_| Declined)? == key {
+            return Ok(Some(if index + 1 < length {
+                attrs.get_item(index + 1).map_err(|_| Declined)?
+            } else {
+                py.None().into_bound(py)
+            }));
+        }
+        index += 2;
+    }
+    Ok(None)
+}
+
+fn has_attributes(py: Python<'_>, row: &Row) -> Read<bool> {
+    row.attrs.bind(py).is_truthy().map_err(|_| Declined)
+}
+
+/// `requests._route`: `_text(span, "http.route") or _text(span, "url.path")`.
+fn route<'py>(py: Python<'py>, row: &Row) -> Read<Option<Bound<'py, PyString>>> {
+    match text(py, row, "http.route")? {
+        Some(found) if !found.to_str().map_err(|_| Declined)?.is_empty() => Ok(Some(found)),
+        _ => text(py, row, "url.path"),
+    }
+}
+
+/// A string field of an observation as `x or ""` reads it: `None` for `None` or "".
+fn present<'py>(py: Python<'py>, value: &PyObject) -> Read<Option<Bound<'py, PyAny>>> {
+    let value = value.bind(py);
+    Ok(if value.is_truthy().map_err(|_| Declined)? { Some(value.clone()) } else { None })
+}
+
+fn as_str<'a>(value: &'a Bound<'_, PyAny>) -> Read<std::borrow::Cow<'a, str>> {
+    value.downcast::<PyString>().map_err(|_| Declined)?.to_cow().map_err(|_| Declined)
+}
+
+fn int_of(obs: &Observation, index: usize) -> Option<i64> {
+    (obs.present & (1 << (OBSERVATION_FLOATS + index)) != 0).then(|| obs.ints[index])
+}
+
+/// A rare field (`None` or its default when the observation holds none).
+fn rare<'py>(py: Python<'py>, obs: &Observation, index: usize) -> Read<Option<Bound<'py, PyAny>>> {
+    match &obs.rare {
+        None => Ok(None),
+        Some(rare) => Ok(Some(rare.bind(py).get_item(index).map_err(|_| Declined)?)),
+    }
+}
+
+/// An int field held as an object (`None`, or an int that fits 64 bits; anything else declined).
+fn object_int(value: Option<&Bound<'_, PyAny>>) -> Read<Option<i64>> {
+    match value {
+        None => Ok(None),
+        Some(value) if value.is_none() => Ok(None),
+        Some(value) if value.is_exact_instance_of::<PyInt>() => value.extract::<i64>().map(Some).map_err(|_| Declined),
+        Some(_) => Err(Declined),
+    }
+}
+
+fn is_true(py: Python<'_>, flag: &PyObject) -> Read<bool> {
+    flag.bind(py).is_truthy().map_err(|_| Declined)
+}
+
+/// The compiled core's span and its observation (either may be another class: declined).
+fn native<'a, 'py>(span: &'a Bound<'py, PyAny>) -> Read<&'a Bound<'py, Row>> {
+    span.downcast::<Row>().map_err(|_| Declined)
+}
+
+fn observation_of<'py>(py: Python<'py>, row: &Row) -> Read<Option<Bound<'py, Observation>>> {
+    let observation = row.observation.bind(py);
+    if observation.is_none() {
+        return Ok(None);
+    }
+    observation.downcast::<Observation>().map(|o| Some(o.clone())).map_err(|_| Declined)
+}
+
+/// The strings a record is made of that come from `requests.py`'s constants (handed over once, so
+/// a label's string is the object Python's own records use: the recorder's caches key on identity).
+struct Constants {
+    error: PyObject,
+    length: PyObject,
+    unknown: PyObject,
+    server: PyObject,
+    default_source: PyObject,
+    genai_kind: String,
+    other_error: PyObject,
+}
+
+/// Builds a trace's request record where the trace has one of the common shapes; `None` otherwise.
+#[pyclass(frozen, module = "otel_llm._core")]
+pub struct RecordBuilder {
+    record_class: PyObject,
+    segment_type: PyObject,
+    edge_ttft_attributes: Vec<String>,
+    first_token_event: String,
+    max_latency_s: f64,
+    default_operation: PyObject,
+    genai_operations: Vec<String>,
+    route_operations: Vec<(String, PyObject)>,
+    finish_reasons: Vec<(String, PyObject)>,
+    composite_kinds: Vec<String>,
+    /// `RecordSettings.resource_model_rules`: (attribute, its source word, the mapping or `None`).
+    resource_model_rules: Vec<(Py<PyString>, Py<PyString>, Option<Py<PyDict>>)>,
+    model_from_service_name: bool,
+    default_model: Py<PyString>,
+    constants: Constants,
+}
+
+impl RecordBuilder {
+    /// A request's outcome from a finish reason, as `_FINISH_REASONS.get(reason.lower(), UNKNOWN)` (a
+    /// reason that is not ASCII, whose lowercase Python and Rust might spell differently, is declined).
+    fn finish_outcome(&self, py: Python<'_>, reason: &Bound<'_, PyAny>) -> Read<PyObject> {
+        let reason = as_str(reason)?;
+        if !reason.is_ascii() {
+            return Err(Declined);
+        }
+        let lower = reason.to_ascii_lowercase();
+        Ok(self.finish_reasons.iter().find(|(name, _)| *name == lower)
+            .map_or_else(|| self.constants.unknown.clone_ref(py), |(_, outcome)| outcome.clone_ref(py)))
+    }
+
+    /// `requests._outcome`.
+    fn outcome(&self, py: Python<'_>, obs: &Observation) -> Read<PyObject> {
+        if is_true(py, &obs.is_error)? {
+            return Ok(self.constants.error.clone_ref(py));
+        }
+        if let Some(reason) = present(py, &obs.finish_reason)? {
+            return self.finish_outcome(py, &reason);
+        }
+        if let (Some(max), Some(completion)) = (int_of(obs, 2), int_of(obs, 1)) {
+            if max != 0 && completion >= max {
+                return Ok(self.constants.length.clone_ref(py));
+            }
+        }
+        Ok(self.constants.unknown.clone_ref(py))
+    }
+
+    fn is_genai_operation(&self, name: &Bound<'_, PyAny>) -> Read<bool> {
+        let name = as_str(name)?;
+        Ok(self.genai_operations.iter().any(|op| *op == name))
+    }
+
+    /// `requests._resolve_model` and, where it names no model, `_fallback_model` (the engine's
+    /// service name, the configured default): (model, model source, request model, response model).
+    fn model<'py>(&self, py: Python<'py>, own: &Row, obs: &Observation, gateway: Option<(&Row, &Observation)>,
+                  genai: bool) -> PyResult<Read<Model<'py>>> {
+        match observed_model(py, obs, gateway) {
+            Ok(Some(found)) => return Ok(Ok(found)),
+            Ok(None) => {}
+            Err(declined) => return Ok(Err(declined)),
+        }
+        let empty = || PyString::new(py, "").into_any();
+        let resource = own.origin.bind(py).getattr(pyo3::intern!(py, "resource_strings"))?;
+        let Ok(resource) = resource.downcast_exact::<PyDict>() else { return Ok(Err(Declined)) };
+        let mut found: Option<Model<'py>> = None;
+        for (attribute, source, values) in &self.resource_model_rules {
+            let Some(raw) = resource.get_item(attribute.bind(py))? else { continue };
+            if raw.is_none() {
+                continue;
+            }
+            let model = match values {
+                None => raw,
+                Some(values) => match values.bind(py).get_item(raw)? {
+                    Some(mapped) => mapped,
+                    None => continue,
+                },
+            };
+            found = Some((model.clone(), source.bind(py).clone().into_any(), model, empty()));
+            break;
+        }
+        let (model, source, request, response) = found.unwrap_or_else(|| {
+            (empty(), pyo3::intern!(py, "none").clone().into_any(), empty(), empty())
+        });
+        if model.is_truthy()? {
+            return Ok(Ok((model, source, request, response)));
+        }
+        if self.model_from_service_name && !genai {
+            if let Some(service) = resource.get_item(pyo3::intern!(py, "service.name"))? {
+                let Ok(name) = service.downcast_exact::<PyString>() else { return Ok(Err(Declined)) };
+                let text = name.to_cow()?;
+                if !text.is_empty() && !text.starts_with("unknown_service") {
+                    return Ok(Ok((service.clone(), pyo3::intern!(py, "resource:service.name").clone().into_any(),
+                                   request, response)));
+                }
+            }
+        }
+        if !self.default_model.bind(py).to_cow()?.is_empty() {
+            return Ok(Ok((self.default_model.bind(py).clone().into_any(),
+                          self.constants.default_source.bind(py).clone(), request, response)));
+        }
+        Ok(Ok((model, pyo3::intern!(py, "none").clone().into_any(), request, response)))
+    }
+
+    fn route_operation(&self, py: Python<'_>, row: &Row) -> Read<Option<PyObject>> {
+        if !has_attributes(py, row)? {
+            return Ok(None);
+        }
+        let Some(found) = route(py, row)? else { return Ok(None) };
+        let found = found.to_str().map_err(|_| Declined)?;
+        Ok(self.route_operations.iter().find(|(path, _)| path == found).map(|(_, op)| op.clone_ref(py)))
+    }
+
+    /// `requests._operation` over the engine span and its lookup (the gateway, if any).
+    fn operation(&self, py: Python<'_>, obs: &Observation, own: &Row, gateway: Option<(&Row, &Observation)>)
+                 -> Read<(PyObject, PyObject)> {
+        let span = pyo3::intern!(py, "span").clone().into_any().unbind();
+        let mut custom: Option<(PyObject, PyObject)> = None;
+        if let Some(name) = present(py, &obs.operation_name)? {
+            if self.is_genai_operation(&name)? {
+                return Ok((name.unbind(), span));
+            }
+            custom = Some((name.unbind(), span));
+        }
+        if let Some(operation) = self.route_operation(py, own)? {
+            return Ok((operation, pyo3::intern!(py, "route").clone().into_any().unbind()));
+        }
+        if let Some((row, observed)) = gateway {
+            if let Some(name) = present(py, &observed.operation_name)? {
+                // The shape's gateway is a SERVER span: requests.py words its side "gateway".
+                let side = pyo3::intern!(py, "gateway").clone().into_any().unbind();
+                if self.is_genai_operation(&name)? {
+                    return Ok((name.unbind(), side));
+                }
+                custom = custom.or(Some((name.unbind(), side)));
+            }
+            if let Some(operation) = self.route_operation(py, row)? {
+                return Ok((operation, pyo3::intern!(py, "route").clone().into_any().unbind()));
+            }
+        }
+        Ok(custom.unwrap_or_else(|| (self.default_operation.clone_ref(py), self.constants.default_source.clone_ref(py))))
+    }
+
+    /// `requests._span_seconds`.
+    fn span_seconds(&self, row: &Row, rejected: &mut Vec<&'static str>) -> Option<f64> {
+        let (start, end) = (row.start_unix_ns, row.end_unix_ns);
+        if start == 0 || end < start {
+            rejected.push("invalid_span_times");
+            return None;
+        }
+        let seconds = (end - start) as f64 / 1e9;
+        if seconds <= self.max_latency_s {
+            return Some(seconds);
+        }
+        rejected.push("absurd_span_duration");
+        None
+    }
+
+    /// `requests._valid_seconds` with the edge TTFT's reason.
+    fn valid_edge_ttft(&self, value: f64, rejected: &mut Vec<&'static str>) -> Option<f64> {
+        if value.is_finite() && 0.0 <= value && value <= self.max_latency_s {
+            return Some(value);
+        }
+        rejected.push("invalid_edge_ttft");
+        None
+    }
+
+    /// `requests._edge_ttft`: the configured attributes, then the first-token event's time.
+    fn edge_ttft(&self, py: Python<'_>, edge: &Row, rejected: &mut Vec<&'static str>) -> Read<Option<f64>> {
+        if !has_attributes(py, edge)? {
+            return Ok(None);
+        }
+        for key in &self.edge_ttft_attributes {
+            let Some(value) = attribute(py, edge, key)? else { continue };
+            // `_number`: None and bools read as nothing; a float or an int as a float; a string
+            // float() may or may not take is left to Python.
+            if value.is_none() || value.is_exact_instance_of::<PyBool>() {
+                continue;
+            }
+            let number = if let Ok(float) = value.downcast_exact::<PyFloat>() {
+                float.value()
+            } else if value.is_exact_instance_of::<PyInt>() {
+                value.extract::<i64>().map_err(|_| Declined)? as f64
+            } else {
+                return Err(Declined);
+            };
+            return Ok(self.valid_edge_ttft(number, rejected));
+        }
+        let Some(event) = attribute(py, edge, &self.first_token_event)? else { return Ok(None) };
+        if event.is_none() || edge.start_unix_ns == 0 {
+            return Ok(None);
+        }
+        if !event.is_exact_instance_of::<PyInt>() {
+            return Err(Declined);
+        }
+        let event = event.extract::<i128>().map_err(|_| Declined)?;
+        let offset = event - edge.start_unix_ns as i128;
+        Ok(self.valid_edge_ttft(offset as f64 / 1e9, rejected))
+    }
+}
+
+type Model<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>);
+
+/// `requests._resolve_model`'s first part: (model, source, request model, response model) from the
+/// request's spans, `None` when none names the model.
+fn observed_model<'py>(py: Python<'py>, obs: &Observation, gateway: Option<(&Row, &Observation)>)
+                       -> Read<Option<Model<'py>>> {
+    let mut response = present(py, &obs.response_model)?;
+    let mut request = present(py, &obs.request_model)?;
+    let (mut model, mut source) = match (&response, &request) {
+        (Some(response), _) => (Some(response.clone()), Some(pyo3::intern!(py, "span:gen_ai.response.model").clone())),
+        (None, Some(request)) => (Some(request.clone()), Some(pyo3::intern!(py, "span:gen_ai.request.model").clone())),
+        _ => (None, None),
+    };
+    if let Some((_, observed)) = gateway {
+        if response.is_none() || request.is_none() {
+            let span_response = present(py, &observed.response_model)?;
+            let span_request = present(py, &observed.request_model)?;
+            if model.is_none() && (span_response.is_some() || span_request.is_some()) {
+                model = span_response.clone().or_else(|| span_request.clone());
+                // The shape's gateway is a SERVER span: requests.py words its side "gateway".
+                source = Some(if span_response.is_some() {
+                    pyo3::intern!(py, "gateway:gen_ai.response.model").clone()
+                } else {
+                    pyo3::intern!(py, "gateway:gen_ai.request.model").clone()
+                });
+            }
+            response = response.or(span_response);
+            request = request.or(span_request);
+        }
+    }
+    let empty = || PyString::new(py, "").into_any();
+    let (Some(model), Some(source)) = (model, source) else { return Ok(None) };
+    let request = request.unwrap_or_else(|| model.clone());
+    Ok(Some((model, source.into_any(), request, response.unwrap_or_else(empty))))
+}
+
+/// `requests._simple_request`: (the engine span, the gateway above it if any), or declined.
+fn simple_shape<'py>(py: Python<'py>, spans: &Bound<'py, PyDict>)
+                     -> Read<(Bound<'py, Row>, Option<Bound<'py, Row>>)> {
+    let mut engine: Option<Bound<'py, Row>> = None;
+    let mut gateway: Option<Bound<'py, Row>> = None;
+    for span in spans.values().iter() {
+        let row = native(&span)?;
+        let Some(observed) = observation_of(py, row.get())? else { continue };
+        let observed = observed.get();
+        if is_true(py, &observed.part)? {
+            continue;
+        }
+        if is_true(py, &observed.may_be_gateway)? {
+            if gateway.is_some() {
+                return Err(Declined);
+            }
+            gateway = Some(row.clone());
+        } else if engine.is_none() {
+            engine = Some(row.clone());
+        } else {
+            return Err(Declined);
+        }
+    }
+    let Some(engine) = engine else { return Err(Declined) };
+    let own = engine.get();
+    match &gateway {
+        None => {
+            if own.has_parent && (spans.len() > 1 || own.parent_span_id[..] == *own.span_id.bind(py).as_bytes()) {
+                return Err(Declined);
+            }
+        }
+        Some(gateway) => {
+            let edge = gateway.get();
+            if edge.kind != SPAN_KIND_SERVER || !own.has_parent
+                || own.parent_span_id[..] != *edge.span_id.bind(py).as_bytes() {
+                return Err(Declined);
+            }
+            // A span above the gateway, or a cycle: the general joining reads it.
+            if edge.has_parent && spans.contains(PyBytes::new(py, &edge.parent_span_id)).map_err(|_| Declined)? {
+                return Err(Declined);
+            }
+        }
+    }
+    Ok((engine, gateway))
+}
+
+#[pymethods]
+impl RecordBuilder {
+    /// `record_class`: `RequestRecord`; `segment_type`: `Segment`; the settings `RecordSettings`
+    /// holds that these shapes read; the tables and strings of `requests.py` (`_FINISH_REASONS`,
+    /// `_ROUTE_OPERATIONS`, `GENAI_OPERATIONS`, `_COMPOSITE_KINDS`, the outcomes) as it holds them.
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    fn new(py: Python<'_>, record_class: PyObject, segment_type: PyObject, edge_ttft_attributes: Vec<String>,
+           first_token_event: String, max_latency_s: f64, default_operation: PyObject, genai_operations: Vec<String>,
+           route_operations: Vec<(String, PyObject)>, finish_reasons: Vec<(String, PyObject)>,
+           composite_kinds: Vec<String>, resource_model_rules: Vec<(Py<PyString>, Option<Py<PyDict>>)>,
+           model_from_service_name: bool, default_model: Py<PyString>, outcomes: (PyObject, PyObject, PyObject),
+           server_side: PyObject, default_source: PyObject, genai_kind: String, other_error: PyObject) -> Self {
+        let (error, length, unknown) = outcomes;
+        let resource_model_rules = resource_model_rules.into_iter().map(|(attribute, values)| {
+            let source = PyString::new(py, &format!("resource:{}", attribute.bind(py))).unbind();
+            (attribute, source, values.filter(|v| !v.bind(py).is_empty()))
+        }).collect();
+        RecordBuilder {
+            record_class, segment_type, edge_ttft_attributes, first_token_event, max_latency_s, default_operation,
+            genai_operations, route_operations, finish_reasons, composite_kinds, resource_model_rules,
+            model_from_service_name, default_model,
+            constants: Constants { error, length, unknown, server: server_side, default_source, genai_kind, other_error },
+        }
+    }
+
+    /// The trace's one request record (a `RequestRecord`), or `None` where Python reads the trace.
+    fn build(&self, py: Python<'_>, spans: &Bound<'_, PyDict>) -> PyResult<Option<PyObject>> {
+        match self.read(py, spans) {
+            Ok(Ok(record)) => Ok(Some(record)),
+            Ok(Err(Declined)) => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+}
+
+impl RecordBuilder {
+    fn read(&self, py: Python<'_>, spans: &Bound<'_, PyDict>) -> PyResult<Read<PyObject>> {
+        let (engine, gateway) = match simple_shape(py, spans) {
+            Ok(shape) => shape,
+            Err(declined) => return Ok(Err(declined)),
+        };
+        let own = engine.get();
+        let Ok(Some(observation)) = observation_of(py, own) else { return Ok(Err(Declined)) };
+        let obs = observation.get();
+        let gateway_observation = match &gateway {
+            Some(row) => match observation_of(py, row.get()) {
+                Ok(Some(observed)) => Some(observed),
+                _ => return Ok(Err(Declined)),
+            },
+            None => None,
+        };
+        let lookup = gateway.as_ref().zip(gateway_observation.as_ref()).map(|(row, observed)| (row.get(), observed.get()));
+        let kind = obs.engine_kind.bind(py);
+        let Ok(kind_text) = as_str(kind) else { return Ok(Err(Declined)) };
+        if self.composite_kinds.iter().any(|k| *k == kind_text) {
+            return Ok(Err(Declined)); // its other spans are read by composite.py
+        }
+        let trace_state = own.trace_state.bind(py).to_cow()?;
+        if trace_state.contains("th:") {
+            return Ok(Err(Declined)); // an upstream sampling threshold: adjusted_count's rules
+        }
+        let genai = kind_text == self.constants.genai_kind;
+        let start = own.start_unix_ns.into_pyobject(py)?.into_any();
+        let Some((timings, segments)) =
+            observation_timings(py, obs, &start, true, self.segment_type.bind(py))? else { return Ok(Err(Declined)) };
+        Ok(self.assemble(py, own, obs, lookup, &kind.clone(), genai, start, timings, segments)?)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn assemble<'py>(&self, py: Python<'py>, own: &Row, obs: &Observation, lookup: Option<(&Row, &Observation)>,
+                     kind: &Bound<'py, PyAny>, genai: bool, start: Bound<'py, PyAny>, timings: Bound<'py, PyTuple>,
+                     segments: Bound<'py, PyTuple>) -> PyResult<Read<PyObject>> {
+        macro_rules! read {
+            ($e:expr) => {
+                match $e {
+                    Ok(value) => value,
+                    Err(Declined) => return Ok(Err(Declined)),
+                }
+            };
+        }
+        let (model, source, request_model, response_model) = read!(self.model(py, own, obs, lookup, genai)?);
+        let (operation, operation_source) = read!(self.operation(py, obs, own, lookup));
+        let mut outcome = read!(self.outcome(py, obs));
+        let mut error_type = read!(read!(rare(py, obs, 1)).map_or(Ok(None), |e| present(py, &e.unbind())));
+        let mut rejected_dynamic: Option<Bound<'py, PyAny>> = None;
+        let mut rejected: Vec<&'static str> = Vec::new();
+        // `_read_cache_and_spec` (the server side looks at the gateway too).
+        let mut cached = int_of(obs, 3);
+        let mut written = read!(object_int(read!(rare(py, obs, 2)).as_ref()));
+        let mut spec = read!(rare(py, obs, 3)).filter(|s| !s.is_none());
+        if let Some(reason) = read!(rare(py, obs, 4)) {
+            if reason.is_truthy()? {
+                rejected_dynamic = Some(reason);
+            }
+        }
+        if let Some((_, seen)) = lookup {
+            if cached.is_none() || written.is_none() || spec.is_none() {
+                cached = cached.or(int_of(seen, 3));
+                written = match written {
+                    Some(value) => Some(value),
+                    None => read!(object_int(read!(rare(py, seen, 2)).as_ref())),
+                };
+                spec = spec.or(read!(rare(py, seen, 3)).filter(|s| !s.is_none()));
+            }
+        }
+        let prompt = int_of(obs, 0);
+        let mut late_rejected: Vec<&'static str> = Vec::new();
+        if let Some(count) = cached {
+            if count < 0 || prompt.is_some_and(|p| count > p) {
+                late_rejected.push("cached_tokens_exceed_prompt");
+                cached = None;
+            }
+        }
+        if let Some(count) = written {
+            if count < 0 || prompt.is_some_and(|p| count > p) {
+                late_rejected.push("cache_write_tokens_exceed_prompt");
+                written = None;
+            }
+        }
+        let spec_values = match &spec {
+            None => None,
+            Some(spec) => {
+                let Ok(spec) = spec.downcast_exact::<PyTuple>() else { return Ok(Err(Declined)) };
+                if spec.len() != 3 {
+                    return Ok(Err(Declined));
+                }
+                Some(spec.clone())
+            }
+        };
+        rejected.extend(late_rejected);
+        // The span's own duration where the engine gave no e2e (`build_record`).
+        let mut e2e_object = timings.get_item(1)?;
+        let mut e2e = if e2e_object.is_none() { None } else { Some(e2e_object.extract::<f64>()?) };
+        if e2e.is_none() {
+            e2e = self.span_seconds(own, &mut rejected);
+            if let Some(seconds) = e2e {
+                e2e_object = PyFloat::new(py, seconds).into_any();
+            }
+        }
+        // `_join_server_side`.
+        if outcome.bind(py).eq(self.constants.unknown.bind(py))? && read!(present(py, &obs.finish_reason)).is_none() {
+            if let Some((_, seen)) = lookup {
+                if let Some(reason) = read!(present(py, &seen.finish_reason)) {
+                    outcome = read!(self.finish_outcome(py, &reason));
+                }
+            }
+        }
+        let mut gateway_overhead: Option<f64> = None;
+        let mut edge_ttft: Option<f64> = None;
+        let mut edge_span_id = PyBytes::new(py, b"").into_any();
+        if let Some((edge, _)) = lookup {
+            if edge.status_code == STATUS_CODE_ERROR && !outcome.bind(py).eq(self.constants.error.bind(py))? {
+                outcome = self.constants.error.clone_ref(py);
+                error_type = Some(match read!(text(py, edge, "error.type")) {
+                    Some(found) if !found.to_str()?.is_empty() => found.into_any(),
+                    _ => self.constants.other_error.bind(py).clone(),
+                });
+            }
+            let measured_by_engine = !genai && e2e.is_some();
+            edge_span_id = edge.span_id.bind(py).clone().into_any();
+            let edge_duration = self.span_seconds(edge, &mut rejected);
+            if let (true, Some(duration), Some(e2e)) = (measured_by_engine, edge_duration, e2e) {
+                let overhead = duration - e2e;
+                if overhead >= 0.0 {
+                    gateway_overhead = Some(overhead);
+                } else {
+                    rejected.push("negative_gateway_overhead");
+                }
+            }
+            edge_ttft = read!(self.edge_ttft(py, edge, &mut rejected));
+        }
+        let none = || py.None().into_bound(py);
+        let number = |value: Option<f64>| value.map_or_else(none, |v| PyFloat::new(py, v).into_any());
+        let int = |value: Option<i64>| -> PyResult<Bound<'py, PyAny>> {
+            Ok(match value {
+                Some(v) => v.into_pyobject(py)?.into_any(),
+                None => none(),
+            })
+        };
+        let or_empty = |value: Option<Bound<'py, PyAny>>| value.unwrap_or_else(|| PyString::new(py, "").into_any());
+        let origin = own.origin.bind(py);
+        let empty_tuple = PyTuple::empty(py).into_any();
+        let rare_or_empty = |index: usize| -> PyResult<Bound<'py, PyAny>> {
+            Ok(match &obs.rare {
+                Some(rare) => rare.bind(py).get_item(index)?,
+                None => PyTuple::empty(py).into_any(),
+            })
+        };
+        let mut all_rejected: Vec<Bound<'py, PyAny>> = Vec::with_capacity(rejected.len() + 1);
+        // `_read_cache_and_spec` notes the observation's own reason first.
+        if let Some(reason) = rejected_dynamic {
+            all_rejected.push(reason);
+        }
+        for reason in rejected {
+            all_rejected.push(PyString::intern(py, reason).into_any());
+        }
+        let args: [Bound<'py, PyAny>; RECORD_ARGS] = [
+            PyBytes::new(py, &own.trace_id).into_any(), own.span_id.bind(py).clone().into_any(), kind.clone(),
+            obs.adapter.bind(py).clone(), origin.getattr(pyo3::intern!(py, "service_name"))?, model, source,
+            request_model, response_model, operation.into_bound(py), or_empty(read!(present(py, &obs.provider_name))),
+            outcome.into_bound(py), self.constants.server.bind(py).clone(), operation_source.into_bound(py),
+            or_empty(error_type), or_empty(read!(present(py, &obs.server_address))),
+            or_empty(read!(present(py, &obs.server_port))), start,
+            timings.get_item(0)?, timings.get_item(8)?, e2e_object, timings.get_item(2)?, timings.get_item(3)?,
+            timings.get_item(4)?, timings.get_item(5)?, int(prompt)?, int(int_of(obs, 1))?,
+            number(gateway_overhead), none(), number(edge_ttft), edge_span_id, PyBytes::new(py, b"").into_any(),
+            segments.into_any(), empty_tuple.clone(), PyFloat::new(py, 1.0).into_any(),
+            PyTuple::new(py, all_rejected)?.into_any(), empty_tuple.clone(), timings.get_item(9)?, rare_or_empty(9)?,
+            int(cached)?, int(written)?, match read!(rare(py, obs, 5)) { Some(v) => v, None => none() },
+            rare_or_empty(7)?, PyString::new(py, "").into_any(),
+        ];
+        let record = self.record_class.bind(py).call1(PyTuple::new(py, args)?)?;
+        if let Some(spec) = spec_values {
+            record.setattr(pyo3::intern!(py, "spec_accepted_tokens"), spec.get_item(0)?)?;
+            record.setattr(pyo3::intern!(py, "spec_draft_tokens"), spec.get_item(1)?)?;
+            record.setattr(pyo3::intern!(py, "spec_steps"), spec.get_item(2)?)?;
+        }
+        Ok(Ok(record.unbind()))
+    }
+}
+
+pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_class::<RecordBuilder>()?;
+    Ok(())
+}
