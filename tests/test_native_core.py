@@ -895,9 +895,25 @@ def test_the_choice_of_path_is_explicit() -> None:
 _CREATED = re.compile(r"^[^ {]*_created[ {]")
 
 
-def _run_pipeline(path: str, requests: list[bytes], workdir: Path) -> tuple[list[str], dict[str, list[Any]]]:
+class _CountingBuilder:
+    """The core's ``RecordBuilder``, counting the records it built (so the comparison is known to
+    have compared the core's records, not Python's twice)."""
+
+    def __init__(self, builder: Any) -> None:
+        self.builder = builder
+        self.built = 0
+
+    def build(self, spans: Any) -> Any:
+        record = self.builder.build(spans)
+        self.built += record is not None
+        return record
+
+
+def _run_pipeline(path: str, requests: list[bytes], workdir: Path,
+                  built: list[int] | None = None) -> tuple[list[str], dict[str, list[Any]]]:
     """A real ``Service`` (the bench's config: the real loader, factories, ``Pipeline``, the SQLite
-    store) fed ``requests`` as the receivers' worker does, every trace completed, then read back."""
+    store) fed ``requests`` as the receivers' worker does, every trace completed, then read back.
+    ``built`` gets how many request records the core's ``RecordBuilder`` built (none on the Python path)."""
     from prometheus_client import generate_latest
 
     from bench.hotpath import build
@@ -906,6 +922,9 @@ def _run_pipeline(path: str, requests: list[bytes], workdir: Path) -> tuple[list
     with implementation(path):
         service, clock = build(workdir)
         pipeline = service.pipeline
+        counting = None
+        if pipeline.metrics.native_records is not None:
+            counting = pipeline.metrics.native_records = _CountingBuilder(pipeline.metrics.native_records)
         try:
             for data in requests:
                 pipeline.buffer(data, False)
@@ -938,22 +957,28 @@ def _run_pipeline(path: str, requests: list[bytes], workdir: Path) -> tuple[list
                     record["attributes"] = json.loads(record["attributes"])  # a mapping: order is not data
                 found.append(json.dumps(record, sort_keys=True, default=repr))
             rows[table] = sorted(found)
+    if built is not None:
+        built.append(counting.built if counting is not None else 0)
     return metrics, rows
 
 
 def test_metrics_and_store_rows_are_identical_end_to_end() -> None:
     requests = [data for name, data in {**REQUESTS, **_bench_requests()}.items() if _python_verdict(data)]
     with tempfile.TemporaryDirectory(prefix="otel-llm-native-") as tmp:
-        reference_metrics, reference_rows = _run_pipeline("python", requests, Path(tmp) / "python")
-        native_metrics, native_rows = _run_pipeline("native", requests, Path(tmp) / "native")
+        built: list[int] = []
+        reference_metrics, reference_rows = _run_pipeline("python", requests, Path(tmp) / "python", built)
+        native_metrics, native_rows = _run_pipeline("native", requests, Path(tmp) / "native", built)
     assert native_metrics == reference_metrics
     assert native_rows == reference_rows
+    # The native run's records of the common shapes were the core's (RecordBuilder), the reference's Python's.
+    assert built[0] == 0 and built[1] > 100, built
     # The comparison compared something: requests measured, spans and request records stored.
     assert any(line.startswith("vllm:e2e_request_latency_seconds_bucket") for line in reference_metrics)
     assert len(reference_rows.get("spans", [])) > 100 and len(reference_rows.get("requests", [])) > 10
     samples = [line for line in reference_metrics if not line.startswith("#")]
     print(f"end to end: {len(requests)} requests, {len(samples)} /metrics samples, "
-          + ", ".join(f"{len(rows)} {table} rows" for table, rows in sorted(reference_rows.items())) + ": 0 differences")
+          + ", ".join(f"{len(rows)} {table} rows" for table, rows in sorted(reference_rows.items()))
+          + f", {built[1]} request records built by the core: 0 differences")
 
 
 @pytest.mark.parametrize("path", ["python", "native"])

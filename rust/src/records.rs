@@ -2,9 +2,9 @@
 //! `_simple_request`: one engine span alone, or directly under the trace's only GenAI span, a
 //! gateway's SERVER span), read from the spans and observations this core made: the same record,
 //! field for field, by the same rules and IEEE operations. Whatever those rules leave to more
-//! Python (a composite engine's other spans, an upstream sampling threshold, a model only the
-//! resource or the configuration names, an attribute value that is not a string or a number, a
-//! span or observation of the Python classes) it declines (`None`), and Python reads the trace as
+//! Python (a composite engine's other spans, a malformed upstream sampling threshold, timings
+//! Python refuses, an attribute value that is not a string or a number, a span or observation of
+//! the Python classes) it declines (`None`), and Python reads the trace as
 //! before: the Python functions stay the reference (`tests/unit/llm_metrics/test_records_fast_path.py`
 //! compares both on every shape, setting and random trace).
 
@@ -366,6 +366,49 @@ fn observed_model<'py>(py: Python<'py>, obs: &Observation, gateway: Option<(&Row
     Ok(Some((model, source.into_any(), request, response.unwrap_or_else(empty))))
 }
 
+/// `requests.MAX_ADJUSTED_COUNT`.
+const MAX_ADJUSTED_COUNT: f64 = 1_048_576.0;
+
+/// `requests.adjusted_count`: 1 / the sampling probability of an OTel `ot=th:` threshold, 1.0 without
+/// one. Declined where Python raises (a threshold that is not 1-14 hex digits, an absurd count),
+/// where its `strip()` could read whitespace Rust's would not (anything but printable ASCII), and
+/// where the denominator is not exact in a double (Python divides the integers exactly).
+fn adjusted_count(trace_state: &str) -> Read<f64> {
+    if !trace_state.contains("th:") {
+        return Ok(1.0);
+    }
+    if !trace_state.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return Err(Declined);
+    }
+    for member in trace_state.split(',') {
+        let member = member.trim_matches(' ');
+        let (key, value) = member.split_once('=').unwrap_or((member, ""));
+        if key != "ot" {
+            continue;
+        }
+        for field in value.split(';') {
+            let (name, threshold) = field.split_once(':').unwrap_or((field, ""));
+            if name != "th" {
+                continue;
+            }
+            if threshold.is_empty() || threshold.len() > 14 || !threshold.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(Declined);
+            }
+            let rejected = u64::from_str_radix(&format!("{threshold:0<14}"), 16).map_err(|_| Declined)?;
+            let denominator = (1u64 << 56) - rejected;
+            if denominator as f64 as u64 != denominator {
+                return Err(Declined);
+            }
+            let count = (1u64 << 56) as f64 / denominator as f64;
+            if count > MAX_ADJUSTED_COUNT {
+                return Err(Declined);
+            }
+            return Ok(count);
+        }
+    }
+    Ok(1.0)
+}
+
 /// `requests._simple_request`: (the engine span, the gateway above it if any), or declined.
 fn simple_shape<'py>(py: Python<'py>, spans: &Bound<'py, PyDict>)
                      -> Read<(Bound<'py, Row>, Option<Bound<'py, Row>>)> {
@@ -470,20 +513,21 @@ impl RecordBuilder {
         if self.composite_kinds.iter().any(|k| *k == kind_text) {
             return Ok(Err(Declined)); // its other spans are read by composite.py
         }
-        let trace_state = own.trace_state.bind(py).to_cow()?;
-        if trace_state.contains("th:") {
-            return Ok(Err(Declined)); // an upstream sampling threshold: adjusted_count's rules
-        }
+        let weight = match adjusted_count(&own.trace_state.bind(py).to_cow()?) {
+            Ok(weight) => weight,
+            Err(declined) => return Ok(Err(declined)),
+        };
         let genai = kind_text == self.constants.genai_kind;
         let start = own.start_unix_ns.into_pyobject(py)?.into_any();
         let Some((timings, segments)) =
             observation_timings(py, obs, &start, true, self.segment_type.bind(py))? else { return Ok(Err(Declined)) };
-        Ok(self.assemble(py, own, obs, lookup, &kind.clone(), genai, start, timings, segments)?)
+        Ok(self.assemble(py, own, obs, lookup, &kind.clone(), genai, weight, start, timings, segments)?)
     }
 
     #[allow(clippy::too_many_arguments)]
     fn assemble<'py>(&self, py: Python<'py>, own: &Row, obs: &Observation, lookup: Option<(&Row, &Observation)>,
-                     kind: &Bound<'py, PyAny>, genai: bool, start: Bound<'py, PyAny>, timings: Bound<'py, PyTuple>,
+                     kind: &Bound<'py, PyAny>, genai: bool, weight: f64, start: Bound<'py, PyAny>,
+                     timings: Bound<'py, PyTuple>,
                      segments: Bound<'py, PyTuple>) -> PyResult<Read<PyObject>> {
         macro_rules! read {
             ($e:expr) => {
@@ -619,7 +663,7 @@ impl RecordBuilder {
             timings.get_item(0)?, timings.get_item(8)?, e2e_object, timings.get_item(2)?, timings.get_item(3)?,
             timings.get_item(4)?, timings.get_item(5)?, int(prompt)?, int(int_of(obs, 1))?,
             number(gateway_overhead), none(), number(edge_ttft), edge_span_id, PyBytes::new(py, b"").into_any(),
-            segments.into_any(), empty_tuple.clone(), PyFloat::new(py, 1.0).into_any(),
+            segments.into_any(), empty_tuple.clone(), PyFloat::new(py, weight).into_any(),
             PyTuple::new(py, all_rejected)?.into_any(), empty_tuple.clone(), timings.get_item(9)?, rare_or_empty(9)?,
             int(cached)?, int(written)?, match read!(rare(py, obs, 5)) { Some(v) => v, None => none() },
             rare_or_empty(7)?, PyString::new(py, "").into_any(),

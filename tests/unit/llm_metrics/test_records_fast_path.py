@@ -261,6 +261,12 @@ _ROUTES = ("/v1/chat/completions", "/generate", "/v1/embeddings", "/health", "")
 _FINISH = (None, "", "stop", "STOP", "Length", "abort", "cancelled", "eos", "weird", "\u017ftop", "\u0130")
 _MODELS = (None, "", "m-one", "Qwen/Qwen3-0.6B")
 _OPERATIONS = (None, "", "chat", "acompletion", "embeddings", "text_completion")
+# Upstream sampling thresholds (``adjusted_count``): a weight of 2, of 1, of 2**20 (the largest
+# taken), 4/3 (not a power of two), malformed ones, others' members and padding, and one whose
+# denominator a double cannot hold.
+_TRACE_STATES = ("ot=th:8", "ot=th:0", "ot=th:fffff", "ot=th:ffffff", "ot=th:4", "vendor=a", "ot=th:zz", "ot=p:3",
+                 "ot=th:", "ot=th:123456789abcdef", " ot=th:c;rv:abcdef01234567 ", "x=y,ot=th:C", "ot=th:8\u2003",
+                 "ot=th:78e5107311d8a4")  # 2**56 / (2**56 - t) rounded once differs from its rounded parts
 _RANDOM_SETTINGS = (
     RecordSettings(),
     RecordSettings(default_model="configured", default_operation="chat"),
@@ -349,7 +355,7 @@ def _random_trace(rng: random.Random, gateway: BufferedSpan, engine: BufferedSpa
 
     new_engine = replace(engine, observation=_random_observation(rng, engine.observation, False), origin=origin,
                          attrs=_random_attrs(rng, base) if rng.random() < 0.5 else (),
-                         trace_state=rng.choice(("",) * 12 + ("ot=th:8", "vendor=a", "ot=th:zz", "ot=p:3")),
+                         trace_state=rng.choice(("",) * 12 + _TRACE_STATES),
                          **times(engine))
     if rng.random() < 0.25:
         return _trace(replace(new_engine, parent_span_id=b""))
@@ -375,6 +381,7 @@ def test_the_cores_records_are_the_python_ones_on_random_traces() -> None:
     rng = random.Random(2512)
     taken = {"built": 0, "declined": 0}
     reasons: set[str] = set()
+    weights: set[float] = set()
     for case in range(6000):
         settings = _RANDOM_SETTINGS[case % len(_RANDOM_SETTINGS)]
         trace = _random_trace(rng, gateway, engine)
@@ -382,11 +389,13 @@ def test_the_cores_records_are_the_python_ones_on_random_traces() -> None:
         built = requests.native_record_builder(settings, extension).build(trace.spans)
         if built is not None:
             reasons.update(built.rejected)
+            weights.add(built.weight)
     # Both sides are exercised, and the records it built met the rules that reject values.
     assert taken["built"] > 1000 and taken["declined"] > 1000, taken
     assert {"invalid_span_times", "absurd_span_duration", "negative_gateway_overhead", "invalid_edge_ttft",
             "cached_tokens_exceed_prompt", "cache_write_tokens_exceed_prompt",
             "spec_decode_inconsistent"} <= reasons, reasons
+    assert {1.0, 2.0, 4 / 3, 2.0**20} <= weights, weights  # upstream thresholds read by the core
 
 
 # --- segments ------------------------------------------------------------------------------------------
