@@ -145,6 +145,8 @@ pub struct RecordBuilder {
     resource_model_rules: Vec<(Py<PyString>, Py<PyString>, Option<Py<PyDict>>)>,
     model_from_service_name: bool,
     default_model: Py<PyString>,
+    /// `requests.MAX_ADJUSTED_COUNT`: the heaviest weight an upstream threshold may give.
+    max_adjusted_count: f64,
     constants: Constants,
 }
 
@@ -366,14 +368,11 @@ fn observed_model<'py>(py: Python<'py>, obs: &Observation, gateway: Option<(&Row
     Ok(Some((model, source.into_any(), request, response.unwrap_or_else(empty))))
 }
 
-/// `requests.MAX_ADJUSTED_COUNT`.
-const MAX_ADJUSTED_COUNT: f64 = 1_048_576.0;
-
 /// `requests.adjusted_count`: 1 / the sampling probability of an OTel `ot=th:` threshold, 1.0 without
 /// one. Declined where Python raises (a threshold that is not 1-14 hex digits, an absurd count),
 /// where its `strip()` could read whitespace Rust's would not (anything but printable ASCII), and
 /// where the denominator is not exact in a double (Python divides the integers exactly).
-fn adjusted_count(trace_state: &str) -> Read<f64> {
+fn adjusted_count(trace_state: &str, max_adjusted_count: f64) -> Read<f64> {
     if !trace_state.contains("th:") {
         return Ok(1.0);
     }
@@ -400,7 +399,7 @@ fn adjusted_count(trace_state: &str) -> Read<f64> {
                 return Err(Declined);
             }
             let count = (1u64 << 56) as f64 / denominator as f64;
-            if count > MAX_ADJUSTED_COUNT {
+            if count > max_adjusted_count {
                 return Err(Declined);
             }
             return Ok(count);
@@ -466,7 +465,8 @@ impl RecordBuilder {
            first_token_event: String, max_latency_s: f64, default_operation: PyObject, genai_operations: Vec<String>,
            route_operations: Vec<(String, PyObject)>, finish_reasons: Vec<(String, PyObject)>,
            composite_kinds: Vec<String>, resource_model_rules: Vec<(Py<PyString>, Option<Py<PyDict>>)>,
-           model_from_service_name: bool, default_model: Py<PyString>, outcomes: (PyObject, PyObject, PyObject),
+           model_from_service_name: bool, default_model: Py<PyString>, max_adjusted_count: f64,
+           outcomes: (PyObject, PyObject, PyObject),
            server_side: PyObject, default_source: PyObject, genai_kind: String, other_error: PyObject) -> Self {
         let (error, length, unknown) = outcomes;
         let resource_model_rules = resource_model_rules.into_iter().map(|(attribute, values)| {
@@ -476,7 +476,7 @@ impl RecordBuilder {
         RecordBuilder {
             record_class, segment_type, edge_ttft_attributes, first_token_event, max_latency_s, default_operation,
             genai_operations, route_operations, finish_reasons, composite_kinds, resource_model_rules,
-            model_from_service_name, default_model,
+            model_from_service_name, default_model, max_adjusted_count,
             constants: Constants { error, length, unknown, server: server_side, default_source, genai_kind, other_error },
         }
     }
@@ -513,7 +513,7 @@ impl RecordBuilder {
         if self.composite_kinds.iter().any(|k| *k == kind_text) {
             return Ok(Err(Declined)); // its other spans are read by composite.py
         }
-        let weight = match adjusted_count(&own.trace_state.bind(py).to_cow()?) {
+        let weight = match adjusted_count(&own.trace_state.bind(py).to_cow()?, self.max_adjusted_count) {
             Ok(weight) => weight,
             Err(declined) => return Ok(Err(declined)),
         };
@@ -563,16 +563,15 @@ impl RecordBuilder {
             }
         }
         let prompt = int_of(obs, 0);
-        let mut late_rejected: Vec<&'static str> = Vec::new();
         if let Some(count) = cached {
             if count < 0 || prompt.is_some_and(|p| count > p) {
-                late_rejected.push("cached_tokens_exceed_prompt");
+                rejected.push("cached_tokens_exceed_prompt");
                 cached = None;
             }
         }
         if let Some(count) = written {
             if count < 0 || prompt.is_some_and(|p| count > p) {
-                late_rejected.push("cache_write_tokens_exceed_prompt");
+                rejected.push("cache_write_tokens_exceed_prompt");
                 written = None;
             }
         }
@@ -586,7 +585,6 @@ impl RecordBuilder {
                 Some(spec.clone())
             }
         };
-        rejected.extend(late_rejected);
         // The span's own duration where the engine gave no e2e (`build_record`).
         let mut e2e_object = timings.get_item(1)?;
         let mut e2e = if e2e_object.is_none() { None } else { Some(e2e_object.extract::<f64>()?) };

@@ -798,7 +798,7 @@ def native_record_builder(settings: RecordSettings, extension: Any) -> Any:
         settings.default_operation, sorted(GENAI_OPERATIONS), list(_ROUTE_OPERATIONS.items()),
         list(_FINISH_REASONS.items()), sorted(_COMPOSITE_KINDS),
         [(rule.attribute, rule.values) for rule in settings.resource_model_rules], settings.model_from_service_name,
-        settings.default_model, (Outcome.ERROR, Outcome.LENGTH, Outcome.UNKNOWN),
+        settings.default_model, MAX_ADJUSTED_COUNT, (Outcome.ERROR, Outcome.LENGTH, Outcome.UNKNOWN),
         Side.SERVER, Source.DEFAULT, EngineKind.GENAI, _OTHER_ERROR)
 
 
