@@ -15,8 +15,17 @@ use crate::{observation_timings, Observation, Row, OBSERVATION_FLOATS};
 
 const SPAN_KIND_SERVER: i32 = 2;
 const STATUS_CODE_ERROR: i32 = 2;
-/// `requests._RECORD_ORDER`'s length: the record's fields passed positionally.
-const RECORD_ARGS: usize = 44;
+/// `requests._RECORD_ORDER`: the record's fields this file passes positionally, in order (the
+/// builder refuses to be made if Python's order differs).
+const RECORD_FIELDS: [&str; 44] = [
+    "trace_id", "span_id", "engine_kind", "adapter", "service_name", "model", "model_source", "request_model",
+    "response_model", "operation_name", "provider_name", "outcome", "side", "operation_source", "error_type",
+    "server_address", "server_port", "start_unix_ns", "ttft_s", "tpot_s", "e2e_s", "queue_s", "prefill_s",
+    "decode_s", "inference_s", "prompt_tokens", "completion_tokens", "gateway_overhead_s", "client_overhead_s",
+    "edge_ttft_s", "edge_span_id", "joined_span_id", "segments", "dimensions", "weight", "rejected",
+    "segments_missing", "not_measurable", "segments_derived", "cached_tokens", "cache_write_tokens",
+    "reasoning_tokens", "itl_s", "tenant"];
+const RECORD_ARGS: usize = RECORD_FIELDS.len();
 
 /// A value the Python rules read differently from a string, a number or nothing: declined.
 struct Declined;
@@ -456,29 +465,35 @@ fn simple_shape<'py>(py: Python<'py>, spans: &Bound<'py, PyDict>)
 
 #[pymethods]
 impl RecordBuilder {
-    /// `record_class`: `RequestRecord`; `segment_type`: `Segment`; the settings `RecordSettings`
-    /// holds that these shapes read; the tables and strings of `requests.py` (`_FINISH_REASONS`,
-    /// `_ROUTE_OPERATIONS`, `GENAI_OPERATIONS`, `_COMPOSITE_KINDS`, the outcomes) as it holds them.
+    /// `record_class`: `RequestRecord`, `record_fields` the fields it takes positionally (`_RECORD_ORDER`);
+    /// `segment_type`: `Segment`; the settings `RecordSettings` holds that these shapes read; the tables
+    /// and strings of `requests.py` (`_FINISH_REASONS`, `_ROUTE_OPERATIONS`, `GENAI_OPERATIONS`,
+    /// `_COMPOSITE_KINDS`, the outcomes) as it holds them.
     #[new]
     #[allow(clippy::too_many_arguments)]
-    fn new(py: Python<'_>, record_class: PyObject, segment_type: PyObject, edge_ttft_attributes: Vec<String>,
+    fn new(py: Python<'_>, record_class: PyObject, record_fields: Vec<String>, segment_type: PyObject, edge_ttft_attributes: Vec<String>,
            first_token_event: String, max_latency_s: f64, default_operation: PyObject, genai_operations: Vec<String>,
            route_operations: Vec<(String, PyObject)>, finish_reasons: Vec<(String, PyObject)>,
            composite_kinds: Vec<String>, resource_model_rules: Vec<(Py<PyString>, Option<Py<PyDict>>)>,
            model_from_service_name: bool, default_model: Py<PyString>, max_adjusted_count: f64,
            outcomes: (PyObject, PyObject, PyObject),
-           server_side: PyObject, default_source: PyObject, genai_kind: String, other_error: PyObject) -> Self {
+           server_side: PyObject, default_source: PyObject, genai_kind: String, other_error: PyObject)
+           -> PyResult<Self> {
+        if record_fields != RECORD_FIELDS {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "RequestRecord's positional fields are {record_fields:?}; the core builds {RECORD_FIELDS:?}")));
+        }
         let (error, length, unknown) = outcomes;
         let resource_model_rules = resource_model_rules.into_iter().map(|(attribute, values)| {
             let source = PyString::new(py, &format!("resource:{}", attribute.bind(py))).unbind();
             (attribute, source, values.filter(|v| !v.bind(py).is_empty()))
         }).collect();
-        RecordBuilder {
+        Ok(RecordBuilder {
             record_class, segment_type, edge_ttft_attributes, first_token_event, max_latency_s, default_operation,
             genai_operations, route_operations, finish_reasons, composite_kinds, resource_model_rules,
             model_from_service_name, default_model, max_adjusted_count,
             constants: Constants { error, length, unknown, server: server_side, default_source, genai_kind, other_error },
-        }
+        })
     }
 
     /// The trace's one request record (a `RequestRecord`), or `None` where Python reads the trace.

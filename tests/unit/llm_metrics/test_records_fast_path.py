@@ -367,6 +367,22 @@ def _random_trace(rng: random.Random, gateway: BufferedSpan, engine: BufferedSpa
     return _trace(*rng.sample((new_gateway, new_engine), 2))
 
 
+def test_the_core_refuses_a_record_order_it_does_not_build() -> None:
+    """The core passes the record's fields positionally: a ``RequestRecord`` whose fields moved
+    (``_RECORD_ORDER`` changed with them) must stop the builder being made, not fill wrong fields."""
+    extension = native_core.active()[0]
+    if extension is None:
+        pytest.skip("the compiled core is not installed")
+    original = requests._RECORD_ORDER
+    try:
+        requests._RECORD_ORDER = (original[1], original[0], *original[2:])
+        with pytest.raises(ValueError, match="positional fields"):
+            requests.native_record_builder(RecordSettings(), extension)
+    finally:
+        requests._RECORD_ORDER = original
+    assert requests.native_record_builder(RecordSettings(), extension) is not None
+
+
 def test_the_cores_records_are_the_python_ones_on_random_traces() -> None:
     """The core's ``RecordBuilder`` against the general joining on 6 000 random gateway + engine and
     engine-alone traces: every value it reads drawn from what an adapter, a hostile attribute or an
