@@ -418,14 +418,16 @@ fn adjusted_count(trace_state: &str, max_adjusted_count: f64) -> Read<f64> {
 }
 
 /// `requests._simple_request`: (the engine span, the gateway above it if any), or declined.
-fn simple_shape<'py>(py: Python<'py>, spans: &Bound<'py, PyDict>)
-                     -> Read<(Bound<'py, Row>, Option<Bound<'py, Row>>)> {
-    let mut engine: Option<Bound<'py, Row>> = None;
-    let mut gateway: Option<Bound<'py, Row>> = None;
+/// A span with its observation, both the core's.
+type Observed<'py> = (Bound<'py, Row>, Bound<'py, Observation>);
+
+fn simple_shape<'py>(py: Python<'py>, spans: &Bound<'py, PyDict>) -> Read<(Observed<'py>, Option<Observed<'py>>)> {
+    let mut engine: Option<Observed<'py>> = None;
+    let mut gateway: Option<Observed<'py>> = None;
     for span in spans.values().iter() {
         let row = native(&span)?;
-        let Some(observed) = observation_of(py, row.get())? else { continue };
-        let observed = observed.get();
+        let Some(observation) = observation_of(py, row.get())? else { continue };
+        let observed = observation.get();
         if is_true(py, &observed.part)? {
             continue;
         }
@@ -433,22 +435,22 @@ fn simple_shape<'py>(py: Python<'py>, spans: &Bound<'py, PyDict>)
             if gateway.is_some() {
                 return Err(Declined);
             }
-            gateway = Some(row.clone());
+            gateway = Some((row.clone(), observation));
         } else if engine.is_none() {
-            engine = Some(row.clone());
+            engine = Some((row.clone(), observation));
         } else {
             return Err(Declined);
         }
     }
     let Some(engine) = engine else { return Err(Declined) };
-    let own = engine.get();
+    let own = engine.0.get();
     match &gateway {
         None => {
             if own.has_parent && (spans.len() > 1 || own.parent_span_id[..] == *own.span_id.bind(py).as_bytes()) {
                 return Err(Declined);
             }
         }
-        Some(gateway) => {
+        Some((gateway, _)) => {
             let edge = gateway.get();
             if edge.kind != SPAN_KIND_SERVER || !own.has_parent
                 || own.parent_span_id[..] != *edge.span_id.bind(py).as_bytes() {
@@ -512,17 +514,8 @@ impl RecordBuilder {
             Ok(shape) => shape,
             Err(declined) => return Ok(Err(declined)),
         };
-        let own = engine.get();
-        let Ok(Some(observation)) = observation_of(py, own) else { return Ok(Err(Declined)) };
-        let obs = observation.get();
-        let gateway_observation = match &gateway {
-            Some(row) => match observation_of(py, row.get()) {
-                Ok(Some(observed)) => Some(observed),
-                _ => return Ok(Err(Declined)),
-            },
-            None => None,
-        };
-        let lookup = gateway.as_ref().zip(gateway_observation.as_ref()).map(|(row, observed)| (row.get(), observed.get()));
+        let (own, obs) = (engine.0.get(), engine.1.get());
+        let lookup = gateway.as_ref().map(|(row, observed)| (row.get(), observed.get()));
         let kind = obs.engine_kind.bind(py);
         let Ok(kind_text) = as_str(kind) else { return Ok(Err(Declined)) };
         if self.composite_kinds.iter().any(|k| *k == kind_text) {

@@ -794,8 +794,8 @@ def native_record_builder(settings: RecordSettings, extension: Any) -> Any:
     if extension is None or settings.dimensions or settings.tenant is not None or settings.lora_adapters:
         return None
     return extension.RecordBuilder(
-        RequestRecord, list(_RECORD_ORDER), Segment, list(settings.edge_ttft_attributes), FIRST_TOKEN_EVENT, settings.max_latency_s,
-        settings.default_operation, sorted(GENAI_OPERATIONS), list(_ROUTE_OPERATIONS.items()),
+        RequestRecord, list(_RECORD_ORDER), Segment, list(settings.edge_ttft_attributes), FIRST_TOKEN_EVENT,
+        settings.max_latency_s, settings.default_operation, sorted(GENAI_OPERATIONS), list(_ROUTE_OPERATIONS.items()),
         list(_FINISH_REASONS.items()), sorted(_COMPOSITE_KINDS),
         [(rule.attribute, rule.values) for rule in settings.resource_model_rules], settings.model_from_service_name,
         settings.default_model, MAX_ADJUSTED_COUNT, (Outcome.ERROR, Outcome.LENGTH, Outcome.UNKNOWN),
