@@ -895,6 +895,19 @@ def test_the_choice_of_path_is_explicit() -> None:
 _CREATED = re.compile(r"^[^ {]*_created[ {]")
 
 
+class _CountingWriter:
+    """The core's ``KeptTraceWriter``, counting the kept traces it wrote."""
+
+    def __init__(self, writer: Any) -> None:
+        self.writer = writer
+        self.written = 0
+
+    def build(self, *args: Any) -> Any:
+        built = self.writer.build(*args)
+        self.written += built is not None
+        return built
+
+
 class _CountingBuilder:
     """The core's ``RecordBuilder``, counting the records it built (so the comparison is known to
     have compared the core's records, not Python's twice)."""
@@ -913,7 +926,8 @@ def _run_pipeline(path: str, requests: list[bytes], workdir: Path,
                   built: list[int] | None = None) -> tuple[list[str], dict[str, list[Any]]]:
     """A real ``Service`` (the bench's config: the real loader, factories, ``Pipeline``, the SQLite
     store) fed ``requests`` as the receivers' worker does, every trace completed, then read back.
-    ``built`` gets how many request records the core's ``RecordBuilder`` built (none on the Python path)."""
+    ``built`` gets how many request records the core's ``RecordBuilder`` built and how many kept traces its
+    ``KeptTraceWriter`` wrote (none on the Python path)."""
     from prometheus_client import generate_latest
 
     from bench.hotpath import build
@@ -925,6 +939,9 @@ def _run_pipeline(path: str, requests: list[bytes], workdir: Path,
         counting = None
         if pipeline.metrics.native_records is not None:
             counting = pipeline.metrics.native_records = _CountingBuilder(pipeline.metrics.native_records)
+        writing = None
+        if pipeline.redaction.native_writer is not None:
+            writing = pipeline.redaction.native_writer = _CountingWriter(pipeline.redaction.native_writer)
         try:
             for data in requests:
                 pipeline.buffer(data, False)
@@ -959,6 +976,7 @@ def _run_pipeline(path: str, requests: list[bytes], workdir: Path,
             rows[table] = sorted(found)
     if built is not None:
         built.append(counting.built if counting is not None else 0)
+        built.append(writing.written if writing is not None else 0)
     return metrics, rows
 
 
@@ -970,15 +988,16 @@ def test_metrics_and_store_rows_are_identical_end_to_end() -> None:
         native_metrics, native_rows = _run_pipeline("native", requests, Path(tmp) / "native", built)
     assert native_metrics == reference_metrics
     assert native_rows == reference_rows
-    # The native run's records of the common shapes were the core's (RecordBuilder), the reference's Python's.
-    assert built[0] == 0 and built[1] > 100, built
+    # The native run's records of the common shapes were the core's (RecordBuilder), its kept traces
+    # the core's (KeptTraceWriter); the reference's were Python's.
+    assert built[:2] == [0, 0] and built[2] > 100 and built[3] > 10, built
     # The comparison compared something: requests measured, spans and request records stored.
     assert any(line.startswith("vllm:e2e_request_latency_seconds_bucket") for line in reference_metrics)
     assert len(reference_rows.get("spans", [])) > 100 and len(reference_rows.get("requests", [])) > 10
     samples = [line for line in reference_metrics if not line.startswith("#")]
     print(f"end to end: {len(requests)} requests, {len(samples)} /metrics samples, "
           + ", ".join(f"{len(rows)} {table} rows" for table, rows in sorted(reference_rows.items()))
-          + f", {built[1]} request records built by the core: 0 differences")
+          + f", {built[2]} request records built and {built[3]} kept traces written by the core: 0 differences")
 
 
 @pytest.mark.parametrize("path", ["python", "native"])

@@ -123,21 +123,48 @@ class RequestRecord:
         return self.outcome not in Outcome.FAILED
 
 
-@dataclass(frozen=True, slots=True)
 class KeptTrace:
     """What the tail sampler kept, after redaction and synthesis: the OTLP request to export (the
     trace's spans plus the synthesized segment spans), the one record per request a store row is
     written for, the policy that kept it, and, when its producer built them, the store rows of the
-    request's spans (``pdata.span_rows``), so the store need not read the request again."""
+    request's spans (``pdata.span_rows``), so the store need not read the request again.
 
-    request: ExportTraceServiceRequest
-    spans: int
-    records: list[RequestRecord]
-    policy: str
-    span_rows: list[SpanRow] | None = None
+    ``request`` may be given as the message or as its bytes (what the compiled core writes): from
+    bytes, the message is parsed the first time a consumer reads ``request`` (the store, given the
+    rows, never does); ``serialized`` is the bytes either way."""
+
+    __slots__ = ("_request", "_serialized", "spans", "records", "policy", "span_rows")
+
+    def __init__(self, request: ExportTraceServiceRequest | bytes, spans: int, records: list[RequestRecord],
+                 policy: str, span_rows: list[SpanRow] | None = None) -> None:
+        if isinstance(request, bytes):
+            self._request: ExportTraceServiceRequest | None = None
+            self._serialized: bytes | None = request
+        else:
+            self._request, self._serialized = request, None
+        self.spans = spans
+        self.records = records
+        self.policy = policy
+        self.span_rows = span_rows
+
+    @property
+    def request(self) -> ExportTraceServiceRequest:
+        if self._request is None:
+            assert self._serialized is not None
+            self._request = ExportTraceServiceRequest.FromString(self._serialized)
+        return self._request
+
+    @property
+    def serialized(self) -> bytes:
+        if self._serialized is None:
+            assert self._request is not None
+            self._serialized = self._request.SerializeToString()
+        return self._serialized
 
     @property
     def trace_id(self) -> bytes:
+        if self.span_rows:
+            return bytes.fromhex(self.span_rows[0][0])
         for resource_spans in self.request.resource_spans:
             for scope_spans in resource_spans.scope_spans:
                 for span in scope_spans.spans:

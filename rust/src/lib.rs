@@ -13,6 +13,7 @@
 
 mod quantiles;
 mod records;
+mod kept;
 mod recorder;
 
 use pyo3::exceptions::PyValueError;
@@ -2376,6 +2377,7 @@ fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Observation>()?;
     recorder::register(module)?;
     records::register(module)?;
+    kept::register(module)?;
     quantiles::register(module)?;
     module.add("MAX_DEPTH", MAX_DEPTH)?;
     Ok(())

@@ -27,13 +27,17 @@ class ExportBatcher:
         self._spans = 0
         self._opened_at = 0.0
 
-    def add(self, request: ExportTraceServiceRequest, spans: int) -> bool:
-        """Queue a kept trace; returns True (a full batch that the exporter refuses is counted there)."""
+    def add(self, request: ExportTraceServiceRequest | bytes, spans: int) -> bool:
+        """Queue a kept trace (the message, or its bytes: their resource spans are appended all the
+        same); returns True (a full batch that the exporter refuses is counted there)."""
         ready = None
         with self._lock:
             if self._spans == 0:
                 self._opened_at = self._clock()
-            self._batch.resource_spans.extend(request.resource_spans)
+            if isinstance(request, bytes):
+                self._batch.MergeFromString(request)
+            else:
+                self._batch.resource_spans.extend(request.resource_spans)
             self._spans += spans
             if self._spans >= self._max_spans:
                 ready = self._take()

@@ -27,7 +27,7 @@ class QueuedTraceExporter:
 
     def consume(self, kept: KeptTrace) -> bool:
         assert self._batcher is not None, "consume before start"
-        return self._batcher.add(kept.request, kept.spans)
+        return self._batcher.add(kept.serialized, kept.spans)
 
     def flush(self, only_if_due: bool) -> None:
         if self._batcher is not None:

@@ -36,7 +36,9 @@ class StoreComponent:
 
     def consume(self, kept: KeptTrace) -> bool:
         assert self.store is not None, "consume before start"
-        return self.store.submit(kept.request, kept.records, kept.policy, kept.span_rows)
+        # Given the rows, the store does not read the request (the core's bytes then stay unparsed).
+        request = kept.request if kept.span_rows is None else None
+        return self.store.submit(request, kept.records, kept.policy, kept.span_rows, spans=kept.spans)
 
     def flush(self, only_if_due: bool) -> None:
         """The writer commits on its own (``commit_interval``): nothing is batched here."""

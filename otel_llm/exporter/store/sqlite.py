@@ -177,13 +177,15 @@ def _span_count(request: ExportTraceServiceRequest) -> int:
 
 @dataclass(slots=True)
 class _Kept:
-    request: ExportTraceServiceRequest
+    request: ExportTraceServiceRequest | None  # None: its producer built the rows
     records: list[RequestRecord]
     policy: str
+    spans: int
     span_rows: list[SpanRow] | None = None  # the request's rows, when its producer built them
 
     def rows(self) -> list[SpanRow]:
         if self.span_rows is None:
+            assert self.request is not None
             self.span_rows = list(_span_rows(self.request))
         return self.span_rows
 
@@ -285,11 +287,17 @@ class TraceStore:
         self._thread = threading.Thread(target=self._run, name="otel-llm-store", daemon=True)
         self._thread.start()
 
-    def submit(self, request: ExportTraceServiceRequest, records: list[RequestRecord], policy: str,
-               span_rows: list[SpanRow] | None = None) -> bool:
-        """Queue a kept trace for the writer; ``span_rows``, when given, are ``request``'s rows as
-        ``pdata.span_rows.span_row`` reads them (the writer then does not read the request)."""
-        kept = _Kept(request, records, policy, span_rows)
+    def submit(self, request: ExportTraceServiceRequest | None, records: list[RequestRecord], policy: str,
+               span_rows: list[SpanRow] | None = None, spans: int | None = None) -> bool:
+        """Queue a kept trace for the writer; ``span_rows``, when given, are the request's rows as
+        ``pdata.span_rows.span_row`` reads them (the writer then does not read the request, which
+        may be None) and ``spans`` how many there are (else counted in ``request``)."""
+        if request is None:
+            if span_rows is None or spans is None:
+                raise ValueError("a kept trace without its request needs its rows and its span count")
+        elif spans is None:
+            spans = _span_count(request)
+        kept = _Kept(request, records, policy, spans, span_rows)
         with self._idle:
             self._pending += 1
         try:
@@ -467,7 +475,7 @@ class TraceStore:
     def _count_dropped(self, items: list[_Kept], reason: str) -> None:
         if items:
             self._dropped.labels(reason).inc(len(items))
-            self._dropped_spans.labels(reason).inc(sum(_span_count(item.request) for item in items))
+            self._dropped_spans.labels(reason).inc(sum(item.spans for item in items))
 
     def _write_batch(self, batch: list[_Kept]) -> None:
         if self._abandoned:

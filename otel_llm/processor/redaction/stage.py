@@ -7,12 +7,15 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
 from otel_llm.component import KeptTraceConsumer
+from otel_llm.internal import core as native_core
 from otel_llm.pdata.records import KeptTrace, RequestRecord, Side
 from otel_llm.pdata.traces import CompletedTrace
 from otel_llm.processor.redaction.config import METADATA_KEYS, URL_KEYS, RedactionProcessor
 from otel_llm.processor.redaction.synthesis import (
-    NO_REDACTION, REDACTION_REASONS, Redaction, RedactionCounts, kept_trace)
+    NO_REDACTION, REDACTION_REASONS, Redaction, RedactionCounts, kept_trace, native_kept_trace_writer)
 from otel_llm.service.telemetry import SelfTelemetry
 
 
@@ -55,6 +58,7 @@ class RedactionStage:
     def __init__(self, config: RedactionProcessor, telemetry: SelfTelemetry,
                  consumers: Sequence[KeptTraceConsumer]) -> None:
         self.redaction = redaction_of(config)
+        self.native_writer = native_kept_trace_writer(self.redaction, native_core.active()[0])
         self._consumers = list(consumers)
         self._dropped = {c.name: telemetry.kept_traces_dropped.labels(c.name) for c in self._consumers}
         self._redacted: dict[str, Any] = {reason: telemetry.attributes_redacted.labels(reason)
@@ -64,13 +68,23 @@ class RedactionStage:
         decision = completed.decision
         if decision is None or not decision.keep or not self._consumers:
             return
-        redacted = RedactionCounts()
-        request, spans, span_rows = kept_trace(completed.spans, completed.records, decision.policy,
-                                               decision.threshold, self.redaction, redacted)
-        for reason, count in redacted.by_reason():
-            if count:
-                self._redacted[reason].inc(count)
-        kept = KeptTrace(request, spans, one_per_request(completed.records), decision.policy, span_rows)
+        spans = completed.spans
+        built = (self.native_writer.build(spans, completed.records, decision.policy, decision.threshold)
+                 if self.native_writer is not None else None)
+        request: ExportTraceServiceRequest | bytes
+        counts: list[tuple[str, int]]
+        if built is not None:  # the request's bytes and rows, written by the core
+            request, count, span_rows, by_reason = built
+            counts = list(zip(REDACTION_REASONS, by_reason))
+        else:
+            redacted = RedactionCounts()
+            request, count, span_rows = kept_trace(spans, completed.records, decision.policy, decision.threshold,
+                                                   self.redaction, redacted)
+            counts = list(redacted.by_reason())
+        for reason, removed in counts:
+            if removed:
+                self._redacted[reason].inc(removed)
+        kept = KeptTrace(request, count, one_per_request(completed.records), decision.policy, span_rows)
         for consumer in self._consumers:
             if not consumer.consume(kept):
                 self._dropped[consumer.name].inc()

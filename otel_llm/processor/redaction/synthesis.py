@@ -352,6 +352,16 @@ class Redaction:
 NO_REDACTION = Redaction()
 
 
+def native_kept_trace_writer(redaction: Redaction, extension: Any) -> Any:
+    """The compiled core's ``KeptTraceWriter`` for ``redaction`` (``rust/src/kept.rs``): ``kept_trace``
+    written from the spans' bytes, which declines (None) what it leaves to ``kept_trace``; None
+    without the core. It asks ``redaction`` for each new key's class, so the rules stay stated here."""
+    if extension is None:
+        return None
+    return extension.KeptTraceWriter(redaction._key_class, sorted(redaction.event_names),
+                                     redaction.max_free_text_bytes, redaction.metadata_keys is not None)
+
+
 def _varint(value: int) -> bytes:
     if value < 0x80:
         return _ONE_BYTE[value]
