@@ -399,7 +399,7 @@ fn read_value(buf: &[u8], start: usize, end: usize) -> Step<Value<'_>> {
                     match inner.tag()? {
                         (1, 2) => {
                             let (ks, ke) = inner.delimited()?;
-                            let (key, value, _) = read_key_value(buf, ks, ke)?;
+                            let (key, value) = read_key_value(buf, ks, ke)?;
                             entries.push((key, value));
                         }
                         _ => return Err(Decline),
@@ -417,9 +417,9 @@ fn read_value(buf: &[u8], start: usize, end: usize) -> Step<Value<'_>> {
     Ok(value)
 }
 
-/// A `KeyValue`'s key ("" when absent), value (None when absent) and whether a value field was
-/// there; a field twice or an unknown field declines.
-fn read_key_value(buf: &[u8], start: usize, end: usize) -> Step<(&str, Option<Value<'_>>, bool)> {
+/// A `KeyValue`'s key ("" when absent) and value (None when absent); a field twice or an unknown
+/// field declines.
+fn read_key_value(buf: &[u8], start: usize, end: usize) -> Step<(&str, Option<Value<'_>>)> {
     let mut reader = Reader::new(buf, start, end);
     let (mut key, mut value) = (None, None);
     while !reader.done() {
@@ -435,8 +435,7 @@ fn read_key_value(buf: &[u8], start: usize, end: usize) -> Step<(&str, Option<Va
             _ => return Err(Decline),
         }
     }
-    let present = value.is_some();
-    Ok((key.unwrap_or(""), value, present))
+    Ok((key.unwrap_or(""), value))
 }
 
 /// The redaction's rules as `Redaction._removes` states them: whether an attribute of this class
@@ -683,12 +682,14 @@ pub struct KeptTraceWriter {
 }
 
 impl KeptTraceWriter {
+    /// A key's class, asked of Python once. The lock is not held while Python runs: another thread
+    /// could take the GIL meanwhile and wait for the lock while holding it.
     fn class_of(&self, py: Python<'_>, key: &str) -> Step<u8> {
-        let mut classes = self.classes.lock().map_err(|_| Decline)?;
-        if let Some(class) = classes.get(key) {
+        if let Some(class) = self.classes.lock().map_err(|_| Decline)?.get(key) {
             return Ok(*class);
         }
         let class: u8 = self.key_class.bind(py).call1((key,))?.extract()?;
+        let mut classes = self.classes.lock().map_err(|_| Decline)?;
         if classes.len() < KEY_CACHE_LIMIT {
             classes.insert(key.to_string(), class);
         }
@@ -699,7 +700,7 @@ impl KeptTraceWriter {
     fn strip(&self, py: Python<'_>, buf: &[u8], entries: &[(usize, usize, usize)], limit: usize, rules: &mut Rules,
              out: &mut Vec<u8>, tag: u8) -> Step<()> {
         for &(field_start, start, end) in entries {
-            let (key, value, _) = read_key_value(buf, start, end)?;
+            let (key, value) = read_key_value(buf, start, end)?;
             let shown = value.unwrap_or(Value::Null);
             let class = self.class_of(py, key)? & CLASS;
             let (removed, reduced) = rules.removes(&shown, class, limit);
@@ -856,7 +857,7 @@ impl KeptTraceWriter {
         let mut read: Vec<(&str, Value, u8)> = Vec::with_capacity(attributes.len());
         let mut any_genai = 0u8;
         for &(_, s, e) in &attributes {
-            let (key, value, _) = read_key_value(buf, s, e)?;
+            let (key, value) = read_key_value(buf, s, e)?;
             if read.iter().any(|(seen_key, _, _)| *seen_key == key) {
                 return Err(Decline); // a repeated key: the Python path's `apply_into`
             }
@@ -975,7 +976,7 @@ fn service_name(resource: &[u8]) -> Step<String> {
             if last_key(resource, s, e)? != b"service.name" {
                 continue; // another attribute: not read, whatever it holds
             }
-            let (key, value, _) = read_key_value(resource, s, e)?;
+            let (key, value) = read_key_value(resource, s, e)?;
             if key == "service.name" {
                 return Ok(match value {
                     Some(Value::Str(text)) => text.to_string(),
