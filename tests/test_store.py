@@ -175,3 +175,23 @@ def test_a_conversion_that_fails_keeps_the_old_layout_and_the_store_opens(tmp_pa
         assert registry.get_sample_value("otel_llm_store_written_traces_total") == 1
     finally:
         store.shutdown()
+
+
+def test_the_writer_checkpoints_the_wal_at_its_size_limit(tmp_path):
+    """The WAL is checkpointed when it reaches its size limit (``max_size_mib``/8, 1-64 MiB), never
+    below SQLite's 1 000 pages: what the writer's CPU was measured with (docs/performance.md)."""
+    # max size, the WAL's size limit, the WAL's bytes at a checkpoint
+    cases = [(1024 << 20, 64 << 20, 64 << 20), (64 << 20, 8 << 20, 8 << 20), (512 * 1024, 1 << 20, 1000 * 4096)]
+    for index, (max_size, wal_limit, checkpoint_bytes) in enumerate(cases):
+        store = TraceStore(tmp_path / str(index), 3600, max_size, 100, CollectorRegistry())
+        store.start()
+        try:
+            assert store.submit(vllm_batch(1), [], "all") and store.flush(30)
+            connection = store._connection
+            assert connection is not None
+            page_size = connection.execute("PRAGMA page_size").fetchone()[0]
+            pages = connection.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+            assert (page_size, pages * page_size) == (4096, checkpoint_bytes), max_size
+            assert connection.execute("PRAGMA journal_size_limit").fetchone()[0] == wal_limit
+        finally:
+            store.shutdown()

@@ -171,6 +171,11 @@ def _schema_statements() -> list[tuple[str, str]]:
     return out
 
 
+def _wal_checkpoint_pages(wal_limit_bytes: int, page_size: int) -> int:
+    """WAL pages at which the writer checkpoints: the WAL's size limit, never below SQLite's default."""
+    return max(1000, wal_limit_bytes // page_size)
+
+
 def _span_count(request: ExportTraceServiceRequest) -> int:
     return sum(len(scope.spans) for resource in request.resource_spans for scope in resource.scope_spans)
 
@@ -376,7 +381,13 @@ class TraceStore:
         connection = sqlite3.connect(self.path, timeout=30, check_same_thread=False, isolation_level=None)
         connection.execute("PRAGMA synchronous=NORMAL")
         # After a checkpoint the -wal file is cut back to this size instead of keeping its peak.
-        connection.execute(f"PRAGMA journal_size_limit={max(1 << 20, min(self._max_size_bytes // 8, 64 << 20))}")
+        wal_limit = max(1 << 20, min(self._max_size_bytes // 8, 64 << 20))
+        connection.execute(f"PRAGMA journal_size_limit={wal_limit}")
+        # And checkpointed when it reaches that size rather than at SQLite's 1 000 pages (or by the
+        # 5 s size check): a page that later batches dirty again is copied into the file once. The
+        # random-keyed indexes make that most pages: 10-30 % of the writer's CPU (docs/performance.md).
+        page_size = connection.execute("PRAGMA page_size").fetchone()[0]
+        connection.execute(f"PRAGMA wal_autocheckpoint={_wal_checkpoint_pages(wal_limit, page_size)}")
         return connection
 
     def _open(self, *, check: bool, reason: str) -> sqlite3.Connection:
