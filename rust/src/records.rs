@@ -335,7 +335,7 @@ impl RecordBuilder {
         if !event.is_exact_instance_of::<PyInt>() {
             return Err(Declined);
         }
-        let event = event.extract::<i128>().map_err(|_| Declined)?;
+        let event = crate::recorder::wide_int(&event).map_err(|_| Declined)?;
         let offset = event - edge.start_unix_ns as i128;
         Ok(self.valid_edge_ttft(offset as f64 / 1e9, rejected))
     }
