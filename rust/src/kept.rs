@@ -88,39 +88,6 @@ impl Value<'_> {
         }
     }
 
-    fn encode(&self, out: &mut Vec<u8>) {
-        match self {
-            Value::Null => {}
-            Value::Str(text) => put_delimited(out, 0x0a, text.as_bytes()),
-            Value::Bool(flag) => out.extend_from_slice(&[0x10, u8::from(*flag)]),
-            Value::Int(number) => {
-                out.push(0x18);
-                push_varint(out, *number as u64);
-            }
-            Value::Double(number) => {
-                out.push(0x21);
-                out.extend_from_slice(&number.to_le_bytes());
-            }
-            Value::Array(values) => {
-                let mut inner = Vec::new();
-                for value in values {
-                    let mut one = Vec::new();
-                    value.encode(&mut one);
-                    put_delimited(&mut inner, 0x0a, &one);
-                }
-                put_delimited(out, 0x2a, &inner);
-            }
-            Value::KvList(entries) => {
-                let mut inner = Vec::new();
-                for (key, value) in entries {
-                    put_delimited(&mut inner, 0x0a, &key_value_bytes(key, value.as_ref()));
-                }
-                put_delimited(out, 0x32, &inner);
-            }
-            Value::Bytes(bytes) => put_delimited(out, 0x3a, bytes),
-        }
-    }
-
     /// `encode_json(any_value_to_python(value))`; a float whose notation Python alone decides declines.
     fn json(&self, out: &mut String) -> Step<()> {
         match self {
@@ -197,16 +164,22 @@ fn put_delimited(out: &mut Vec<u8>, tag: u8, data: &[u8]) {
     out.extend_from_slice(data);
 }
 
-fn key_value_bytes(key: &str, value: Option<&Value>) -> Vec<u8> {
-    let mut out = Vec::new();
+/// A `KeyValue` field (`tag`) of `key` and an `AnyValue` whose fields are `value`, as upb writes it
+/// (an empty key is not written).
+fn put_key_value(out: &mut Vec<u8>, tag: u8, key: &str, value: &[u8]) {
+    let key_size = if key.is_empty() { 0 } else { delimited_size(key.len()) };
+    out.push(tag);
+    push_varint(out, (key_size + delimited_size(value.len())) as u64);
     if !key.is_empty() {
-        put_delimited(&mut out, 0x0a, key.as_bytes());
+        put_delimited(out, 0x0a, key.as_bytes());
     }
-    if let Some(value) = value {
-        let mut inner = Vec::new();
-        value.encode(&mut inner);
-        put_delimited(&mut out, 0x12, &inner);
-    }
+    put_delimited(out, 0x12, value);
+}
+
+/// An `AnyValue`'s fields for a string.
+fn string_value(text: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len() + 4);
+    put_delimited(&mut out, 0x0a, text.as_bytes());
     out
 }
 
@@ -487,9 +460,10 @@ impl Rules {
     }
 }
 
-/// What a kept attribute shows: its value as read, a reduced URL, a bridge attribute's value.
+/// What a kept attribute shows: its value as read (its index among the span's attributes, its
+/// field's bytes as received), a reduced URL, a bridge attribute's value.
 enum Shown<'a> {
-    Read(usize), // its index among the span's attributes as read
+    Read(usize, &'a [u8]),
     Url(String),
     Owned(&'a OwnedValue),
 }
@@ -528,10 +502,9 @@ impl OwnedValue {
     }
 }
 
-/// One kept attribute: its key, its bytes as received (None: written from `shown`), its value.
+/// One kept attribute of a span.
 struct Attribute<'a> {
     key: &'a str,
-    raw: Option<&'a [u8]>,
     shown: Shown<'a>,
 }
 
@@ -708,7 +681,7 @@ impl KeptTraceWriter {
                 continue;
             }
             match reduced {
-                Some(url) => put_delimited(out, tag, &key_value_bytes(key, Some(&Value::Str(&url)))),
+                Some(url) => put_key_value(out, tag, key, &string_value(&url)),
                 None => out.extend_from_slice(&buf[field_start..end]),
             }
         }
@@ -874,8 +847,8 @@ impl KeptTraceWriter {
             }
             let (field_start, _, end) = attributes[index];
             kept.push(match reduced {
-                Some(url) => Attribute { key, raw: None, shown: Shown::Url(url) },
-                None => Attribute { key, raw: Some(&buf[field_start..end]), shown: Shown::Read(index) },
+                Some(url) => Attribute { key, shown: Shown::Url(url) },
+                None => Attribute { key, shown: Shown::Read(index, &buf[field_start..end]) },
             });
         }
         let mut child_bytes = Vec::with_capacity(children.len());
@@ -893,7 +866,7 @@ impl KeptTraceWriter {
         }
         if let Some(enrichment) = enrichment {
             for (key, value) in &enrichment.attributes {
-                let new = Attribute { key, raw: None, shown: Shown::Owned(value) };
+                let new = Attribute { key, shown: Shown::Owned(value) };
                 match kept.iter_mut().find(|a| a.key == *key) {
                     Some(existing) => *existing = new,
                     None => kept.push(new),
@@ -920,26 +893,11 @@ impl KeptTraceWriter {
         }
         let mut attributes_json = String::with_capacity(48 * kept.len() + 2);
         attributes_json.push('{');
-        let mut scratch = Vec::new();
         for (index, attribute) in kept.iter().enumerate() {
-            if let Some(raw) = attribute.raw {
-                out.extend_from_slice(raw);
-            } else {
-                scratch.clear();
-                if !attribute.key.is_empty() {
-                    put_delimited(&mut scratch, 0x0a, attribute.key.as_bytes());
-                }
-                let value = match &attribute.shown {
-                    Shown::Url(url) => {
-                        let mut value = Vec::with_capacity(url.len() + 4);
-                        put_delimited(&mut value, 0x0a, url.as_bytes());
-                        value
-                    }
-                    Shown::Owned(value) => value.encode(),
-                    Shown::Read(_) => Vec::new(), // raw: not reached
-                };
-                put_delimited(&mut scratch, 0x12, &value);
-                put_delimited(&mut out, 0x4a, &scratch);
+            match &attribute.shown {
+                Shown::Read(_, raw) => out.extend_from_slice(raw),
+                Shown::Url(url) => put_key_value(&mut out, 0x4a, attribute.key, &string_value(url)),
+                Shown::Owned(value) => put_key_value(&mut out, 0x4a, attribute.key, &value.encode()),
             }
             if index > 0 {
                 attributes_json.push_str(", ");
@@ -947,7 +905,7 @@ impl KeptTraceWriter {
             json_string(attribute.key, &mut attributes_json);
             attributes_json.push_str(": ");
             match &attribute.shown {
-                Shown::Read(at) => read[*at].1.json(&mut attributes_json)?,
+                Shown::Read(at, _) => read[*at].1.json(&mut attributes_json)?,
                 Shown::Url(url) => json_string(url, &mut attributes_json),
                 Shown::Owned(value) => value.json(&mut attributes_json)?,
             }
