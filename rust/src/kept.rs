@@ -547,7 +547,8 @@ fn joined(value: &Bound<'_, PyAny>) -> Step<Option<String>> {
     Ok(Some(parts.join(",")))
 }
 
-fn enrichment(py: Python<'_>, record: &Bound<'_, PyAny>, policy: &str) -> Step<Enrichment> {
+/// `enrich`'s attributes and the record's segments; `client` is `Side.CLIENT`, `default` `Source.DEFAULT`.
+fn enrichment(py: Python<'_>, record: &Bound<'_, PyAny>, policy: &str, client: &str, default: &str) -> Step<Enrichment> {
     let get = |name: &str| record.getattr(PyString::intern(py, name)).map_err(Decline::from);
     let mut attributes: Vec<(&'static str, OwnedValue)> = Vec::new();
     if !policy.is_empty() {
@@ -555,7 +556,7 @@ fn enrichment(py: Python<'_>, record: &Bound<'_, PyAny>, policy: &str) -> Step<E
     }
     attributes.push(("otel_llm.outcome", settable(&get("outcome")?)?));
     attributes.push(("otel_llm.model_source", settable(&get("model_source")?)?));
-    let client = exact_str(&get("side")?)? == "client";
+    let client = exact_str(&get("side")?)? == client;
     let mut segments = Vec::new();
     if !client {
         let optional = |name: &str| -> Step<Option<OwnedValue>> {
@@ -574,7 +575,7 @@ fn enrichment(py: Python<'_>, record: &Bound<'_, PyAny>, policy: &str) -> Step<E
         put("gen_ai.usage.input_tokens", optional("prompt_tokens")?);
         put("gen_ai.usage.output_tokens", optional("completion_tokens")?);
         put("gen_ai.provider.name", nonempty("provider_name")?);
-        if exact_str(&get("operation_source")?)? != "default" {
+        if exact_str(&get("operation_source")?)? != default {
             put("gen_ai.operation.name", Some(settable(&get("operation_name")?)?));
         }
         put("gen_ai.request.model", nonempty("request_model")?);
@@ -651,6 +652,8 @@ pub struct KeptTraceWriter {
     event_names: Vec<String>,
     max_free_text_bytes: usize,
     allowlist: bool,
+    client_side: String,
+    default_source: String,
     classes: Mutex<HashMap<String, u8>>,
 }
 
@@ -981,10 +984,13 @@ struct ResourceGroup {
 
 #[pymethods]
 impl KeptTraceWriter {
-    /// `key_class`: the Python `Redaction._key_class`; the rest `Redaction`'s settings.
+    /// `key_class`: the Python `Redaction._key_class`; then `Redaction`'s settings, and the values of
+    /// `Side.CLIENT` and `Source.DEFAULT` the bridge attributes depend on.
     #[new]
-    fn new(key_class: PyObject, event_names: Vec<String>, max_free_text_bytes: usize, allowlist: bool) -> Self {
-        KeptTraceWriter { key_class, event_names, max_free_text_bytes, allowlist, classes: Mutex::new(HashMap::new()) }
+    fn new(key_class: PyObject, event_names: Vec<String>, max_free_text_bytes: usize, allowlist: bool,
+           client_side: String, default_source: String) -> Self {
+        KeptTraceWriter { key_class, event_names, max_free_text_bytes, allowlist, client_side, default_source,
+                          classes: Mutex::new(HashMap::new()) }
     }
 
     /// `kept_trace(spans, records, policy, threshold, redaction)` as `(request bytes, span count, rows,
@@ -1052,7 +1058,7 @@ impl KeptTraceWriter {
             let payload_span_id = span_id_of(&payload)?;
             let record = by_span.iter().find(|(id, _)| *id == payload_span_id).map(|(_, r)| r);
             let enrichment = match record {
-                Some(record) => Some(enrichment(py, record, policy)?),
+                Some(record) => Some(enrichment(py, record, policy, &self.client_side, &self.default_source)?),
                 None => None,
             };
             let written = self.write_span(py, &payload, &member, enrichment.as_ref(), &mut rules)?;

@@ -359,7 +359,8 @@ def native_kept_trace_writer(redaction: Redaction, extension: Any) -> Any:
     if extension is None:
         return None
     return extension.KeptTraceWriter(redaction._key_class, sorted(redaction.event_names),
-                                     redaction.max_free_text_bytes, redaction.metadata_keys is not None)
+                                     redaction.max_free_text_bytes, redaction.metadata_keys is not None,
+                                     Side.CLIENT, Source.DEFAULT)
 
 
 def _varint(value: int) -> bytes:
