@@ -18,7 +18,7 @@ use blake2::Blake2bVar;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyString, PyTuple};
 
-use crate::{push_varint, utf8, validate, Msg, Reader, Row};
+use crate::{entry_key, push_varint, utf8, validate, Msg, Reader, Row};
 
 // `synthesis.py`'s key classes (`_ALLOWED` ... `_METADATA_URL`), the class bits and the GenAI bit.
 const ALLOWED: u8 = 0;
@@ -934,7 +934,7 @@ fn service_name(resource: &[u8]) -> Step<String> {
         let (number, wire_type) = reader.tag()?;
         if number == 1 && wire_type == 2 {
             let (s, e) = reader.delimited()?;
-            if last_key(resource, s, e)? != b"service.name" {
+            if entry_key(resource, s, e)? != b"service.name" {
                 continue; // another attribute: not read, whatever it holds
             }
             let (key, value) = read_key_value(resource, s, e)?;
@@ -949,22 +949,6 @@ fn service_name(resource: &[u8]) -> Step<String> {
         }
     }
     Ok(String::new())
-}
-
-/// A `KeyValue`'s key as upb reads it (the field's last occurrence), unchecked otherwise.
-fn last_key(buf: &[u8], start: usize, end: usize) -> Step<&[u8]> {
-    let mut reader = Reader::new(buf, start, end);
-    let mut key: &[u8] = b"";
-    while !reader.done() {
-        let (number, wire_type) = reader.tag()?;
-        if number == 1 && wire_type == 2 {
-            let (s, e) = reader.delimited()?;
-            key = &buf[s..e];
-        } else {
-            reader.skip(number, wire_type, 0)?;
-        }
-    }
-    Ok(key)
 }
 
 /// A group of the request: one scope's spans, or the segment spans of one resource.
