@@ -970,11 +970,17 @@ struct ResourceGroup {
 impl KeptTraceWriter {
     /// `key_class`: the Python `Redaction._key_class`; then `Redaction`'s settings, and the values of
     /// `Side.CLIENT` and `Source.DEFAULT` the bridge attributes depend on.
+    /// `key_classes`: `synthesis.py`'s (`_ALLOWED`, `_BLOCKED`, `_NOT_METADATA`, `_METADATA_URL`,
+    /// `_CLASS`, `_GENAI`), checked against this file's (a drift refuses to make the writer).
     #[new]
-    fn new(key_class: PyObject, event_names: Vec<String>, max_free_text_bytes: usize, allowlist: bool,
-           client_side: String, default_source: String) -> Self {
-        KeptTraceWriter { key_class, event_names, max_free_text_bytes, allowlist, client_side, default_source,
-                          classes: Mutex::new(HashMap::new()) }
+    #[allow(clippy::too_many_arguments)]
+    fn new(key_class: PyObject, key_classes: (u8, u8, u8, u8, u8, u8), event_names: Vec<String>,
+           max_free_text_bytes: usize, allowlist: bool, client_side: String, default_source: String) -> PyResult<Self> {
+        if key_classes != (ALLOWED, BLOCKED, NOT_METADATA, METADATA_URL, CLASS, GENAI) {
+            return Err(pyo3::exceptions::PyValueError::new_err("synthesis.py's key classes differ from the core's"));
+        }
+        Ok(KeptTraceWriter { key_class, event_names, max_free_text_bytes, allowlist, client_side, default_source,
+                             classes: Mutex::new(HashMap::new()) })
     }
 
     /// `kept_trace(spans, records, policy, threshold, redaction)` as `(request bytes, span count, rows,

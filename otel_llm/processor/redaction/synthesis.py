@@ -358,7 +358,8 @@ def native_kept_trace_writer(redaction: Redaction, extension: Any) -> Any:
     without the core. It asks ``redaction`` for each new key's class, so the rules stay stated here."""
     if extension is None:
         return None
-    return extension.KeptTraceWriter(redaction._key_class, sorted(redaction.event_names),
+    classes = (_ALLOWED, _BLOCKED, _NOT_METADATA, _METADATA_URL, _CLASS, _GENAI)
+    return extension.KeptTraceWriter(redaction._key_class, classes, sorted(redaction.event_names),
                                      redaction.max_free_text_bytes, redaction.metadata_keys is not None,
                                      Side.CLIENT, Source.DEFAULT)
 
