@@ -1,8 +1,10 @@
 //! `processor/llm_metrics/requests.py`'s `records_of_trace` for the shapes most traffic has (its
 //! `_simple_request`: one engine span alone, or directly under the trace's only GenAI span, a
 //! gateway's SERVER span), read from the spans and observations this core made: the same record,
-//! field for field, by the same rules and IEEE operations. Whatever those rules leave to more
-//! Python (a composite engine's other spans, a malformed upstream sampling threshold, timings
+//! field for field, by the same rules and IEEE operations. An SGLang request is read from its stage
+//! spans as `composite.sglang` reads it (its unified layout; a prefill/decode pair is Python's).
+//! Whatever those rules leave to more Python (another composite engine's spans, a malformed
+//! upstream sampling threshold, timings
 //! Python refuses, an attribute value that is not a string or a number, a span or observation of
 //! the Python classes) it declines (`None`), and Python reads the trace as
 //! before: the Python functions stay the reference (`tests/unit/llm_metrics/test_records_fast_path.py`
@@ -11,7 +13,9 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyString, PyTuple};
 
-use crate::{observation_timings, Observation, Row, OBSERVATION_FLOATS};
+use std::collections::HashMap;
+
+use crate::{ns, observation_timings, segment_name, tuple_new, value_of_key, Observation, Row, OBSERVATION_FLOATS};
 
 const SPAN_KIND_SERVER: i32 = 2;
 const STATUS_CODE_ERROR: i32 = 2;
@@ -157,6 +161,88 @@ pub struct RecordBuilder {
     /// `requests.MAX_ADJUSTED_COUNT`: the heaviest weight an upstream threshold may give.
     max_adjusted_count: f64,
     constants: Constants,
+    /// `composite.sglang`'s constants, where SGLang's requests are read here too.
+    sglang: Option<SglangRules>,
+}
+
+/// What `composite.sglang` reads an SGLang request's stage spans by, handed over by Python
+/// (`requests.native_record_builder`): the engine kind and part names, the abort outcome and its
+/// error type, the stage lists, two segment names, `MAX_PARTS`, and whether this interpreter's
+/// `sum()` of floats is compensated (CPython 3.12 and later) or plain.
+struct SglangRules {
+    kind: String,
+    stage_part: String,
+    abort: PyObject,
+    aborted: PyObject,
+    preprocess_stages: Vec<String>,
+    kv_stages: Vec<String>,
+    queue_and_prefill: Py<PyString>,
+    kv_transfer: Py<PyString>,
+    max_parts: usize,
+    compensated_sum: bool,
+    /// The observation the adapters share among the spans of each stage, and the stage it names.
+    stage_observations: Vec<(PyObject, String)>,
+}
+
+/// `SglangRules`' fields in order, as Python passes them.
+type SglangArgs = (String, String, PyObject, PyObject, Vec<String>, Vec<String>, Py<PyString>, Py<PyString>, usize, bool,
+                   Vec<PyObject>);
+
+/// What `composite.sglang` changes in the record `build_record` made from the root's observation.
+struct Composite<'py> {
+    queue: Option<f64>,
+    prefill: Option<f64>,
+    decode: Option<f64>,
+    inference: Option<f64>,
+    tpot: Option<f64>,
+    segments: Bound<'py, PyTuple>,
+    missing: Bound<'py, PyTuple>,
+    /// A span below the root closed with status ERROR: an unknown outcome becomes an abort.
+    error_below: bool,
+}
+
+/// Python's `sum()` of floats as this interpreter adds them: left to right, or (3.12 and later)
+/// with Neumaier's compensation (`Python/bltinmodule.c` `builtin_sum_impl`). The first term
+/// starts the sum as `0 + x` does (exact for the non-negative durations summed here).
+fn python_sum(values: &[f64], compensated: bool) -> f64 {
+    let mut total = values[0];
+    let mut compensation = 0.0;
+    for &value in &values[1..] {
+        let sum = total + value;
+        if compensated {
+            if total.abs() >= value.abs() {
+                compensation += (total - sum) + value;
+            } else {
+                compensation += (value - sum) + total;
+            }
+        }
+        total = sum;
+    }
+    if compensated && compensation != 0.0 && compensation.is_finite() {
+        total += compensation;
+    }
+    total
+}
+
+/// A time as Python's int, one of 64 bits where it fits.
+fn wide<'py>(py: Python<'py>, value: i128) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match i64::try_from(value) {
+        Ok(small) => small.into_pyobject(py)?.into_any(),
+        Err(_) => value.into_pyobject(py)?.into_any(),
+    })
+}
+
+/// `composite._seconds`: a part's duration, declined where Python raises `MalformedSpan`.
+fn part_seconds(row: &Row) -> Read<f64> {
+    if row.start_unix_ns == 0 || row.end_unix_ns < row.start_unix_ns {
+        return Err(Declined);
+    }
+    Ok((row.end_unix_ns - row.start_unix_ns) as f64 / 1e9)
+}
+
+/// `start + composite._ns(seconds)`, declined where the core's integers do not hold it.
+fn offset(start: u64, seconds: f64) -> Read<i128> {
+    ns(seconds).map(|n| start as i128 + n as i128).ok_or(Declined)
 }
 
 impl RecordBuilder {
@@ -421,11 +507,17 @@ fn adjusted_count(trace_state: &str, max_adjusted_count: f64) -> Read<f64> {
 /// A span with its observation, both the core's.
 type Observed<'py> = (Bound<'py, Row>, Bound<'py, Observation>);
 
-fn simple_shape<'py>(py: Python<'py>, spans: &Bound<'py, PyDict>) -> Read<(Observed<'py>, Option<Observed<'py>>)> {
+/// `shared_parts`: observations the adapters share among part spans (the Python class's, each a part).
+fn simple_shape<'py>(py: Python<'py>, spans: &Bound<'py, PyDict>, shared_parts: &[(PyObject, String)])
+                     -> Read<(Observed<'py>, Option<Observed<'py>>)> {
     let mut engine: Option<Observed<'py>> = None;
     let mut gateway: Option<Observed<'py>> = None;
     for span in spans.values().iter() {
         let row = native(&span)?;
+        let held = row.get().observation.bind(py);
+        if shared_parts.iter().any(|(shared, _)| shared.bind(py).is(held)) {
+            continue;
+        }
         let Some(observation) = observation_of(py, row.get())? else { continue };
         let observed = observation.get();
         if is_true(py, &observed.part)? {
@@ -470,8 +562,13 @@ impl RecordBuilder {
     /// `record_class`: `RequestRecord`, `record_fields` the fields it takes positionally (`_RECORD_ORDER`);
     /// `segment_type`: `Segment`; the settings `RecordSettings` holds that these shapes read; the tables
     /// and strings of `requests.py` (`_FINISH_REASONS`, `_ROUTE_OPERATIONS`, `GENAI_OPERATIONS`,
-    /// `_COMPOSITE_KINDS`, the outcomes) as it holds them.
+    /// `_COMPOSITE_KINDS`, the outcomes) as it holds them; `sglang`: `composite.sglang`'s constants
+    /// (`SglangRules`), or `None` to leave SGLang's requests to Python.
     #[new]
+    #[pyo3(signature = (record_class, record_fields, segment_type, edge_ttft_attributes, first_token_event, max_latency_s,
+                        default_operation, genai_operations, route_operations, finish_reasons, composite_kinds,
+                        resource_model_rules, model_from_service_name, default_model, max_adjusted_count, outcomes,
+                        server_side, default_source, genai_kind, other_error, sglang))]
     #[allow(clippy::too_many_arguments)]
     fn new(py: Python<'_>, record_class: PyObject, record_fields: Vec<String>, segment_type: PyObject, edge_ttft_attributes: Vec<String>,
            first_token_event: String, max_latency_s: f64, default_operation: PyObject, genai_operations: Vec<String>,
@@ -479,13 +576,35 @@ impl RecordBuilder {
            composite_kinds: Vec<String>, resource_model_rules: Vec<(Py<PyString>, Option<Py<PyDict>>)>,
            model_from_service_name: bool, default_model: Py<PyString>, max_adjusted_count: f64,
            outcomes: (PyObject, PyObject, PyObject),
-           server_side: PyObject, default_source: PyObject, genai_kind: String, other_error: PyObject)
-           -> PyResult<Self> {
+           server_side: PyObject, default_source: PyObject, genai_kind: String, other_error: PyObject,
+           sglang: Option<SglangArgs>) -> PyResult<Self> {
         if record_fields != RECORD_FIELDS {
             return Err(pyo3::exceptions::PyValueError::new_err(format!(
                 "RequestRecord's positional fields are {record_fields:?}; the core builds {RECORD_FIELDS:?}")));
         }
         let (error, length, unknown) = outcomes;
+        let sglang = match sglang {
+            None => None,
+            Some((kind, stage_part, abort, aborted, preprocess_stages, kv_stages, queue_and_prefill, kv_transfer,
+                  max_parts, compensated_sum, shared)) => {
+                // Each shared observation's stage, read once by Python's own `part` and `mark`.
+                let mut stage_observations = Vec::with_capacity(shared.len());
+                for observation in shared {
+                    let bound = observation.bind(py);
+                    let part: String = bound.getattr("part")?.extract()?;
+                    let name: String = bound.call_method1("mark", ("stage",))?.extract()?;
+                    if part != stage_part {
+                        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                            "the observation of SGLang stage {name:?} is not a {stage_part:?} part")));
+                    }
+                    stage_observations.push((observation, name));
+                }
+                Some(SglangRules {
+                    kind, stage_part, abort, aborted, preprocess_stages, kv_stages, queue_and_prefill, kv_transfer,
+                    max_parts, compensated_sum, stage_observations,
+                })
+            }
+        };
         let resource_model_rules = resource_model_rules.into_iter().map(|(attribute, values)| {
             let source = PyString::new(py, &format!("resource:{}", attribute.bind(py))).unbind();
             (attribute, source, values.filter(|v| !v.bind(py).is_empty()))
@@ -495,6 +614,7 @@ impl RecordBuilder {
             genai_operations, route_operations, finish_reasons, composite_kinds, resource_model_rules,
             model_from_service_name, default_model, max_adjusted_count,
             constants: Constants { error, length, unknown, server: server_side, default_source, genai_kind, other_error },
+            sglang,
         })
     }
 
@@ -510,7 +630,8 @@ impl RecordBuilder {
 
 impl RecordBuilder {
     fn read(&self, py: Python<'_>, spans: &Bound<'_, PyDict>) -> PyResult<Read<PyObject>> {
-        let (engine, gateway) = match simple_shape(py, spans) {
+        let shared_parts = self.sglang.as_ref().map_or(&[][..], |rules| &rules.stage_observations[..]);
+        let (engine, gateway) = match simple_shape(py, spans, shared_parts) {
             Ok(shape) => shape,
             Err(declined) => return Ok(Err(declined)),
         };
@@ -518,7 +639,11 @@ impl RecordBuilder {
         let lookup = gateway.as_ref().map(|(row, observed)| (row.get(), observed.get()));
         let kind = obs.engine_kind.bind(py);
         let Ok(kind_text) = as_str(kind) else { return Ok(Err(Declined)) };
-        if self.composite_kinds.iter().any(|k| *k == kind_text) {
+        let sglang = match &self.sglang {
+            Some(rules) if rules.kind == kind_text => Some(rules),
+            _ => None,
+        };
+        if sglang.is_none() && self.composite_kinds.iter().any(|k| *k == kind_text) {
             return Ok(Err(Declined)); // its other spans are read by composite.py
         }
         let weight = match adjusted_count(&own.trace_state.bind(py).to_cow()?, self.max_adjusted_count) {
@@ -529,14 +654,227 @@ impl RecordBuilder {
         let start = own.start_unix_ns.into_pyobject(py)?.into_any();
         let Some((timings, segments)) =
             observation_timings(py, obs, &start, true, self.segment_type.bind(py))? else { return Ok(Err(Declined)) };
-        Ok(self.assemble(py, own, obs, lookup, &kind.clone(), genai, weight, start, timings, segments)?)
+        let composite = match sglang {
+            None => None,
+            Some(rules) => match self.sglang(py, rules, spans, own, obs, &timings)? {
+                Ok(parts) => Some(parts),
+                Err(declined) => return Ok(Err(declined)),
+            },
+        };
+        Ok(self.assemble(py, own, obs, lookup, &kind.clone(), genai, weight, start, timings, segments, composite)?)
+    }
+
+    /// `composite.sglang` on the request of `root` (its stage spans below it in `spans`), from the
+    /// timings `build_record` read from the root's observation: what it changes in the record.
+    fn sglang<'py>(&self, py: Python<'py>, rules: &SglangRules, spans: &Bound<'py, PyDict>, root: &Row,
+                   obs: &Observation, timings: &Bound<'py, PyTuple>) -> PyResult<Read<Composite<'py>>> {
+        macro_rules! read {
+            ($e:expr) => {
+                match $e {
+                    Ok(value) => value,
+                    Err(Declined) => return Ok(Err(Declined)),
+                }
+            };
+        }
+        if spans.len() > rules.max_parts {
+            return Ok(Err(Declined)); // `descendants` would stop at MAX_PARTS: Python's cut
+        }
+        // `composite.descendants`: breadth first, each span's children in the trace's order.
+        let mut rows: Vec<Bound<'py, Row>> = Vec::with_capacity(spans.len());
+        let mut children: HashMap<[u8; 8], Vec<usize>> = HashMap::new();
+        for span in spans.values().iter() {
+            let row = read!(native(&span)).clone();
+            let held = row.get();
+            if held.has_parent {
+                children.entry(held.parent_span_id).or_default().push(rows.len());
+            }
+            rows.push(row);
+        }
+        let id_of = |row: &Row| -> Option<[u8; 8]> { row.span_id.bind(py).as_bytes().try_into().ok() };
+        let mut below: Vec<usize> = Vec::new();
+        let mut seen: Vec<bool> = vec![false; rows.len()];
+        let root_id = id_of(root);
+        let mut frontier: Vec<Option<[u8; 8]>> = vec![root_id];
+        while !frontier.is_empty() {
+            let mut following = Vec::new();
+            for id in frontier {
+                let Some(found) = id.and_then(|id| children.get(&id)) else { continue };
+                for &index in found {
+                    let child = rows[index].get();
+                    if seen[index] || child.span_id.bind(py).as_bytes() == root.span_id.bind(py).as_bytes() {
+                        continue; // Python's `seen` starts with the root's id
+                    }
+                    seen[index] = true;
+                    below.push(index);
+                    following.push(id_of(child));
+                }
+            }
+            frontier = following;
+        }
+        let error_below = below.iter().any(|&index| rows[index].get().status_code == STATUS_CODE_ERROR);
+        // The stage spans by stage name, each list by start (a stable sort, as Python's).
+        let mut stages: Vec<(String, Vec<usize>)> = Vec::new();
+        let stage_key = pyo3::intern!(py, "stage");
+        for &index in &below {
+            let observation = rows[index].get().observation.bind(py);
+            if observation.is_none() {
+                continue;
+            }
+            let name = if let Some((_, name)) = rules.stage_observations.iter()
+                .find(|(shared, _)| shared.bind(py).is(observation)) {
+                name.clone() // the adapters' one observation per stage (`engines.sglang_stage_observation`)
+            } else {
+                let Some(observation) = read!(observation_of(py, rows[index].get())) else { continue };
+                let observed = observation.get();
+                let part = observed.part.bind(py);
+                if part.is_none() || read!(as_str(part)) != rules.stage_part.as_str() {
+                    continue;
+                }
+                let name = match &observed.rare {
+                    Some(rare) => value_of_key(py, rare.bind(py).get_item(8)?.downcast::<PyTuple>()?, stage_key)?,
+                    None => py.None().into_bound(py),
+                };
+                if name.is_none() {
+                    continue; // `str(None)`: a stage no rule reads
+                }
+                read!(as_str(&name)).into_owned()
+            };
+            match stages.iter_mut().find(|(known, _)| *known == name) {
+                Some((_, same)) => same.push(index),
+                None => stages.push((name, vec![index])),
+            }
+        }
+        for (_, same) in stages.iter_mut() {
+            same.sort_by_key(|&index| rows[index].get().start_unix_ns);
+        }
+        let stage = |name: &str| stages.iter().find(|(known, _)| known == name).map(|(_, same)| same.as_slice());
+        let span = |index: usize| rows[index].get();
+        let float_at = |index: usize| -> PyResult<Option<f64>> {
+            let value = timings.get_item(index)?;
+            Ok(if value.is_none() { None } else { Some(value.extract::<f64>()?) })
+        };
+        let (ttft, e2e, given_decode) = (float_at(0)?, float_at(1)?, float_at(4)?);
+        let start = root.start_unix_ns;
+        let end: i128 = match e2e {
+            Some(e2e) => read!(offset(start, e2e)),
+            None => root.end_unix_ns as i128,
+        };
+        let mut segments: Vec<(&'static str, Option<Bound<'py, PyString>>, i128, i128)> = Vec::new();
+        let mut missing: Vec<&'static str> = Vec::new();
+        let (queue, prefill);
+        match (stage("prefill_waiting"), stage("prefill_forward")) {
+            (Some(waiting), Some(forward)) => {
+                let pre: Vec<usize> = rules.preprocess_stages.iter()
+                    .flat_map(|name| stage(name).unwrap_or(&[]).iter().copied()).collect();
+                if !pre.is_empty() {
+                    let pre_end = pre.iter().map(|&i| span(i).end_unix_ns).max().unwrap_or(0);
+                    let pre_start = pre.iter().map(|&i| span(i).start_unix_ns).min().unwrap_or(0).min(start);
+                    if pre_end > pre_start {
+                        segments.push(("preprocess", None, pre_start as i128, pre_end as i128));
+                    }
+                }
+                let mut seconds = Vec::with_capacity(waiting.len());
+                for &index in waiting {
+                    seconds.push(read!(part_seconds(span(index))));
+                }
+                queue = Some(python_sum(&seconds, rules.compensated_sum));
+                segments.push(("queue", None, span(waiting[0]).start_unix_ns as i128,
+                               span(waiting[waiting.len() - 1]).end_unix_ns as i128));
+                seconds.clear();
+                for &index in forward {
+                    seconds.push(read!(part_seconds(span(index))));
+                }
+                prefill = Some(python_sum(&seconds, rules.compensated_sum));
+                segments.push(("prefill", None, span(forward[0]).start_unix_ns as i128,
+                               span(forward[forward.len() - 1]).end_unix_ns as i128));
+            }
+            _ => {
+                (queue, prefill) = (None, None);
+                missing.extend(["queue", "prefill"]);
+                let dispatch_to_first = match &obs.rare {
+                    Some(rare) => value_of_key(py, rare.bind(py).get_item(8)?.downcast::<PyTuple>()?,
+                                               pyo3::intern!(py, "dispatch_to_first_token_s"))?,
+                    None => py.None().into_bound(py),
+                };
+                if let (Some(ttft), Ok(dispatch)) = (ttft, dispatch_to_first.downcast::<PyFloat>()) {
+                    let dispatch = dispatch.value();
+                    if 0.0 <= dispatch && dispatch <= ttft {
+                        let handoff = read!(offset(start, ttft - dispatch));
+                        if handoff > start as i128 {
+                            segments.push(("preprocess", None, start as i128, handoff));
+                        }
+                        segments.push(("", Some(rules.queue_and_prefill.bind(py).clone()), handoff,
+                                       read!(offset(start, ttft))));
+                    }
+                }
+            }
+        }
+        let mut decode = given_decode;
+        match stage("decode_forward").or_else(|| stage("decode_loop")) {
+            Some(decoding) => {
+                let mut seconds = Vec::with_capacity(decoding.len());
+                for &index in decoding {
+                    seconds.push(read!(part_seconds(span(index))));
+                }
+                decode = Some(python_sum(&seconds, rules.compensated_sum));
+                segments.push(("decode", None, span(decoding[0]).start_unix_ns as i128,
+                               span(decoding[decoding.len() - 1]).end_unix_ns as i128));
+            }
+            None => match (given_decode, ttft) {
+                (Some(given), Some(ttft)) => {
+                    let first = read!(offset(start, ttft));
+                    let Some(length) = ns(given) else { return Ok(Err(Declined)) };
+                    segments.push(("decode", None, first, first + length as i128));
+                }
+                _ => {
+                    decode = None;
+                    missing.push("decode");
+                }
+            },
+        }
+        for name in &rules.kv_stages {
+            if let Some(moving) = stage(name) {
+                segments.push(("", Some(rules.kv_transfer.bind(py).clone()), span(moving[0]).start_unix_ns as i128,
+                               span(moving[moving.len() - 1]).end_unix_ns as i128));
+                break;
+            }
+        }
+        let inference = match (prefill, decode) {
+            (Some(prefill), Some(decode)) => Some(prefill + decode),
+            _ => None,
+        };
+        // `composite._tpot`.
+        let tpot = match (decode, int_of(obs, 1)) {
+            (Some(decode), Some(tokens)) if tokens > 1 => Some(decode / (tokens - 1) as f64),
+            _ => None,
+        };
+        segments.sort_by_key(|segment| segment.2);
+        // `composite._tail`: what follows the last segment to the request's end.
+        if let Some(last) = segments.iter().map(|segment| segment.3).max() {
+            if end > last {
+                segments.push(("postprocess", None, last, end));
+            }
+        }
+        let tuple_new = tuple_new(py)?;
+        let segment_type = self.segment_type.bind(py);
+        let mut built = Vec::with_capacity(segments.len());
+        for (name, named, first, last) in segments {
+            let name = named.unwrap_or_else(|| segment_name(py, name));
+            built.push(tuple_new.call1((segment_type, (name, wide(py, first)?, wide(py, last)?)))?);
+        }
+        Ok(Ok(Composite {
+            queue, prefill, decode, inference, tpot,
+            segments: PyTuple::new(py, built)?,
+            missing: PyTuple::new(py, missing.into_iter().map(|name| segment_name(py, name)))?,
+            error_below,
+        }))
     }
 
     #[allow(clippy::too_many_arguments)]
     fn assemble<'py>(&self, py: Python<'py>, own: &Row, obs: &Observation, lookup: Option<(&Row, &Observation)>,
                      kind: &Bound<'py, PyAny>, genai: bool, weight: f64, start: Bound<'py, PyAny>,
-                     timings: Bound<'py, PyTuple>,
-                     segments: Bound<'py, PyTuple>) -> PyResult<Read<PyObject>> {
+                     timings: Bound<'py, PyTuple>, segments: Bound<'py, PyTuple>,
+                     composite: Option<Composite<'py>>) -> PyResult<Read<PyObject>> {
         macro_rules! read {
             ($e:expr) => {
                 match $e {
@@ -549,6 +887,13 @@ impl RecordBuilder {
         let (operation, operation_source) = read!(self.operation(py, obs, own, lookup));
         let mut outcome = read!(self.outcome(py, obs));
         let mut error_type = read!(read!(rare(py, obs, 1)).map_or(Ok(None), |e| present(py, &e.unbind())));
+        if let (Some(parts), Some(rules)) = (&composite, &self.sglang) {
+            // `composite.sglang`: aborted in the queue, the root has no finish reason.
+            if parts.error_below && outcome.bind(py).eq(self.constants.unknown.bind(py))? {
+                outcome = rules.abort.clone_ref(py);
+                error_type = error_type.or_else(|| Some(rules.aborted.bind(py).clone()));
+            }
+        }
         let mut rejected_dynamic: Option<Bound<'py, PyAny>> = None;
         let mut rejected: Vec<&'static str> = Vec::new();
         // `_read_cache_and_spec` (the server side looks at the gateway too).
@@ -659,6 +1004,14 @@ impl RecordBuilder {
         for reason in rejected {
             all_rejected.push(PyString::intern(py, reason).into_any());
         }
+        let (mut queue, mut prefill, mut decode) = (timings.get_item(2)?, timings.get_item(3)?, timings.get_item(4)?);
+        let (mut inference, mut tpot) = (timings.get_item(5)?, timings.get_item(8)?);
+        let (mut segments, mut missing) = (segments, empty_tuple.clone());
+        if let Some(parts) = composite {
+            (queue, prefill, decode) = (number(parts.queue), number(parts.prefill), number(parts.decode));
+            (inference, tpot) = (number(parts.inference), number(parts.tpot));
+            (segments, missing) = (parts.segments, parts.missing.into_any());
+        }
         let args: [Bound<'py, PyAny>; RECORD_ARGS] = [
             PyBytes::new(py, &own.trace_id).into_any(), own.span_id.bind(py).clone().into_any(), kind.clone(),
             obs.adapter.bind(py).clone(), origin.getattr(pyo3::intern!(py, "service_name"))?, model, source,
@@ -666,11 +1019,10 @@ impl RecordBuilder {
             outcome.into_bound(py), self.constants.server.bind(py).clone(), operation_source.into_bound(py),
             or_empty(error_type), or_empty(read!(present(py, &obs.server_address))),
             or_empty(read!(present(py, &obs.server_port))), start,
-            timings.get_item(0)?, timings.get_item(8)?, e2e_object, timings.get_item(2)?, timings.get_item(3)?,
-            timings.get_item(4)?, timings.get_item(5)?, int(prompt)?, int(int_of(obs, 1))?,
-            number(gateway_overhead), none(), number(edge_ttft), edge_span_id, PyBytes::new(py, b"").into_any(),
-            segments.into_any(), empty_tuple.clone(), PyFloat::new(py, weight).into_any(),
-            PyTuple::new(py, all_rejected)?.into_any(), empty_tuple.clone(), timings.get_item(9)?, rare_or_empty(9)?,
+            timings.get_item(0)?, tpot, e2e_object, queue, prefill, decode, inference, int(prompt)?,
+            int(int_of(obs, 1))?, number(gateway_overhead), none(), number(edge_ttft), edge_span_id,
+            PyBytes::new(py, b"").into_any(), segments.into_any(), empty_tuple.clone(), PyFloat::new(py, weight).into_any(),
+            PyTuple::new(py, all_rejected)?.into_any(), missing, timings.get_item(9)?, rare_or_empty(9)?,
             int(cached)?, int(written)?, match read!(rare(py, obs, 5)) { Some(v) => v, None => none() },
             rare_or_empty(7)?, PyString::new(py, "").into_any(),
         ];
@@ -684,7 +1036,17 @@ impl RecordBuilder {
     }
 }
 
+/// `python_sum` for the tests: Python's `sum()` of `values` (at least one), compensated or not.
+#[pyfunction]
+fn float_sum(values: Vec<f64>, compensated: bool) -> PyResult<f64> {
+    if values.is_empty() {
+        return Err(pyo3::exceptions::PyValueError::new_err("float_sum needs at least one value"));
+    }
+    Ok(python_sum(&values, compensated))
+}
+
 pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<RecordBuilder>()?;
+    module.add_function(wrap_pyfunction!(float_sum, module)?)?;
     Ok(())
 }

@@ -36,6 +36,7 @@ MAX_PARTS = 4096  # spans looked at below one root: a hostile trace stays cheap
 
 QUEUE_AND_PREFILL = "queue_and_prefill"  # an interval that holds both, where the engine does not split it
 KV_TRANSFER = "kv_transfer"
+ABORTED_ERROR_TYPE = "aborted"  # an SGLang request aborted in the queue, whose root names no error
 COMPUTE = "compute"
 _PREPROCESS_STAGES = ("tokenize", "api_server_dispatch", "request_process")
 _KV_STAGES = ("prefill_transfer_kv_cache", "decode_transferred")
@@ -106,7 +107,7 @@ def sglang(record: RequestRecord, root: BufferedSpan, trace: PendingTrace) -> No
         # Aborted in the queue: the root has no finish reason; the scheduler's thread span is closed with
         # status ERROR ("have unclosed span, auto closed", trace.py:836-837).
         record.outcome = Outcome.ABORT
-        record.error_type = record.error_type or "aborted"
+        record.error_type = record.error_type or ABORTED_ERROR_TYPE
     for span in below:  # _parts, inlined: a list and a setdefault per stage span cost more than the rest
         observed = span.observation
         if observed is not None and observed.part == Part.SGLANG_STAGE:
@@ -204,7 +205,7 @@ def sglang_disaggregated(record: RequestRecord, decode_root: BufferedSpan, prefi
     d_stages, d_error = _sglang_stages(trace, decode_root)
     if record.outcome == Outcome.UNKNOWN and (p_error or d_error):
         record.outcome = Outcome.ABORT
-        record.error_type = record.error_type or "aborted"
+        record.error_type = record.error_type or ABORTED_ERROR_TYPE
     start = min(decode_root.start_unix_ns, prefill_root.start_unix_ns)
     d_start = decode_root.start_unix_ns
     end = d_start + _ns(record.e2e_s) if record.e2e_s is not None else decode_root.end_unix_ns

@@ -17,13 +17,14 @@ overhead (client duration − engine e2e).
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from otel_llm.processor.llm_metrics.adapters.engines import GENAI_OPERATIONS
-from otel_llm.pdata.observation import EngineKind, EngineObservation, MalformedSpan
+from otel_llm.processor.llm_metrics.adapters.engines import GENAI_OPERATIONS, SGLANG_STAGES, sglang_stage_observation
+from otel_llm.pdata.observation import EngineKind, EngineObservation, MalformedSpan, Part
 from otel_llm.processor.llm_metrics import composite
 from otel_llm.pdata.records import Outcome, RequestRecord, Segment, Side, Source
 from otel_llm.processor.llm_metrics.segments import timings_and_segments
@@ -799,7 +800,11 @@ def native_record_builder(settings: RecordSettings, extension: Any) -> Any:
         list(_FINISH_REASONS.items()), sorted(_COMPOSITE_KINDS),
         [(rule.attribute, rule.values) for rule in settings.resource_model_rules], settings.model_from_service_name,
         settings.default_model, MAX_ADJUSTED_COUNT, (Outcome.ERROR, Outcome.LENGTH, Outcome.UNKNOWN),
-        Side.SERVER, Source.DEFAULT, EngineKind.GENAI, _OTHER_ERROR)
+        Side.SERVER, Source.DEFAULT, EngineKind.GENAI, _OTHER_ERROR,
+        (EngineKind.SGLANG, Part.SGLANG_STAGE, Outcome.ABORT, composite.ABORTED_ERROR_TYPE,
+         list(composite._PREPROCESS_STAGES), list(composite._KV_STAGES), composite.QUEUE_AND_PREFILL,
+         composite.KV_TRANSFER, composite.MAX_PARTS, sys.version_info >= (3, 12),  # 3.12's sum() compensates
+         [sglang_stage_observation(name) for name in sorted(SGLANG_STAGES)]))
 
 
 def records_of_trace(trace: PendingTrace, settings: RecordSettings,

@@ -418,6 +418,148 @@ def test_the_cores_records_are_the_python_ones_on_random_traces() -> None:
     assert {1.0, 2.0, 4 / 3, 2.0**20} <= weights, weights  # upstream thresholds read by the core
 
 
+def _sglang_bases() -> list[PendingTrace]:
+    """The corpus's SGLang requests the core reads whole (the bench's under and without gateways, the
+    captures' unified ones): a core root span with its stage spans below it."""
+    builder = requests.native_record_builder(RecordSettings(), native_core.active()[0])
+    bases = []
+    for traces in CORPUS.values():
+        for trace in traces:
+            roots = [s for s in trace.spans.values() if s.observation is not None
+                     and s.observation.engine_kind == "sglang" and not s.observation.part]
+            if len(roots) == 1 and builder is not None and builder.build(trace.spans) is not None:
+                bases.append(trace)
+    return bases
+
+
+def _random_sglang_trace(rng: random.Random, base: PendingTrace) -> PendingTrace:
+    """``base`` with what an SGLang deployment, a lossy pipe or a hostile sender can change drawn at
+    random: the root's latencies, token counts, finish reason, error type and the tokenizer's
+    dispatch-to-first-token mark; stage spans lost, sent twice or retracted (the same stage again, at
+    the same start or later), renamed, given other times (none, ending before they start, far off) or
+    another observation; thread spans failed; the order the trace holds its spans in."""
+    spans: list[BufferedSpan] = []
+    for span in base.spans.values():
+        obs = span.observation
+        if obs is not None and obs.engine_kind == "sglang" and not obs.part:
+            fields = list(obs.as_tuple())
+            ttft = rng.choice((fields[2], None, 0.0, rng.uniform(0, 0.5), float("inf")))
+            fields[2] = ttft
+            if rng.random() < 0.3:
+                fields[3] = rng.choice((None, rng.uniform(0, 2), 0.0))  # e2e
+            if rng.random() < 0.3:
+                fields[6] = rng.choice((None, 0.0, rng.uniform(0, 2)))  # decode
+            if rng.random() < 0.3:
+                fields[10] = rng.choice((None, 0, 1, 2, rng.randrange(500)))  # completion tokens
+            fields[14] = rng.choice((fields[14], None, "", "abort", "stop", "length"))
+            fields[20] = rng.choice((fields[20], None, "", "timeout"))
+            dispatch: object = rng.choice((rng.uniform(0, 0.5), 0.0, -0.1, 7, None, "0.1",
+                                           (ttft or 0.0), (ttft or 0.0) + 1e-9))
+            fields[30] = rng.choice(((), ("dispatch_to_first_token_s", dispatch), ("other", 1.0)))
+            try:
+                observation = type(obs)(*fields)
+            except TypeError:
+                observation = EngineObservation(*fields)
+            spans.append(replace(span, observation=observation))
+            continue
+        if obs is not None and obs.part == "sglang_stage":
+            roll = rng.random()
+            if roll < 0.08:
+                continue  # lost
+            if roll < 0.14:
+                other = rng.choice(sorted(requests.SGLANG_STAGES))
+                span = replace(span, observation=requests.sglang_stage_observation(other))
+            elif roll < 0.17:
+                span = replace(span, observation=EngineObservation(*obs.as_tuple()))  # not the shared one
+            if rng.random() < 0.15:
+                span = replace(span, **rng.choice((
+                    {"start_unix_ns": 0}, {"end_unix_ns": span.start_unix_ns - 1},
+                    {"start_unix_ns": span.start_unix_ns + rng.randrange(-10**7, 10**7)},
+                    {"end_unix_ns": span.end_unix_ns + 10**15})))
+            spans.append(span)
+            if rng.random() < 0.12:  # retracted and run again, or sent twice
+                later = rng.choice((0, 0, rng.randrange(1, 10**7)))
+                spans.append(replace(span, span_id=rng.randbytes(8), start_unix_ns=span.start_unix_ns + later,
+                                     end_unix_ns=span.end_unix_ns + later + rng.randrange(10**6)))
+            continue
+        if obs is None and rng.random() < 0.15:
+            span = replace(span, status_code=Status.STATUS_CODE_ERROR)  # a thread span closed by an abort
+        spans.append(span)
+    if rng.random() < 0.3:
+        rng.shuffle(spans)
+    return _trace(*spans)
+
+
+def test_the_cores_sglang_records_are_the_python_ones_on_random_traces() -> None:
+    """SGLang's requests read from their stage spans (``composite.sglang``) by the core against the
+    general joining, on 4 000 random changes of the corpus's SGLang traces (``_random_sglang_trace``):
+    each record the core builds must be Python's, field for field and type for type (segments, their
+    order and the sums of retracted stages included); what it declines, Python reads as before."""
+    extension = native_core.active()[0]
+    if extension is None:
+        pytest.skip("the compiled core is not installed")
+    bases = _sglang_bases()
+    assert len(bases) >= 8, len(bases)
+    rng = random.Random(3105)
+    taken = {"built": 0, "declined": 0}
+    seen: dict[str, set[object]] = {"outcome": set(), "missing": set(), "segments": set(), "queue_sum": set()}
+    for case in range(4000):
+        settings = _RANDOM_SETTINGS[case % len(_RANDOM_SETTINGS)]
+        trace = _random_sglang_trace(rng, rng.choice(bases))
+        _both_paths(trace, settings, taken)
+        built = requests.native_record_builder(settings, extension).build(trace.spans)
+        if built is not None:
+            seen["outcome"].add(built.outcome)
+            seen["missing"].add(built.segments_missing)
+            seen["segments"].add(tuple(s.name for s in built.segments))
+            waiting = [s for s in trace.spans.values() if s.observation is not None
+                       and s.observation.part == "sglang_stage" and s.observation.mark("stage") == "prefill_waiting"]
+            seen["queue_sum"].add(len(waiting) if built.queue_s is not None else 0)
+    assert taken["built"] > 1500 and taken["declined"] > 500, taken
+    # The rules were met: aborts found below the root, stages missing, both layouts of the segments,
+    # the queue_and_prefill interval, kv-less and retracted (summed) queues.
+    assert {"abort", "unknown"} <= seen["outcome"], seen["outcome"]
+    assert {(), ("queue", "prefill"), ("decode",), ("queue", "prefill", "decode")} <= seen["missing"], seen["missing"]
+    assert any("queue_and_prefill" in names for names in seen["segments"]), seen["segments"]
+    assert any("postprocess" in names for names in seen["segments"]), seen["segments"]
+    assert {1, 2, 3} <= seen["queue_sum"], seen["queue_sum"]
+
+
+def test_the_cores_float_sum_is_pythons() -> None:
+    """The core sums a retracted stage's durations as ``sum()`` does: left to right before CPython
+    3.12, with Neumaier's compensation from 3.12 (``Python/bltinmodule.c`` ``builtin_sum_impl``,
+    written out below); the interpreter running the suite checks its own."""
+    extension = native_core.active()[0]
+    if extension is None:
+        pytest.skip("the compiled core is not installed")
+
+    def plain(values: list[float]) -> float:
+        total = values[0]
+        for value in values[1:]:
+            total += value
+        return total
+
+    def neumaier(values: list[float]) -> float:
+        total, compensation = values[0], 0.0
+        for value in values[1:]:
+            step = total + value
+            compensation += (total - step) + value if abs(total) >= abs(value) else (value - step) + total
+            total = step
+        return total + compensation if compensation and compensation == compensation and abs(compensation) != float("inf") else total
+
+    import sys
+    rng = random.Random(12)
+    differ = 0
+    for _ in range(20000):
+        values = [rng.choice((rng.uniform(0, 1), rng.randrange(1, 10**12) / 1e9, rng.uniform(0, 1e-6), 1e16 * rng.random()))
+                  for _ in range(rng.randrange(1, 8))]
+        assert extension.float_sum(values, False) == plain(values)
+        assert extension.float_sum(values, True) == neumaier(values)
+        assert extension.float_sum(values, sys.version_info >= (3, 12)) == sum(values)
+        differ += plain(values) != neumaier(values)
+    assert differ > 1000  # the two rules differ on these values: each check above can fail
+
+
 # --- segments ------------------------------------------------------------------------------------------
 
 def _step_by_step(start: int, t: Timings) -> tuple[Segment, ...]:
