@@ -208,6 +208,146 @@ impl RollingQuantile {
     }
 }
 
+/// `policies.SlowestPolicy.matches`' loop and its windows (`_windows`, `_by_model`): for each
+/// succeeded server-side record, each chosen metric's value against its model's rolling quantile,
+/// then added to it, the clock read once per trace. The same attribute reads, comparisons and
+/// window operations in the same order as the Python loop, which stays the reference
+/// (`tests/unit/tail_sampling/test_policies.py` runs both on the same records and clock).
+#[pyclass(module = "otel_llm._core")]
+pub struct SlowestWindows {
+    /// Per metric: the record attribute it reads, and its name in a window's key.
+    attributes: Vec<Py<pyo3::types::PyString>>,
+    metrics: Vec<Py<pyo3::types::PyString>>,
+    quantile: f64,
+    window_s: f64,
+    max_windows: usize,
+    clock: PyObject,
+    failed: PyObject,
+    server: PyObject,
+    other: Py<pyo3::types::PyString>,
+    /// `_windows`: (model, metric) -> index in `windows`, never dropped.
+    keys: Py<pyo3::types::PyDict>,
+    windows: Vec<RollingQuantile>,
+    /// `_by_model`: model -> index in `resolved`, each metric's window once resolved; bounded.
+    by_model: Py<pyo3::types::PyDict>,
+    resolved: Vec<Vec<Option<usize>>>,
+    by_model_limit: usize,
+}
+
+impl SlowestWindows {
+    /// `SlowestPolicy._window`: the model's window for a metric, past `max_models` the shared one.
+    fn window(&mut self, py: Python<'_>, model: &Bound<'_, PyAny>, position: usize) -> PyResult<usize> {
+        let keys = self.keys.bind(py);
+        let metric = self.metrics[position].bind(py);
+        let mut key = pyo3::types::PyTuple::new(py, [model.clone(), metric.clone().into_any()])?;
+        let mut found = keys.get_item(&key)?;
+        if found.is_none() {
+            if keys.len() >= self.max_windows {
+                key = pyo3::types::PyTuple::new(py, [self.other.bind(py).clone().into_any(), metric.clone().into_any()])?;
+                found = keys.get_item(&key)?;
+            }
+            if found.is_none() {
+                let index = self.windows.len();
+                self.windows.push(RollingQuantile::new(py, self.window_s, 10, Some(self.clock.clone_ref(py)))?);
+                keys.set_item(&key, index)?;
+                return Ok(index);
+            }
+        }
+        found.map_or(Ok(0), |index| index.extract::<usize>())
+    }
+}
+
+#[pymethods]
+impl SlowestWindows {
+    /// `attributes`: the record attribute of each metric (`policies.METRIC_ATTRIBUTES`), `metrics` their
+    /// names; `failed`: `Outcome.FAILED`; `server`: `Side.SERVER`; `other`: the overflow window's model.
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    fn new(py: Python<'_>, attributes: Vec<Py<pyo3::types::PyString>>, metrics: Vec<Py<pyo3::types::PyString>>,
+           quantile: f64, window_s: f64, max_models: usize, by_model_limit: usize, clock: PyObject, failed: PyObject,
+           server: PyObject, other: Py<pyo3::types::PyString>) -> PyResult<Self> {
+        if attributes.len() != metrics.len() {
+            return Err(PyValueError::new_err("one record attribute per metric"));
+        }
+        Ok(SlowestWindows {
+            max_windows: max_models * metrics.len(), attributes, metrics, quantile, window_s, clock, failed, server,
+            other, keys: pyo3::types::PyDict::new(py).unbind(), windows: Vec::new(),
+            by_model: pyo3::types::PyDict::new(py).unbind(), resolved: Vec::new(), by_model_limit,
+        })
+    }
+
+    /// Whether any request of `records` is slower than its model's window (or the window has no
+    /// threshold yet); every value is added to its window whatever the answer.
+    fn matches(&mut self, py: Python<'_>, records: &Bound<'_, pyo3::types::PyList>) -> PyResult<bool> {
+        let mut slow = false;
+        let mut now: Option<(f64, i64, i64)> = None;
+        let failed = self.failed.clone_ref(py).into_bound(py);
+        let server = self.server.clone_ref(py).into_bound(py);
+        for record in records.iter() {
+            if failed.contains(record.getattr(pyo3::intern!(py, "outcome"))?)?
+                || record.getattr(pyo3::intern!(py, "side"))?.ne(&server)? {
+                continue;
+            }
+            let model = record.getattr(pyo3::intern!(py, "model"))?;
+            let by_model = self.by_model.clone_ref(py).into_bound(py);
+            let slot = match by_model.get_item(&model)? {
+                Some(slot) => slot.extract::<usize>()?,
+                None => {
+                    if by_model.len() >= self.by_model_limit {
+                        by_model.clear();
+                        self.resolved.clear();
+                    }
+                    self.resolved.push(vec![None; self.attributes.len()]);
+                    by_model.set_item(&model, self.resolved.len() - 1)?;
+                    self.resolved.len() - 1
+                }
+            };
+            for position in 0..self.attributes.len() {
+                let value = record.getattr(self.attributes[position].bind(py))?;
+                if value.is_none() {
+                    continue;
+                }
+                let index = match self.resolved[slot][position] {
+                    Some(index) => index,
+                    None => {
+                        let index = self.window(py, &model, position)?;
+                        self.resolved[slot][position] = Some(index);
+                        index
+                    }
+                };
+                let (instant, slice_id, slice_position) = match now {
+                    Some(known) => known,
+                    None => {
+                        let instant: f64 = self.clock.bind(py).call0()?.extract()?;
+                        let (slice_id, slice_position) = self.windows[index].slice_at(instant)?;
+                        now = Some((instant, slice_id, slice_position));
+                        (instant, slice_id, slice_position)
+                    }
+                };
+                let number: f64 = value.extract()?;
+                let position_in_window = usize::try_from(slice_position)
+                    .map_err(|_| PyValueError::new_err("a negative slice position"))?;
+                let threshold = self.windows[index].quantile_then_add(self.quantile, number, instant, slice_id,
+                                                                      position_in_window)?;
+                match threshold {
+                    None => slow = true,
+                    // A float compares as Python compares it; anything else by Python's own `>`.
+                    Some(limit) => {
+                        let above = if value.is_exact_instance_of::<pyo3::types::PyFloat>() {
+                            number > limit
+                        } else {
+                            value.gt(limit)?
+                        };
+                        slow |= above;
+                    }
+                }
+            }
+        }
+        Ok(slow)
+    }
+}
+
 pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
-    module.add_class::<RollingQuantile>()
+    module.add_class::<RollingQuantile>()?;
+    module.add_class::<SlowestWindows>()
 }

@@ -39,6 +39,14 @@ class Clock:
         return self.now
 
 
+class TickingClock(Clock):
+    """A clock that moves 1 µs each time it is read."""
+
+    def __call__(self) -> float:
+        self.now += 1e-6
+        return self.now
+
+
 def record(model: str = "m", *, ttft: float | None = None, e2e: float | None = None, tpot: float | None = None,
            queue: float | None = None, gateway_overhead: float | None = None, outcome: str = Outcome.STOP,
            side: str = Side.SERVER) -> RequestRecord:
@@ -168,6 +176,65 @@ def test_slowest_model_limit_shares_one_window_past_it():
     assert policy.matches(trace(), [record("a", ttft=0.05, e2e=0.5)]) is True  # ... and its own e2e window
     # c's first request is judged against the shared window b filled, not kept as a first
     assert policy.matches(trace(), [record("c", ttft=0.5, e2e=0.5)]) is False
+
+
+def test_the_cores_slowest_loop_is_the_python_one():
+    """With the compiled core the slowest policy's loop and windows run there (``SlowestWindows``);
+    the Python loop with ``quantiles.py``'s windows is the reference. Both get the same 12 000 traces
+    of random records and the same clock: each answer (or error) must be the same. The records draw
+    every branch: failed and client-side ones (skipped), absent metrics, ints beside floats, NaN and
+    infinity (the window refuses them), a flood of model names past ``max_models`` (the shared
+    window) and past the per-model cache's bound (cleared), the clock within a slice, across
+    slices and past the window."""
+    import math
+    import random
+
+    from otel_llm.internal import core as native_core
+
+    extension = native_core.active()[0]
+    if extension is None:
+        pytest.skip("the compiled core is not installed")
+    rng = random.Random(2025)
+    answers = {True: 0, False: 0, "error": 0}
+    for metrics, quantile, max_models, window_s in ((["ttft", "e2e"], 0.99, 1000, 600.0), (["ttft"], 0.5, 1, 60.0),
+                                                     (["e2e", "tpot", "queue", "gateway_overhead"], 0.9, 3, 10.0)):
+        # Each policy's own clock, moving a little at every read: both must read it as often, in the same order.
+        clocks = (TickingClock(), TickingClock())
+        python = SlowestPolicy(metrics, quantile, window_s, max_models=max_models, clock=clocks[0], core=None)
+        native = SlowestPolicy(metrics, quantile, window_s, max_models=max_models, clock=clocks[1], core=extension)
+        assert python._native is None and native._native is not None
+        models = [f"model-{i}" for i in range(rng.choice((3, 120)) if max_models > 1 else 120)]
+        for _ in range(4000):
+            roll = rng.random()
+            step = rng.random() * window_s / 1000 if roll < 0.99 else rng.choice((window_s / 10, window_s * 1.5))
+            for clock in clocks:
+                clock.now += step
+
+            def value() -> float | int | None:
+                roll = rng.random()
+                if roll < 0.2:
+                    return None
+                if roll < 0.25:
+                    return rng.choice((0, 3, 0.0, 1e300, math.nan, math.inf, 2**60))
+                if roll < 0.4:
+                    return 1e-4 * 1.1 ** rng.randrange(40, 80)  # a bin's edge: a threshold's own value
+                return rng.lognormvariate(-1, 1)
+
+            records = [record(rng.choice(models), ttft=value(), e2e=value(), tpot=value(), queue=value(),
+                              gateway_overhead=value(),
+                              outcome=rng.choice((Outcome.STOP,) * 8 + (Outcome.ABORT, Outcome.ERROR, Outcome.LENGTH)),
+                              side=rng.choice((Side.SERVER,) * 9 + (Side.CLIENT,)))
+                       for _ in range(rng.choice((0, 1, 1, 1, 2, 3)))]
+            results = []
+            for policy in (python, native):
+                try:
+                    results.append(policy.matches(trace(), records))
+                except (ValueError, OverflowError) as exc:
+                    results.append(type(exc))
+            assert results[0] == results[1], (metrics, records, clocks[0].now)
+            assert clocks[0].now == clocks[1].now
+            answers[results[0] if isinstance(results[0], bool) else "error"] += 1
+    assert min(answers.values()) > 100, answers
 
 
 def test_slowest_window_forgets_old_traffic():
