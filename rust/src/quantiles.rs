@@ -347,7 +347,92 @@ impl SlowestWindows {
     }
 }
 
+/// One policy of a `Decider`, as `policies.py` defines it.
+enum Rule {
+    /// `ErrorsPolicy`: a failed request, or any span with status ERROR.
+    Errors,
+    /// `SlowestPolicy`, its loop and windows (`SlowestWindows`).
+    Slowest(Py<SlowestWindows>),
+    /// `ProbabilisticPolicy`: the trace id's last 56 bits at or above the threshold.
+    Probabilistic(u64),
+}
+
+const STATUS_CODE_ERROR: i32 = 2;
+
+/// `sampler.TailSampler.decide`'s loop over the policies, for a configuration made only of the
+/// errors, slowest and probabilistic policies: every policy sees every trace (the slowest one learns
+/// from all traffic), and the first that matches is the answer. The caller holds the lock that
+/// keeps two threads out of the slowest policy's windows.
+#[pyclass(module = "otel_llm._core", frozen)]
+pub struct Decider {
+    rules: Vec<Rule>,
+    failed: PyObject,
+}
+
+impl Decider {
+    fn errors(&self, py: Python<'_>, spans: &Bound<'_, pyo3::types::PyDict>, records: &Bound<'_, pyo3::types::PyList>)
+              -> PyResult<bool> {
+        let failed = self.failed.bind(py);
+        for record in records.iter() {
+            if failed.contains(record.getattr(pyo3::intern!(py, "outcome"))?)? {
+                return Ok(true);
+            }
+        }
+        for span in spans.values().iter() {
+            let error = match span.downcast::<crate::Row>() {
+                Ok(row) => row.get().status_code == STATUS_CODE_ERROR,
+                Err(_) => span.getattr(pyo3::intern!(py, "status_code"))?.eq(STATUS_CODE_ERROR)?,
+            };
+            if error {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}
+
+#[pymethods]
+impl Decider {
+    /// `rules`: per policy in config order, `("errors", None)`, `("slowest", SlowestWindows)` or
+    /// `("probabilistic", threshold)`; `failed`: `Outcome.FAILED`.
+    #[new]
+    fn new(rules: Vec<(String, PyObject)>, failed: PyObject, py: Python<'_>) -> PyResult<Self> {
+        let mut built = Vec::with_capacity(rules.len());
+        for (kind, value) in rules {
+            built.push(match kind.as_str() {
+                "errors" => Rule::Errors,
+                "slowest" => Rule::Slowest(value.extract::<Py<SlowestWindows>>(py)?),
+                "probabilistic" => Rule::Probabilistic(value.extract::<u64>(py)?),
+                other => return Err(PyValueError::new_err(format!("a policy the core does not run: {other:?}"))),
+            });
+        }
+        Ok(Decider { rules: built, failed })
+    }
+
+    /// The index of the first policy that matches the trace, or -1.
+    fn first_match(&self, py: Python<'_>, trace_id: &[u8], spans: &Bound<'_, pyo3::types::PyDict>,
+                   records: &Bound<'_, pyo3::types::PyList>) -> PyResult<i64> {
+        let mut matched: i64 = -1;
+        for (index, rule) in self.rules.iter().enumerate() {
+            let matches = match rule {
+                Rule::Errors => self.errors(py, spans, records)?,
+                Rule::Slowest(windows) => windows.bind(py).try_borrow_mut()?.matches(py, records)?,
+                Rule::Probabilistic(threshold) => {
+                    // `int.from_bytes(trace_id[9:16], "big")`: at most seven bytes.
+                    let tail = trace_id.get(9..trace_id.len().min(16)).unwrap_or(&[]);
+                    tail.iter().fold(0u64, |value, byte| value << 8 | u64::from(*byte)) >= *threshold
+                }
+            };
+            if matches && matched < 0 {
+                matched = index as i64;
+            }
+        }
+        Ok(matched)
+    }
+}
+
 pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<RollingQuantile>()?;
-    module.add_class::<SlowestWindows>()
+    module.add_class::<SlowestWindows>()?;
+    module.add_class::<Decider>()
 }

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from otel_llm.pdata.records import RequestRecord
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from otel_llm.internal import core as native_core
+from otel_llm.pdata.records import Outcome, RequestRecord
 from otel_llm.pdata.traces import DROP, Decision
 from otel_llm.pdata.spans import PendingTrace
 from otel_llm.processor.tail_sampling.config import ProbabilisticPolicyConfig, SlowestPolicyConfig, TailSamplingProcessor
@@ -16,7 +22,9 @@ from otel_llm.processor.tail_sampling.policies import (
 )
 
 
-def build_policies(config: TailSamplingProcessor) -> list[Policy]:
+def build_policies(config: TailSamplingProcessor, core: Any = True,
+                   clock: Callable[[], float] = time.monotonic) -> list[Policy]:
+    """``core`` and ``clock`` as ``SlowestPolicy`` takes them."""
     policies: list[Policy] = []
     for policy in config.policies:
         if policy.type == "errors":
@@ -27,7 +35,8 @@ def build_policies(config: TailSamplingProcessor) -> list[Policy]:
                                       name=policy.name))
         elif policy.type == "slowest":
             slowest = policy.slowest or SlowestPolicyConfig()
-            policies.append(SlowestPolicy(list(slowest.metrics), slowest.quantile, slowest.window, name=policy.name))
+            policies.append(SlowestPolicy(list(slowest.metrics), slowest.quantile, slowest.window, name=policy.name,
+                                          clock=clock, core=core))
         elif policy.type == "probabilistic":
             probabilistic = policy.probabilistic or ProbabilisticPolicyConfig()
             policies.append(ProbabilisticPolicy(probabilistic.sampling_percentage / 100.0, name=policy.name))
@@ -38,9 +47,37 @@ def _kept_by(policy: Policy) -> Decision:
     return Decision(True, policy.name, policy.th if isinstance(policy, ProbabilisticPolicy) else "0")
 
 
+def native_decider(policies: list[Policy], extension: Any) -> Any:
+    """The compiled core's ``Decider`` for ``policies`` (``rust/src/quantiles.rs``), or ``None`` where
+    one of them is a kind it does not run (the ``slo`` policy, a policy of Python's own) or there
+    is no core."""
+    if extension is None:
+        return None
+    rules: list[tuple[str, object]] = []
+    for policy in policies:
+        if type(policy) is ErrorsPolicy:
+            rules.append(("errors", None))
+        elif type(policy) is SlowestPolicy and policy._native is not None:
+            rules.append(("slowest", policy._native))
+        elif type(policy) is ProbabilisticPolicy and 0 <= policy.threshold <= 1 << 56:
+            rules.append(("probabilistic", policy.threshold))
+        else:
+            return None
+    return extension.Decider(rules, Outcome.FAILED)
+
+
 class TailSampler:
-    def __init__(self, config: TailSamplingProcessor) -> None:
-        self.policies = build_policies(config)
+    def __init__(self, config: TailSamplingProcessor, core: Any = True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``core``: the compiled core that runs the policies (``True``: the process's choice,
+        ``internal/core.py``; ``None`` or ``False``: the Python policies, the reference); ``clock``
+        the slowest policy's."""
+        extension = native_core.active()[0] if core is True else (core or None)
+        self.policies = build_policies(config, extension, clock)
+        # With the core, every policy runs there in one call per trace when it runs them all; the
+        # lock keeps two completing threads out of the slowest policy's windows at once.
+        self._native = native_decider(self.policies, extension)
+        self._lock = threading.Lock()
         rate = config.rate_limit
         exempt = {p.name for p in config.policies if p.type == "errors"}
         applies_to = rate.applies_to or [p.name for p in config.policies if p.name not in exempt]
@@ -55,9 +92,16 @@ class TailSampler:
         # Every policy sees every trace (the rolling quantiles must learn from all traffic), so no
         # short-circuit: the first match names the decision.
         matched: Policy | None = None
-        for policy in self.policies:
-            if policy.matches(trace, records) and matched is None:
-                matched = policy
+        if self._native is not None:
+            with self._lock:
+                index = self._native.first_match(trace.trace_id, trace.spans, records)
+            if index < 0:
+                return DROP
+            matched = self.policies[index]
+        else:
+            for policy in self.policies:
+                if policy.matches(trace, records) and matched is None:
+                    matched = policy
         if matched is None:
             return DROP
         if self.rate_limit is not None and not self.rate_limit.allow(matched.name, records):

@@ -414,3 +414,98 @@ def test_per_model_limit_below_one_per_second():
     assert limit.allow("slo", [record("a")]) is False
     clock.now += 2.0
     assert limit.allow("slo", [record("a")]) is True
+
+
+# --- the compiled core's decision ------------------------------------------------------------------------
+
+
+def test_the_cores_decision_is_the_python_one():
+    """With the compiled core, a configuration of errors, slowest and probabilistic policies is decided
+    in one call (``Decider``); the Python policies are the reference. 9 000 random traces go through
+    both samplers (each with its own ticking clock): the same decision, or the same error, every
+    time. The traces hold the core's own spans (the bench's, read by ``digest_in_process``) or the
+    Python class's, with random statuses and trace ids; the records draw failed, client-side,
+    absent and extreme values. A configuration with a policy the core does not run (``slo``) stays
+    Python's."""
+    import math
+    import random
+
+    from bench.workload import generate
+    from otel_llm.internal import core as native_core
+    from otel_llm.pdata.traces import Decision
+    from otel_llm.processor.llm_metrics.digest import AttributeLimits, DigestSettings, digest_in_process
+    from otel_llm.processor.tail_sampling.config import (
+        PolicyConfig, ProbabilisticPolicyConfig, SloPolicyConfig, SlowestPolicyConfig, TailSamplingProcessor)
+    from otel_llm.processor.tail_sampling.sampler import TailSampler
+
+    extension = native_core.active()[0]
+    if extension is None:
+        pytest.skip("the compiled core is not installed")
+    digest = DigestSettings(AttributeLimits(256, 16 * 1024), 3600.0, (), frozenset())
+    core_spans = [span for batch in generate(2, seed=5) for span in digest_in_process(batch.payload, digest)[0]]
+    assert type(core_spans[0]).__module__ == "otel_llm._core"
+    configs = [
+        TailSamplingProcessor(),
+        TailSamplingProcessor(policies=[
+            PolicyConfig(name="half", type="probabilistic", probabilistic=ProbabilisticPolicyConfig(50.0)),
+            PolicyConfig(name="errors", type="errors")]),
+        TailSamplingProcessor(policies=[
+            PolicyConfig(name="slow", type="slowest",
+                         slowest=SlowestPolicyConfig(metrics=["e2e", "queue"], quantile=0.9, window=30.0)),
+            PolicyConfig(name="all", type="probabilistic", probabilistic=ProbabilisticPolicyConfig(100.0)),
+            PolicyConfig(name="none", type="probabilistic", probabilistic=ProbabilisticPolicyConfig(0.0))]),
+    ]
+    rng = random.Random(99)
+    outcomes: dict[object, int] = {}
+    for config in configs:
+        clocks = (TickingClock(), TickingClock())
+        python = TailSampler(config, core=None, clock=clocks[0])
+        native = TailSampler(config, core=extension, clock=clocks[1])
+        assert python._native is None and native._native is not None
+        for _ in range(3000):
+            step = rng.random() * 0.05
+            for clock in clocks:
+                clock.now += step
+            trace_id = rng.randbytes(16)
+            if rng.random() < 0.05:  # randomness exactly at a threshold (50 %: 2^55), or just below it
+                trace_id = trace_id[:9] + rng.choice((b"\x80" + bytes(6), b"\x7f" + b"\xff" * 6, bytes(7)))
+            pending = PendingTrace(trace_id, 0.0)
+            if rng.random() < 0.5:
+                for span in rng.sample(core_spans, rng.randrange(1, 4)):
+                    status = rng.choice((Status.STATUS_CODE_UNSET,) * 8 + (Status.STATUS_CODE_ERROR, Status.STATUS_CODE_OK))
+                    span = type(span)(**{name: getattr(span, name) for name in (
+                        "trace_id", "span_id", "parent_span_id", "kind", "status_code", "start_unix_ns", "end_unix_ns",
+                        "trace_state", "payload", "origin", "attrs", "observation")} | {"status_code": status})
+                    pending.spans[span.span_id] = span
+            else:
+                pending = trace(*[rng.choice((Status.STATUS_CODE_UNSET,) * 8 + (Status.STATUS_CODE_ERROR,))
+                                  for _ in range(rng.randrange(0, 3))], trace_id=trace_id)
+
+            def value() -> float | int | None:
+                roll = rng.random()
+                if roll < 0.2:
+                    return None
+                if roll < 0.23:
+                    return rng.choice((0, 2, math.nan, math.inf))
+                return rng.lognormvariate(-1, 1)
+
+            records = [record(rng.choice(("a", "b", "c")), ttft=value(), e2e=value(), queue=value(),
+                              outcome=rng.choice((Outcome.STOP,) * 12 + (Outcome.ABORT, Outcome.ERROR)),
+                              side=rng.choice((Side.SERVER,) * 9 + (Side.CLIENT,)))
+                       for _ in range(rng.choice((0, 1, 1, 2)))]
+            results: list[object] = []
+            for sampler in (python, native):
+                try:
+                    results.append(sampler.decide(pending, records))
+                except (ValueError, OverflowError) as exc:
+                    results.append(type(exc))
+            assert results[0] == results[1], (records, pending.spans)
+            assert clocks[0].now == clocks[1].now
+            key = (results[0].policy, results[0].keep) if isinstance(results[0], Decision) else results[0]
+            outcomes[key] = outcomes.get(key, 0) + 1
+    # Every policy of every configuration decided some traces, and none decided the rest.
+    for policy in ("errors", "slowest", "baseline", "half", "slow", "all"):
+        assert outcomes.get((policy, True), 0) > 5, outcomes
+    assert outcomes.get(("", False), 0) > 500 and outcomes.get(ValueError, 0) > 10, outcomes
+    slo = TailSamplingProcessor(policies=[PolicyConfig(name="slo", type="slo", slo=SloPolicyConfig({"ttft": 1.0}))])
+    assert TailSampler(slo, core=extension)._native is None
