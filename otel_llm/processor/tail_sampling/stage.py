@@ -40,7 +40,8 @@ class DecisionStage:
                 decision = self._sampler.decide(completed.trace, records)
             else:
                 decision = KEEP_UNSAMPLED
-            measured = {r.span_id for r in records} if records else set()
+            # One record nearly always: a set display, not a comprehension's frame.
+            measured = {records[0].span_id} if len(records) == 1 else {r.span_id for r in records}
             if prior is not None:
                 measured |= prior.measured
             remembered = Remembered(decision, measured)
