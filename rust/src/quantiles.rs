@@ -278,12 +278,13 @@ impl SlowestWindows {
 
     /// Whether any request of `records` is slower than its model's window (or the window has no
     /// threshold yet); every value is added to its window whatever the answer.
-    fn matches(&mut self, py: Python<'_>, records: &Bound<'_, pyo3::types::PyList>) -> PyResult<bool> {
+    fn matches(&mut self, py: Python<'_>, records: &Bound<'_, PyAny>) -> PyResult<bool> {
         let mut slow = false;
         let mut now: Option<(f64, i64, i64)> = None;
         let failed = self.failed.clone_ref(py).into_bound(py);
         let server = self.server.clone_ref(py).into_bound(py);
-        for record in records.iter() {
+        for record in records.try_iter()? {
+            let record = record?;
             if failed.contains(record.getattr(pyo3::intern!(py, "outcome"))?)?
                 || record.getattr(pyo3::intern!(py, "side"))?.ne(&server)? {
                 continue;
@@ -370,10 +371,11 @@ pub struct Decider {
 }
 
 impl Decider {
-    fn errors(&self, py: Python<'_>, spans: &Bound<'_, pyo3::types::PyDict>, records: &Bound<'_, pyo3::types::PyList>)
+    fn errors(&self, py: Python<'_>, spans: &Bound<'_, pyo3::types::PyDict>, records: &Bound<'_, PyAny>)
               -> PyResult<bool> {
         let failed = self.failed.bind(py);
-        for record in records.iter() {
+        for record in records.try_iter()? {
+            let record = record?;
             if failed.contains(record.getattr(pyo3::intern!(py, "outcome"))?)? {
                 return Ok(true);
             }
@@ -411,7 +413,7 @@ impl Decider {
 
     /// The index of the first policy that matches the trace, or -1.
     fn first_match(&self, py: Python<'_>, trace_id: &[u8], spans: &Bound<'_, pyo3::types::PyDict>,
-                   records: &Bound<'_, pyo3::types::PyList>) -> PyResult<i64> {
+                   records: &Bound<'_, PyAny>) -> PyResult<i64> {
         let mut matched: i64 = -1;
         for (index, rule) in self.rules.iter().enumerate() {
             let matches = match rule {
