@@ -240,6 +240,17 @@ fn part_seconds(row: &Row) -> Read<f64> {
     Ok((row.end_unix_ns - row.start_unix_ns) as f64 / 1e9)
 }
 
+/// A stage's spans (at least one, by start): their durations summed as Python sums them, and the
+/// stage's segment from the first one's start to the last one's end.
+fn stage_interval(rows: &[Bound<'_, Row>], stage: &[usize], compensated: bool) -> Read<(f64, i128, i128)> {
+    let mut seconds = Vec::with_capacity(stage.len());
+    for &index in stage {
+        seconds.push(part_seconds(rows[index].get())?);
+    }
+    let (first, last) = (rows[stage[0]].get(), rows[stage[stage.len() - 1]].get());
+    Ok((python_sum(&seconds, compensated), first.start_unix_ns as i128, last.end_unix_ns as i128))
+}
+
 /// `start + composite._ns(seconds)`, declined where the core's integers do not hold it.
 fn offset(start: u64, seconds: f64) -> Read<i128> {
     ns(seconds).map(|n| start as i128 + n as i128).ok_or(Declined)
@@ -773,20 +784,12 @@ impl RecordBuilder {
                         segments.push(("preprocess", None, pre_start as i128, pre_end as i128));
                     }
                 }
-                let mut seconds = Vec::with_capacity(waiting.len());
-                for &index in waiting {
-                    seconds.push(read!(part_seconds(span(index))));
-                }
-                queue = Some(python_sum(&seconds, rules.compensated_sum));
-                segments.push(("queue", None, span(waiting[0]).start_unix_ns as i128,
-                               span(waiting[waiting.len() - 1]).end_unix_ns as i128));
-                seconds.clear();
-                for &index in forward {
-                    seconds.push(read!(part_seconds(span(index))));
-                }
-                prefill = Some(python_sum(&seconds, rules.compensated_sum));
-                segments.push(("prefill", None, span(forward[0]).start_unix_ns as i128,
-                               span(forward[forward.len() - 1]).end_unix_ns as i128));
+                let (waited, first, last) = read!(stage_interval(&rows, waiting, rules.compensated_sum));
+                queue = Some(waited);
+                segments.push(("queue", None, first, last));
+                let (forwarded, first, last) = read!(stage_interval(&rows, forward, rules.compensated_sum));
+                prefill = Some(forwarded);
+                segments.push(("prefill", None, first, last));
             }
             _ => {
                 (queue, prefill) = (None, None);
@@ -812,13 +815,9 @@ impl RecordBuilder {
         let mut decode = given_decode;
         match stage("decode_forward").or_else(|| stage("decode_loop")) {
             Some(decoding) => {
-                let mut seconds = Vec::with_capacity(decoding.len());
-                for &index in decoding {
-                    seconds.push(read!(part_seconds(span(index))));
-                }
-                decode = Some(python_sum(&seconds, rules.compensated_sum));
-                segments.push(("decode", None, span(decoding[0]).start_unix_ns as i128,
-                               span(decoding[decoding.len() - 1]).end_unix_ns as i128));
+                let (decoded, first, last) = read!(stage_interval(&rows, decoding, rules.compensated_sum));
+                decode = Some(decoded);
+                segments.push(("decode", None, first, last));
             }
             None => match (given_decode, ttft) {
                 (Some(given), Some(ttft)) => {
