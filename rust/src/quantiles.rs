@@ -276,6 +276,12 @@ impl SlowestWindows {
         })
     }
 
+    /// How many models the per-model cache holds (bounded by `by_model_limit`; the tests read it).
+    #[getter]
+    fn cached_models(&self) -> usize {
+        self.resolved.len()
+    }
+
     /// Whether any request of `records` is slower than its model's window (or the window has no
     /// threshold yet); every value is added to its window whatever the answer.
     fn matches(&mut self, py: Python<'_>, records: &Bound<'_, PyAny>) -> PyResult<bool> {

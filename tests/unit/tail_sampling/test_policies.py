@@ -235,6 +235,12 @@ def test_the_cores_slowest_loop_is_the_python_one():
             assert clocks[0].now == clocks[1].now
             answers[results[0] if isinstance(results[0], bool) else "error"] += 1
     assert min(answers.values()) > 100, answers
+    # Memory stays bounded under a flood of model names: the windows past max_models are one shared
+    # window per metric, and the per-model cache is cleared at its bound (2 * max_models + 64).
+    flood = SlowestPolicy(["ttft"], 0.5, 60.0, max_models=2, clock=Clock(), core=extension)
+    for index in range(1000):
+        flood.matches(trace(), [record(f"flood-{index}", ttft=0.1)])
+    assert 0 < flood._native.cached_models <= 2 * 2 + 64
 
 
 def test_slowest_window_forgets_old_traffic():
