@@ -181,7 +181,7 @@ def test_slowest_model_limit_shares_one_window_past_it():
 def test_the_cores_slowest_loop_is_the_python_one():
     """With the compiled core the slowest policy's loop and windows run there (``SlowestWindows``);
     the Python loop with ``quantiles.py``'s windows is the reference. Both get the same 12 000 traces
-    of random records and the same clock: each answer (or error) must be the same. The records draw
+    of random records and clocks that agree: each answer (or error) must be the same. The records draw
     every branch: failed and client-side ones (skipped), absent metrics, ints beside floats, NaN and
     infinity (the window refuses them), a flood of model names past ``max_models`` (the shared
     window) and past the per-model cache's bound (cleared), the clock within a slice, across
