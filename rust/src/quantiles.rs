@@ -6,6 +6,8 @@
 use pyo3::exceptions::{PyOverflowError, PyValueError};
 use pyo3::prelude::*;
 
+use crate::records::STATUS_CODE_ERROR;
+
 const BINS: usize = 200;
 const MIN: f64 = 1e-4;
 const GROWTH: f64 = 1.1;
@@ -363,8 +365,6 @@ enum Rule {
     /// `ProbabilisticPolicy`: the trace id's last 56 bits at or above the threshold.
     Probabilistic(u64),
 }
-
-const STATUS_CODE_ERROR: i32 = 2;
 
 /// `sampler.TailSampler.decide`'s loop over the policies, for a configuration made only of the
 /// errors, slowest and probabilistic policies: every policy sees every trace (the slowest one learns

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use crate::{ns, observation_timings, segment_name, tuple_new, value_of_key, Observation, Row, OBSERVATION_FLOATS};
 
 const SPAN_KIND_SERVER: i32 = 2;
-const STATUS_CODE_ERROR: i32 = 2;
+pub(crate) const STATUS_CODE_ERROR: i32 = 2;
 /// `requests._RECORD_ORDER`: the record's fields this file passes positionally, in order (the
 /// builder refuses to be made if Python's order differs).
 const RECORD_FIELDS: [&str; 44] = [
@@ -525,11 +525,18 @@ fn simple_shape<'py>(py: Python<'py>, spans: &Bound<'py, PyDict>, shared_parts: 
     let mut gateway: Option<Observed<'py>> = None;
     for span in spans.values().iter() {
         let row = native(&span)?;
-        let held = row.get().observation.bind(py);
-        if shared_parts.iter().any(|(shared, _)| shared.bind(py).is(held)) {
-            continue;
-        }
-        let Some(observation) = observation_of(py, row.get())? else { continue };
+        let observation = match observation_of(py, row.get()) {
+            Ok(Some(observation)) => observation,
+            Ok(None) => continue,
+            // Not the core's class: a stage span's shared observation is a part, anything else Python's.
+            Err(declined) => {
+                let held = row.get().observation.bind(py);
+                if shared_parts.iter().any(|(shared, _)| shared.bind(py).is(held)) {
+                    continue;
+                }
+                return Err(declined);
+            }
+        };
         let observed = observation.get();
         if is_true(py, &observed.part)? {
             continue;
