@@ -154,12 +154,22 @@ struct Exemplars<'py> {
     now: f64,
 }
 
-/// A spec's value, as `recorder.py` `_inline`/`read` resolve it.
+/// A spec's value, as `recorder.py` `_native_ops` declares it: a field, a constant, a value computed
+/// from fields as `definitions.py`'s `Difference`, `Ratio` and `UnlessAtMost` compute it (with
+/// CPython's number protocol and truth test, so the same object as Python's operators give), a
+/// call back to Python, or one of the values computed once per record first.
 enum Value {
     Field(Py<PyString>),
     Constant(PyObject),
+    Difference(Py<PyString>, Py<PyString>),
+    Ratio(Py<PyString>, Py<PyString>, Option<PyObject>),
+    UnlessAtMost(Py<PyString>, Py<PyString>, PyObject),
     Call(PyObject),
     Shared(usize),
+}
+
+fn field_name(item: Bound<'_, PyAny>) -> PyResult<Py<PyString>> {
+    Ok(item.downcast_into::<PyString>()?.unbind())
 }
 
 impl Value {
@@ -167,8 +177,16 @@ impl Value {
         let kind: String = spec.get_item(0)?.extract()?;
         let what = spec.get_item(1)?;
         Ok(match kind.as_str() {
-            "field" => Value::Field(what.downcast_into::<PyString>()?.unbind()),
+            "field" => Value::Field(field_name(what)?),
             "constant" => Value::Constant(what.unbind()),
+            "difference" => Value::Difference(field_name(what.get_item(0)?)?, field_name(what.get_item(1)?)?),
+            "ratio" => {
+                let offset = what.get_item(2)?;
+                Value::Ratio(field_name(what.get_item(0)?)?, field_name(what.get_item(1)?)?,
+                             if offset.is_none() { None } else { Some(offset.unbind()) })
+            }
+            "unless_at_most" => Value::UnlessAtMost(field_name(what.get_item(0)?)?, field_name(what.get_item(1)?)?,
+                                                    what.get_item(2)?.unbind()),
             "call" => Value::Call(what.unbind()),
             "shared" => Value::Shared(what.extract()?),
             other => return Err(PyValueError::new_err(format!("unknown value kind {other:?}"))),
@@ -179,15 +197,66 @@ impl Value {
         match self {
             Value::Field(name) => record.getattr(name.bind(py)),
             Value::Constant(value) => Ok(value.bind(py).clone()),
+            Value::Difference(minuend, subtrahend) => {
+                let (minuend, subtrahend) = (record.getattr(minuend.bind(py))?, record.getattr(subtrahend.bind(py))?);
+                if minuend.is_none() || subtrahend.is_none() {
+                    return Ok(py.None().into_bound(py));
+                }
+                minuend.sub(subtrahend)
+            }
+            Value::Ratio(numerator, denominator, offset) => {
+                let (numerator, denominator) = (record.getattr(numerator.bind(py))?, record.getattr(denominator.bind(py))?);
+                if numerator.is_none() || !denominator.is_truthy()? {
+                    return Ok(py.None().into_bound(py));
+                }
+                let quotient = numerator.div(denominator)?;
+                match offset {
+                    None => Ok(quotient),
+                    Some(offset) => offset.bind(py).add(quotient),
+                }
+            }
+            Value::UnlessAtMost(name, guard, limit) => {
+                let guard = record.getattr(guard.bind(py))?;
+                if !guard.is_none() && guard.le(limit.bind(py))? {
+                    return Ok(py.None().into_bound(py));
+                }
+                record.getattr(name.bind(py))
+            }
             Value::Call(function) => function.bind(py).call1((record,)),
             Value::Shared(index) => Ok(shared[*index].clone()),
         }
     }
 }
 
+/// A label value: a record's field, or `Either`'s `first or fallback`.
+enum LabelField {
+    Field(Py<PyString>),
+    Either(Py<PyString>, Py<PyString>),
+}
+
+impl LabelField {
+    fn of(item: Bound<'_, PyAny>) -> PyResult<LabelField> {
+        Ok(if item.is_instance_of::<PyTuple>() {
+            LabelField::Either(field_name(item.get_item(0)?)?, field_name(item.get_item(1)?)?)
+        } else {
+            LabelField::Field(field_name(item)?)
+        })
+    }
+
+    fn read<'py>(&self, py: Python<'py>, record: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        match self {
+            LabelField::Field(name) => record.getattr(name.bind(py)),
+            LabelField::Either(first, fallback) => {
+                let value = record.getattr(first.bind(py))?;
+                if value.is_truthy()? { Ok(value) } else { record.getattr(fallback.bind(py)) }
+            }
+        }
+    }
+}
+
 struct KeyOp {
     group: usize,
-    fields: Option<Vec<Py<PyString>>>,
+    fields: Option<Vec<LabelField>>,
     labels: PyObject,
     cache: Py<PyDict>,
     plan: PyObject,
@@ -249,7 +318,7 @@ struct CounterKey {
 /// One side's recording loop (`recorder.py` `_compile`), run as its plan says.
 #[pyclass(module = "otel_llm._core")]
 pub struct Observer {
-    shared: Vec<PyObject>,
+    shared: Vec<Value>,
     ops: Vec<Op>,
     groups: usize,
     new_slots: PyObject,
@@ -263,14 +332,16 @@ pub struct Observer {
 
 #[pymethods]
 impl Observer {
-    /// `ops`: tuples ("key", group, field names or None, labels callable, cache, plan, cache limit),
+    /// `ops`: tuples ("key", group, label fields or None, labels callable, cache, plan, cache limit),
     /// ("hist", group, position, count, value, success only, per-step callable or None, family,
     /// bounds, per-model bounds, key suffix), ("counter", group, value, by outcome, family, its
-    /// series dict, key suffix); a value is ("field", name), ("constant", v), ("call", f) or
-    /// ("shared", index into `shared`, the callables computed once per record first).
+    /// series dict, key suffix); a label field is a name or (first, fallback); a value is ("field",
+    /// name), ("constant", v), ("difference", (minuend, subtrahend)), ("ratio", (numerator,
+    /// denominator, offset or None)), ("unless_at_most", (name, guard, limit)), ("call", f) or
+    /// ("shared", index into `shared`: the values computed once per record first, none of them shared).
     #[new]
     #[allow(clippy::too_many_arguments)]
-    fn new(ops: Vec<Bound<'_, PyTuple>>, shared: Vec<PyObject>, new_slots: PyObject, resolve: PyObject,
+    fn new(ops: Vec<Bound<'_, PyTuple>>, shared: Vec<Bound<'_, PyTuple>>, new_slots: PyObject, resolve: PyObject,
            exemplar: PyObject, overflow: Bound<'_, PyTuple>, with_exemplars: bool) -> PyResult<Self> {
         let mut built = Vec::with_capacity(ops.len());
         let mut groups = 0usize;
@@ -286,7 +357,7 @@ impl Observer {
                         fields: if fields.is_none() {
                             None
                         } else {
-                            Some(fields.extract::<Vec<Bound<'_, PyString>>>()?.into_iter().map(Bound::unbind).collect())
+                            Some(fields.try_iter()?.map(|item| LabelField::of(item?)).collect::<PyResult<_>>()?)
                         },
                         labels: op.get_item(3)?.unbind(),
                         cache: op.get_item(4)?.downcast_into::<PyDict>()?.unbind(),
@@ -323,6 +394,10 @@ impl Observer {
         // Bounded as the label-key caches are: a hostile flood of keys clears it.
         let counter_keys_limit = built.iter().map(|op| match op { Op::Key(k) => k.cache_limit, _ => 0 }).sum::<usize>()
             .saturating_mul(4).max(64);
+        let shared: Vec<Value> = shared.iter().map(Value::of).collect::<PyResult<_>>()?;
+        if shared.iter().any(|value| matches!(value, Value::Shared(_))) {
+            return Err(PyValueError::new_err("a value computed once per record is not itself a shared one"));
+        }
         Ok(Observer { shared, ops: built, groups, new_slots, resolve, exemplar, overflow: overflow.unbind(), with_exemplars,
                       counter_keys: std::collections::HashMap::new(), counter_keys_limit })
     }
@@ -332,8 +407,11 @@ impl Observer {
     fn __call__<'py>(&mut self, py: Python<'py>, record: &Bound<'py, PyAny>, weight: f64, succeeded: bool,
                      dimensions: &Bound<'py, PyTuple>, trace_id: &Bound<'py, PyAny>, span_id: &Bound<'py, PyAny>,
                      now: f64) -> PyResult<Bound<'py, PyAny>> {
-        let shared: Vec<Bound<'py, PyAny>> =
-            self.shared.iter().map(|f| f.bind(py).call1((record,))).collect::<PyResult<_>>()?;
+        let mut shared: Vec<Bound<'py, PyAny>> = Vec::with_capacity(self.shared.len());
+        for value in &self.shared {
+            let computed = value.read(py, record, &shared)?;
+            shared.push(computed);
+        }
         let mut keys: Vec<Option<Bound<'py, PyTuple>>> = vec![None; self.groups];
         let mut slots: Vec<Option<Bound<'py, PyList>>> = vec![None; self.groups];
         let mut too_long_of: Vec<bool> = vec![false; self.groups];
@@ -349,7 +427,7 @@ impl Observer {
                         Some(names) => {
                             let mut items = Vec::with_capacity(names.len() + dimensions.len());
                             for name in names {
-                                items.push(record.getattr(name.bind(py))?);
+                                items.push(name.read(py, record)?);
                             }
                             items.extend(dimensions.iter());
                             PyTuple::new(py, items)?

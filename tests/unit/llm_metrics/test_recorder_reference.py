@@ -284,3 +284,79 @@ def test_a_misspelled_record_field_fails_where_the_metric_is_declared() -> None:
         Fields("model", "engine")
     record = _random_record(random.Random(4))
     assert Fields("model", "engine_kind")(record) == (record.model, record.engine_kind)
+
+
+def test_declared_values_compute_what_the_metrics_define() -> None:
+    """The computed values the namings declare as data, on the cases their definitions name (written
+    here, not read from the code): no value where a field is missing, a zero denominator, at most
+    one output token; the configured default model where a request named none."""
+    from otel_llm.processor.llm_metrics.metrics.definitions import Difference, Either, Fields, Ratio, UnlessAtMost
+
+    record = _random_record(random.Random(6))
+
+    def on(**fields: Any) -> RequestRecord:
+        for name, value in fields.items():
+            setattr(record, name, value)
+        return record
+
+    computed, ratio, acceptance = Difference("prompt_tokens", "cached_tokens"), Ratio("cached_tokens", "prompt_tokens"), \
+        Ratio("spec_accepted_tokens", "spec_steps", offset=1.0)
+    assert computed(on(prompt_tokens=100, cached_tokens=75)) == 25
+    assert computed(on(prompt_tokens=None)) is None and computed(on(prompt_tokens=5, cached_tokens=None)) is None
+    assert ratio(on(prompt_tokens=100, cached_tokens=75)) == 0.75
+    assert ratio(on(prompt_tokens=0, cached_tokens=0)) is None and ratio(on(prompt_tokens=9, cached_tokens=None)) is None
+    assert acceptance(on(spec_accepted_tokens=30, spec_steps=10)) == 4.0
+    assert acceptance(on(spec_steps=0)) is None and acceptance(on(spec_accepted_tokens=None, spec_steps=3)) is None
+    tpot = UnlessAtMost("tpot_s", "completion_tokens", 1)
+    assert tpot(on(tpot_s=0.02, completion_tokens=2)) == 0.02 and tpot(on(completion_tokens=None)) == 0.02
+    assert tpot(on(completion_tokens=1)) is None and tpot(on(completion_tokens=0)) is None
+    labels = Fields("operation_name", Either("request_model", "model"))
+    assert labels(on(operation_name="chat", request_model="", model="default-model")) == ("chat", "default-model")
+    assert labels(on(request_model="asked")) == ("chat", "asked")
+    with pytest.raises(ValueError, match="RequestRecord has no field 'prompt'"):
+        Ratio("cached_tokens", "prompt")
+
+
+def test_the_core_computes_declared_values_as_python_does() -> None:
+    """Each declared value kind (``Difference``, ``Ratio`` with and without an offset, ``UnlessAtMost``,
+    ``Either`` in a label key), observed and counted by the core's observer and by the Python one on
+    the values where arithmetic differs between machine numbers and Python's: integers past 2^53 and
+    2^64, negative ones, floats in integer fields, zero denominators, a guard's boundary. The same
+    series, sums bit for bit, and exemplar values of the same type (int, float)."""
+    from otel_llm.processor.llm_metrics.metrics.definitions import (
+        CounterSpec, Difference, Either, Fields, HistogramSpec, Ratio, UnlessAtMost)
+
+    bounds = (-1e15, -1.0, 0.0, 0.5, 1.0, 2.0, 1e6, 1e15)  # within 2^53, as the core takes them
+    naming = Naming(
+        key="t", label_names=("model_name", "operation"), labels=Fields(Either("request_model", "model"), "operation_name"),
+        histograms=(HistogramSpec("t_difference", "1", "", bounds, Difference("prompt_tokens", "cached_tokens")),
+                    HistogramSpec("t_ratio", "1", "", bounds, Ratio("cached_tokens", "prompt_tokens")),
+                    HistogramSpec("t_offset", "1", "", bounds, Ratio("spec_accepted_tokens", "spec_steps", offset=1.0)),
+                    HistogramSpec("t_unless", "s", "", bounds, UnlessAtMost("tpot_s", "completion_tokens", 1))),
+        counters=(CounterSpec("t_difference_total", "1", "", Difference("prompt_tokens", "cached_tokens")),
+                  CounterSpec("t_ratio_total", "1", "", Ratio("spec_accepted_tokens", "spec_steps", offset=1.0))))
+    core = _core_of("native")
+    recorders = [MetricsRecorder([naming], (), 64, core=implementation) for implementation in (None, core)]
+    numbers = [None, 0, 1, 2, -3, 7, 2**53 + 1, 2**64 + 3, -(2**70), 0.5, 1.0, 3.25, True]
+    rng = random.Random(7)
+    met = {"zero_denominator": 0, "at_most_one": 0, "big": 0, "fallback": 0}
+    for _ in range(3000):
+        record = _random_record(rng)
+        record.side, record.weight = Side.SERVER, rng.choice([1.0, 2.0, 0.3])
+        record.prompt_tokens, record.cached_tokens = rng.choice(numbers), rng.choice(numbers)
+        record.spec_accepted_tokens, record.spec_steps = rng.choice(numbers), rng.choice(numbers)
+        record.completion_tokens, record.tpot_s = rng.choice(numbers), rng.choice([None, 0.01, 2.0])
+        record.request_model = rng.choice(["", "asked"])
+        met["zero_denominator"] += record.prompt_tokens == 0 and record.cached_tokens is not None
+        met["at_most_one"] += record.completion_tokens is not None and record.completion_tokens <= 1
+        met["big"] += isinstance(record.prompt_tokens, int) and abs(record.prompt_tokens) > 2**53
+        met["fallback"] += record.request_model == ""
+        with_exemplars = rng.random() < 0.5
+        for recorder in recorders:
+            recorder.record(record, with_exemplars)
+    python_state, native_state = (_state(r) for r in recorders)
+    assert native_state == python_state
+    assert all(count > 100 for count in met.values()), met
+    difference = python_state["t_difference"][0]
+    assert "asked" in {key[0] for key in difference} and {key[0] for key in difference} - {"asked"}  # and fallbacks
+    assert {type(e[2]) for s in difference.values() for e in s[4].values()} >= {int, float}

@@ -64,18 +64,45 @@ class Field:
         return f"Field({self.name!r})"
 
 
+class Either:
+    """A label value that is a record's field, or another field where the first is empty
+    (``record.first or record.fallback``), declared as data as ``Field`` is."""
+
+    __slots__ = ("first", "fallback")
+
+    def __init__(self, first: str, fallback: str) -> None:
+        Field(first)  # the same check
+        Field(fallback)
+        self.first = first
+        self.fallback = fallback
+
+    def __call__(self, record: RequestRecord) -> Any:
+        return getattr(record, self.first) or getattr(record, self.fallback)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Either) and (other.first, other.fallback) == (self.first, self.fallback)
+
+    def __hash__(self) -> int:
+        return hash((self.first, self.fallback))
+
+    def __repr__(self) -> str:
+        return f"Either({self.first!r}, {self.fallback!r})"
+
+
 class Fields:
-    """A naming's label values that are record fields as they are, in label order (see ``Field``)."""
+    """A naming's label values that are record fields as they are (or ``Either`` of two), in label
+    order (see ``Field``)."""
 
     __slots__ = ("names",)
 
-    def __init__(self, *names: str) -> None:
+    def __init__(self, *names: str | Either) -> None:
         for name in names:
-            Field(name)  # the same check
+            if not isinstance(name, Either):
+                Field(name)  # the same check
         self.names = names
 
     def __call__(self, record: RequestRecord) -> tuple[str, ...]:
-        return tuple(getattr(record, name) for name in self.names)
+        return tuple(name(record) if isinstance(name, Either) else getattr(record, name) for name in self.names)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Fields) and other.names == self.names
@@ -102,7 +129,77 @@ class Constant:
         return f"Constant({self.value!r})"
 
 
-# Any other callable is called per record (a value computed from several fields).
+class Difference:
+    """``record.minuend - record.subtrahend``, None where either is None: a value computed from two
+    fields, declared as data so the compiled core computes it without calling Python (with
+    CPython's own number protocol, so the result is the same object type and value)."""
+
+    __slots__ = ("minuend", "subtrahend")
+
+    def __init__(self, minuend: str, subtrahend: str) -> None:
+        Field(minuend)
+        Field(subtrahend)
+        self.minuend = minuend
+        self.subtrahend = subtrahend
+
+    def __call__(self, record: RequestRecord) -> Any:
+        minuend, subtrahend = getattr(record, self.minuend), getattr(record, self.subtrahend)
+        if minuend is None or subtrahend is None:
+            return None
+        return minuend - subtrahend
+
+    def __repr__(self) -> str:
+        return f"Difference({self.minuend!r}, {self.subtrahend!r})"
+
+
+class Ratio:
+    """``record.numerator / record.denominator`` (plus ``offset`` if one is given), None where the
+    numerator is None or the denominator is None or zero; declared as data as ``Difference`` is."""
+
+    __slots__ = ("numerator", "denominator", "offset")
+
+    def __init__(self, numerator: str, denominator: str, offset: float | None = None) -> None:
+        Field(numerator)
+        Field(denominator)
+        self.numerator = numerator
+        self.denominator = denominator
+        self.offset = offset
+
+    def __call__(self, record: RequestRecord) -> Any:
+        numerator, denominator = getattr(record, self.numerator), getattr(record, self.denominator)
+        if numerator is None or not denominator:
+            return None
+        quotient = numerator / denominator
+        return quotient if self.offset is None else self.offset + quotient
+
+    def __repr__(self) -> str:
+        return f"Ratio({self.numerator!r}, {self.denominator!r}, {self.offset!r})"
+
+
+class UnlessAtMost:
+    """``record.name``, except None where ``record.guard`` is not None and at most ``limit``;
+    declared as data as ``Difference`` is."""
+
+    __slots__ = ("name", "guard", "limit")
+
+    def __init__(self, name: str, guard: str, limit: int) -> None:
+        Field(name)
+        Field(guard)
+        self.name = name
+        self.guard = guard
+        self.limit = limit
+
+    def __call__(self, record: RequestRecord) -> Any:
+        guard = getattr(record, self.guard)
+        if guard is not None and guard <= self.limit:
+            return None
+        return getattr(record, self.name)
+
+    def __repr__(self) -> str:
+        return f"UnlessAtMost({self.name!r}, {self.guard!r}, {self.limit!r})"
+
+
+# Any other callable is called per record (the compiled core calls it back too).
 Value = Callable[[RequestRecord], float | None]
 # A spec with ``per_step``: one observation per value of a sequence (vLLM's per-step inter-token latency).
 Values = Callable[[RequestRecord], tuple[float, ...]]
@@ -221,18 +318,12 @@ GENAI_LABEL_NAMES = ("gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.re
                      "server.address", "server.port", "error.type")
 
 
-def _genai_labels(r: RequestRecord) -> tuple[str, ...]:
-    # A configured default model (never an observation) still labels the series the user asked it to.
-    return (r.operation_name, r.provider_name, r.request_model or r.model, r.response_model, r.server_address,
-            r.server_port, r.error_type)
-
-
-def _genai_tpot(r: RequestRecord) -> float | None:
-    """Semconv: time per output token *after the first*, which a request of at most one output token
-    does not have (the ``vllm:`` family observes 0 for it, as vLLM does)."""
-    if r.completion_tokens is not None and r.completion_tokens <= 1:
-        return None
-    return r.tpot_s
+# A configured default model (never an observation) still labels the series the user asked it to.
+_GENAI_LABELS = Fields("operation_name", "provider_name", Either("request_model", "model"), "response_model",
+                       "server_address", "server_port", "error_type")
+# Semconv: time per output token *after the first*, which a request of at most one output token does not
+# have (the ``vllm:`` family observes 0 for it, as vLLM does).
+_GENAI_TPOT = UnlessAtMost("tpot_s", "completion_tokens", 1)
 
 
 def genai_naming(version: str = "1.41") -> Naming:
@@ -241,14 +332,14 @@ def genai_naming(version: str = "1.41") -> Naming:
     return Naming(
         key="gen_ai",
         label_names=GENAI_LABEL_NAMES,
-        labels=_genai_labels,
+        labels=_GENAI_LABELS,
         schema_url=GENAI_VERSIONS[version],
         histograms=(
             HistogramSpec("gen_ai.server.time_to_first_token", "s", "Time to generate first token for successful responses.",
                           GENAI_TTFT_BUCKETS, Field("ttft_s"), success_only=True),
             HistogramSpec("gen_ai.server.time_per_output_token", "s",
                           "Time per output token generated after the first token for successful responses.",
-                          GENAI_TPOT_BUCKETS, _genai_tpot, success_only=True),
+                          GENAI_TPOT_BUCKETS, _GENAI_TPOT, success_only=True),
             HistogramSpec("gen_ai.server.request.duration", "s", "Generative AI server request duration.",
                           GENAI_DURATION_BUCKETS, Field("e2e_s")),
         ),
@@ -284,7 +375,7 @@ def genai_client_naming(version: str = DEFAULT_GENAI_VERSION) -> Naming:
     return Naming(
         key="gen_ai",
         label_names=GENAI_LABEL_NAMES,
-        labels=_genai_labels,
+        labels=_GENAI_LABELS,
         side=Side.CLIENT,
         schema_url=GENAI_VERSIONS["1.41"],
         histograms=(
@@ -317,7 +408,7 @@ def _genai_client_naming_0_1() -> Naming:
     return Naming(
         key="gen_ai",
         label_names=GENAI_LABEL_NAMES,
-        labels=_genai_labels,
+        labels=_GENAI_LABELS,
         side=Side.CLIENT,
         schema_url=GENAI_VERSIONS["0.1"],
         histograms=(
@@ -419,26 +510,13 @@ CACHE_HIT_RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.9
 SPEC_ACCEPTANCE_LENGTH_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0)
 
 
-def _computed_prompt_tokens(r: RequestRecord) -> float | None:
-    """Prompt tokens prefilled by the engine, for a request whose cache reads were reported (vLLM's
-    ``num_prompt_tokens - num_cached_tokens``, v1/metrics/loggers.py:1312 @ 0.32.0)."""
-    if r.cached_tokens is None or r.prompt_tokens is None:
-        return None
-    return r.prompt_tokens - r.cached_tokens
-
-
-def _cache_hit_ratio(r: RequestRecord) -> float | None:
-    if r.cached_tokens is None or not r.prompt_tokens:
-        return None
-    return r.cached_tokens / r.prompt_tokens
-
-
-def _acceptance_length(r: RequestRecord) -> float | None:
-    """vLLM's per-request ``mean_acceptance_length``: 1 + accepted draft tokens / verify steps
-    (RequestSpecDecodeMetrics.to_dict, v1/metrics/stats.py @ 0.32.0); none for a request without steps."""
-    if r.spec_accepted_tokens is None or not r.spec_steps:
-        return None
-    return 1.0 + r.spec_accepted_tokens / r.spec_steps
+# Prompt tokens prefilled by the engine, for a request whose cache reads were reported (vLLM's
+# ``num_prompt_tokens - num_cached_tokens``, v1/metrics/loggers.py:1312 @ 0.32.0).
+_COMPUTED_PROMPT_TOKENS = Difference("prompt_tokens", "cached_tokens")
+_CACHE_HIT_RATIO = Ratio("cached_tokens", "prompt_tokens")
+# vLLM's per-request ``mean_acceptance_length``: 1 + accepted draft tokens / verify steps
+# (RequestSpecDecodeMetrics.to_dict, v1/metrics/stats.py @ 0.32.0); none for a request without steps.
+_ACCEPTANCE_LENGTH = Ratio("spec_accepted_tokens", "spec_steps", offset=1.0)
 
 
 def vllm_cache_naming(max_model_len: int, max_model_len_by_model: dict[str, int] | None = None) -> Naming:
@@ -454,7 +532,7 @@ def vllm_cache_naming(max_model_len: int, max_model_len_by_model: dict[str, int]
         histograms=(
             HistogramSpec("vllm:request_prefill_kv_computed_tokens", "{token}",
                           "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
-                          tokens, _computed_prompt_tokens, buckets_by_model=per_model),
+                          tokens, _COMPUTED_PROMPT_TOKENS, buckets_by_model=per_model),
         ),
         counters=(
             CounterSpec("vllm:prompt_tokens_cached", "{token}", "Number of cached prompt tokens (local + external).",
@@ -481,11 +559,11 @@ def own_cache_naming() -> Naming:
             HistogramSpec("otel_llm_request_prefix_cache_hit_ratio", "1",
                           "Per request: prompt tokens read from a cache / prompt tokens, for requests whose spans "
                           "report cache reads.",
-                          CACHE_HIT_RATIO_BUCKETS, _cache_hit_ratio),
+                          CACHE_HIT_RATIO_BUCKETS, _CACHE_HIT_RATIO),
             HistogramSpec("otel_llm_request_spec_decode_acceptance_length", "{token}",
                           "Per request: 1 + accepted draft tokens / verify steps (vLLM's mean_acceptance_length, "
                           "bonus token included); one observation per request, whatever its length.",
-                          SPEC_ACCEPTANCE_LENGTH_BUCKETS, _acceptance_length),
+                          SPEC_ACCEPTANCE_LENGTH_BUCKETS, _ACCEPTANCE_LENGTH),
         ),
         counters=(
             CounterSpec("otel_llm_prompt_tokens_cached", "{token}",
@@ -493,7 +571,7 @@ def own_cache_naming() -> Naming:
                         Field("cached_tokens")),
             CounterSpec("otel_llm_prompt_tokens_computed", "{token}",
                         "Prompt tokens prefilled (prompt minus cached), of requests whose spans report cache reads.",
-                        _computed_prompt_tokens),
+                        _COMPUTED_PROMPT_TOKENS),
             CounterSpec("otel_llm_prompt_tokens_cache_write", "{token}",
                         "Prompt tokens written to a cache (semconv cache_creation / cache_write), where reported.",
                         Field("cache_write_tokens")),
@@ -504,13 +582,10 @@ def own_cache_naming() -> Naming:
 def adapter_naming() -> Naming:
     """Requests and tokens per LoRA adapter: only requests that name a configured adapter, so the
     existing families keep their labels. ``model_name`` is the adapter's configured base model."""
-    def labels(r: RequestRecord) -> tuple[str, ...]:
-        return (r.lora_base_model, r.lora_adapter, r.engine_kind, r.service_name)
-
     return Naming(
         key="otel_llm",
         label_names=("model_name", "adapter", "engine_kind", "service_name"),
-        labels=labels,
+        labels=Fields("lora_base_model", "lora_adapter", "engine_kind", "service_name"),
         histograms=(),
         counters=(
             CounterSpec("otel_llm_adapter_requests", "{request}", "Requests that named a LoRA adapter, by finished reason.",

@@ -17,10 +17,14 @@ from otel_llm.processor.llm_metrics.metrics.definitions import (
     SEGMENT_METRIC,
     CounterSpec,
     Constant,
+    Difference,
+    Either,
     Field,
     Fields,
     HistogramSpec,
     Naming,
+    Ratio,
+    UnlessAtMost,
     prometheus_label_name,
 )
 from otel_llm.processor.llm_metrics.metrics.families import (
@@ -143,7 +147,8 @@ def _fields_tuple(labels: Callable[..., Any]) -> str | None:
     """Source for ``labels(record)`` when its values are declared as fields (``definitions.Fields``)."""
     if not isinstance(labels, Fields):
         return None
-    return "(" + ", ".join(f"record.{name}" for name in labels.names) + ",)"
+    return "(" + ", ".join(f"(record.{name.first} or record.{name.fallback})" if isinstance(name, Either)
+                           else f"record.{name}" for name in labels.names) + ",)"
 
 
 Observer = Callable[[RequestRecord, float, bool, Key, str, str, float], str]
@@ -210,14 +215,24 @@ def _native_ops(bounds: list[BoundNaming], group_of: list[int], plans: list[_Pla
     shared = _shared_values(plans)
     shared_index = {id(value_of): index for index, value_of in enumerate(shared)}
 
-    def value(value_of: Callable[..., Any]) -> tuple[str, Any]:
+    def declared(value_of: Callable[..., Any]) -> tuple[str, Any]:
+        """A value the core computes itself where it is declared as data, else a call back."""
         if isinstance(value_of, Field):
             return ("field", value_of.name)
         if isinstance(value_of, Constant):
             return ("constant", value_of.value)
+        if isinstance(value_of, Difference):
+            return ("difference", (value_of.minuend, value_of.subtrahend))
+        if isinstance(value_of, Ratio):
+            return ("ratio", (value_of.numerator, value_of.denominator, value_of.offset))
+        if isinstance(value_of, UnlessAtMost):
+            return ("unless_at_most", (value_of.name, value_of.guard, value_of.limit))
+        return ("call", value_of)
+
+    def value(value_of: Callable[..., Any]) -> tuple[str, Any]:
         if id(value_of) in shared_index:
             return ("shared", shared_index[id(value_of)])
-        return ("call", value_of)
+        return declared(value_of)
 
     ops: list[tuple[Any, ...]] = []
     hist_offset = [0] * len(plans)
@@ -228,7 +243,8 @@ def _native_ops(bounds: list[BoundNaming], group_of: list[int], plans: list[_Pla
         count = len(plan.hists)
         if group not in started:
             started.add(group)
-            fields = plan.labels.names if isinstance(plan.labels, Fields) else None
+            fields = ([(name.first, name.fallback) if isinstance(name, Either) else name for name in plan.labels.names]
+                      if isinstance(plan.labels, Fields) else None)
             ops.append(("key", group, fields, plan.labels, plan.cache, plan, plan.cache_limit))
         for _ in bound.histograms:
             position = hist_offset[group]
@@ -242,7 +258,7 @@ def _native_ops(bounds: list[BoundNaming], group_of: list[int], plans: list[_Pla
             value_of, by_outcome, counter_family, counter_suffix = plan.counters[position]
             ops.append(("counter", group, value(value_of), by_outcome, counter_family, counter_family.series,
                         counter_suffix))
-    return ops, shared
+    return ops, [declared(value_of) for value_of in shared]
 
 
 def _source(bounds: list[BoundNaming], group_of: list[int], plans: list[_Plan], scope: dict[str, Any],
