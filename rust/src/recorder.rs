@@ -85,6 +85,40 @@ impl Series {
     }
 }
 
+/// One counter series' total, as a cell its observer adds to in place (`families.CounterFamily`
+/// with the core: its series dict holds these instead of floats, so a record's counter step is an
+/// addition, not a dict lookup and store of a new float under a hashed tuple key).
+#[pyclass(module = "otel_llm._core", name = "CounterSeries")]
+pub struct CounterSeries {
+    value: f64,
+}
+
+#[pymethods]
+impl CounterSeries {
+    #[new]
+    fn new() -> Self {
+        CounterSeries { value: 0.0 }
+    }
+
+    /// `value += amount`, the float addition Python's `current + amount` does.
+    fn add(&mut self, amount: f64) {
+        self.value += amount;
+    }
+
+    #[getter]
+    fn value(&self) -> f64 {
+        self.value
+    }
+
+    fn __float__(&self) -> f64 {
+        self.value
+    }
+
+    fn __repr__(&self) -> String {
+        format!("CounterSeries({:?})", self.value)
+    }
+}
+
 /// Python's `bisect_left(bounds, value)` for a float: the first bound not less than `value`
 /// (`value == bound` falls in that bucket; NaN in the first, as Python's comparisons put it).
 #[inline]
@@ -313,6 +347,8 @@ struct CounterKey {
     _entry: Py<PyList>,
     _outcome: Option<PyObject>,
     key: Py<PyTuple>,
+    // The series the key names, once its family holds it (series are never removed from a family).
+    cell: Option<Py<CounterSeries>>,
 }
 
 /// One side's recording loop (`recorder.py` `_compile`), run as its plan says.
@@ -513,6 +549,10 @@ impl Observer {
                     }
                     let outcome_of_key = if c.by_outcome { outcome.as_ref() } else { None };
                     let cached = (entry.as_ptr() as usize, step, outcome_of_key.map_or(0, |o| o.as_ptr() as usize));
+                    if let Some(CounterKey { cell: Some(cell), .. }) = self.counter_keys.get(&cached) {
+                        cell.bind(py).borrow_mut().value += added;
+                        continue;
+                    }
                     let counter_key = match self.counter_keys.get(&cached) {
                         Some(known) => known.key.bind(py).clone(),
                         None => {
@@ -531,6 +571,7 @@ impl Observer {
                                 _entry: entry.clone().unbind(),
                                 _outcome: outcome_of_key.map(|o| o.clone().unbind()),
                                 key: built.clone().unbind(),
+                                cell: None,
                             });
                             built
                         }
@@ -538,12 +579,21 @@ impl Observer {
                     let series = c.series.bind(py);
                     match series.get_item(&counter_key)? {
                         None => {
+                            // A new series (or the overflow one, counted), made by the family.
                             family.call_method1(pyo3::intern!(py, "add"), (counter_key, added))?;
                         }
-                        Some(current) => {
-                            let current: f64 = current.extract()?;
-                            series.set_item(counter_key, current + added)?;
-                        }
+                        Some(current) => match current.downcast_into::<CounterSeries>() {
+                            Ok(cell) => {
+                                cell.borrow_mut().value += added;
+                                if let Some(known) = self.counter_keys.get_mut(&cached) {
+                                    known.cell = Some(cell.unbind());
+                                }
+                            }
+                            Err(error) => {
+                                let current: f64 = error.into_inner().extract()?;
+                                series.set_item(counter_key, current + added)?;
+                            }
+                        },
                     }
                 }
             }
@@ -615,6 +665,7 @@ pub(crate) fn wide_int(value: &Bound<'_, PyAny>) -> PyResult<i128> {
 
 pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Series>()?;
+    module.add_class::<CounterSeries>()?;
     module.add_class::<Observer>()?;
     module.add_class::<SegmentObserver>()?;
     Ok(())

@@ -140,7 +140,7 @@ def take_snapshot(recorder: MetricsRecorder, exponential: tuple[int, int] | None
             for counter in bound.counters:
                 names = bound.label_names + counter.extra_label_names
                 snapshot.sums.append(_SumSnapshot(counter.spec.name, counter.spec.unit, counter.spec.description,
-                                                  names, schema_url, dict(counter.family.series)))
+                                                  names, schema_url, counter.family.totals()))
         hist(SEGMENT_METRIC.name, SEGMENT_METRIC.unit, SEGMENT_METRIC.description, recorder.segments.bounds,
              recorder.segment_label_names, recorder.segments, "")
         accounting = recorder.accounting
@@ -148,7 +148,7 @@ def take_snapshot(recorder: MetricsRecorder, exponential: tuple[int, int] | None
             for spec in ACCOUNTING_METRICS:
                 if spec.kind == "counter":
                     snapshot.sums.append(_SumSnapshot(spec.name, spec.unit, spec.description, spec.label_names, "",
-                                                      dict(accounting.families[spec.name].series)))
+                                                      accounting.families[spec.name].totals()))
             if accounting.targets:
                 snapshot.gauges.append(_SumSnapshot(
                     SLO_TARGET.name, SLO_TARGET.unit, SLO_TARGET.description, SLO_TARGET.label_names, "",

@@ -169,7 +169,7 @@ class Accounting:
             if not family.series:
                 continue
             metric = Metric(spec.name, spec.description, "counter")
-            for key, value in family.series.items():
+            for key, value in family.totals().items():
                 labels = dict(overflow_labels) if key == Family.OVERFLOW else dict(zip(spec.label_names, key))
                 metric.add_sample(spec.name + "_total", labels, value)
             yield metric

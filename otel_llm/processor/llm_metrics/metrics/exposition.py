@@ -137,6 +137,6 @@ def _histogram(name: str, unit: str, doc: str, bounds: tuple[float, ...], label_
 
 def _counter(name: str, doc: str, label_names: tuple[str, ...], family: CounterFamily) -> Metric:
     metric = Metric(name, doc, "counter")
-    for key, value in family.series.items():
+    for key, value in family.totals().items():
         metric.add_sample(name + "_total", _labels(label_names, key), value)
     return metric

@@ -126,17 +126,39 @@ class HistogramFamily(Family[HistogramSeries]):
         return HistogramSeries([0.0] * (len(own or self.bounds) + 1), bounds=own, exponential=exponential)
 
 
-class CounterFamily(Family[float]):
-    __slots__ = ()
+class CounterFamily(Family[Any]):
+    """Counter series: floats, or with the compiled core the core's ``CounterSeries`` cells its
+    observers add to in place (``cell_class``); ``totals()`` reads either as floats."""
+
+    __slots__ = ("cell_class",)
+
+    def __init__(self, name: str, limit: int, budget: SeriesBudget | None = None,
+                 label_names: tuple[str, ...] | None = None) -> None:
+        super().__init__(name, limit, budget, label_names=label_names)
+        self.cell_class: Any = None
 
     def add(self, key: Key, amount: float) -> None:
         current = self.series.get(key)
         if current is None:
             key = self._admit(key)
-            current = self.series.get(key, 0.0)
-        self.series[key] = current + amount
+            current = self.series.get(key)
+        self._add(key, current, amount)
 
     def add_overflow(self, amount: float) -> None:
         """``amount`` on the overflow series (a label value too long for a series of its own), counted."""
         self.overflowed += 1
-        self.series[self.OVERFLOW] = self.series.get(self.OVERFLOW, 0.0) + amount
+        self._add(self.OVERFLOW, self.series.get(self.OVERFLOW), amount)
+
+    def _add(self, key: Key, current: Any, amount: float) -> None:
+        if self.cell_class is None:
+            self.series[key] = (0.0 if current is None else current) + amount
+            return
+        if current is None:
+            current = self.series[key] = self.cell_class()
+        current.add(amount)
+
+    def totals(self) -> dict[Key, float]:
+        """Each series' total, as a float (a copy: exposition and push read this)."""
+        if self.cell_class is None:
+            return dict(self.series)
+        return {key: float(cell) for key, cell in self.series.items()}

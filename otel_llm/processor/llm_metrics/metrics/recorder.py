@@ -433,6 +433,9 @@ class MetricsRecorder:
         if self._core is not None:  # the core's observers write only the core's series
             for family in self._histogram_families():
                 family.series_class = self._core.HistogramSeries
+            for bound in self.namings:
+                for counter in bound.counters:
+                    counter.family.cell_class = self._core.CounterSeries
             self._observe_segments = self._core.SegmentObserver(self.segments.bounds, self.segments, Exemplar)
 
     def record(self, record: RequestRecord, with_exemplars: bool = False) -> None:
