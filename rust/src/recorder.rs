@@ -623,12 +623,13 @@ impl SegmentObserver {
     fn new(bounds: Bound<'_, PyAny>, family: PyObject, exemplar: PyObject) -> PyResult<Self> {
         Ok(SegmentObserver { bounds: checked_bounds(bounds)?, family, exemplar })
     }
+}
 
-    #[pyo3(signature = (segments, by_name, everything, resolve, weight, trace_id, span_id, now))]
+impl SegmentObserver {
     #[allow(clippy::too_many_arguments)]
-    fn __call__<'py>(&self, py: Python<'py>, segments: &Bound<'py, PyAny>, by_name: &Bound<'py, PyDict>,
-                     everything: &Bound<'py, PyAny>, resolve: &Bound<'py, PyAny>, weight: f64,
-                     trace_id: &Bound<'py, PyAny>, span_id: &Bound<'py, PyAny>, now: Option<f64>) -> PyResult<()> {
+    fn observe<'py>(&self, py: Python<'py>, segments: &Bound<'py, PyAny>, by_name: &Bound<'py, PyDict>,
+                    everything: Option<&Bound<'py, PyAny>>, resolve: impl Fn(&Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>,
+                    weight: f64, trace_id: &Bound<'py, PyAny>, span_id: &Bound<'py, PyAny>, now: Option<f64>) -> PyResult<()> {
         let class = self.exemplar.bind(py);
         let family = self.family.bind(py);
         let exemplars = now.map(|now| Exemplars { class, trace_id, span_id, now });
@@ -638,17 +639,105 @@ impl SegmentObserver {
             let (start, end) = (wide_int(&segment.get_item(1)?)?, wide_int(&segment.get_item(2)?)?);
             // int - int is exact in Python; int / float rounds the difference to a float first.
             let duration = (end - start) as f64 / 1e9;
-            let resolved = if everything.is_none() {
-                match by_name.get_item(&name)? {
+            let resolved = match everything {
+                Some(everything) => everything.clone(),
+                None => match by_name.get_item(&name)? {
                     Some(found) => found,
-                    None => resolve.call1((&name,))?,
-                }
-            } else {
-                everything.clone()
+                    None => resolve(&name)?,
+                },
             };
             let series = resolved.get_item(0)?;
             let extra: i64 = resolved.get_item(1)?.extract()?;
             observe_into(py, &series, &self.bounds, false, None, duration, weight, extra, family, exemplars.as_ref())?;
+        }
+        Ok(())
+    }
+}
+
+/// `MetricsRecorder.record` with the compiled core, called under the recorder's lock: a record's
+/// observations in its side's namings (`Observer`), its segments (`SegmentObserver`, through the
+/// recorder's segment-key cache), and the count of the first label too long for a series. Python
+/// makes what is rare: a segment key's cache entry (`_segment_entry`) and a segment series
+/// (`_resolve_segment`).
+#[pyclass(module = "otel_llm._core")]
+pub struct Recording {
+    observers: Py<PyDict>,
+    segments: Py<SegmentObserver>,
+    segment_cache: Py<PyDict>,
+    segment_too_long: Py<PyDict>,
+    too_long: Py<PyDict>,
+    segment_entry: PyObject,
+    resolve_segment: PyObject,
+    failed: PyObject,
+    clock: PyObject,
+    recorded: u64,
+}
+
+#[pymethods]
+impl Recording {
+    /// `observers`: side -> (observer, observer with exemplars); `too_long`: the recorder's count by
+    /// label; `failed`: the outcomes that are not successes; `clock`: an exemplar's timestamp (`time.time`).
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    fn new(observers: Py<PyDict>, segments: Py<SegmentObserver>, segment_cache: Py<PyDict>, segment_too_long: Py<PyDict>,
+           too_long: Py<PyDict>, segment_entry: PyObject, resolve_segment: PyObject, failed: PyObject, clock: PyObject) -> Self {
+        Recording { observers, segments, segment_cache, segment_too_long, too_long, segment_entry, resolve_segment, failed,
+                    clock, recorded: 0 }
+    }
+
+    /// Records recorded (`MetricsRecorder.requests_recorded`).
+    #[getter]
+    fn recorded(&self) -> u64 {
+        self.recorded
+    }
+
+    fn record<'py>(&mut self, py: Python<'py>, record: &Bound<'py, PyAny>, with_exemplars: bool) -> PyResult<()> {
+        let weight: f64 = record.getattr(pyo3::intern!(py, "weight"))?.extract()?;
+        let succeeded = !self.failed.bind(py).contains(record.getattr(pyo3::intern!(py, "outcome"))?)?;
+        let empty = pyo3::intern!(py, "").clone().into_any();
+        let (trace_id, span_id, now) = if with_exemplars {
+            let hex = pyo3::intern!(py, "hex");
+            (record.getattr(pyo3::intern!(py, "trace_id"))?.call_method0(hex)?,
+             record.getattr(pyo3::intern!(py, "span_id"))?.call_method0(hex)?, self.clock.bind(py).call0()?.extract::<f64>()?)
+        } else {
+            (empty.clone(), empty.clone(), 0.0)
+        };
+        let dimensions = record.getattr(pyo3::intern!(py, "dimensions"))?.downcast_into::<PyTuple>()?;
+        self.recorded += 1;
+        let mut too_long = empty;
+        if let Some(pair) = self.observers.bind(py).get_item(record.getattr(pyo3::intern!(py, "side"))?)? {
+            let observer = pair.get_item(usize::from(with_exemplars))?.downcast_into::<Observer>()?;
+            too_long = observer.borrow_mut().__call__(py, record, weight, succeeded, &dimensions, &trace_id, &span_id, now)?;
+        }
+        let segments = record.getattr(pyo3::intern!(py, "segments"))?;
+        if segments.is_truthy()? {
+            let base = PyTuple::new(py, [record.getattr(pyo3::intern!(py, "model"))?,
+                                         record.getattr(pyo3::intern!(py, "engine_kind"))?,
+                                         record.getattr(pyo3::intern!(py, "service_name"))?])?;
+            let cache_key = base.add(&dimensions)?;
+            let by_name = match self.segment_cache.bind(py).get_item(&cache_key)? {
+                Some(found) => found,
+                None => self.segment_entry.bind(py).call1((&cache_key,))?,
+            }.downcast_into::<PyDict>()?;
+            let everything = by_name.get_item(pyo3::intern!(py, ""))?;
+            if everything.is_some() && !too_long.is_truthy()? {
+                too_long = match self.segment_too_long.bind(py).get_item(&cache_key)? {
+                    Some(label) => label,
+                    None => pyo3::intern!(py, "dimension").clone().into_any(),
+                };
+            }
+            let resolve = self.resolve_segment.bind(py);
+            self.segments.get().observe(py, &segments, &by_name, everything.as_ref(),
+                                        |name| resolve.call1((&by_name, &base, &dimensions, name)), weight, &trace_id,
+                                        &span_id, if with_exemplars { Some(now) } else { None })?;
+        }
+        if too_long.is_truthy()? {
+            let counts = self.too_long.bind(py);
+            let count: i64 = match counts.get_item(&too_long)? {
+                Some(count) => count.extract()?,
+                None => 0,
+            };
+            counts.set_item(too_long, count + 1)?;
         }
         Ok(())
     }
@@ -668,5 +757,6 @@ pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<CounterSeries>()?;
     module.add_class::<Observer>()?;
     module.add_class::<SegmentObserver>()?;
+    module.add_class::<Recording>()?;
     Ok(())
 }

@@ -425,7 +425,7 @@ class MetricsRecorder:
         self._segment_cache_limit = 4 * series_limit + 64
         self._segment_too_long: dict[Key, str] = {}
         self.lock = threading.Lock()
-        self.requests_recorded = 0
+        self._requests_recorded = 0
         self.accounting: Accounting | None = None  # tenant tokens, cost, SLO attainment (when configured)
         # Bucket limit of the native histogram parts a scrape gets (``exporters.prometheus.native_histograms``
         # sets it with ``keep_exponential``); None: a scrape copies none.
@@ -436,7 +436,16 @@ class MetricsRecorder:
             for bound in self.namings:
                 for counter in bound.counters:
                     counter.family.cell_class = self._core.CounterSeries
-            self._observe_segments = self._core.SegmentObserver(self.segments.bounds, self.segments, Exemplar)
+            self._recording: Any = self._core.Recording(
+                self._observers, self._core.SegmentObserver(self.segments.bounds, self.segments, Exemplar),
+                self._segment_cache, self._segment_too_long, self.too_long, self._segment_entry, self._resolve_segment,
+                _FAILED, time.time)
+        else:
+            self._recording = None
+
+    @property
+    def requests_recorded(self) -> int:
+        return self._requests_recorded + (self._recording.recorded if self._recording is not None else 0)
 
     def record(self, record: RequestRecord, with_exemplars: bool = False) -> None:
         """Observe ``record`` in every naming of its side; ``with_exemplars`` only for traces the sampler kept.
@@ -444,7 +453,13 @@ class MetricsRecorder:
         One compiled observer per side (``_compile``): a label key is built once per label shape and
         record, the series it observes into are looked up once per key (``_Plan.cache``), and an
         observation is a bucket index by ``bisect`` and three additions (``HistogramFamily.observe``'s
-        arithmetic, inlined)."""
+        arithmetic, inlined). With the compiled core, this whole method is the core's ``Recording``."""
+        if self._recording is not None:
+            with self.lock:
+                self._recording.record(record, with_exemplars)
+                if self.accounting is not None:
+                    self.accounting.record(record)
+            return
         weight = record.weight
         succeeded = record.outcome not in _FAILED  # record.succeeded, inlined
         if with_exemplars:
@@ -455,7 +470,7 @@ class MetricsRecorder:
         dimensions = record.dimensions
         too_long = ""
         with self.lock:
-            self.requests_recorded += 1
+            self._requests_recorded += 1
             observers = self._observers.get(record.side)
             if observers is not None:
                 too_long = observers[1 if with_exemplars else 0](record, weight, succeeded, dimensions, trace_id, span_id, now)
@@ -464,54 +479,59 @@ class MetricsRecorder:
                 cache_key = base + dimensions
                 by_name = self._segment_cache.get(cache_key)
                 if by_name is None:
-                    if len(self._segment_cache) >= self._segment_cache_limit:
-                        self._segment_cache.clear()
-                        self._segment_too_long.clear()
-                    by_name = self._segment_cache[cache_key] = {}
-                    label = _too_long(cache_key, self.segment_label_names[:3] + self.segment_label_names[4:],
-                                      self.max_label_value_bytes)
-                    if label:  # every segment of this key goes to the overflow series
-                        overflow_series = _series_of(self.segments, self.segments.OVERFLOW)
-                        by_name[""] = (overflow_series, _extra(overflow_series, True))
-                        self._segment_too_long[cache_key] = label
+                    by_name = self._segment_entry(cache_key)
                 everything = by_name.get("")
                 if everything is not None:
                     too_long = too_long or self._segment_too_long.get(cache_key, "dimension")
                 family = self.segments
                 bounds = family.bounds
-                if self._core is not None:  # the same loop in the core, its series the core's
-                    def resolve(name: str) -> tuple[Any, int]:
-                        series = _series_of(family, base + (name,) + dimensions)
-                        resolved = by_name[name] = (series, _extra(series, series is family.series.get(family.OVERFLOW)))
-                        return resolved
-
-                    self._observe_segments(record.segments, by_name, everything, resolve, weight, trace_id, span_id,
-                                           now if with_exemplars else None)
-                else:
-                    for name, start_unix_ns, end_unix_ns in record.segments:
-                        duration = (end_unix_ns - start_unix_ns) / 1e9
-                        resolved = everything or by_name.get(name)
-                        if resolved is None:
-                            series = _series_of(family, base + (name,) + dimensions)
-                            resolved = by_name[name] = (series, _extra(series, series is family.series.get(family.OVERFLOW)))
-                        series, extra = resolved
-                        index = bisect_left(bounds, duration)
-                        series.counts[index] += weight
-                        series.total += duration * weight
-                        series.count += weight
-                        if extra:
-                            if extra & _EXPONENTIAL:
-                                exponential = series.exponential
-                                assert exponential is not None
-                                exponential.observe(duration, weight)
-                            if extra & _OVERFLOWED:
-                                family.overflowed += 1
-                        if with_exemplars:
-                            series.exemplars[index] = Exemplar(trace_id, span_id, duration, now)
+                for name, start_unix_ns, end_unix_ns in record.segments:
+                    duration = (end_unix_ns - start_unix_ns) / 1e9
+                    resolved = everything or by_name.get(name)
+                    if resolved is None:
+                        resolved = self._resolve_segment(by_name, base, dimensions, name)
+                    series, extra = resolved
+                    index = bisect_left(bounds, duration)
+                    series.counts[index] += weight
+                    series.total += duration * weight
+                    series.count += weight
+                    if extra:
+                        if extra & _EXPONENTIAL:
+                            exponential = series.exponential
+                            assert exponential is not None
+                            exponential.observe(duration, weight)
+                        if extra & _OVERFLOWED:
+                            family.overflowed += 1
+                    if with_exemplars:
+                        series.exemplars[index] = Exemplar(trace_id, span_id, duration, now)
             if too_long:
                 self.too_long[too_long] = self.too_long.get(too_long, 0) + 1
             if self.accounting is not None:
                 self.accounting.record(record)
+
+    def _segment_entry(self, cache_key: Key) -> dict[str, tuple[HistogramSeries, int]]:
+        """A segment label key's new cache entry: segment name -> (series, what else an observation
+        does); a key with a label value too long for a series of its own gets "" -> the overflow
+        series, which every segment of it then observes into."""
+        if len(self._segment_cache) >= self._segment_cache_limit:
+            self._segment_cache.clear()
+            self._segment_too_long.clear()
+        by_name: dict[str, tuple[HistogramSeries, int]] = {}
+        self._segment_cache[cache_key] = by_name
+        label = _too_long(cache_key, self.segment_label_names[:3] + self.segment_label_names[4:], self.max_label_value_bytes)
+        if label:
+            overflow_series = _series_of(self.segments, self.segments.OVERFLOW)
+            by_name[""] = (overflow_series, _extra(overflow_series, True))
+            self._segment_too_long[cache_key] = label
+        return by_name
+
+    def _resolve_segment(self, by_name: dict[str, tuple[HistogramSeries, int]], base: Key, dimensions: Key,
+                         name: str) -> tuple[HistogramSeries, int]:
+        """The series segment ``name`` of a key observes into, cached in the key's entry."""
+        family = self.segments
+        series = _series_of(family, base + (name,) + dimensions)
+        resolved = by_name[name] = (series, _extra(series, series is family.series.get(family.OVERFLOW)))
+        return resolved
 
     def _slots(self, plan: _Plan, key: Key) -> list[Any]:
         """A new cache entry: [series per histogram..., what else each observation does (``_extra``)...,
