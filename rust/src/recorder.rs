@@ -13,6 +13,7 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::{PyTraverseError, PyVisit};
 use pyo3::types::{PyDict, PyFloat, PyList, PyString, PyTuple};
 
 /// One histogram series: per-bucket counts (the last one +Inf), sum and count as the Python
@@ -262,6 +263,17 @@ impl Value {
     }
 }
 
+impl Value {
+    fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        match self {
+            Value::Constant(object) | Value::Call(object) => visit.call(object),
+            Value::Ratio(_, _, offset) => visit.call(offset),
+            Value::UnlessAtMost(_, _, limit) => visit.call(limit),
+            Value::Field(_) | Value::Difference(..) | Value::Shared(_) => Ok(()),
+        }
+    }
+}
+
 /// A label value: a record's field, or `Either`'s `first or fallback`.
 enum LabelField {
     Field(Py<PyString>),
@@ -436,6 +448,46 @@ impl Observer {
         }
         Ok(Observer { shared, ops: built, groups, new_slots, resolve, exemplar, overflow: overflow.unbind(), with_exemplars,
                       counter_keys: std::collections::HashMap::new(), counter_keys_limit })
+    }
+
+    /// The objects it holds, for the cyclic garbage collector: its plan holds the recorder's bound
+    /// methods, caches and families, so a recorder that is no longer referenced is in a cycle
+    /// through it (collected once the collector can see the cycle).
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for value in &self.shared {
+            value.visit(&visit)?;
+        }
+        for op in &self.ops {
+            match op {
+                Op::Key(key) => {
+                    visit.call(&key.labels)?;
+                    visit.call(&key.cache)?;
+                    visit.call(&key.plan)?;
+                }
+                Op::Hist(hist) => {
+                    hist.value.visit(&visit)?;
+                    visit.call(&hist.per_step)?;
+                    visit.call(&hist.family)?;
+                    visit.call(&hist.suffix)?;
+                }
+                Op::Counter(counter) => {
+                    counter.value.visit(&visit)?;
+                    visit.call(&counter.family)?;
+                    visit.call(&counter.series)?;
+                    visit.call(&counter.suffix)?;
+                }
+            }
+        }
+        for known in self.counter_keys.values() {
+            visit.call(&known._entry)?;
+            visit.call(&known._outcome)?;
+            visit.call(&known.key)?;
+            visit.call(&known.cell)?;
+        }
+        visit.call(&self.new_slots)?;
+        visit.call(&self.resolve)?;
+        visit.call(&self.exemplar)?;
+        visit.call(&self.overflow)
     }
 
     /// The generated observer's signature and result: the first label too long for a series, or "".
@@ -683,6 +735,19 @@ impl Recording {
            too_long: Py<PyDict>, segment_entry: PyObject, resolve_segment: PyObject, failed: PyObject, clock: PyObject) -> Self {
         Recording { observers, segments, segment_cache, segment_too_long, too_long, segment_entry, resolve_segment, failed,
                     clock, recorded: 0 }
+    }
+
+    /// See `Observer.__traverse__`: it holds the recorder's caches and bound methods.
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.observers)?;
+        visit.call(&self.segments)?;
+        visit.call(&self.segment_cache)?;
+        visit.call(&self.segment_too_long)?;
+        visit.call(&self.too_long)?;
+        visit.call(&self.segment_entry)?;
+        visit.call(&self.resolve_segment)?;
+        visit.call(&self.failed)?;
+        visit.call(&self.clock)
     }
 
     /// Records recorded (`MetricsRecorder.requests_recorded`).

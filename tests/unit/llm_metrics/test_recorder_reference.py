@@ -362,3 +362,24 @@ def test_the_core_computes_declared_values_as_python_does() -> None:
     difference = python_state["t_difference"][0]
     assert "asked" in {key[0] for key in difference} and {key[0] for key in difference} - {"asked"}  # and fallbacks
     assert {type(e[2]) for s in difference.values() for e in s[4].values()} >= {int, float}
+
+
+def test_a_recorder_no_longer_referenced_is_collected_with_its_series() -> None:
+    """The core's observers and recording hold the recorder's bound methods and caches (a cycle
+    through the recorder): the cyclic collector must see through them, or every recorder a process
+    builds (one per configuration it serves, one per test) keeps all its series for good."""
+    import gc
+    import weakref
+
+    core = _core_of("native")
+    namings = [vllm_naming(8192), vllm_cache_naming(8192), genai_naming("1.41"), own_naming(), own_cache_naming()]
+    recorders = [MetricsRecorder(namings, ("tier",), LIMIT, core=core) for _ in range(3)]
+    rng = random.Random(8)
+    for recorder in recorders:
+        for _ in range(20):
+            recorder.record(_random_record(rng), rng.random() < 0.5)
+    assert all(any(f.series for f in recorder.families()) for recorder in recorders)
+    alive = [weakref.ref(recorder) for recorder in recorders]
+    del recorders, recorder
+    gc.collect()
+    assert [ref() for ref in alive] == [None, None, None]
