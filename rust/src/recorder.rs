@@ -106,11 +106,6 @@ impl CounterSeries {
         self.value += amount;
     }
 
-    #[getter]
-    fn value(&self) -> f64 {
-        self.value
-    }
-
     fn __float__(&self) -> f64 {
         self.value
     }
@@ -601,11 +596,11 @@ impl Observer {
                     }
                     let outcome_of_key = if c.by_outcome { outcome.as_ref() } else { None };
                     let cached = (entry.as_ptr() as usize, step, outcome_of_key.map_or(0, |o| o.as_ptr() as usize));
-                    if let Some(CounterKey { cell: Some(cell), .. }) = self.counter_keys.get(&cached) {
-                        cell.bind(py).borrow_mut().value += added;
-                        continue;
-                    }
                     let counter_key = match self.counter_keys.get(&cached) {
+                        Some(CounterKey { cell: Some(cell), .. }) => {
+                            cell.bind(py).borrow_mut().value += added;
+                            continue;
+                        }
                         Some(known) => known.key.bind(py).clone(),
                         None => {
                             let mut built = match &c.suffix {
@@ -634,18 +629,14 @@ impl Observer {
                             // A new series (or the overflow one, counted), made by the family.
                             family.call_method1(pyo3::intern!(py, "add"), (counter_key, added))?;
                         }
-                        Some(current) => match current.downcast_into::<CounterSeries>() {
-                            Ok(cell) => {
-                                cell.borrow_mut().value += added;
-                                if let Some(known) = self.counter_keys.get_mut(&cached) {
-                                    known.cell = Some(cell.unbind());
-                                }
+                        Some(current) => {
+                            // The recorder gives its core's counter families cells (`cell_class`) before any record.
+                            let cell = current.downcast_into::<CounterSeries>()?;
+                            cell.borrow_mut().value += added;
+                            if let Some(known) = self.counter_keys.get_mut(&cached) {
+                                known.cell = Some(cell.unbind());
                             }
-                            Err(error) => {
-                                let current: f64 = error.into_inner().extract()?;
-                                series.set_item(counter_key, current + added)?;
-                            }
-                        },
+                        }
                     }
                 }
             }
@@ -657,24 +648,15 @@ impl Observer {
     }
 }
 
-/// A record's segments into the segment family's series (`MetricsRecorder.record`'s loop), the
-/// family's bounds checked and held once. Per record: `by_name` the key's cache of segment name ->
+/// A record's segments into the segment family's series (`MetricsRecorder.record`'s loop, part of
+/// `Recording`), the family's bounds checked and held once. Per record: `by_name` the key's cache of segment name ->
 /// (series, flag word), `everything` the overflow entry every segment of a too-long key goes to
 /// (or None), `resolve(name)` the entry for a name not yet cached. Durations as Python computes
 /// them: `(end - start) / 1e9`.
-#[pyclass(module = "otel_llm._core", frozen)]
-pub struct SegmentObserver {
+struct SegmentObserver {
     bounds: Vec<f64>,
     family: PyObject,
     exemplar: PyObject,
-}
-
-#[pymethods]
-impl SegmentObserver {
-    #[new]
-    fn new(bounds: Bound<'_, PyAny>, family: PyObject, exemplar: PyObject) -> PyResult<Self> {
-        Ok(SegmentObserver { bounds: checked_bounds(bounds)?, family, exemplar })
-    }
 }
 
 impl SegmentObserver {
@@ -714,7 +696,7 @@ impl SegmentObserver {
 #[pyclass(module = "otel_llm._core")]
 pub struct Recording {
     observers: Py<PyDict>,
-    segments: Py<SegmentObserver>,
+    segments: SegmentObserver,
     segment_cache: Py<PyDict>,
     segment_too_long: Py<PyDict>,
     too_long: Py<PyDict>,
@@ -727,20 +709,24 @@ pub struct Recording {
 
 #[pymethods]
 impl Recording {
-    /// `observers`: side -> (observer, observer with exemplars); `too_long`: the recorder's count by
+    /// `observers`: side -> (observer, observer with exemplars); `segment_bounds`, `segment_family`:
+    /// the segment family's; `exemplar`: the exemplar class; `too_long`: the recorder's count by
     /// label; `failed`: the outcomes that are not successes; `clock`: an exemplar's timestamp (`time.time`).
     #[new]
     #[allow(clippy::too_many_arguments)]
-    fn new(observers: Py<PyDict>, segments: Py<SegmentObserver>, segment_cache: Py<PyDict>, segment_too_long: Py<PyDict>,
-           too_long: Py<PyDict>, segment_entry: PyObject, resolve_segment: PyObject, failed: PyObject, clock: PyObject) -> Self {
-        Recording { observers, segments, segment_cache, segment_too_long, too_long, segment_entry, resolve_segment, failed,
-                    clock, recorded: 0 }
+    fn new(observers: Py<PyDict>, segment_bounds: Bound<'_, PyAny>, segment_family: PyObject, exemplar: PyObject,
+           segment_cache: Py<PyDict>, segment_too_long: Py<PyDict>, too_long: Py<PyDict>, segment_entry: PyObject,
+           resolve_segment: PyObject, failed: PyObject, clock: PyObject) -> PyResult<Self> {
+        let segments = SegmentObserver { bounds: checked_bounds(segment_bounds)?, family: segment_family, exemplar };
+        Ok(Recording { observers, segments, segment_cache, segment_too_long, too_long, segment_entry, resolve_segment,
+                       failed, clock, recorded: 0 })
     }
 
     /// See `Observer.__traverse__`: it holds the recorder's caches and bound methods.
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.observers)?;
-        visit.call(&self.segments)?;
+        visit.call(&self.segments.family)?;
+        visit.call(&self.segments.exemplar)?;
         visit.call(&self.segment_cache)?;
         visit.call(&self.segment_too_long)?;
         visit.call(&self.too_long)?;
@@ -792,7 +778,7 @@ impl Recording {
                 };
             }
             let resolve = self.resolve_segment.bind(py);
-            self.segments.get().observe(py, &segments, &by_name, everything.as_ref(),
+            self.segments.observe(py, &segments, &by_name, everything.as_ref(),
                                         |name| resolve.call1((&by_name, &base, &dimensions, name)), weight, &trace_id,
                                         &span_id, if with_exemplars { Some(now) } else { None })?;
         }
@@ -821,7 +807,6 @@ pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Series>()?;
     module.add_class::<CounterSeries>()?;
     module.add_class::<Observer>()?;
-    module.add_class::<SegmentObserver>()?;
     module.add_class::<Recording>()?;
     Ok(())
 }

@@ -437,9 +437,8 @@ class MetricsRecorder:
                 for counter in bound.counters:
                     counter.family.cell_class = self._core.CounterSeries
             self._recording: Any = self._core.Recording(
-                self._observers, self._core.SegmentObserver(self.segments.bounds, self.segments, Exemplar),
-                self._segment_cache, self._segment_too_long, self.too_long, self._segment_entry, self._resolve_segment,
-                _FAILED, time.time)
+                self._observers, self.segments.bounds, self.segments, Exemplar, self._segment_cache,
+                self._segment_too_long, self.too_long, self._segment_entry, self._resolve_segment, _FAILED, time.time)
         else:
             self._recording = None
 
