@@ -12,6 +12,7 @@
 //! the descriptors, so a proto upgrade that adds a field fails the suite rather than drifting).
 
 mod quantiles;
+mod record;
 mod records;
 mod kept;
 mod recorder;
@@ -2375,6 +2376,7 @@ fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Digester>()?;
     module.add_class::<Row>()?;
     module.add_class::<Observation>()?;
+    record::register(module)?;
     recorder::register(module)?;
     records::register(module)?;
     kept::register(module)?;

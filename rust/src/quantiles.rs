@@ -6,6 +6,7 @@
 use pyo3::exceptions::{PyOverflowError, PyValueError};
 use pyo3::prelude::*;
 
+use crate::record::{self, FieldRef, RecordRef};
 use crate::records::STATUS_CODE_ERROR;
 
 const BINS: usize = 200;
@@ -218,7 +219,7 @@ impl RollingQuantile {
 #[pyclass(module = "otel_llm._core")]
 pub struct SlowestWindows {
     /// Per metric: the record attribute it reads, and its name in a window's key.
-    attributes: Vec<Py<pyo3::types::PyString>>,
+    attributes: Vec<FieldRef>,
     metrics: Vec<Py<pyo3::types::PyString>>,
     quantile: f64,
     window_s: f64,
@@ -271,8 +272,9 @@ impl SlowestWindows {
         if attributes.len() != metrics.len() {
             return Err(PyValueError::new_err("one record attribute per metric"));
         }
+        let fields: Vec<FieldRef> = attributes.into_iter().map(|name| FieldRef::new(name, py)).collect();
         Ok(SlowestWindows {
-            max_windows: max_models * metrics.len(), attributes, metrics, quantile, window_s, clock, failed, server,
+            max_windows: max_models * metrics.len(), attributes: fields, metrics, quantile, window_s, clock, failed, server,
             other, keys: pyo3::types::PyDict::new(py).unbind(), windows: Vec::new(),
             by_model: pyo3::types::PyDict::new(py).unbind(), resolved: Vec::new(), by_model_limit,
         })
@@ -293,11 +295,11 @@ impl SlowestWindows {
         let server = self.server.clone_ref(py).into_bound(py);
         for record in records.try_iter()? {
             let record = record?;
-            if failed.contains(record.getattr(pyo3::intern!(py, "outcome"))?)?
-                || record.getattr(pyo3::intern!(py, "side"))?.ne(&server)? {
+            let read = RecordRef::of(&record);
+            if failed.contains(read.known(record::OUTCOME)?)? || read.known(record::SIDE)?.ne(&server)? {
                 continue;
             }
-            let model = record.getattr(pyo3::intern!(py, "model"))?;
+            let model = read.known(record::MODEL)?;
             let by_model = self.by_model.clone_ref(py).into_bound(py);
             let slot = match by_model.get_item(&model)? {
                 Some(slot) => slot.extract::<usize>()?,
@@ -312,7 +314,7 @@ impl SlowestWindows {
                 }
             };
             for position in 0..self.attributes.len() {
-                let value = record.getattr(self.attributes[position].bind(py))?;
+                let value = read.read(&self.attributes[position])?;
                 if value.is_none() {
                     continue;
                 }
@@ -382,7 +384,7 @@ impl Decider {
         let failed = self.failed.bind(py);
         for record in records.try_iter()? {
             let record = record?;
-            if failed.contains(record.getattr(pyo3::intern!(py, "outcome"))?)? {
+            if failed.contains(RecordRef::of(&record).known(record::OUTCOME)?)? {
                 return Ok(true);
             }
         }

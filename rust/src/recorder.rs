@@ -16,6 +16,8 @@ use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 use pyo3::types::{PyDict, PyFloat, PyList, PyString, PyTuple};
 
+use crate::record::{self, FieldRef, RecordRef};
+
 /// One histogram series: per-bucket counts (the last one +Inf), sum and count as the Python
 /// `families.HistogramSeries` holds them, read through the same attribute names.
 #[pyclass(module = "otel_llm._core", name = "HistogramSeries")]
@@ -189,17 +191,18 @@ struct Exemplars<'py> {
 /// CPython's number protocol and truth test, so the same object as Python's operators give), a
 /// call back to Python, or one of the values computed once per record first.
 enum Value {
-    Field(Py<PyString>),
+    Field(FieldRef),
     Constant(PyObject),
-    Difference(Py<PyString>, Py<PyString>),
-    Ratio(Py<PyString>, Py<PyString>, Option<PyObject>),
-    UnlessAtMost(Py<PyString>, Py<PyString>, PyObject),
+    Difference(FieldRef, FieldRef),
+    Ratio(FieldRef, FieldRef, Option<PyObject>),
+    UnlessAtMost(FieldRef, FieldRef, PyObject),
     Call(PyObject),
     Shared(usize),
 }
 
-fn field_name(item: Bound<'_, PyAny>) -> PyResult<Py<PyString>> {
-    Ok(item.downcast_into::<PyString>()?.unbind())
+fn field_ref(item: Bound<'_, PyAny>) -> PyResult<FieldRef> {
+    let py = item.py();
+    Ok(FieldRef::new(item.downcast_into::<PyString>()?.unbind(), py))
 }
 
 impl Value {
@@ -207,15 +210,15 @@ impl Value {
         let kind: String = spec.get_item(0)?.extract()?;
         let what = spec.get_item(1)?;
         Ok(match kind.as_str() {
-            "field" => Value::Field(field_name(what)?),
+            "field" => Value::Field(field_ref(what)?),
             "constant" => Value::Constant(what.unbind()),
-            "difference" => Value::Difference(field_name(what.get_item(0)?)?, field_name(what.get_item(1)?)?),
+            "difference" => Value::Difference(field_ref(what.get_item(0)?)?, field_ref(what.get_item(1)?)?),
             "ratio" => {
                 let offset = what.get_item(2)?;
-                Value::Ratio(field_name(what.get_item(0)?)?, field_name(what.get_item(1)?)?,
+                Value::Ratio(field_ref(what.get_item(0)?)?, field_ref(what.get_item(1)?)?,
                              if offset.is_none() { None } else { Some(offset.unbind()) })
             }
-            "unless_at_most" => Value::UnlessAtMost(field_name(what.get_item(0)?)?, field_name(what.get_item(1)?)?,
+            "unless_at_most" => Value::UnlessAtMost(field_ref(what.get_item(0)?)?, field_ref(what.get_item(1)?)?,
                                                     what.get_item(2)?.unbind()),
             "call" => Value::Call(what.unbind()),
             "shared" => Value::Shared(what.extract()?),
@@ -223,19 +226,19 @@ impl Value {
         })
     }
 
-    fn read<'py>(&self, py: Python<'py>, record: &Bound<'py, PyAny>, shared: &[Bound<'py, PyAny>]) -> PyResult<Bound<'py, PyAny>> {
+    fn read<'py>(&self, py: Python<'py>, record: &RecordRef<'_, 'py>, shared: &[Bound<'py, PyAny>]) -> PyResult<Bound<'py, PyAny>> {
         match self {
-            Value::Field(name) => record.getattr(name.bind(py)),
+            Value::Field(field) => record.read(field),
             Value::Constant(value) => Ok(value.bind(py).clone()),
             Value::Difference(minuend, subtrahend) => {
-                let (minuend, subtrahend) = (record.getattr(minuend.bind(py))?, record.getattr(subtrahend.bind(py))?);
+                let (minuend, subtrahend) = (record.read(minuend)?, record.read(subtrahend)?);
                 if minuend.is_none() || subtrahend.is_none() {
                     return Ok(py.None().into_bound(py));
                 }
                 minuend.sub(subtrahend)
             }
             Value::Ratio(numerator, denominator, offset) => {
-                let (numerator, denominator) = (record.getattr(numerator.bind(py))?, record.getattr(denominator.bind(py))?);
+                let (numerator, denominator) = (record.read(numerator)?, record.read(denominator)?);
                 if numerator.is_none() || !denominator.is_truthy()? {
                     return Ok(py.None().into_bound(py));
                 }
@@ -245,14 +248,14 @@ impl Value {
                     Some(offset) => offset.bind(py).add(quotient),
                 }
             }
-            Value::UnlessAtMost(name, guard, limit) => {
-                let guard = record.getattr(guard.bind(py))?;
+            Value::UnlessAtMost(field, guard, limit) => {
+                let guard = record.read(guard)?;
                 if !guard.is_none() && guard.le(limit.bind(py))? {
                     return Ok(py.None().into_bound(py));
                 }
-                record.getattr(name.bind(py))
+                record.read(field)
             }
-            Value::Call(function) => function.bind(py).call1((record,)),
+            Value::Call(function) => function.bind(py).call1((record.object,)),
             Value::Shared(index) => Ok(shared[*index].clone()),
         }
     }
@@ -271,25 +274,25 @@ impl Value {
 
 /// A label value: a record's field, or `Either`'s `first or fallback`.
 enum LabelField {
-    Field(Py<PyString>),
-    Either(Py<PyString>, Py<PyString>),
+    Field(FieldRef),
+    Either(FieldRef, FieldRef),
 }
 
 impl LabelField {
     fn of(item: Bound<'_, PyAny>) -> PyResult<LabelField> {
         Ok(if item.is_instance_of::<PyTuple>() {
-            LabelField::Either(field_name(item.get_item(0)?)?, field_name(item.get_item(1)?)?)
+            LabelField::Either(field_ref(item.get_item(0)?)?, field_ref(item.get_item(1)?)?)
         } else {
-            LabelField::Field(field_name(item)?)
+            LabelField::Field(field_ref(item)?)
         })
     }
 
-    fn read<'py>(&self, py: Python<'py>, record: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    fn read<'py>(&self, record: &RecordRef<'_, 'py>) -> PyResult<Bound<'py, PyAny>> {
         match self {
-            LabelField::Field(name) => record.getattr(name.bind(py)),
+            LabelField::Field(field) => record.read(field),
             LabelField::Either(first, fallback) => {
-                let value = record.getattr(first.bind(py))?;
-                if value.is_truthy()? { Ok(value) } else { record.getattr(fallback.bind(py)) }
+                let value = record.read(first)?;
+                if value.is_truthy()? { Ok(value) } else { record.read(fallback) }
             }
         }
     }
@@ -490,9 +493,10 @@ impl Observer {
     fn __call__<'py>(&mut self, py: Python<'py>, record: &Bound<'py, PyAny>, weight: f64, succeeded: bool,
                      dimensions: &Bound<'py, PyTuple>, trace_id: &Bound<'py, PyAny>, span_id: &Bound<'py, PyAny>,
                      now: f64) -> PyResult<Bound<'py, PyAny>> {
+        let read = RecordRef::of(record);
         let mut shared: Vec<Bound<'py, PyAny>> = Vec::with_capacity(self.shared.len());
         for value in &self.shared {
-            let computed = value.read(py, record, &shared)?;
+            let computed = value.read(py, &read, &shared)?;
             shared.push(computed);
         }
         let mut keys: Vec<Option<Bound<'py, PyTuple>>> = vec![None; self.groups];
@@ -510,7 +514,7 @@ impl Observer {
                         Some(names) => {
                             let mut items = Vec::with_capacity(names.len() + dimensions.len());
                             for name in names {
-                                items.push(name.read(py, record)?);
+                                items.push(name.read(&read)?);
                             }
                             items.extend(dimensions.iter());
                             PyTuple::new(py, items)?
@@ -565,7 +569,7 @@ impl Observer {
                     };
                     match &h.per_step {
                         None => {
-                            let value = h.value.read(py, record, &shared)?;
+                            let value = h.value.read(py, &read, &shared)?;
                             if !value.is_none() {
                                 observe(value)?;
                             }
@@ -578,7 +582,7 @@ impl Observer {
                     }
                 }
                 Op::Counter(c) => {
-                    let amount = c.value.read(py, record, &shared)?;
+                    let amount = c.value.read(py, &read, &shared)?;
                     if amount.is_none() {
                         continue;
                     }
@@ -592,7 +596,7 @@ impl Observer {
                         continue;
                     }
                     if c.by_outcome && outcome.is_none() {
-                        outcome = Some(record.getattr(pyo3::intern!(py, "outcome"))?);
+                        outcome = Some(read.known(record::OUTCOME)?);
                     }
                     let outcome_of_key = if c.by_outcome { outcome.as_ref() } else { None };
                     let cached = (entry.as_ptr() as usize, step, outcome_of_key.map_or(0, |o| o.as_ptr() as usize));
@@ -743,28 +747,28 @@ impl Recording {
     }
 
     fn record<'py>(&mut self, py: Python<'py>, record: &Bound<'py, PyAny>, with_exemplars: bool) -> PyResult<()> {
-        let weight: f64 = record.getattr(pyo3::intern!(py, "weight"))?.extract()?;
-        let succeeded = !self.failed.bind(py).contains(record.getattr(pyo3::intern!(py, "outcome"))?)?;
+        let read = RecordRef::of(record);
+        let weight: f64 = read.known(record::WEIGHT)?.extract()?;
+        let succeeded = !self.failed.bind(py).contains(read.known(record::OUTCOME)?)?;
         let empty = pyo3::intern!(py, "").clone().into_any();
         let (trace_id, span_id, now) = if with_exemplars {
             let hex = pyo3::intern!(py, "hex");
-            (record.getattr(pyo3::intern!(py, "trace_id"))?.call_method0(hex)?,
-             record.getattr(pyo3::intern!(py, "span_id"))?.call_method0(hex)?, self.clock.bind(py).call0()?.extract::<f64>()?)
+            (read.known(record::TRACE_ID)?.call_method0(hex)?, read.known(record::SPAN_ID)?.call_method0(hex)?,
+             self.clock.bind(py).call0()?.extract::<f64>()?)
         } else {
             (empty.clone(), empty.clone(), 0.0)
         };
-        let dimensions = record.getattr(pyo3::intern!(py, "dimensions"))?.downcast_into::<PyTuple>()?;
+        let dimensions = read.known(record::DIMENSIONS)?.downcast_into::<PyTuple>()?;
         self.recorded += 1;
         let mut too_long = empty;
-        if let Some(pair) = self.observers.bind(py).get_item(record.getattr(pyo3::intern!(py, "side"))?)? {
+        if let Some(pair) = self.observers.bind(py).get_item(read.known(record::SIDE)?)? {
             let observer = pair.get_item(usize::from(with_exemplars))?.downcast_into::<Observer>()?;
             too_long = observer.borrow_mut().__call__(py, record, weight, succeeded, &dimensions, &trace_id, &span_id, now)?;
         }
-        let segments = record.getattr(pyo3::intern!(py, "segments"))?;
+        let segments = read.known(record::SEGMENTS)?;
         if segments.is_truthy()? {
-            let base = PyTuple::new(py, [record.getattr(pyo3::intern!(py, "model"))?,
-                                         record.getattr(pyo3::intern!(py, "engine_kind"))?,
-                                         record.getattr(pyo3::intern!(py, "service_name"))?])?;
+            let base = PyTuple::new(py, [read.known(record::MODEL)?, read.known(record::ENGINE_KIND)?,
+                                         read.known(record::SERVICE_NAME)?])?;
             let cache_key = base.add(&dimensions)?;
             let by_name = match self.segment_cache.bind(py).get_item(&cache_key)? {
                 Some(found) => found,

@@ -15,21 +15,11 @@ use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyString, PyTuple};
 
 use std::collections::HashMap;
 
+use crate::record::{RequestRecord, FIELDS, FIELD_COUNT};
 use crate::{ns, observation_timings, segment_name, tuple_new, value_of_key, Observation, Row, OBSERVATION_FLOATS};
 
 const SPAN_KIND_SERVER: i32 = 2;
 pub(crate) const STATUS_CODE_ERROR: i32 = 2;
-/// `requests._RECORD_ORDER`: the record's fields this file passes positionally, in order (the
-/// builder refuses to be made if Python's order differs).
-const RECORD_FIELDS: [&str; 44] = [
-    "trace_id", "span_id", "engine_kind", "adapter", "service_name", "model", "model_source", "request_model",
-    "response_model", "operation_name", "provider_name", "outcome", "side", "operation_source", "error_type",
-    "server_address", "server_port", "start_unix_ns", "ttft_s", "tpot_s", "e2e_s", "queue_s", "prefill_s",
-    "decode_s", "inference_s", "prompt_tokens", "completion_tokens", "gateway_overhead_s", "client_overhead_s",
-    "edge_ttft_s", "edge_span_id", "joined_span_id", "segments", "dimensions", "weight", "rejected",
-    "segments_missing", "not_measurable", "segments_derived", "cached_tokens", "cache_write_tokens",
-    "reasoning_tokens", "itl_s", "tenant"];
-const RECORD_ARGS: usize = RECORD_FIELDS.len();
 
 /// A value the Python rules read differently from a string, a number or nothing: declined.
 struct Declined;
@@ -144,7 +134,6 @@ struct Constants {
 /// Builds a trace's request record where the trace has one of the common shapes; `None` otherwise.
 #[pyclass(frozen, module = "otel_llm._core")]
 pub struct RecordBuilder {
-    record_class: PyObject,
     segment_type: PyObject,
     edge_ttft_attributes: Vec<String>,
     first_token_event: String,
@@ -577,18 +566,18 @@ fn simple_shape<'py>(py: Python<'py>, spans: &Bound<'py, PyDict>, shared_parts: 
 
 #[pymethods]
 impl RecordBuilder {
-    /// `record_class`: `RequestRecord`, `record_fields` the fields it takes positionally (`_RECORD_ORDER`);
+    /// `record_fields`: `RequestRecord`'s fields, which must be the core's record's (`record.rs`);
     /// `segment_type`: `Segment`; the settings `RecordSettings` holds that these shapes read; the tables
     /// and strings of `requests.py` (`_FINISH_REASONS`, `_ROUTE_OPERATIONS`, `GENAI_OPERATIONS`,
     /// `_COMPOSITE_KINDS`, the outcomes) as it holds them; `sglang`: `composite.sglang`'s constants
     /// (`SglangRules`), or `None` to leave SGLang's requests to Python.
     #[new]
-    #[pyo3(signature = (record_class, record_fields, segment_type, edge_ttft_attributes, first_token_event, max_latency_s,
+    #[pyo3(signature = (record_fields, segment_type, edge_ttft_attributes, first_token_event, max_latency_s,
                         default_operation, genai_operations, route_operations, finish_reasons, composite_kinds,
                         resource_model_rules, model_from_service_name, default_model, max_adjusted_count, outcomes,
                         server_side, default_source, genai_kind, other_error, sglang))]
     #[allow(clippy::too_many_arguments)]
-    fn new(py: Python<'_>, record_class: PyObject, record_fields: Vec<String>, segment_type: PyObject, edge_ttft_attributes: Vec<String>,
+    fn new(py: Python<'_>, record_fields: Vec<String>, segment_type: PyObject, edge_ttft_attributes: Vec<String>,
            first_token_event: String, max_latency_s: f64, default_operation: PyObject, genai_operations: Vec<String>,
            route_operations: Vec<(String, PyObject)>, finish_reasons: Vec<(String, PyObject)>,
            composite_kinds: Vec<String>, resource_model_rules: Vec<(Py<PyString>, Option<Py<PyDict>>)>,
@@ -596,9 +585,9 @@ impl RecordBuilder {
            outcomes: (PyObject, PyObject, PyObject),
            server_side: PyObject, default_source: PyObject, genai_kind: String, other_error: PyObject,
            sglang: Option<SglangArgs>) -> PyResult<Self> {
-        if record_fields != RECORD_FIELDS {
+        if record_fields != FIELDS {
             return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                "RequestRecord's positional fields are {record_fields:?}; the core builds {RECORD_FIELDS:?}")));
+                "RequestRecord's fields are {record_fields:?}; the core builds {FIELDS:?}")));
         }
         let (error, length, unknown) = outcomes;
         let sglang = match sglang {
@@ -628,7 +617,7 @@ impl RecordBuilder {
             (attribute, source, values.filter(|v| !v.bind(py).is_empty()))
         }).collect();
         Ok(RecordBuilder {
-            record_class, segment_type, edge_ttft_attributes, first_token_event, max_latency_s, default_operation,
+            segment_type, edge_ttft_attributes, first_token_event, max_latency_s, default_operation,
             genai_operations, route_operations, finish_reasons, composite_kinds, resource_model_rules,
             model_from_service_name, default_model, max_adjusted_count,
             constants: Constants { error, length, unknown, server: server_side, default_source, genai_kind, other_error },
@@ -1018,7 +1007,7 @@ impl RecordBuilder {
             (inference, tpot) = (number(parts.inference), number(parts.tpot));
             (segments, missing) = (parts.segments, parts.missing.into_any());
         }
-        let args: [Bound<'py, PyAny>; RECORD_ARGS] = [
+        let fields = [
             PyBytes::new(py, &own.trace_id).into_any(), own.span_id.bind(py).clone().into_any(), kind.clone(),
             obs.adapter.bind(py).clone(), origin.getattr(pyo3::intern!(py, "service_name"))?, model, source,
             request_model, response_model, operation.into_bound(py), or_empty(read!(present(py, &obs.provider_name))),
@@ -1032,12 +1021,15 @@ impl RecordBuilder {
             int(cached)?, int(written)?, match read!(rare(py, obs, 5)) { Some(v) => v, None => none() },
             rare_or_empty(7)?, PyString::new(py, "").into_any(),
         ];
-        let record = self.record_class.bind(py).call1(PyTuple::new(py, args)?)?;
-        if let Some(spec) = spec_values {
-            record.setattr(pyo3::intern!(py, "spec_accepted_tokens"), spec.get_item(0)?)?;
-            record.setattr(pyo3::intern!(py, "spec_draft_tokens"), spec.get_item(1)?)?;
-            record.setattr(pyo3::intern!(py, "spec_steps"), spec.get_item(2)?)?;
-        }
+        let (accepted, drafted, steps) = match spec_values {
+            Some(spec) => (spec.get_item(0)?, spec.get_item(1)?, spec.get_item(2)?),
+            None => (none(), none(), none()),
+        };
+        let empty = PyString::new(py, "").into_any();
+        let fields: [PyObject; FIELD_COUNT] = fields.into_iter().chain([accepted, drafted, steps, empty.clone(), empty])
+            .map(Bound::unbind).collect::<Vec<_>>().try_into()
+            .map_err(|_| pyo3::exceptions::PyValueError::new_err("a record of the wrong number of fields"))?;
+        let record = Bound::new(py, RequestRecord::new(fields))?.into_any();
         Ok(Ok(record.unbind()))
     }
 }

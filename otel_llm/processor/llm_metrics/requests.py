@@ -502,7 +502,9 @@ _RECORD_ORDER = (
     "edge_ttft_s", "edge_span_id", "joined_span_id", "segments", "dimensions", "weight", "rejected",
     "segments_missing", "not_measurable", "segments_derived", "cached_tokens", "cache_write_tokens",
     "reasoning_tokens", "itl_s", "tenant")
-if tuple(f.name for f in fields(RequestRecord))[:len(_RECORD_ORDER)] != _RECORD_ORDER:
+# All of RequestRecord's fields, in order: the compiled core's record must hold the same (its builder checks).
+_RECORD_FIELDS = tuple(f.name for f in fields(RequestRecord))
+if _RECORD_FIELDS[:len(_RECORD_ORDER)] != _RECORD_ORDER:
     raise ImportError("RequestRecord's fields moved: update build_record's positional construction")
 
 
@@ -791,11 +793,13 @@ def native_record_builder(settings: RecordSettings, extension: Any) -> Any:
     """The compiled core's ``RecordBuilder`` for these settings, or ``None`` where they ask for what
     only Python reads (extra dimensions, a tenant, LoRA adapters) or there is no core. It builds the
     record of the shapes ``_simple_request`` takes from the core's own spans and observations, by
-    this module's rules, and declines everything else (``rust/src/records.rs``)."""
+    this module's rules, and declines everything else (``rust/src/records.rs``). Its records are the
+    core's ``RequestRecord`` (``rust/src/record.rs``): the dataclass's fields and equality, read by
+    index where the core reads them."""
     if extension is None or settings.dimensions or settings.tenant is not None or settings.lora_adapters:
         return None
     return extension.RecordBuilder(
-        RequestRecord, list(_RECORD_ORDER), Segment, list(settings.edge_ttft_attributes), FIRST_TOKEN_EVENT,
+        list(_RECORD_FIELDS), Segment, list(settings.edge_ttft_attributes), FIRST_TOKEN_EVENT,
         settings.max_latency_s, settings.default_operation, sorted(GENAI_OPERATIONS), list(_ROUTE_OPERATIONS.items()),
         list(_FINISH_REASONS.items()), sorted(_COMPOSITE_KINDS),
         [(rule.attribute, rule.values) for rule in settings.resource_model_rules], settings.model_from_service_name,

@@ -28,6 +28,7 @@ from otel_llm.processor.llm_metrics.metrics.definitions import (
 from otel_llm.processor.llm_metrics.metrics.exponential import ExponentialState
 from otel_llm.processor.llm_metrics.metrics.families import CounterFamily, HistogramFamily, HistogramSeries
 from otel_llm.processor.llm_metrics.metrics.recorder import MetricsRecorder
+from tests.support.records import as_core_record
 
 OVERFLOW = ("__overflow__",)
 MAX_LABEL_BYTES = 24
@@ -189,13 +190,14 @@ def _core_of(implementation: str) -> Any:
     return extension
 
 
-@pytest.mark.parametrize("implementation", ["python", "native"])
+@pytest.mark.parametrize("implementation", ["python", "native", "native_records"])
 @pytest.mark.parametrize("genai_version", ["1.41", "0.1"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_compiled_observers_match_the_reference(genai_version: str, seed: int, implementation: str) -> None:
     namings = [vllm_naming(8192, {"qwen": 1000}), vllm_cache_naming(8192, {"qwen": 1000}), genai_naming(genai_version),
                genai_client_naming(genai_version), own_naming(), own_cache_naming(), adapter_naming()]
-    core = _core_of(implementation)
+    # native_records: the core's observers given the core's own records (read by index, not by name).
+    core = _core_of("native" if implementation == "native_records" else implementation)
     recorder = MetricsRecorder(namings, ("tier",), LIMIT, max_label_value_bytes=MAX_LABEL_BYTES, core=core)
     recorder.keep_exponential(160, 20)
     reference = Reference(namings, ("tier",))
@@ -203,7 +205,7 @@ def test_compiled_observers_match_the_reference(genai_version: str, seed: int, i
     for _ in range(600):
         record = _random_record(rng)
         with_exemplars = rng.random() < 0.3
-        recorder.record(record, with_exemplars)
+        recorder.record(as_core_record(record, core) if implementation == "native_records" else record, with_exemplars)
         reference.record(record, with_exemplars)
 
     got_hists: dict[str, HistogramFamily] = {}
@@ -261,18 +263,21 @@ def test_the_cores_observers_are_the_python_observers(seed: int) -> None:
     namings = [vllm_naming(8192, {"qwen": 1000}), vllm_cache_naming(8192, {"qwen": 1000}), genai_naming("1.41"),
                genai_client_naming("1.41"), own_naming(), own_cache_naming(), adapter_naming()]
     core = _core_of("native")
+    # The core's observers read Python's records by name and the core's own (what its record builder
+    # makes) by index: a third pair of recorders is given the same records as the core's.
     recorders = [MetricsRecorder(namings, ("tier",), LIMIT, series_limit_bytes=limit, max_label_value_bytes=MAX_LABEL_BYTES,
                                  core=implementation)
-                 for implementation in (None, core) for limit in (16 * 1024 * 1024, 60_000)]
+                 for implementation in (None, core, core) for limit in (16 * 1024 * 1024, 60_000)]
     rng = random.Random(seed)
     for _ in range(800):
         record = _random_record(rng)
+        core_record = as_core_record(record, core)
         with_exemplars = rng.random() < 0.3
-        for recorder in recorders:
-            recorder.record(record, with_exemplars)
-    python_big, python_small, native_big, native_small = (_state(r) for r in recorders)
-    assert native_big == python_big
-    assert native_small == python_small
+        for index, recorder in enumerate(recorders):
+            recorder.record(core_record if index >= 4 else record, with_exemplars)
+    python_big, python_small, native_big, native_small, own_big, own_small = (_state(r) for r in recorders)
+    assert native_big == python_big and own_big == python_big
+    assert native_small == python_small and own_small == python_small
     assert python_small != python_big  # the small byte budget did overflow series the large one kept
     assert recorders[3].budget.used == recorders[1].budget.used and recorders[2].budget.used == recorders[0].budget.used
 
@@ -338,7 +343,7 @@ def test_the_core_computes_declared_values_as_python_does() -> None:
         counters=(CounterSpec("t_difference_total", "1", "", Difference("prompt_tokens", "cached_tokens")),
                   CounterSpec("t_ratio_total", "1", "", Ratio("spec_accepted_tokens", "spec_steps", offset=1.0))))
     core = _core_of("native")
-    recorders = [MetricsRecorder([naming], (), 64, core=implementation) for implementation in (None, core)]
+    recorders = [MetricsRecorder([naming], (), 64, core=implementation) for implementation in (None, core, core)]
     numbers = [None, 0, 1, 2, -3, 7, 2**53 + 1, 2**64 + 3, -(2**70), 0.5, 1.0, 3.25, True]
     rng = random.Random(7)
     met = {"zero_denominator": 0, "at_most_one": 0, "big": 0, "fallback": 0}
@@ -354,10 +359,10 @@ def test_the_core_computes_declared_values_as_python_does() -> None:
         met["big"] += isinstance(record.prompt_tokens, int) and abs(record.prompt_tokens) > 2**53
         met["fallback"] += record.request_model == ""
         with_exemplars = rng.random() < 0.5
-        for recorder in recorders:
-            recorder.record(record, with_exemplars)
-    python_state, native_state = (_state(r) for r in recorders)
-    assert native_state == python_state
+        for recorder, given in zip(recorders, (record, record, as_core_record(record, core))):
+            recorder.record(given, with_exemplars)
+    python_state, native_state, own_state = (_state(r) for r in recorders)
+    assert native_state == python_state and own_state == python_state
     assert all(count > 100 for count in met.values()), met
     difference = python_state["t_difference"][0]
     assert "asked" in {key[0] for key in difference} and {key[0] for key in difference} - {"asked"}  # and fallbacks

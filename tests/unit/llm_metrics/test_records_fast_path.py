@@ -38,6 +38,7 @@ from otel_llm.processor.llm_metrics.requests import (
     Dimension, RecordSettings, ResourceModelRule, TenantRule, records_of_trace)
 from otel_llm.processor.llm_metrics.segments import Timings, build_segments
 from tests.support import engine_fixtures as F
+from tests.support.records import as_core_record
 
 TESTDATA = Path(__file__).parents[2] / "testdata"
 DIMENSION = Dimension("route", "http.route", frozenset({"/v1/chat/completions"}))
@@ -372,18 +373,19 @@ def _random_trace(rng: random.Random, gateway: BufferedSpan, engine: BufferedSpa
 
 
 def test_the_core_refuses_a_record_order_it_does_not_build() -> None:
-    """The core passes the record's fields positionally: a ``RequestRecord`` whose fields moved
-    (``_RECORD_ORDER`` changed with them) must stop the builder being made, not fill wrong fields."""
+    """The core's record holds ``RequestRecord``'s fields by position: a ``RequestRecord`` whose fields
+    moved, or gained one, must stop the builder being made, not fill wrong fields."""
     extension = native_core.active()[0]
     if extension is None:
         pytest.skip("the compiled core is not installed")
-    original = requests._RECORD_ORDER
+    original = requests._RECORD_FIELDS
     try:
-        requests._RECORD_ORDER = (original[1], original[0], *original[2:])
-        with pytest.raises(ValueError, match="positional fields"):
-            requests.native_record_builder(RecordSettings(), extension)
+        for moved in ((original[1], original[0], *original[2:]), (*original, "new_field")):
+            requests._RECORD_FIELDS = moved
+            with pytest.raises(ValueError, match="RequestRecord's fields are"):
+                requests.native_record_builder(RecordSettings(), extension)
     finally:
-        requests._RECORD_ORDER = original
+        requests._RECORD_FIELDS = original
     assert requests.native_record_builder(RecordSettings(), extension) is not None
 
 
@@ -609,3 +611,33 @@ def test_vllms_straight_layout_is_the_step_by_step_waterfall() -> None:
         assert all(type(s) is Segment for s in laid)
         names.add(tuple(s.name for s in laid))
     assert len(names) == 4  # with and without preprocess, with and without postprocess
+
+
+def test_the_cores_record_reads_as_the_dataclass() -> None:
+    """The core's ``RequestRecord`` is what Python code and the store read where the core built a
+    record: the dataclass's fields in its order, its equality (either way round, with either class),
+    its repr, ``succeeded``, unhashable; and immutable, since nothing changes a built record."""
+    extension = native_core.active()[0]
+    if extension is None:
+        pytest.skip("the compiled core is not installed")
+    python = RequestRecord(trace_id=b"\x01" * 16, span_id=b"\x02" * 8, engine_kind="vllm", adapter="vllm_v1",
+                           service_name="<svc>", model="m", model_source="span:gen_ai.request.model",
+                           request_model="m", response_model="", operation_name="chat", provider_name="vllm",
+                           outcome="abort", ttft_s=0.25, prompt_tokens=2**70, segments=(Segment("queue", 1, 2),),
+                           spec_steps=3, lora_adapter="a")
+    core = as_core_record(python, extension)
+    assert tuple(extension.RequestRecord.FIELDS) == tuple(f.name for f in dataclasses.fields(RequestRecord))
+    assert all(getattr(core, f) is getattr(python, f) for f in extension.RequestRecord.FIELDS)
+    assert core == python and python == core and core == as_core_record(python, extension)
+    other = dataclasses.replace(python, spec_steps=4)
+    assert core != other and other != core and core != as_core_record(other, extension)
+    assert core != object() and (core == 1) is False
+    assert repr(core) == repr(python)
+    assert core.succeeded is python.succeeded is False
+    assert as_core_record(dataclasses.replace(python, outcome="stop"), extension).succeeded is True
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(core)
+    with pytest.raises(AttributeError):
+        core.outcome = "stop"
+    with pytest.raises(ValueError, match="takes its 49 fields, 48 given"):
+        extension.RequestRecord(*[getattr(python, f) for f in extension.RequestRecord.FIELDS][:-1])

@@ -27,6 +27,7 @@ from otel_llm.processor.tail_sampling.policies import (
     threshold_for,
 )
 from tests.support import engine_fixtures as F
+from tests.support.records import as_core_record
 
 ORIGIN = Origin(Resource(), InstrumentationScope(name="test"), "svc", {})
 
@@ -185,7 +186,8 @@ def test_the_cores_slowest_loop_is_the_python_one():
     every branch: failed and client-side ones (skipped), absent metrics, ints beside floats, NaN and
     infinity (the window refuses them), a flood of model names past ``max_models`` (the shared
     window) and past the per-model cache's bound (cleared), the clock within a slice, across
-    slices and past the window."""
+    slices and past the window. Half the time the core reads the same records as its own
+    ``RequestRecord`` (by index), half the time as Python's (by name)."""
     import math
     import random
 
@@ -225,10 +227,12 @@ def test_the_cores_slowest_loop_is_the_python_one():
                               outcome=rng.choice((Outcome.STOP,) * 8 + (Outcome.ABORT, Outcome.ERROR, Outcome.LENGTH)),
                               side=rng.choice((Side.SERVER,) * 9 + (Side.CLIENT,)))
                        for _ in range(rng.choice((0, 1, 1, 1, 2, 3)))]
+            # The core reads its own records by index and Python's by name: it is given either.
+            core_records = [as_core_record(r, extension) for r in records] if rng.random() < 0.5 else records
             results = []
-            for policy in (python, native):
+            for policy, given in ((python, records), (native, core_records)):
                 try:
-                    results.append(policy.matches(trace(), records))
+                    results.append(policy.matches(trace(), given))
                 except (ValueError, OverflowError) as exc:
                     results.append(type(exc))
             assert results[0] == results[1], (metrics, records, clocks[0].now)
@@ -431,7 +435,7 @@ def test_the_cores_decision_is_the_python_one():
     both samplers (each with its own ticking clock): the same decision, or the same error, every
     time. The traces hold the core's own spans (the bench's, read by ``digest_in_process``) or the
     Python class's, with random statuses and trace ids; the records draw failed, client-side,
-    absent and extreme values. A configuration with a policy the core does not run (``slo``) stays
+    absent and extreme values, given to the core as its own records or Python's. A configuration with a policy the core does not run (``slo``) stays
     Python's."""
     import math
     import random
@@ -499,10 +503,11 @@ def test_the_cores_decision_is_the_python_one():
                               outcome=rng.choice((Outcome.STOP,) * 12 + (Outcome.ABORT, Outcome.ERROR)),
                               side=rng.choice((Side.SERVER,) * 9 + (Side.CLIENT,)))
                        for _ in range(rng.choice((0, 1, 1, 2)))]
+            core_records = [as_core_record(r, extension) for r in records] if rng.random() < 0.5 else records
             results: list[object] = []
-            for sampler in (python, native):
+            for sampler, given in ((python, records), (native, core_records)):
                 try:
-                    results.append(sampler.decide(pending, records))
+                    results.append(sampler.decide(pending, given))
                 except (ValueError, OverflowError) as exc:
                     results.append(type(exc))
             assert results[0] == results[1], (records, pending.spans)

@@ -1,0 +1,219 @@
+//! The request record the core builds (`records.rs`): `pdata.records.RequestRecord`'s fields, in its
+//! order, held as the objects Python's record would hold, behind the same attribute names. Python
+//! reads it as it reads its own dataclass; the core's recorder and decider read a field by its
+//! index instead of by name (`RecordRef`), which is what this class is for: a dataclass record
+//! costs its generated `__init__` to make (~0.4 µs) and an attribute lookup per field read (~50 per
+//! record in the recorder alone). It is immutable: nothing changes a record once it is built.
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::GILOnceCell;
+use pyo3::types::{PyString, PyTuple};
+
+/// `i` where `FIELDS[i] == name`, at compile time (a getter for a field that is not one fails the build).
+const fn index_of(name: &str) -> usize {
+    let wanted = name.as_bytes();
+    let mut index = 0;
+    while index < FIELDS.len() {
+        let field = FIELDS[index].as_bytes();
+        if field.len() == wanted.len() {
+            let mut at = 0;
+            while at < field.len() && field[at] == wanted[at] {
+                at += 1;
+            }
+            if at == field.len() {
+                return index;
+            }
+        }
+        index += 1;
+    }
+    panic!("not a RequestRecord field")
+}
+
+macro_rules! request_record {
+    ($($name:ident),* $(,)?) => {
+        /// `RequestRecord`'s fields in declaration order (`pdata/records.py`; Python checks that the two agree).
+        pub const FIELDS: &[&str] = &[$(stringify!($name)),*];
+        pub const FIELD_COUNT: usize = FIELDS.len();
+
+        #[pymethods]
+        impl RequestRecord {
+            $(
+                #[getter]
+                fn $name(&self, py: Python<'_>) -> PyObject {
+                    const INDEX: usize = index_of(stringify!($name));
+                    self.fields[INDEX].clone_ref(py)
+                }
+            )*
+
+            /// Every field's value, positionally (what tests use to make one from a Python record).
+            #[new]
+            #[pyo3(signature = (*values))]
+            fn py_new(values: &Bound<'_, PyTuple>) -> PyResult<Self> {
+                let given = values.len();
+                let fields: Vec<PyObject> = values.iter().map(|value| value.unbind()).collect();
+                let fields: [PyObject; FIELD_COUNT] = fields.try_into().map_err(|_| {
+                    PyValueError::new_err(format!("RequestRecord takes its {FIELD_COUNT} fields, {given} given"))
+                })?;
+                Ok(RequestRecord { fields })
+            }
+
+            #[classattr]
+            #[pyo3(name = "FIELDS")]
+            fn field_names() -> Vec<&'static str> {
+                FIELDS.to_vec()
+            }
+
+            /// `RequestRecord.succeeded`: the outcome is not one of `Outcome.FAILED`.
+            #[getter]
+            fn succeeded(&self, py: Python<'_>) -> PyResult<bool> {
+                let failed = FAILED.get_or_try_init(py, || -> PyResult<PyObject> {
+                    Ok(py.import("otel_llm.pdata.records")?.getattr("Outcome")?.getattr("FAILED")?.unbind())
+                })?;
+                Ok(!failed.bind(py).contains(self.fields[OUTCOME].bind(py))?)
+            }
+
+            /// The dataclass's equality: the same fields, equal in order, with this class or Python's
+            /// `RequestRecord` (so a record of either path compares with one of the other).
+            fn __eq__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<PyObject> {
+                let mine = PyTuple::new(py, self.fields.iter().map(|field| field.bind(py)))?;
+                let theirs = if let Ok(native) = other.downcast::<RequestRecord>() {
+                    PyTuple::new(py, native.get().fields.iter().map(|field| field.bind(py)))?
+                } else if is_python_record(other)? {
+                    let mut values = Vec::with_capacity(FIELD_COUNT);
+                    for name in FIELDS {
+                        values.push(other.getattr(*name)?);
+                    }
+                    PyTuple::new(py, values)?
+                } else {
+                    return Ok(py.NotImplemented());
+                };
+                Ok(mine.eq(theirs)?.into_pyobject(py)?.to_owned().into_any().unbind())
+            }
+
+            /// As a dataclass's repr: `RequestRecord(trace_id=b'...', ...)`.
+            fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+                let mut text = String::from("RequestRecord(");
+                for (index, (name, value)) in FIELDS.iter().zip(self.fields.iter()).enumerate() {
+                    if index > 0 {
+                        text.push_str(", ");
+                    }
+                    text.push_str(name);
+                    text.push('=');
+                    text.push_str(value.bind(py).repr()?.to_str()?);
+                }
+                text.push(')');
+                Ok(text)
+            }
+
+            /// Unhashable, as a mutable dataclass with `eq` is.
+            fn __hash__(&self) -> PyResult<isize> {
+                Err(PyTypeError::new_err("unhashable type: 'RequestRecord'"))
+            }
+        }
+    };
+}
+
+request_record!(
+    trace_id, span_id, engine_kind, adapter, service_name, model, model_source, request_model, response_model,
+    operation_name, provider_name, outcome, side, operation_source, error_type, server_address, server_port,
+    start_unix_ns, ttft_s, tpot_s, e2e_s, queue_s, prefill_s, decode_s, inference_s, prompt_tokens,
+    completion_tokens, gateway_overhead_s, client_overhead_s, edge_ttft_s, edge_span_id, joined_span_id, segments,
+    dimensions, weight, rejected, segments_missing, not_measurable, segments_derived, cached_tokens,
+    cache_write_tokens, reasoning_tokens, itl_s, tenant, spec_accepted_tokens, spec_draft_tokens, spec_steps,
+    lora_adapter, lora_base_model,
+);
+
+pub const TRACE_ID: usize = index_of("trace_id");
+pub const SPAN_ID: usize = index_of("span_id");
+pub const ENGINE_KIND: usize = index_of("engine_kind");
+pub const SERVICE_NAME: usize = index_of("service_name");
+pub const MODEL: usize = index_of("model");
+pub const OUTCOME: usize = index_of("outcome");
+pub const SIDE: usize = index_of("side");
+pub const SEGMENTS: usize = index_of("segments");
+pub const DIMENSIONS: usize = index_of("dimensions");
+pub const WEIGHT: usize = index_of("weight");
+
+static FAILED: GILOnceCell<PyObject> = GILOnceCell::new();
+static NAMES: GILOnceCell<Vec<Py<PyString>>> = GILOnceCell::new();
+
+/// `FIELDS` as interned Python strings, made once.
+fn field_names(py: Python<'_>) -> PyResult<&Vec<Py<PyString>>> {
+    NAMES.get_or_try_init(py, || Ok(FIELDS.iter().map(|name| PyString::intern(py, name).unbind()).collect()))
+}
+
+/// An instance of Python's own `RequestRecord` dataclass (found by its fields, not imported).
+fn is_python_record(other: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let class = other.get_type();
+    if class.name()?.to_str()? != "RequestRecord" {
+        return Ok(false);
+    }
+    class.hasattr(pyo3::intern!(other.py(), "__dataclass_fields__"))
+}
+
+#[pyclass(frozen, module = "otel_llm._core", name = "RequestRecord")]
+pub struct RequestRecord {
+    fields: [PyObject; FIELD_COUNT],
+}
+
+impl RequestRecord {
+    pub fn new(fields: [PyObject; FIELD_COUNT]) -> Self {
+        RequestRecord { fields }
+    }
+
+    #[inline]
+    pub fn field(&self, index: usize) -> &PyObject {
+        &self.fields[index]
+    }
+}
+
+/// A field name resolved once: its index in the core's record, for reading either kind of record.
+pub struct FieldRef {
+    pub name: Py<PyString>,
+    index: Option<usize>,
+}
+
+impl FieldRef {
+    pub fn new(name: Py<PyString>, py: Python<'_>) -> Self {
+        let index = FIELDS.iter().position(|field| name.bind(py).to_str().is_ok_and(|text| text == *field));
+        FieldRef { name, index }
+    }
+}
+
+/// A record being read: the object, and the core's record behind it when it is one.
+pub struct RecordRef<'a, 'py> {
+    pub object: &'a Bound<'py, PyAny>,
+    native: Option<&'a RequestRecord>,
+}
+
+impl<'a, 'py> RecordRef<'a, 'py> {
+    pub fn of(object: &'a Bound<'py, PyAny>) -> Self {
+        let native = object.downcast::<RequestRecord>().ok().map(|record| record.get());
+        RecordRef { object, native }
+    }
+
+    /// The field `field` names: by index from the core's record, by attribute from any other.
+    #[inline]
+    pub fn read(&self, field: &FieldRef) -> PyResult<Bound<'py, PyAny>> {
+        let py = self.object.py();
+        match (self.native, field.index) {
+            (Some(native), Some(index)) => Ok(native.fields[index].bind(py).clone()),
+            _ => self.object.getattr(field.name.bind(py)),
+        }
+    }
+
+    /// A field known at compile time (`index`: one of this file's constants).
+    #[inline]
+    pub fn known(&self, index: usize) -> PyResult<Bound<'py, PyAny>> {
+        let py = self.object.py();
+        match self.native {
+            Some(native) => Ok(native.fields[index].bind(py).clone()),
+            None => self.object.getattr(field_names(py)?[index].bind(py)),
+        }
+    }
+}
+
+pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_class::<RequestRecord>()
+}
