@@ -313,7 +313,7 @@ struct HistOp {
     count: usize,
     value: Value,
     success_only: bool,
-    per_step: Option<PyObject>,
+    per_step: Option<Value>,
     family: PyObject,
     bounds: Vec<f64>,
     by_model: bool,
@@ -379,7 +379,7 @@ pub struct Observer {
 #[pymethods]
 impl Observer {
     /// `ops`: tuples ("key", group, label fields or None, labels callable, cache, plan, cache limit),
-    /// ("hist", group, position, count, value, success only, per-step callable or None, family,
+    /// ("hist", group, position, count, value, success only, per-step value (a sequence, a value as below) or None, family,
     /// bounds, per-model bounds, key suffix), ("counter", group, value, by outcome, family, its
     /// series dict, key suffix); a label field is a name or (first, fallback); a value is ("field",
     /// name), ("constant", v), ("difference", (minuend, subtrahend)), ("ratio", (numerator,
@@ -419,7 +419,7 @@ impl Observer {
                         count: op.get_item(3)?.extract()?,
                         value: Value::of(op.get_item(4)?.downcast()?)?,
                         success_only: op.get_item(5)?.extract()?,
-                        per_step: if per_step.is_none() { None } else { Some(per_step.unbind()) },
+                        per_step: if per_step.is_none() { None } else { Some(Value::of(per_step.downcast()?)?) },
                         family: op.get_item(7)?.unbind(),
                         bounds: checked_bounds(op.get_item(8)?)?,
                         by_model: op.get_item(9)?.extract()?,
@@ -464,7 +464,9 @@ impl Observer {
                 }
                 Op::Hist(hist) => {
                     hist.value.visit(&visit)?;
-                    visit.call(&hist.per_step)?;
+                    if let Some(per_step) = &hist.per_step {
+                        per_step.visit(&visit)?;
+                    }
                     visit.call(&hist.family)?;
                     visit.call(&hist.suffix)?;
                 }
@@ -575,7 +577,7 @@ impl Observer {
                             }
                         }
                         Some(steps) => {
-                            for value in steps.bind(py).call1((record,))?.try_iter()? {
+                            for value in steps.read(py, &read, &shared)?.try_iter()? {
                                 observe(value?)?;
                             }
                         }

@@ -250,8 +250,9 @@ def _native_ops(bounds: list[BoundNaming], group_of: list[int], plans: list[_Pla
             position = hist_offset[group]
             hist_offset[group] += 1
             value_of, success_only, per_step, family_bounds, family, suffix = plan.hists[position]
-            ops.append(("hist", group, position, count, value(value_of), success_only, per_step, family,
-                        family_bounds, bool(family.bounds_by_model), suffix))
+            ops.append(("hist", group, position, count, value(value_of), success_only,
+                        None if per_step is None else declared(per_step), family, family_bounds,
+                        bool(family.bounds_by_model), suffix))
         for _ in bound.counters:
             position = counter_offset[group]
             counter_offset[group] += 1
