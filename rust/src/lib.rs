@@ -18,6 +18,7 @@ mod kept;
 mod recorder;
 
 use pyo3::exceptions::PyValueError;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
@@ -993,17 +994,17 @@ fn read_shape(kind: i32, name: &str, status_code: i32, attrs: &[(&[u8], Value)])
 /// composite value (Python's `any_value_to_python`).
 fn kept<'py>(py: Python<'py>, attrs: &[(&[u8], Value)], keys: &[String], strings: &mut Interner)
             -> PyResult<Option<Bound<'py, PyTuple>>> {
-    let mut items: Vec<PyObject> = Vec::with_capacity(2 * keys.len());
+    let mut items: Vec<Bound<'py, PyAny>> = Vec::with_capacity(2 * keys.len());
     for key in keys {
         let Some(value) = lookup(attrs, key) else { continue };
-        let object: PyObject = match value {
-            Value::Str(v) => strings.get(py, v).into_any().unbind(),
-            Value::Bool(v) => PyBool::new(py, v).to_owned().into_any().unbind(),
-            Value::Int(v) => v.into_pyobject(py)?.into_any().unbind(),
-            Value::Double(v) => v.into_pyobject(py)?.into_any().unbind(),
+        let object: Bound<'py, PyAny> = match value {
+            Value::Str(v) => strings.get(py, v).into_any(),
+            Value::Bool(v) => PyBool::new(py, v).to_owned().into_any(),
+            Value::Int(v) => v.into_pyobject(py)?.into_any(),
+            Value::Double(v) => v.into_pyobject(py)?.into_any(),
             Value::Other => return Ok(None),
         };
-        items.push(strings.get(py, key).into_any().unbind());
+        items.push(strings.get(py, key).into_any());
         items.push(object);
     }
     Ok(Some(PyTuple::new(py, items)?))
@@ -1103,39 +1104,42 @@ const TGI_ARGS: [usize; 7] = [3, 8, 4, 7, 15, 19, 20];
 const GENAI_ARGS: [usize; 16] = [2, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 22, 23, 26];
 
 /// `digest._NATIVE_READINGS[shape](*fields)` as `EngineObservation`'s positional arguments.
-fn observation_args<'py>(py: Python<'py>, shape: &'static str, fields: Vec<PyObject>, strings: &mut Interner)
+fn observation_args<'py>(py: Python<'py>, shape: &'static str, fields: Vec<PyObject>)
                          -> PyResult<Option<Bound<'py, PyTuple>>> {
-    let (engine_kind, places, provider, may_be_gateway): (&str, &[usize], Option<&str>, bool) = match shape {
-        "vllm_v1" => ("vllm", &VLLM_ARGS, Some("vllm"), false),
-        "sglang" => ("sglang", &SGLANG_ARGS, Some("sglang"), false),
-        "tgi" => ("tgi", &TGI_ARGS, Some("tgi"), false),
-        "genai" => ("genai", &GENAI_ARGS, None, true),
+    // Interned once each (`intern!`): the same string objects an `Interner` gives, without a hash
+    // and a comparison per span for each.
+    let (engine_kind, shape_name, places, provider, may_be_gateway): (_, _, &[usize], _, bool) = match shape {
+        "vllm_v1" => (intern!(py, "vllm"), intern!(py, "vllm_v1"), &VLLM_ARGS, Some(intern!(py, "vllm")), false),
+        "sglang" => (intern!(py, "sglang"), intern!(py, "sglang"), &SGLANG_ARGS, Some(intern!(py, "sglang")), false),
+        "tgi" => (intern!(py, "tgi"), intern!(py, "tgi"), &TGI_ARGS, Some(intern!(py, "tgi")), false),
+        "genai" => (intern!(py, "genai"), intern!(py, "genai"), &GENAI_ARGS, None, true),
         _ => return Ok(None),
     };
     if places.len() != fields.len() {
         return Ok(None);
     }
-    let empty = PyTuple::empty(py).into_any().unbind();
-    let mut args: Vec<PyObject> = (0..OBSERVATION_ARGS).map(|_| py.None()).collect();
-    args[0] = strings.get(py, engine_kind).into_any().unbind();
-    args[1] = strings.get(py, shape).into_any().unbind();
+    // Bound, not Py: each is dropped with a plain decrement, not PyO3's check for the GIL first.
+    let empty = PyTuple::empty(py).into_any();
+    let mut args: Vec<Bound<'py, PyAny>> = (0..OBSERVATION_ARGS).map(|_| py.None().into_bound(py)).collect();
+    args[0] = engine_kind.clone().into_any();
+    args[1] = shape_name.clone().into_any();
     if let Some(provider) = provider {
-        args[ARG_PROVIDER] = strings.get(py, provider).into_any().unbind();
+        args[ARG_PROVIDER] = provider.clone().into_any();
     }
-    args[ARG_IS_ERROR] = PyBool::new(py, false).to_owned().into_any().unbind();
-    args[ARG_MAY_BE_GATEWAY] = PyBool::new(py, may_be_gateway).to_owned().into_any().unbind();
-    args[ARG_ITL] = empty.clone_ref(py);
-    args[ARG_PART] = strings.get(py, "").into_any().unbind();
-    args[ARG_MARKS] = empty.clone_ref(py);
+    args[ARG_IS_ERROR] = PyBool::new(py, false).to_owned().into_any();
+    args[ARG_MAY_BE_GATEWAY] = PyBool::new(py, may_be_gateway).to_owned().into_any();
+    args[ARG_ITL] = empty.clone();
+    args[ARG_PART] = intern!(py, "").clone().into_any();
+    args[ARG_MARKS] = empty.clone();
     args[ARG_DERIVED] = empty;
     for (&place, value) in places.iter().zip(fields) {
+        let value = value.into_bound(py);
         args[place] = if place == ARG_MARKS {
             // SGLang's dispatch-to-first-token time, a mark only when present.
-            if value.is_none(py) {
+            if value.is_none() {
                 continue;
             }
-            PyTuple::new(py, [strings.get(py, "dispatch_to_first_token_s").into_any().unbind(), value])?
-                .into_any().unbind()
+            PyTuple::new(py, [intern!(py, "dispatch_to_first_token_s").clone().into_any(), value])?.into_any()
         } else {
             value
         };
@@ -1320,7 +1324,7 @@ impl Digester {
                         }
                         Some(native) if native.valid && row.trace_state.0 == row.trace_state.1 => {
                             let shape = native.shape;
-                            match observation_args(py, shape, native.fields, strings)? {
+                            match observation_args(py, shape, native.fields)? {
                                 Some(args) => {
                                     count(shape);
                                     let observation = if portable {
