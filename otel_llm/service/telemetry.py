@@ -9,7 +9,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.values import MutexValue
 
+from otel_llm.internal import core as native_core
 from otel_llm.receiver.otlp.process import ReceiverCounters
 
 
@@ -19,12 +21,32 @@ MAX_SERVICE_LABEL_CHARS = 128
 OTHER_SERVICES = "_other"
 
 
+# Held while a child's value is swapped for the core's, so two threads taking the same child's
+# increment at once end with the same value object (and neither loses the other's counts).
+_SWAP_LOCK = threading.Lock()
+
+
 def incrementer(child: Any) -> Callable[[float], None]:
-    """A counter child's ``inc`` for the per-trace chain: its value's own ``inc``, under the same lock
-    ``Counter.inc`` takes (so exact at every scrape), without the checks ``Counter.inc`` repeats per
-    call (a labelled child, a non-negative amount: true of every caller here), ~0.4 us less each.
-    Falls back to ``Counter.inc`` where a prometheus_client release lays its values out otherwise."""
-    value_inc = getattr(getattr(child, "_value", None), "inc", None)
+    """A counter child's increment for the per-trace chain, which runs several per trace.
+
+    With the compiled core: the child's value becomes the core's ``CounterValue`` (``MutexValue``'s
+    float, exemplar and methods, which the exposition reads as before) and its ``inc`` is returned,
+    an addition the GIL keeps whole (~0.03 µs, against ~0.16 µs for the mutex's acquire and release
+    in Python). Done only to a value of exactly prometheus_client's ``MutexValue``, under its lock,
+    and only for children every increment of which goes through here (a thread that called the old
+    value's ``inc`` meanwhile would count into it). Without the core: that value's own ``inc``,
+    under its lock, without the checks ``Counter.inc`` repeats per call (a labelled child, a
+    non-negative amount: true of every caller here), ~0.4 µs less each. Falls back to ``Counter.inc``
+    where a prometheus_client release lays its values out otherwise."""
+    value = getattr(child, "_value", None)
+    extension = native_core.active()[0]
+    if extension is not None and type(value) is MutexValue:
+        with _SWAP_LOCK:
+            value = child._value
+            if type(value) is MutexValue:
+                with value._lock:
+                    value = child._value = extension.CounterValue(value._value, value._exemplar)
+    value_inc = getattr(value, "inc", None)
     return value_inc if callable(value_inc) else child.inc  # type: ignore[no-any-return]
 
 

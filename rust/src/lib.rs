@@ -16,6 +16,7 @@ mod record;
 mod records;
 mod kept;
 mod recorder;
+mod telemetry;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
@@ -2381,6 +2382,7 @@ fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Row>()?;
     module.add_class::<Observation>()?;
     record::register(module)?;
+    telemetry::register(module)?;
     recorder::register(module)?;
     records::register(module)?;
     kept::register(module)?;
