@@ -379,9 +379,9 @@ pub struct Observer {
 #[pymethods]
 impl Observer {
     /// `ops`: tuples ("key", group, label fields or None, labels callable, cache, plan, cache limit),
-    /// ("hist", group, position, count, value, success only, per-step value (a sequence, a value as below) or None, family,
-    /// bounds, per-model bounds, key suffix), ("counter", group, value, by outcome, family, its
-    /// series dict, key suffix); a label field is a name or (first, fallback); a value is ("field",
+    /// ("hist", group, position, count, value, success only, per-step values (a value, as below, that
+    /// is a sequence) or None, family, bounds, per-model bounds, key suffix), ("counter", group, value,
+    /// by outcome, family, its series dict, key suffix); a label field is a name or (first, fallback); a value is ("field",
     /// name), ("constant", v), ("difference", (minuend, subtrahend)), ("ratio", (numerator,
     /// denominator, offset or None)), ("unless_at_most", (name, guard, limit)), ("call", f) or
     /// ("shared", index into `shared`: the values computed once per record first, none of them shared).
