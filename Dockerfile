@@ -2,6 +2,7 @@
 
 # Stage 1: the wheel, with the compiled core (rust/, otel_llm._core) built by cargo. The final image
 # carries no toolchain; a wheel without the core fails this stage rather than shipping the slow path.
+# The core is built for this stage's CPython (not the stable ABI), so both stages use the same one.
 FROM python:3.11-slim AS builder
 ARG RUST_VERSION=1.95.0
 ENV PIP_NO_CACHE_DIR=1 \
