@@ -161,11 +161,6 @@ impl RequestRecord {
     pub fn new(fields: [PyObject; FIELD_COUNT]) -> Self {
         RequestRecord { fields }
     }
-
-    #[inline]
-    pub fn field(&self, index: usize) -> &PyObject {
-        &self.fields[index]
-    }
 }
 
 /// A field name resolved once: its index in the core's record, for reading either kind of record.
