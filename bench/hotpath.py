@@ -97,10 +97,11 @@ def split_completion(pipeline: Any, clock: _Clock, payloads: list[bytes]) -> dic
     """The completion chain's parts alone, on the traces one pass completes (CPU s for the pass)."""
     from otel_llm.processor.llm_metrics.digest import digest_in_process
     from otel_llm.processor.llm_metrics.requests import records_of_trace
+    from otel_llm.processor.tail_sampling.assembler import COMPLETION_BATCH
 
     captured: list[Any] = []
     entry = pipeline.assembler._next
-    pipeline.assembler._next = type("Capture", (), {"consume": staticmethod(captured.append)})()
+    pipeline.assembler._next = type("Capture", (), {"consume_batch": staticmethod(captured.extend)})()
     for payload in payloads:
         pipeline.assembler.add_batch(digest_in_process(payload, pipeline.digest_settings)[0])
     clock.now += 1.5
@@ -125,17 +126,17 @@ def split_completion(pipeline: Any, clock: _Clock, payloads: list[bytes]) -> dic
     t0 = time.process_time()
     for records in all_records:
         for record in records:
-            metrics._record(record, False)
-    out["stage._record (telemetry+record)"] = time.process_time() - t0
+            metrics._count(record)
+    out["stage._count (telemetry)"] = time.process_time() - t0
     t0 = time.process_time()
-    for c in captured:
-        entry.consume(c)
+    for start in range(0, len(captured), COMPLETION_BATCH):
+        entry.consume_batch(captured[start:start + COMPLETION_BATCH])
     _wait_store(pipeline)
     out["whole chain on these traces"] = time.process_time() - t0
     kept = [c for c in captured if c.decision is not None and c.decision.keep]
     t0 = time.process_time()
-    for c in kept:
-        pipeline.redaction.consume(c)
+    for start in range(0, len(kept), COMPLETION_BATCH):
+        pipeline.redaction.consume_batch(kept[start:start + COMPLETION_BATCH])
     _wait_store(pipeline)
     out[f"redaction+store again ({len(kept)} kept)"] = time.process_time() - t0
     out["_traces"] = len(captured)

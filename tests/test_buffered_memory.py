@@ -138,5 +138,5 @@ def test_a_child_buffered_after_its_parent_holds_the_parents_id_object() -> None
 
 
 class _Discard:
-    def consume(self, completed: CompletedTrace) -> None:
+    def consume_batch(self, batch: list[CompletedTrace]) -> None:
         raise AssertionError("nothing is due while decision_wait is not over")

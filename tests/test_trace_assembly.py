@@ -97,9 +97,8 @@ class Completed:
     def __init__(self, into: list[PendingTrace]) -> None:
         self.into = into
 
-    def consume(self, completed: CompletedTrace) -> None:
-        if not completed.late:
-            self.into.append(completed.trace)
+    def consume_batch(self, batch: list[CompletedTrace]) -> None:
+        self.into.extend(completed.trace for completed in batch if not completed.late)
 
 
 def assembler(completed: list[PendingTrace] | None = None, max_spans: int = 1_000_000) -> TraceAssembler:
@@ -449,11 +448,12 @@ def test_a_late_span_arriving_while_its_trace_is_completed_follows_the_decision(
     handed: list[CompletedTrace] = []
 
     class Chain:
-        def consume(self, completed: CompletedTrace) -> None:
-            handed.append(completed)
-            if not completed.late:  # mid-completion: a late span of this very trace arrives
-                buffer.add_batch([span(50, 1, engine=False)])
-                buffer.remember_decision(completed.trace_id, Remembered(Decision(True, "all"), set()))
+        def consume_batch(self, batch: list[CompletedTrace]) -> None:
+            handed.extend(batch)
+            for completed in batch:
+                if not completed.late:  # mid-completion: a late span of this very trace arrives
+                    buffer.add_batch([span(50, 1, engine=False)])
+                    buffer.remember_decisions([(completed.trace_id, Remembered(Decision(True, "all"), set()))])
 
     buffer = TraceAssembler(AssemblySettings(decision_wait_s=1e9, grace_s=0.0), Chain(), clock=lambda: 0.0)
     buffer.add_batch([span(1, None, engine=False), span(2, 1, engine=True)])
@@ -470,8 +470,8 @@ def test_at_max_traces_a_due_trace_is_completed_as_ready_before_any_is_cut_short
     completions: list[tuple[bytes, str]] = []
 
     class Record:
-        def consume(self, completed: CompletedTrace) -> None:
-            completions.append((completed.trace.trace_id, completed.reason))
+        def consume_batch(self, batch: list[CompletedTrace]) -> None:
+            completions.extend((completed.trace.trace_id, completed.reason) for completed in batch)
 
     buffer = TraceAssembler(AssemblySettings(decision_wait_s=1e9, grace_s=1.0, max_traces=3), Record(),
                             clock=lambda: clock[0])

@@ -1,6 +1,6 @@
-"""What flows along the completion chain, one trace at a time: the tail sampler's buffer completes a
-trace; ``llm_metrics`` adds its request records; ``tail_sampling`` adds its decision; ``redaction``
-turns a kept one into a ``KeptTrace`` for the exporters."""
+"""What flows along the completion chain, in batches of traces: the tail sampler's buffer completes
+the traces that are due; ``llm_metrics`` adds their request records; ``tail_sampling`` their
+decisions; ``redaction`` turns the kept ones into ``KeptTrace``s for the exporters."""
 
 from __future__ import annotations
 
@@ -45,6 +45,9 @@ class CompletedTrace:
     late: bool = False
     records: list[RequestRecord] = field(default_factory=list)
     decision: Decision | None = None
+    # What failed for this trace in a stage: the later stages pass it by, and the chain's entry logs
+    # and counts it, so one trace that fails costs its batch nothing else.
+    error: Exception | None = None
 
     @property
     def trace_id(self) -> bytes:
@@ -56,6 +59,9 @@ class CompletedTrace:
 
 
 class TraceConsumer(Protocol):
-    """A stage of the completion chain."""
+    """A stage of the completion chain. It takes the traces one tick completed together (the
+    locks, lookups and calls a stage needs are paid per batch, not per trace), in order; a
+    trace's own failure is set on its ``error`` and never raised, and a trace with one set is
+    passed by."""
 
-    def consume(self, completed: CompletedTrace) -> None: ...
+    def consume_batch(self, batch: list[CompletedTrace]) -> None: ...

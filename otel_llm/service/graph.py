@@ -2,12 +2,12 @@
 
 Requests arrive from the receiver process (``service/processes.py``) as bytes, or from the adapter
 process already digested. One worker thread ``buffer``s them: the adapter stage where it was not
-done yet, then the tail sampler's trace buffer. A ticker completes traces, and each goes one way
-along the chain the pipeline's processors make, in their listed order::
+done yet, then the tail sampler's trace buffer. A ticker completes the traces that are due, and they
+go one way along the chain the pipeline's processors make, in their listed order::
 
     buffer (tail_sampling) -> llm_metrics -> decision (tail_sampling) -> redaction -> kept-trace consumers
 
-Each arrow is one ``consume(CompletedTrace)`` call; nothing calls back up the chain.
+Each arrow is one ``consume_batch(list[CompletedTrace])`` call per tick; nothing calls back up the chain.
 """
 
 from __future__ import annotations
@@ -123,26 +123,32 @@ class _Entry:
         self._late = incrementer(telemetry.late_spans)
         self._completed: dict[str, Callable[[float], None]] = {}  # reason -> its child's increment, looked up once
 
-    def consume(self, completed: CompletedTrace) -> None:
+    def consume_batch(self, batch: list[CompletedTrace]) -> None:
         assert self.next is not None
-        if completed.late:
-            self._late(1)
-        else:
+        intake_log = self.intake_log
+        for completed in batch:
+            if completed.late:
+                self._late(1)
+                continue
             count = self._completed.get(completed.reason)
             if count is None:
                 count = self._completed[completed.reason] = incrementer(
                     self.telemetry.traces_completed.labels(completed.reason))
             count(1)
-            intake_log = self.intake_log
             journal = intake_log.prior.get(completed.trace.trace_id) if intake_log is not None else None
             if journal is not None:
                 completed.prior = Remembered(Decision(journal.keep, journal.policy, journal.threshold,
                                                       journal.rate_limited), set(journal.measured))
         try:
-            self.next.consume(completed)
-        except Exception:  # counted, and the next trace is still assembled
-            log.exception("completing trace %s failed", completed.trace_id.hex())
-            self.telemetry.spans_dropped.labels("assembly_error").inc(len(completed.trace.spans))
+            self.next.consume_batch(batch)
+        except Exception as exc:  # a fault of the chain itself, not of one trace: the batch's traces are lost
+            for completed in batch:
+                if completed.error is None:
+                    completed.error = exc
+        for completed in batch:
+            if completed.error is not None:  # counted, and the next traces are still assembled
+                log.error("completing trace %s failed", completed.trace_id.hex(), exc_info=completed.error)
+                self.telemetry.spans_dropped.labels("assembly_error").inc(len(completed.trace.spans))
 
 
 UNREADY_AFTER_REFUSING_S = 5.0

@@ -108,9 +108,39 @@ class LlmMetricsStage:
         self._rejected: dict[str, Callable[[float], None]] = {}
         self._assembled: dict[tuple[str, str], Callable[[float], None]] = {}
 
-    def consume(self, completed: CompletedTrace) -> None:
+    def consume_batch(self, batch: list[CompletedTrace]) -> None:
+        # Per trace: the records to measure and the (reason, service) of requests whose spans could
+        # not make one (counted with the measurement, for otel_llm_spans_malformed_total).
+        measured: list[tuple[CompletedTrace, list[RequestRecord], list[tuple[str, str]]]] = []
+        for completed in batch:
+            if completed.error is not None:
+                continue
+            try:
+                measured.append(self._records(completed))
+            except Exception as exc:  # noqa: BLE001 - this trace's, set on it for the chain's entry
+                completed.error = exc
+        try:
+            self._next.consume_batch(batch)
+        finally:  # a stage or an exporter that fails downstream loses its kept trace, not the metrics
+            recording: list[tuple[RequestRecord, bool]] = []
+            for completed, to_record, malformed in measured:
+                for reason, service in malformed:
+                    self._telemetry.spans_malformed.labels(reason).inc()
+                    self._telemetry.count_unmeasured(service, reason)
+                # Metrics count every request whatever the decision; only exemplars follow it.
+                kept = completed.decision is not None and completed.decision.keep
+                for record in to_record:
+                    self._count(record)
+                    recording.append((record, kept))
+            if recording:
+                self.recorder.record_many(recording)
+
+    def _records(self, completed: CompletedTrace) -> tuple[CompletedTrace, list[RequestRecord],
+                                                            list[tuple[str, str]]]:
+        """Sets ``completed.records``; returns what of them to measure, and the malformed requests
+        to count (none where nothing is measured)."""
         prior = completed.prior
-        malformed: list[tuple[str, str]] = []  # (reason, service) of requests whose spans could not make one
+        malformed: list[tuple[str, str]] = []
         if completed.late:
             (span,) = completed.trace.spans.values()
             # A late engine span is measured alone; so is a late GenAI client span (a call that
@@ -127,26 +157,16 @@ class LlmMetricsStage:
                     prior.measured.add(span.span_id)
                 elif self.intake_log is not None:
                     self.intake_log.measured_late(span.trace_id, span.span_id)
-            to_record = records if measure else []
-            count_malformed = measure
-        else:
-            records = records_of_trace(completed.trace, self.settings, malformed, self.native_records)
-            to_record = records if prior is None else [r for r in records if r.span_id not in prior.measured]
-            count_malformed = prior is None
+            completed.records = records
+            return completed, records if measure else [], malformed if measure else []
+        records = records_of_trace(completed.trace, self.settings, malformed, self.native_records)
         completed.records = records
-        try:
-            self._next.consume(completed)
-        finally:  # a stage or an exporter that fails downstream loses its kept trace, not the metrics
-            if count_malformed:
-                for reason, service in malformed:
-                    self._telemetry.spans_malformed.labels(reason).inc()
-                    self._telemetry.count_unmeasured(service, reason)
-            # Metrics count every request whatever the decision; only exemplars follow it.
-            kept = completed.decision is not None and completed.decision.keep
-            for record in to_record:
-                self._record(record, kept)
+        if prior is None:
+            return completed, records, malformed
+        return completed, [r for r in records if r.span_id not in prior.measured], []
 
-    def _record(self, record: RequestRecord, with_exemplars: bool) -> None:
+    def _count(self, record: RequestRecord) -> None:
+        """A measured record's self-telemetry: values refused, intervals not measurable, assembled."""
         if record.rejected:
             for reason in record.rejected:
                 rejected = self._rejected.get(reason)
@@ -162,4 +182,3 @@ class LlmMetricsStage:
             assembled = self._assembled[key] = incrementer(
                 self._telemetry.requests_assembled.labels(record.engine_kind, record.outcome))
         assembled(1)
-        self.recorder.record(record, with_exemplars)

@@ -12,7 +12,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from otel_llm.component import KeptTraceConsumer
 from otel_llm.internal import core as native_core
 from otel_llm.pdata.records import KeptTrace, RequestRecord, Side
-from otel_llm.pdata.traces import CompletedTrace
+from otel_llm.pdata.traces import CompletedTrace, Decision
 from otel_llm.processor.redaction.config import METADATA_KEYS, URL_KEYS, RedactionProcessor
 from otel_llm.processor.redaction.synthesis import (
     NO_REDACTION, REDACTION_REASONS, Redaction, RedactionCounts, kept_trace, native_kept_trace_writer)
@@ -64,10 +64,19 @@ class RedactionStage:
         self._redacted: dict[str, Any] = {reason: telemetry.attributes_redacted.labels(reason)
                                           for reason in REDACTION_REASONS}
 
-    def consume(self, completed: CompletedTrace) -> None:
-        decision = completed.decision
-        if decision is None or not decision.keep or not self._consumers:
+    def consume_batch(self, batch: list[CompletedTrace]) -> None:
+        if not self._consumers:
             return
+        for completed in batch:
+            decision = completed.decision
+            if completed.error is None and decision is not None and decision.keep:
+                try:
+                    self._hand_on(completed, decision)
+                except Exception as exc:  # noqa: BLE001 - this trace's, set on it for the chain's entry
+                    completed.error = exc
+
+    def _hand_on(self, completed: CompletedTrace, decision: Decision) -> None:
+        """A kept trace's spans, redacted, to every kept-trace consumer."""
         spans = completed.spans
         built = (self.native_writer.build(spans, completed.records, decision.policy, decision.threshold)
                  if self.native_writer is not None else None)

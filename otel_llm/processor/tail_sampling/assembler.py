@@ -40,6 +40,9 @@ class AssemblySettings:
 
 
 _SPAN_KIND_CLIENT = 3  # opentelemetry.proto.trace.v1.Span.SPAN_KIND_CLIENT
+# Traces handed along the chain together: enough that a batch's locks and calls cost little per
+# trace, few enough that a batch's kept traces reach the exporters without waiting on thousands.
+COMPLETION_BATCH = 256
 
 
 def _call_in_flight(trace: PendingTrace) -> bool:
@@ -143,12 +146,11 @@ class TraceAssembler:
             self._spans_dropped.inc(dropped)
         if duplicate and self._spans_duplicate is not None:
             self._spans_duplicate.inc(duplicate)
-        for buffered, remembered in late:
+        if late:
             # Never None here: a span of a trace being completed waits in _parked for its decision.
-            single = PendingTrace(buffered.trace_id, 0.0, {buffered.span_id: buffered})
-            self._next.consume(CompletedTrace(single, "late", prior=remembered, late=True))
-        for trace, reason in completed:
-            self._complete(trace, reason)
+            self._next.consume_batch([_late(buffered, remembered) for buffered, remembered in late])
+        if completed:
+            self._complete(completed)
 
     def _insert(self, trace: PendingTrace, buffered: BufferedSpan) -> None:
         """Add one span and keep readiness current, in steps bounded by ``MAX_ANCESTRY`` per
@@ -243,10 +245,12 @@ class TraceAssembler:
                     forgotten, _ = self._decided.popitem(last=False)
                     self._decided_spans.pop(forgotten, None)
 
-    def remember_decision(self, trace_id: bytes, remembered: Remembered) -> None:
+    def remember_decisions(self, decisions: list[tuple[bytes, Remembered]]) -> None:
         with self._lock:
-            if trace_id in self._decided:
-                self._decided[trace_id] = remembered
+            decided = self._decided
+            for trace_id, remembered in decisions:
+                if trace_id in decided:
+                    decided[trace_id] = remembered
 
     def tick(self) -> int:
         """Complete every trace whose time has come; returns how many."""
@@ -290,8 +294,8 @@ class TraceAssembler:
                         break
                     continue
                 due.append((self._pop_oldest(), "max_open_call_wait" if in_flight else "decision_wait"))
-        for trace, reason in due:
-            self._complete(trace, reason)
+        if due:
+            self._complete(due)
         return len(due)
 
     def completion_lag(self) -> float:
@@ -319,8 +323,7 @@ class TraceAssembler:
         """Complete the oldest ``fraction`` of pending traces now (memory pressure)."""
         with self._lock:
             due = [self._pop_oldest() for _ in range(int(len(self._pending) * fraction))]
-        for trace in due:
-            self._complete(trace, "memory_pressure")
+        self._complete([(trace, "memory_pressure") for trace in due])
         return len(due)
 
     def take_pending(self, wanted: Callable[[PendingTrace], bool]) -> list[PendingTrace]:
@@ -339,33 +342,43 @@ class TraceAssembler:
         with self._lock:
             for trace in traces:
                 self._remember(trace.trace_id, len(trace.spans))
-        for trace in traces:
-            self._complete(trace, reason)
+        self._complete([(trace, reason) for trace in traces])
 
     def drain(self) -> int:
         """Complete every pending trace now (shutdown)."""
         with self._lock:
             due = [self._pop_oldest() for _ in range(len(self._pending))]
-        for trace in due:
-            self._complete(trace, "shutdown")
+        self._complete([(trace, "shutdown") for trace in due])
         return len(due)
 
-    def _complete(self, trace: PendingTrace, reason: str) -> None:
+    def _complete(self, due: list[tuple[PendingTrace, str]]) -> None:
+        """Hand ``due`` (trace, why it completed) along the chain in batches of ``COMPLETION_BATCH``."""
         completions = self.completions
-        completions[reason] = completions.get(reason, 0) + 1
-        try:
-            self._next.consume(CompletedTrace(trace, reason))
-        finally:
-            # Nearly always empty: looked at without the lock. A span is parked only while its trace's
-            # decision is None, under the lock, so one parked for this trace went in before the chain's
-            # remember_decision (which takes the lock) and is seen here.
-            if self._parked:
-                self._hand_on_parked(trace.trace_id)
+        for start in range(0, len(due), COMPLETION_BATCH):
+            batch = [CompletedTrace(trace, reason) for trace, reason in due[start:start + COMPLETION_BATCH]]
+            for completed in batch:
+                completions[completed.reason] = completions.get(completed.reason, 0) + 1
+            try:
+                self._next.consume_batch(batch)
+            finally:
+                # Nearly always empty: looked at without the lock. A span is parked only while its trace's
+                # decision is None, under the lock, so one parked for this batch went in before the chain's
+                # remember_decisions (which takes the lock) and is seen here.
+                if self._parked:
+                    self._hand_on_parked([completed.trace_id for completed in batch])
 
-    def _hand_on_parked(self, trace_id: bytes) -> None:
+    def _hand_on_parked(self, trace_ids: list[bytes]) -> None:
+        late: list[CompletedTrace] = []
         with self._lock:
-            parked = self._parked.pop(trace_id, None)
-            remembered = self._decided.get(trace_id)
-        for buffered in parked or ():
-            single = PendingTrace(buffered.trace_id, 0.0, {buffered.span_id: buffered})
-            self._next.consume(CompletedTrace(single, "late", prior=remembered, late=True))
+            for trace_id in trace_ids:
+                parked = self._parked.pop(trace_id, None)
+                if parked:
+                    late.extend(_late(buffered, self._decided.get(trace_id)) for buffered in parked)
+        if late:
+            self._next.consume_batch(late)
+
+
+def _late(buffered: BufferedSpan, remembered: Remembered | None) -> CompletedTrace:
+    """A span of a trace completed before it came, on its own, with the trace's decision if remembered."""
+    single = PendingTrace(buffered.trace_id, 0.0, {buffered.span_id: buffered})
+    return CompletedTrace(single, "late", prior=remembered, late=True)

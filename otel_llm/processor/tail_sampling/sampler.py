@@ -88,6 +88,38 @@ class TailSampler:
         # A kept decision is immutable and the same for every trace a policy keeps: built once per policy.
         self._kept = {id(policy): _kept_by(policy) for policy in self.policies}
 
+    def decide_batch(self, traces: list[tuple[PendingTrace, list[RequestRecord]]]) -> list[Decision | Exception]:
+        """``decide`` for each (trace, records) in order, the core's policies under one taking of the
+        lock; a trace whose decision fails gets its exception in its place (the others are decided)."""
+        if self._native is None:
+            return [self._decide_or_fault(trace, records) for trace, records in traces]
+        first_match = self._native.first_match
+        matched: list[int | Exception] = []
+        with self._lock:
+            for trace, records in traces:
+                try:
+                    matched.append(first_match(trace.trace_id, trace.spans, records))
+                except Exception as exc:  # noqa: BLE001 - this trace's, handed back in its place
+                    matched.append(exc)
+        decisions: list[Decision | Exception] = []
+        for (_, records), index in zip(traces, matched):
+            if isinstance(index, Exception):
+                decisions.append(index)
+            elif index < 0:
+                decisions.append(DROP)
+            else:
+                try:
+                    decisions.append(self._kept_or_rate_limited(self.policies[index], records))
+                except Exception as exc:  # noqa: BLE001 - this trace's, handed back in its place
+                    decisions.append(exc)
+        return decisions
+
+    def _decide_or_fault(self, trace: PendingTrace, records: list[RequestRecord]) -> Decision | Exception:
+        try:
+            return self.decide(trace, records)
+        except Exception as exc:  # noqa: BLE001 - this trace's, handed back in its place
+            return exc
+
     def decide(self, trace: PendingTrace, records: list[RequestRecord]) -> Decision:
         # Every policy sees every trace (the rolling quantiles must learn from all traffic), so no
         # short-circuit: the first match names the decision.
@@ -104,6 +136,9 @@ class TailSampler:
                     matched = policy
         if matched is None:
             return DROP
+        return self._kept_or_rate_limited(matched, records)
+
+    def _kept_or_rate_limited(self, matched: Policy, records: list[RequestRecord]) -> Decision:
         if self.rate_limit is not None and not self.rate_limit.allow(matched.name, records):
             return Decision(False, matched.name, rate_limited=True)
         kept = self._kept.get(id(matched))

@@ -24,38 +24,52 @@ class DecisionStage:
         self.intake_log = intake_log
         self._counters: dict[tuple[str, bool, bool], Callable[[float], None]] = {}
 
-    def consume(self, completed: CompletedTrace) -> None:
-        prior = completed.prior
-        if completed.late:
-            # A late span follows its trace's decision (one that came while its trace was being completed
-            # waited for it in the buffer); without one (the cache forgot the trace) it is not kept.
-            completed.decision = prior.decision if prior is not None else DROP
-            if prior is not None and self.intake_log is not None:
-                self._journal(completed.trace.trace_id, prior)
-        else:
+    def consume_batch(self, batch: list[CompletedTrace]) -> None:
+        undecided = [c for c in batch if c.error is None and not c.late and c.prior is None]
+        if self._sampler is not None and undecided:
+            decisions = self._sampler.decide_batch([(c.trace, c.records) for c in undecided])
+            for completed, decided in zip(undecided, decisions):
+                if isinstance(decided, Decision):
+                    completed.decision = decided
+                else:
+                    completed.error = decided
+        remembering: list[tuple[bytes, Remembered]] = []
+        dropped = 0
+        for completed in batch:
+            if completed.error is not None:
+                continue
+            prior = completed.prior
+            if completed.late:
+                # A late span follows its trace's decision (one that came while its trace was being completed
+                # waited for it in the buffer); without one (the cache forgot the trace) it is not kept.
+                completed.decision = prior.decision if prior is not None else DROP
+                if prior is not None and self.intake_log is not None:
+                    self._journal(completed.trace.trace_id, prior)
+                continue
             records = completed.records
-            if prior is not None:
-                decision = prior.decision
-            elif self._sampler is not None:
-                decision = self._sampler.decide(completed.trace, records)
-            else:
-                decision = KEEP_UNSAMPLED
+            decision: Decision | None = prior.decision if prior is not None else (
+                completed.decision if self._sampler is not None else KEEP_UNSAMPLED)
+            assert decision is not None  # the sampler's, set above
             # One record nearly always: a set display, not a comprehension's frame.
             measured = {records[0].span_id} if len(records) == 1 else {r.span_id for r in records}
             if prior is not None:
                 measured |= prior.measured
             remembered = Remembered(decision, measured)
             trace_id = completed.trace.trace_id
-            self._assembler.remember_decision(trace_id, remembered)
+            remembering.append((trace_id, remembered))
             if prior is None:
-                count = self._counters.get((decision.policy, decision.keep, decision.rate_limited))
-                if count is None:
-                    count = self._counter(decision)
-                count(1)
+                if decision is DROP:  # most traces: counted once per batch
+                    dropped += 1
+                else:
+                    self._count(decision, 1)
             if self.intake_log is not None:
                 self._journal(trace_id, remembered)
             completed.decision = decision
-        self._next.consume(completed)
+        if dropped:
+            self._count(DROP, dropped)
+        if remembering:
+            self._assembler.remember_decisions(remembering)
+        self._next.consume_batch(batch)
 
     def _journal(self, trace_id: bytes, remembered: Remembered) -> None:
         assert self.intake_log is not None
@@ -63,9 +77,12 @@ class DecisionStage:
         self.intake_log.decided(trace_id, decision.keep, decision.rate_limited, decision.policy,
                                 decision.threshold, remembered.measured)
 
-    def _counter(self, decision: Decision) -> Callable[[float], None]:
-        """The increment of ``decision``'s sampling_decisions child, looked up once per label set."""
-        outcome = "kept" if decision.keep else ("rate_limited" if decision.rate_limited else "dropped")
-        count = incrementer(self._telemetry.sampling_decisions.labels(decision.policy or "none", outcome))
-        self._counters[(decision.policy, decision.keep, decision.rate_limited)] = count
-        return count
+    def _count(self, decision: Decision, traces: int) -> None:
+        """Add ``traces`` to ``decision``'s sampling_decisions child (its increment looked up once per label set)."""
+        key = (decision.policy, decision.keep, decision.rate_limited)
+        count = self._counters.get(key)
+        if count is None:
+            outcome = "kept" if decision.keep else ("rate_limited" if decision.rate_limited else "dropped")
+            count = self._counters[key] = incrementer(
+                self._telemetry.sampling_decisions.labels(decision.policy or "none", outcome))
+        count(traces)

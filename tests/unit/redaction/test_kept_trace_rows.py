@@ -46,15 +46,14 @@ def _completed_traces() -> list[Any]:
         pipeline = service.pipeline
         captured: list[Any] = []
         entry = pipeline.assembler._next
-        pipeline.assembler._next = type("Capture", (), {"consume": staticmethod(captured.append)})()
+        pipeline.assembler._next = type("Capture", (), {"consume_batch": staticmethod(captured.extend)})()
         for batch in generate(4, seed=3):
             pipeline.assembler.add_batch(digest_in_process(stamp(batch, 1), pipeline.digest_settings)[0])
         clock.now += 1.5
         pipeline.assembler.tick()
         decided: list[Any] = []
-        pipeline.redaction.consume = decided.append  # stop after the decision: this test runs redaction itself
-        for completed in captured:
-            entry.consume(completed)
+        pipeline.redaction.consume_batch = decided.extend  # stop after the decision: this test runs redaction itself
+        entry.consume_batch(captured)
         store = service.components.get("exporters.store")
         if store is not None and store.store is not None:
             store.shutdown(2.0)

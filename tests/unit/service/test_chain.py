@@ -206,3 +206,28 @@ def test_a_failing_stage_is_counted_and_the_next_trace_still_completes():
     chain.buffer(second.SerializeToString(), digested=False)
     chain.shutdown(timeout_s=5)
     assert len(consumer.kept) == 2
+
+
+def test_a_trace_that_fails_costs_the_traces_completed_with_it_nothing():
+    """Traces due together go along the chain as one batch: one whose exporter fails is counted
+    (its own spans only), and the others of its batch are still kept and measured."""
+    failing_trace = bytes.fromhex("cd" * 16)
+
+    class ExplodingOnOne(Collecting):
+        def consume(self, kept: KeptTrace) -> bool:
+            if any(span.trace_id == failing_trace for span in spans_of(kept.request)):
+                raise RuntimeError("boom")
+            return super().consume(kept)
+
+    consumer = ExplodingOnOne()
+    chain, registry = pipeline(default_processors(KEEP_ALL), [consumer])
+    requests = [request_of("gateway_vllm.json") for _ in range(3)]
+    for number, request in enumerate(requests):
+        for span in spans_of(request):
+            span.trace_id = failing_trace if number == 1 else bytes([0xa0 + number]) * 16
+        chain.buffer(request.SerializeToString(), digested=False)
+    assert chain.assembler.drain() == 3  # one batch
+    assert sample(registry, "otel_llm_spans_dropped_total", reason="assembly_error") == len(spans_of(requests[1]))
+    assert sorted(kept.records[0].trace_id for kept in consumer.kept) == [b"\xa0" * 16, b"\xa2" * 16]
+    assert chain.recorder is not None and chain.recorder.requests_recorded == 3
+    chain.shutdown(timeout_s=5)

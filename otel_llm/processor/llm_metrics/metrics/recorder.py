@@ -39,6 +39,8 @@ from otel_llm.processor.llm_metrics.metrics.families import (
 _FAILED = Outcome.FAILED
 DEFAULT_SERIES_LIMIT_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_LABEL_VALUE_BYTES = 256
+# Records observed per taking of the recorder's lock in ``record_many`` (~2-3 us each with the core).
+RECORD_MANY_CHUNK = 512
 
 
 @dataclass(slots=True)
@@ -508,6 +510,23 @@ class MetricsRecorder:
                 self.too_long[too_long] = self.too_long.get(too_long, 0) + 1
             if self.accounting is not None:
                 self.accounting.record(record)
+
+    def record_many(self, recording: list[tuple[RequestRecord, bool]]) -> None:
+        """``record`` for each (record, with_exemplars) in order; with the compiled core, taking the
+        lock once per ``RECORD_MANY_CHUNK`` records (a scrape waits for one chunk, ~1 ms, at most)."""
+        core_recording = self._recording
+        if core_recording is None:
+            for record, with_exemplars in recording:
+                self.record(record, with_exemplars)
+            return
+        record_one = core_recording.record
+        accounting = self.accounting
+        for start in range(0, len(recording), RECORD_MANY_CHUNK):
+            with self.lock:
+                for record, with_exemplars in recording[start:start + RECORD_MANY_CHUNK]:
+                    record_one(record, with_exemplars)
+                    if accounting is not None:
+                        accounting.record(record)
 
     def _segment_entry(self, cache_key: Key) -> dict[str, tuple[HistogramSeries, int]]:
         """A segment label key's new cache entry: segment name -> (series, what else an observation
