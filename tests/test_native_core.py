@@ -881,6 +881,47 @@ def test_fuzz_the_decoder_against_upb() -> None:
     assert accepted > FUZZ_INPUTS // 20 and refused > FUZZ_INPUTS // 10
 
 
+def _with_unusable_ids() -> bytes:
+    """A request whose spans have each kind of id the receivers refuse, beside usable ones."""
+    request = ExportTraceServiceRequest()
+    spans = request.resource_spans.add().scope_spans.add().spans
+    usable = dict(trace_id=b"\x01" * 16, span_id=b"\x02" * 8)
+    for ids in (usable, dict(usable, parent_span_id=b"\x03" * 8), dict(usable, trace_id=bytes(16)),
+                dict(usable, trace_id=b"\x01" * 15), dict(usable, span_id=bytes(8)), dict(usable, span_id=b"\x02" * 9),
+                dict(usable, parent_span_id=b"\x03" * 7), dict(trace_id=b"\x01" * 16), {}):
+        spans.add(name="s", **ids)
+    return request.SerializeToString()
+
+
+def test_the_receivers_id_check_on_bytes_is_upbs_parse_and_check_ids() -> None:
+    """``admission.usable_ids`` lets the receivers skip their parse: the core's ``span_ids`` must
+    refuse what upb's parse of the standard request refuses and count what ``check_ids`` counts on
+    the parsed request, on the fixtures, captures and seeded mutations of them (bad ids included)."""
+    from otel_llm.receiver.otlp.admission import check_ids
+
+    assert extension is not None
+    rng = random.Random(26)
+    seeds = [data for data in REQUESTS.values() if len(data) < 20_000] + [_with_unusable_ids()]
+    seeds += [data for name, data in HOSTILE.items() if not name.startswith("truncated_at_")]
+    assert extension.span_ids(_with_unusable_ids()) == (9, 7)  # counted by hand: 2 usable of 9
+    compared = refused = with_rejected = 0
+    for index in range(FUZZ_INPUTS):
+        data = _mutate(rng, rng.choice(seeds)) if index >= len(seeds) else seeds[index]
+        try:
+            parsed = check_ids(ExportTraceServiceRequest.FromString(data))
+        except DecodeError:
+            with pytest.raises(ValueError, match="malformed ExportTraceServiceRequest"):
+                extension.span_ids(data)
+            refused += 1
+            continue
+        assert extension.span_ids(data) == (parsed.spans, parsed.rejected), f"input {index}: {data.hex()}"
+        compared += 1
+        with_rejected += parsed.rejected > 0
+    print(f"span ids: {FUZZ_INPUTS} inputs, {compared} counted alike ({with_rejected} with unusable ids), "
+          f"{refused} refused by both")
+    assert compared > FUZZ_INPUTS // 20 and refused > FUZZ_INPUTS // 10 and with_rejected > 50
+
+
 # --- start-up: which path runs ------------------------------------------------------------------------
 
 def test_the_choice_of_path_is_explicit() -> None:

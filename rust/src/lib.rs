@@ -2129,6 +2129,74 @@ fn py_validate(data: &[u8]) -> PyResult<()> {
         .map_err(|Malformed(reason)| PyValueError::new_err(format!("malformed ExportTraceServiceRequest: {reason}")))
 }
 
+/// The receivers' id check (`admission.check_ids`) on the request's bytes: (spans, spans with an
+/// unusable trace, span or parent id), the request validated first as `validate` does, so the
+/// receiver needs no parse of its own for a request whose ids are all usable.
+#[pyfunction]
+#[pyo3(name = "span_ids")]
+fn py_span_ids(data: &[u8]) -> PyResult<(u64, u64)> {
+    let malformed = |Malformed(reason)| PyValueError::new_err(format!("malformed ExportTraceServiceRequest: {reason}"));
+    validate(data, 0, data.len(), Msg::Request, 1).map_err(malformed)?;
+    span_ids(data).map_err(malformed)
+}
+
+/// Each element of a repeated message field is one occurrence of it; a bytes field's last
+/// occurrence is its value; a known field number with another wire type is an unknown field.
+fn span_ids(buf: &[u8]) -> Result<(u64, u64)> {
+    let (mut spans, mut rejected) = (0u64, 0u64);
+    let mut request = Reader::new(buf, 0, buf.len());
+    while !request.done() {
+        let (number, wire_type) = request.tag()?;
+        if (number, wire_type) != (1, 2) {
+            request.skip(number, wire_type, 1)?;
+            continue;
+        }
+        let (s, e) = request.delimited()?;
+        let mut resource_spans = Reader::new(buf, s, e);
+        while !resource_spans.done() {
+            let (number, wire_type) = resource_spans.tag()?;
+            if (number, wire_type) != (2, 2) {
+                resource_spans.skip(number, wire_type, 2)?;
+                continue;
+            }
+            let (s, e) = resource_spans.delimited()?;
+            let mut scope_spans = Reader::new(buf, s, e);
+            while !scope_spans.done() {
+                let (number, wire_type) = scope_spans.tag()?;
+                if (number, wire_type) != (2, 2) {
+                    scope_spans.skip(number, wire_type, 3)?;
+                    continue;
+                }
+                let (s, e) = scope_spans.delimited()?;
+                spans += 1;
+                if !usable_ids(buf, s, e)? {
+                    rejected += 1;
+                }
+            }
+        }
+    }
+    Ok((spans, rejected))
+}
+
+/// `admission.valid_ids`: a 16-byte trace id and an 8-byte span id, neither all zeros, and a parent
+/// id that is empty or 8 bytes.
+fn usable_ids(buf: &[u8], start: usize, end: usize) -> Result<bool> {
+    let (mut trace_id, mut span_id, mut parent): (&[u8], &[u8], &[u8]) = (&[], &[], &[]);
+    let mut span = Reader::new(buf, start, end);
+    while !span.done() {
+        let (number, wire_type) = span.tag()?;
+        match (number, wire_type) {
+            (1, 2) => trace_id = { let (s, e) = span.delimited()?; &buf[s..e] },
+            (2, 2) => span_id = { let (s, e) = span.delimited()?; &buf[s..e] },
+            (4, 2) => parent = { let (s, e) = span.delimited()?; &buf[s..e] },
+            _ => span.skip(number, wire_type, 4)?,
+        }
+    }
+    Ok(trace_id.len() == 16 && trace_id.iter().any(|b| *b != 0)
+        && span_id.len() == 8 && span_id.iter().any(|b| *b != 0)
+        && (parent.is_empty() || parent.len() == 8))
+}
+
 // --- a request's timings and segments ---------------------------------------------------------
 
 /// `segments.py`'s constants, as the Python functions read them. A second copy, pinned: the
@@ -2377,6 +2445,7 @@ fn observation_timings<'py>(py: Python<'py>, obs: &Observation, start_unix_ns: &
 fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(py_scan, module)?)?;
     module.add_function(wrap_pyfunction!(py_validate, module)?)?;
+    module.add_function(wrap_pyfunction!(py_span_ids, module)?)?;
     module.add_function(wrap_pyfunction!(timings_and_segments, module)?)?;
     module.add_class::<Digester>()?;
     module.add_class::<Row>()?;

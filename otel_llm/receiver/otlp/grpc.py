@@ -39,7 +39,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from otel_llm.confmap import split_endpoint
 from otel_llm.receiver.otlp.config import GrpcProtocol
-from otel_llm.receiver.otlp.admission import WAITABLE, Admitter, request_spans
+from otel_llm.receiver.otlp.admission import WAITABLE, Admitter, request_spans, usable_ids
 from otel_llm.receiver.otlp.nesting import cut_deep_values, too_deep
 from otel_llm.receiver.otlp.othersignals import GRPC_SERVICES, count_items, new_request, new_response
 from otel_llm.internal.security import TokenCheck, read_bytes
@@ -150,26 +150,29 @@ class OtlpGrpcReceiver:
     async def _export(self, request_iterator: object, context: grpc.aio.ServicerContext) -> bytes:
         admitter = self._admitter
         payload = await self._read_message(context)
-        request = ExportTraceServiceRequest()
-        try:
-            request.ParseFromString(payload)
-        except DecodeError as exc:
-            cut = cut_deep_values(payload) if too_deep(exc) else None
-            if cut is None:
-                admitter.refuse_request(PROTOCOL, "malformed")
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed ExportTraceServiceRequest: {exc}")
-            else:  # attribute values nested past the decoder's depth: cut there, the rest admitted
-                payload, cuts = cut
-                request = ExportTraceServiceRequest()
+        ids = usable_ids(payload)
+        request: ExportTraceServiceRequest | None = None
+        if ids is None:  # parsed: no core, malformed, or ids to drop
+            request = ExportTraceServiceRequest()
+            try:
                 request.ParseFromString(payload)
-                admitter.cut_values(PROTOCOL, cuts)
+            except DecodeError as exc:
+                cut = cut_deep_values(payload) if too_deep(exc) else None
+                if cut is None:
+                    admitter.refuse_request(PROTOCOL, "malformed")
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed ExportTraceServiceRequest: {exc}")
+                else:  # attribute values nested past the decoder's depth: cut there, the rest admitted
+                    payload, cuts = cut
+                    request = ExportTraceServiceRequest()
+                    request.ParseFromString(payload)
+                    admitter.cut_values(PROTOCOL, cuts)
         if self._admission_wait:
-            await self._wait_for_room(request_spans(request), len(payload))
+            await self._wait_for_room(request_spans(request, ids), len(payload))
         if self._admit_pool is None:
-            result = admitter.admit(request, payload, PROTOCOL)  # never waits: on the loop
+            result = admitter.admit(request, payload, PROTOCOL, ids)  # never waits: on the loop
         else:
             result = await asyncio.get_running_loop().run_in_executor(self._admit_pool, admitter.admit, request,
-                                                                      payload, PROTOCOL)
+                                                                      payload, PROTOCOL, ids)
         if result.refused:
             admitter.refuse_request(PROTOCOL, result.refused)
             status = retryable_status(f"refused: {result.refused}; retry later", result.retry_after_s)

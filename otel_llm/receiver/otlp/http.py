@@ -28,6 +28,7 @@ from otel_llm.receiver.otlp.admission import (
     WAITABLE,
     Admitter,
     request_spans,
+    usable_ids,
 )
 from otel_llm.receiver.otlp.otlpjson import OtlpJsonError, parse_otlp_json_cutting
 from otel_llm.receiver.otlp.nesting import cut_deep_values, too_deep
@@ -333,8 +334,12 @@ class _Handler(QuietHandler):
             self._other_signal(body, content_type, reply_type)
             return
         payload: bytes | None = None
+        request: ExportTraceServiceRequest | None = None
+        ids = usable_ids(body) if content_type != JSON else None
         try:
-            if content_type == JSON:
+            if ids is not None:  # not parsed: the core checked its bytes and every span's ids
+                payload = body
+            elif content_type == JSON:
                 request, cuts = parse_otlp_json_cutting(body)
                 if cuts:  # attribute values nested past the decoder's depth: cut there, the rest admitted
                     self.admitter.cut_values(PROTOCOL, cuts)
@@ -362,8 +367,8 @@ class _Handler(QuietHandler):
                         reply_type, "malformed")
             return
         if self.admission_wait:
-            self._wait_for_room(request_spans(request), len(body))
-        result = self.admitter.admit(request, payload, PROTOCOL)
+            self._wait_for_room(request_spans(request, ids), len(body))
+        result = self.admitter.admit(request, payload, PROTOCOL, ids)
         if result.refused:
             status = 503 if result.refused in ("memory_limit", "shutting_down", "intake_log_error") else 429
             self._error(status, code_pb2.UNAVAILABLE, f"refused: {result.refused}; retry later", reply_type,

@@ -50,6 +50,7 @@ from otel_llm.receiver.otlp.admission import (
     SHUTTING_DOWN,
     SPAN_REFUSALS,
     Admission,
+    IdCheck,
     check_ids,
 )
 
@@ -225,8 +226,12 @@ class Forwarder:
         calls it from a thread, not on its event loop."""
         return self._intake_log is not None
 
-    def admit(self, request: ExportTraceServiceRequest, payload: bytes | None, protocol: str) -> Admission:
-        ids = check_ids(request)
+    def admit(self, request: ExportTraceServiceRequest | None, payload: bytes | None, protocol: str,
+              ids: IdCheck | None = None) -> Admission:
+        if request is None:
+            assert ids is not None and payload is not None, "an unparsed request comes with its bytes and ids"
+        else:
+            ids = check_ids(request)
         accepted = ids.spans - ids.rejected
         counters = self._counters
         if self.failed.is_set() and accepted:
@@ -238,10 +243,15 @@ class Forwarder:
         if ids.rejected:
             counters.spans_refused(protocol, "invalid_id", ids.rejected)
             payload = None  # the request changed
-        if accepted and self._intake_log is not None and self._intake_log.redact(request):
-            payload = None  # content removed before it is written: no prompt on the log's disk
+        if accepted and self._intake_log is not None:
+            if request is None:
+                assert payload is not None
+                request = ExportTraceServiceRequest.FromString(payload)
+            if self._intake_log.redact(request):
+                payload = None  # content removed before it is written: no prompt on the log's disk
         if accepted:
             if payload is None:
+                assert request is not None
                 payload = request.SerializeToString()
             refused = self._state.reserve(accepted, len(payload))
             if refused:
