@@ -38,38 +38,47 @@ class DecisionStage:
         for completed in batch:
             if completed.error is not None:
                 continue
-            prior = completed.prior
-            if completed.late:
-                # A late span follows its trace's decision (one that came while its trace was being completed
-                # waited for it in the buffer); without one (the cache forgot the trace) it is not kept.
-                completed.decision = prior.decision if prior is not None else DROP
-                if prior is not None and self.intake_log is not None:
-                    self._journal(completed.trace.trace_id, prior)
-                continue
-            records = completed.records
-            decision: Decision | None = prior.decision if prior is not None else (
-                completed.decision if self._sampler is not None else KEEP_UNSAMPLED)
-            assert decision is not None  # the sampler's, set above
-            # One record nearly always: a set display, not a comprehension's frame.
-            measured = {records[0].span_id} if len(records) == 1 else {r.span_id for r in records}
-            if prior is not None:
-                measured |= prior.measured
-            remembered = Remembered(decision, measured)
-            trace_id = completed.trace.trace_id
-            remembering.append((trace_id, remembered))
-            if prior is None:
-                if decision is DROP:  # most traces: counted once per batch
-                    dropped += 1
-                else:
-                    self._count(decision, 1)
-            if self.intake_log is not None:
-                self._journal(trace_id, remembered)
-            completed.decision = decision
+            try:
+                dropped += self._follow(completed, remembering)
+            except Exception as exc:  # noqa: BLE001 - this trace's, set on it for the chain's entry
+                completed.error = exc
         if dropped:
             self._count(DROP, dropped)
         if remembering:
             self._assembler.remember_decisions(remembering)
         self._next.consume_batch(batch)
+
+    def _follow(self, completed: CompletedTrace, remembering: list[tuple[bytes, Remembered]]) -> int:
+        """Set ``completed``'s decision; what to remember of it is appended to ``remembering``.
+        Returns 1 for a new decision to drop (counted once per batch), else 0."""
+        prior = completed.prior
+        if completed.late:
+            # A late span follows its trace's decision (one that came while its trace was being completed
+            # waited for it in the buffer); without one (the cache forgot the trace) it is not kept.
+            completed.decision = prior.decision if prior is not None else DROP
+            if prior is not None and self.intake_log is not None:
+                self._journal(completed.trace.trace_id, prior)
+            return 0
+        records = completed.records
+        decision: Decision | None = prior.decision if prior is not None else (
+            completed.decision if self._sampler is not None else KEEP_UNSAMPLED)
+        assert decision is not None  # the sampler's, set in consume_batch
+        # One record nearly always: a set display, not a comprehension's frame.
+        measured = {records[0].span_id} if len(records) == 1 else {r.span_id for r in records}
+        if prior is not None:
+            measured |= prior.measured
+        remembered = Remembered(decision, measured)
+        trace_id = completed.trace.trace_id
+        remembering.append((trace_id, remembered))
+        if self.intake_log is not None:
+            self._journal(trace_id, remembered)
+        completed.decision = decision
+        if prior is not None:
+            return 0
+        if decision is DROP:
+            return 1
+        self._count(decision, 1)
+        return 0
 
     def _journal(self, trace_id: bytes, remembered: Remembered) -> None:
         assert self.intake_log is not None
