@@ -2144,38 +2144,33 @@ fn py_span_ids(data: &[u8]) -> PyResult<(u64, u64)> {
 /// occurrence is its value; a known field number with another wire type is an unknown field.
 fn span_ids(buf: &[u8]) -> Result<(u64, u64)> {
     let (mut spans, mut rejected) = (0u64, 0u64);
-    let mut request = Reader::new(buf, 0, buf.len());
-    while !request.done() {
-        let (number, wire_type) = request.tag()?;
-        if (number, wire_type) != (1, 2) {
-            request.skip(number, wire_type, 1)?;
-            continue;
-        }
-        let (s, e) = request.delimited()?;
-        let mut resource_spans = Reader::new(buf, s, e);
-        while !resource_spans.done() {
-            let (number, wire_type) = resource_spans.tag()?;
-            if (number, wire_type) != (2, 2) {
-                resource_spans.skip(number, wire_type, 2)?;
-                continue;
-            }
-            let (s, e) = resource_spans.delimited()?;
-            let mut scope_spans = Reader::new(buf, s, e);
-            while !scope_spans.done() {
-                let (number, wire_type) = scope_spans.tag()?;
-                if (number, wire_type) != (2, 2) {
-                    scope_spans.skip(number, wire_type, 3)?;
-                    continue;
-                }
-                let (s, e) = scope_spans.delimited()?;
+    each_message(buf, 0, buf.len(), 1, 1, |s, e| {
+        each_message(buf, s, e, 2, 2, |s, e| {
+            each_message(buf, s, e, 2, 3, |s, e| {
                 spans += 1;
-                if !usable_ids(buf, s, e)? {
-                    rejected += 1;
-                }
-            }
+                rejected += u64::from(!usable_ids(buf, s, e)?);
+                Ok(())
+            })
+        })
+    })?;
+    Ok((spans, rejected))
+}
+
+/// Calls `each` with the bounds of every occurrence of length-delimited field `number` of the
+/// message in `buf[start..end]` (at `depth`), in order; every other field is skipped.
+fn each_message(buf: &[u8], start: usize, end: usize, number: u32, depth: u32,
+                mut each: impl FnMut(usize, usize) -> Result<()>) -> Result<()> {
+    let mut reader = Reader::new(buf, start, end);
+    while !reader.done() {
+        let (field, wire_type) = reader.tag()?;
+        if (field, wire_type) == (number, 2) {
+            let (s, e) = reader.delimited()?;
+            each(s, e)?;
+        } else {
+            reader.skip(field, wire_type, depth)?;
         }
     }
-    Ok((spans, rejected))
+    Ok(())
 }
 
 /// `admission.valid_ids`: a 16-byte trace id and an 8-byte span id, neither all zeros, and a parent
