@@ -279,39 +279,33 @@ fn json_float(number: f64, out: &mut String) -> Step<()> {
 }
 
 /// Whether the double lies exactly halfway between two decimals of the shortest digits' length:
-/// its exact expansion is those digits' length plus one, the last a 5. A double below 1 in its
-/// last bit, `m / 2^k` with `m` odd, is exactly `m * 5^k` digits scaled: counted in integers (the
-/// formatted exact expansion cost a third of a kept trace's writing); any other (integers of 2^53
-/// and more) is written exactly, 19 digits past the shortest's length (a value within 10^-19 of
-/// halfway is then taken for one, and declined too).
+/// its exact expansion is those digits' length plus one, the last a 5. A double with a fraction,
+/// `m / 2^k` with `m` odd, is exactly `m * 5^k` digits scaled: counted in integers (formatting the
+/// exact expansion cost a third of a kept trace's writing). An integer never is: halfway, it would
+/// be `(10a + 5) * 10^t`, a multiple of `2^t` and of no higher power of two, so the doubles around
+/// it are at most `2^t` apart, while the two decimals it would lie between are `5 * 10^t` away,
+/// more than half that gap: neither reads back to it, and its shortest digits are longer.
 fn ambiguous_shortest(magnitude: f64, digits: &[u8]) -> bool {
-    use std::io::Write;
     let bits = magnitude.to_bits();
     let biased = ((bits >> 52) & 0x7ff) as i32;
     let fraction = bits & ((1u64 << 52) - 1);
     let (mut significand, mut exponent) = if biased == 0 { (fraction, -1074) } else { (fraction | (1u64 << 52), biased - 1075) };
-    if significand != 0 {
-        let zeros = significand.trailing_zeros();
-        significand >>= zeros;
-        exponent += zeros as i32;
-        if exponent < 0 {
-            // m * 5^k has at least 19 digits from k = 27 on: never the 18 or fewer a tie needs.
-            if exponent < -26 {
-                return false;
-            }
-            // Odd, a multiple of 5: its last digit is the 5 a tie needs.
-            let exact = u128::from(significand) * 5u128.pow((-exponent) as u32);
-            return exact.ilog10() as usize + 1 == digits.len() + 1;
-        }
+    if significand == 0 {
+        return false; // zero
     }
-    let mut buffer = [0u8; 64];
-    let written = {
-        let mut cursor = std::io::Cursor::new(&mut buffer[..]);
-        let _ = write!(cursor, "{:.*e}", digits.len() + 19, magnitude);
-        cursor.position() as usize
-    };
-    let mut exact = buffer[..written].iter().take_while(|b| **b != b'e').filter(|b| **b != b'.').skip(digits.len());
-    exact.next() == Some(&b'5') && exact.all(|b| *b == b'0')
+    let zeros = significand.trailing_zeros();
+    significand >>= zeros;
+    exponent += zeros as i32;
+    if exponent >= 0 {
+        return false; // an integer
+    }
+    // m * 5^k has at least 19 digits from k = 27 on: never the 18 or fewer a tie needs.
+    if exponent < -26 {
+        return false;
+    }
+    // Odd, a multiple of 5: its last digit is the 5 a tie needs.
+    let exact = u128::from(significand) * 5u128.pow((-exponent) as u32);
+    exact.ilog10() as usize + 1 == digits.len() + 1
 }
 
 /// An integer's decimal digits, written in `buffer`.

@@ -324,6 +324,10 @@ def test_float_notation_is_json_dumps_or_declined_where_two_shortest_strings_rea
     numbers += [float(f"1e{e}") for e in range(-330, 310)] + [float(f"-1.25e{e}") for e in range(-20, 20)]
     # Halfway cases: doubles with few significant bits past 2**49 (their ulp a power of two below 1).
     numbers += [rng.randrange(2**49, 2**53) / 8 for _ in range(3000)] + [767159875298070.25, 5e-324 * 3]
+    # Integers, which are never halfway (rust/src/kept.rs, ambiguous_shortest), small and large.
+    integers = [float(n) for n in range(-50, 1001)] + [float(rng.randrange(2**bits)) for bits in (60, 1000)
+                                                       for _ in range(2000)]
+    numbers += integers
     declined = []
     for number in numbers:
         written = EXTENSION.json_float_text(number)
@@ -336,6 +340,7 @@ def test_float_notation_is_json_dumps_or_declined_where_two_shortest_strings_rea
         else:
             assert written == json.dumps(number), repr(number)
     assert 767159875298070.25 in declined  # .2 and .3 both read back; Python writes .2
+    assert not set(integers) & set(declined)
     assert 0 < len(declined) < len(numbers) // 10
 
 
