@@ -282,6 +282,27 @@ def test_the_cores_observers_are_the_python_observers(seed: int) -> None:
     assert recorders[3].budget.used == recorders[1].budget.used and recorders[2].budget.used == recorders[0].budget.used
 
 
+def test_record_many_records_every_chunk_as_record_does() -> None:
+    """The completion chain records a batch's records with ``record_many``, which takes the lock
+    once per ``RECORD_MANY_CHUNK``: over two and a half chunks, the same state as one ``record`` per
+    record, with the core and without."""
+    from otel_llm.processor.llm_metrics.metrics.recorder import RECORD_MANY_CHUNK
+
+    namings = [vllm_naming(8192, {}), genai_naming("1.41"), genai_client_naming("1.41"), own_naming()]
+    rng = random.Random(6)
+    batch = [(_random_record(rng), rng.random() < 0.3) for _ in range(RECORD_MANY_CHUNK * 5 // 2)]
+    states = []
+    for implementation in (None, _core_of("native")):
+        one_by_one, many = (MetricsRecorder(namings, ("tier",), LIMIT, max_label_value_bytes=MAX_LABEL_BYTES,
+                                            core=implementation) for _ in range(2))
+        for record, with_exemplars in batch:
+            one_by_one.record(record, with_exemplars)
+        many.record_many(batch)
+        assert _state(many) == _state(one_by_one) and many.requests_recorded == len(batch)
+        states.append(_state(many))
+    assert states[0] == states[1]
+
+
 def test_a_misspelled_record_field_fails_where_the_metric_is_declared() -> None:
     from otel_llm.processor.llm_metrics.metrics.definitions import Field, Fields
 
