@@ -75,7 +75,7 @@ class TailSampler:
         extension = native_core.active()[0] if core is True else (core or None)
         self.policies = build_policies(config, extension, clock)
         # With the core, every policy runs there in one call per trace when it runs them all; the
-        # lock keeps two completing threads out of the slowest policy's windows at once.
+        # lock (taken for Python's policies too) keeps two completing threads out of the slowest policy's windows at once.
         self._native = native_decider(self.policies, extension)
         self._lock = threading.Lock()
         rate = config.rate_limit
@@ -89,54 +89,41 @@ class TailSampler:
         self._kept = {id(policy): _kept_by(policy) for policy in self.policies}
 
     def decide_batch(self, traces: list[tuple[PendingTrace, list[RequestRecord]]]) -> list[Decision | Exception]:
-        """``decide`` for each (trace, records) in order, the core's policies under one taking of the
+        """The decision of each (trace, records) in order, the policies run under one taking of the
         lock; a trace whose decision fails gets its exception in its place (the others are decided)."""
-        if self._native is None:
-            return [self._decide_or_fault(trace, records) for trace, records in traces]
-        first_match = self._native.first_match
-        matched: list[int | Exception] = []
         with self._lock:
-            for trace, records in traces:
-                try:
-                    matched.append(first_match(trace.trace_id, trace.spans, records))
-                except Exception as exc:  # noqa: BLE001 - this trace's, handed back in its place
-                    matched.append(exc)
+            matched = [self._first_match(trace, records) for trace, records in traces]
         decisions: list[Decision | Exception] = []
-        for (_, records), index in zip(traces, matched):
-            if isinstance(index, Exception):
-                decisions.append(index)
-            elif index < 0:
-                decisions.append(DROP)
-            else:
-                try:
-                    decisions.append(self._kept_or_rate_limited(self.policies[index], records))
-                except Exception as exc:  # noqa: BLE001 - this trace's, handed back in its place
-                    decisions.append(exc)
+        for (_, records), policy in zip(traces, matched):
+            if policy is None or isinstance(policy, Exception):
+                decisions.append(DROP if policy is None else policy)
+                continue
+            try:
+                decisions.append(self._kept_or_rate_limited(policy, records))
+            except Exception as exc:  # noqa: BLE001 - this trace's, handed back in its place
+                decisions.append(exc)
         return decisions
 
-    def _decide_or_fault(self, trace: PendingTrace, records: list[RequestRecord]) -> Decision | Exception:
-        try:
-            return self.decide(trace, records)
-        except Exception as exc:  # noqa: BLE001 - this trace's, handed back in its place
-            return exc
-
     def decide(self, trace: PendingTrace, records: list[RequestRecord]) -> Decision:
-        # Every policy sees every trace (the rolling quantiles must learn from all traffic), so no
-        # short-circuit: the first match names the decision.
-        matched: Policy | None = None
-        if self._native is not None:
-            with self._lock:
+        (decided,) = self.decide_batch([(trace, records)])
+        if isinstance(decided, Exception):
+            raise decided
+        return decided
+
+    def _first_match(self, trace: PendingTrace, records: list[RequestRecord]) -> Policy | None | Exception:
+        """The first policy that matches, None, or what the policies raised. Every policy sees every
+        trace (the rolling quantiles must learn from all traffic): no short-circuit."""
+        try:
+            if self._native is not None:
                 index = self._native.first_match(trace.trace_id, trace.spans, records)
-            if index < 0:
-                return DROP
-            matched = self.policies[index]
-        else:
+                return self.policies[index] if index >= 0 else None
+            matched: Policy | None = None
             for policy in self.policies:
                 if policy.matches(trace, records) and matched is None:
                     matched = policy
-        if matched is None:
-            return DROP
-        return self._kept_or_rate_limited(matched, records)
+            return matched
+        except Exception as exc:  # noqa: BLE001 - this trace's, handed back in its place
+            return exc
 
     def _kept_or_rate_limited(self, matched: Policy, records: list[RequestRecord]) -> Decision:
         if self.rate_limit is not None and not self.rate_limit.allow(matched.name, records):
