@@ -962,6 +962,11 @@ class _CountingBuilder:
         self.built += record is not None
         return record
 
+    def build_many(self, traces: list[Any]) -> list[Any]:
+        records = self.builder.build_many(traces)
+        self.built += sum(type(record).__name__ == "RequestRecord" for record in records)
+        return records
+
 
 def _run_pipeline(path: str, requests: list[bytes], workdir: Path,
                   built: list[int] | None = None) -> tuple[list[str], dict[str, list[Any]]]:

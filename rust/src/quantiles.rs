@@ -439,6 +439,21 @@ impl Decider {
         }
         Ok(matched)
     }
+
+    /// `first_match` of each (trace id, spans, records), in order, in one call (a completion
+    /// batch's): the index, or in its place the exception its policies raised.
+    fn first_match_many(&self, py: Python<'_>,
+                        traces: Vec<(Bound<'_, pyo3::types::PyBytes>, Bound<'_, pyo3::types::PyDict>, Bound<'_, PyAny>)>)
+                        -> PyResult<Py<pyo3::types::PyList>> {
+        let mut matched: Vec<PyObject> = Vec::with_capacity(traces.len());
+        for (trace_id, spans, records) in &traces {
+            matched.push(match self.first_match(py, trace_id.as_bytes(), spans, records) {
+                Ok(index) => index.into_pyobject(py)?.into_any().unbind(),
+                Err(error) => error.into_value(py).into_any(),
+            });
+        }
+        Ok(pyo3::types::PyList::new(py, matched)?.unbind())
+    }
 }
 
 pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -798,6 +798,17 @@ impl Recording {
         }
         Ok(())
     }
+
+    /// `record` of each (record, with exemplars), in order, in one call; stops at the first that
+    /// raises, as a loop of `record` calls does.
+    fn record_many<'py>(&mut self, py: Python<'py>, recording: &Bound<'py, PyList>) -> PyResult<()> {
+        for item in recording.iter() {
+            let pair = item.downcast_into::<PyTuple>()?;
+            let with_exemplars: bool = pair.get_item(1)?.extract()?;
+            self.record(py, &pair.get_item(0)?, with_exemplars)?;
+        }
+        Ok(())
+    }
 }
 
 /// A Python int as i128: through i64 first (PyO3's i128 conversion under the stable ABI goes

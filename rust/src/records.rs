@@ -11,7 +11,7 @@
 //! compares both on every shape, setting and random trace).
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 use std::collections::HashMap;
 
@@ -632,6 +632,20 @@ impl RecordBuilder {
             Ok(Err(Declined)) => Ok(None),
             Err(error) => Err(error),
         }
+    }
+
+    /// `build` of each trace's spans, in order, in one call (a completion batch's): the record,
+    /// `None`, or in its place the exception building it raised, so one trace's failure is its own.
+    fn build_many(&self, py: Python<'_>, traces: Vec<Bound<'_, PyDict>>) -> PyResult<Py<PyList>> {
+        let mut built: Vec<PyObject> = Vec::with_capacity(traces.len());
+        for spans in &traces {
+            built.push(match self.read(py, spans) {
+                Ok(Ok(record)) => record,
+                Ok(Err(Declined)) => py.None(),
+                Err(error) => error.into_value(py).into_any(),
+            });
+        }
+        Ok(PyList::new(py, built)?.unbind())
     }
 }
 

@@ -92,7 +92,9 @@ class TailSampler:
         """The decision of each (trace, records) in order, the policies run under one taking of the
         lock; a trace whose decision fails gets its exception in its place (the others are decided)."""
         with self._lock:
-            matched = [self._first_match(trace, records) for trace, records in traces]
+            matched = self._native_matches(traces) if self._native is not None else None
+            if matched is None:
+                matched = [self._first_match(trace, records) for trace, records in traces]
         decisions: list[Decision | Exception] = []
         for (_, records), policy in zip(traces, matched):
             if policy is None or isinstance(policy, Exception):
@@ -109,6 +111,19 @@ class TailSampler:
         if isinstance(decided, Exception):
             raise decided
         return decided
+
+    def _native_matches(self, traces: list[tuple[PendingTrace, list[RequestRecord]]]
+                        ) -> list[Policy | None | Exception] | None:
+        """``_first_match`` of each trace in one call into the core; None where the call itself is
+        refused (an argument it cannot read), so each trace is then matched on its own."""
+        assert self._native is not None
+        try:
+            indexes = self._native.first_match_many([(trace.trace_id, trace.spans, records) for trace, records in traces])
+        except Exception:  # noqa: BLE001 - the per-trace calls say whose it was
+            return None
+        policies = self.policies
+        return [index if isinstance(index, Exception) else policies[index] if index >= 0 else None
+                for index in indexes]
 
     def _first_match(self, trace: PendingTrace, records: list[RequestRecord]) -> Policy | None | Exception:
         """The first policy that matches, None, or what the policies raised. Every policy sees every

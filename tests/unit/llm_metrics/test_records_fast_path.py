@@ -404,14 +404,28 @@ def test_the_cores_records_are_the_python_ones_on_random_traces() -> None:
     taken = {"built": 0, "declined": 0}
     reasons: set[str] = set()
     weights: set[float] = set()
+    by_settings: dict[int, list[PendingTrace]] = {}
     for case in range(6000):
         settings = _RANDOM_SETTINGS[case % len(_RANDOM_SETTINGS)]
         trace = _random_trace(rng, gateway, engine)
+        by_settings.setdefault(case % len(_RANDOM_SETTINGS), []).append(trace)
         _both_paths(trace, settings, taken)
         built = requests.native_record_builder(settings, extension).build(trace.spans)
         if built is not None:
             reasons.update(built.rejected)
             weights.add(built.weight)
+    # ``build_many`` (a completion batch's one call) gives, in order, what ``build`` gives each trace.
+    batched = 0
+    for index, traces in by_settings.items():
+        builder = requests.native_record_builder(_RANDOM_SETTINGS[index], extension)
+        for start in range(0, len(traces), 256):
+            chunk = [trace.spans for trace in traces[start:start + 256]]
+            alone = [builder.build(spans) for spans in chunk]
+            together = builder.build_many(chunk)
+            assert [None if r is None else typed(r) for r in together] == \
+                [None if r is None else typed(r) for r in alone]
+            batched += sum(r is not None for r in together)
+    assert batched == taken["built"], (batched, taken)
     # Both sides are exercised, and the records it built met the rules that reject values.
     assert taken["built"] > 1000 and taken["declined"] > 1000, taken
     assert {"invalid_span_times", "absurd_span_duration", "negative_gateway_overhead", "invalid_edge_ttft",

@@ -7,6 +7,8 @@ definition (DESIGN.md, the tail sampling section), never from running the code f
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
@@ -467,11 +469,13 @@ def test_the_cores_decision_is_the_python_one():
     ]
     rng = random.Random(99)
     outcomes: dict[object, int] = {}
+    mixed_batches = 0
     for config in configs:
         clocks = (TickingClock(), TickingClock())
         python = TailSampler(config, core=None, clock=clocks[0])
         native = TailSampler(config, core=extension, clock=clocks[1])
         assert python._native is None and native._native is not None
+        batch: list[tuple[PendingTrace, list[Any], list[Any]]] = []
         for _ in range(3000):
             step = rng.random() * 0.05
             for clock in clocks:
@@ -504,6 +508,7 @@ def test_the_cores_decision_is_the_python_one():
                               side=rng.choice((Side.SERVER,) * 9 + (Side.CLIENT,)))
                        for _ in range(rng.choice((0, 1, 1, 2)))]
             core_records = [as_core_record(r, extension) for r in records] if rng.random() < 0.5 else records
+            batch.append((pending, records, core_records))
             results: list[object] = []
             for sampler, given in ((python, records), (native, core_records)):
                 try:
@@ -514,9 +519,19 @@ def test_the_cores_decision_is_the_python_one():
             assert clocks[0].now == clocks[1].now
             key = (results[0].policy, results[0].keep) if isinstance(results[0], Decision) else results[0]
             outcomes[key] = outcomes.get(key, 0) + 1
+            if len(batch) == 64:
+                # A completion batch's decisions (one call into the core): each trace's, a failing
+                # one's error in its place, the others decided, as the Python policies decide them.
+                decided = [[d if isinstance(d, Decision) else type(d) for d in sampler.decide_batch(
+                    [(pending, given[index]) for pending, *given in batch])]
+                    for index, sampler in ((0, python), (1, native))]
+                assert decided[0] == decided[1]
+                mixed_batches += ValueError in decided[1] and any(isinstance(d, Decision) and d.keep for d in decided[1])
+                batch.clear()
     # Every policy of every configuration decided some traces, and none decided the rest.
     for policy in ("errors", "slowest", "baseline", "half", "slow", "all"):
         assert outcomes.get((policy, True), 0) > 5, outcomes
     assert outcomes.get(("", False), 0) > 500 and outcomes.get(ValueError, 0) > 10, outcomes
+    assert mixed_batches > 3, mixed_batches
     slo = TailSamplingProcessor(policies=[PolicyConfig(name="slo", type="slo", slo=SloPolicyConfig({"ttft": 1.0}))])
     assert TailSampler(slo, core=extension)._native is None

@@ -522,6 +522,10 @@ class MetricsRecorder:
         record_one = core_recording.record
         accounting = self.accounting
         for start in range(0, len(recording), RECORD_MANY_CHUNK):
+            if accounting is None:
+                with self.lock:
+                    core_recording.record_many(recording[start:start + RECORD_MANY_CHUNK])
+                continue
             with self.lock:
                 for record, with_exemplars in recording[start:start + RECORD_MANY_CHUNK]:
                     record_one(record, with_exemplars)
