@@ -1035,12 +1035,30 @@ impl Interner {
     }
 }
 
-/// What the core read of one span, its values already Python objects.
+/// What the core read of one span: its values as read, made Python objects only where a caller
+/// needs them as such (`fields`); a ready span's observation is made from them directly.
 struct NativeRead<'py> {
     shape: &'static str,
-    fields: Vec<PyObject>,
+    outs: Vec<Out>,
     slim: Bound<'py, PyTuple>,
     valid: bool,
+}
+
+impl NativeRead<'_> {
+    /// The observation's fields as Python objects, in `Reading.fields` order.
+    fn fields(self, py: Python<'_>, strings: &mut Interner) -> PyResult<Vec<PyObject>> {
+        let mut fields: Vec<PyObject> = Vec::with_capacity(self.outs.len());
+        for field in self.outs {
+            fields.push(match field {
+                Out::Float(Some(v)) => v.into_pyobject(py)?.into_any().unbind(),
+                Out::Int(Some(v)) => v.into_pyobject(py)?.into_any().unbind(),
+                Out::Text(Some(v)) => strings.get(py, &v).into_any().unbind(),
+                Out::Flag(v) => PyBool::new(py, v).to_owned().into_any().unbind(),
+                Out::Float(None) | Out::Int(None) | Out::Text(None) => py.None(),
+            });
+        }
+        Ok(fields)
+    }
 }
 
 /// The core's reading of a span (`read_shape` and its kept attributes), or `None` where the
@@ -1064,17 +1082,7 @@ fn read_native<'py>(py: Python<'py>, data: &[u8], row: &SpanRow, kept_keys: &[St
         (Some(checked), Some(bounds)) => passes(checked, bounds),
         _ => false,
     };
-    let mut fields: Vec<PyObject> = Vec::with_capacity(reading.fields.len());
-    for field in reading.fields {
-        fields.push(match field {
-            Out::Float(Some(v)) => v.into_pyobject(py)?.into_any().unbind(),
-            Out::Int(Some(v)) => v.into_pyobject(py)?.into_any().unbind(),
-            Out::Text(Some(v)) => strings.get(py, &v).into_any().unbind(),
-            Out::Flag(v) => PyBool::new(py, v).to_owned().into_any().unbind(),
-            Out::Float(None) | Out::Int(None) | Out::Text(None) => py.None(),
-        });
-    }
-    Ok(Some(NativeRead { shape: reading.shape, fields, slim, valid }))
+    Ok(Some(NativeRead { shape: reading.shape, outs: reading.fields, slim, valid }))
 }
 
 /// `(shape, observation fields, kept attributes, valid)` for a span the core reads, else `None`.
@@ -1083,8 +1091,9 @@ fn read_row<'py>(py: Python<'py>, data: &[u8], row: &SpanRow, kept_keys: &[Strin
     let Some(read) = read_native(py, data, row, kept_keys, bounds, strings)? else { return Ok(py.None()) };
     let shape = PyString::intern(py, read.shape).into_any();
     let valid = PyBool::new(py, read.valid).to_owned().into_any();
-    Ok(PyTuple::new(py, [shape, PyTuple::new(py, read.fields)?.into_any(), read.slim.into_any(), valid])?
-        .into_any().unbind())
+    let slim = read.slim.clone().into_any();
+    let fields = read.fields(py, strings)?;
+    Ok(PyTuple::new(py, [shape, PyTuple::new(py, fields)?.into_any(), slim, valid])?.into_any().unbind())
 }
 
 // --- stage three: the adapter stage's common rows ready to buffer ----------------------------------
@@ -1105,16 +1114,27 @@ const TGI_ARGS: [usize; 7] = [3, 8, 4, 7, 15, 19, 20];
 const GENAI_ARGS: [usize; 16] = [2, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 22, 23, 26];
 
 /// `digest._NATIVE_READINGS[shape](*fields)` as `EngineObservation`'s positional arguments.
-fn observation_args<'py>(py: Python<'py>, shape: &'static str, fields: Vec<PyObject>)
-                         -> PyResult<Option<Bound<'py, PyTuple>>> {
+/// A shape's engine kind, adapter name, where its reading's fields go among `EngineObservation`'s
+/// arguments, its provider and whether it may be a gateway's span.
+type ShapeTable<'py> = (&'py Bound<'py, PyString>, &'py Bound<'py, PyString>, &'static [usize],
+                        Option<&'py Bound<'py, PyString>>, bool);
+
+fn shape_table<'py>(py: Python<'py>, shape: &str) -> Option<ShapeTable<'py>> {
     // Interned once each (`intern!`): the same string objects an `Interner` gives, without a hash
     // and a comparison per span for each.
-    let (engine_kind, shape_name, places, provider, may_be_gateway): (_, _, &[usize], _, bool) = match shape {
+    Some(match shape {
         "vllm_v1" => (intern!(py, "vllm"), intern!(py, "vllm_v1"), &VLLM_ARGS, Some(intern!(py, "vllm")), false),
         "sglang" => (intern!(py, "sglang"), intern!(py, "sglang"), &SGLANG_ARGS, Some(intern!(py, "sglang")), false),
         "tgi" => (intern!(py, "tgi"), intern!(py, "tgi"), &TGI_ARGS, Some(intern!(py, "tgi")), false),
         "genai" => (intern!(py, "genai"), intern!(py, "genai"), &GENAI_ARGS, None, true),
-        _ => return Ok(None),
+        _ => return None,
+    })
+}
+
+fn observation_args<'py>(py: Python<'py>, shape: &'static str, fields: Vec<PyObject>)
+                         -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let Some((engine_kind, shape_name, places, provider, may_be_gateway)) = shape_table(py, shape) else {
+        return Ok(None);
     };
     if places.len() != fields.len() {
         return Ok(None);
@@ -1325,7 +1345,13 @@ impl Digester {
                         }
                         Some(native) if native.valid && row.trace_state.0 == row.trace_state.1 => {
                             let shape = native.shape;
-                            match observation_args(py, shape, native.fields)? {
+                            let direct = if portable { None } else { Observation::from_outs(py, shape, &native.outs, strings) };
+                            if let Some(compact) = direct {
+                                count(shape);
+                                ready = Some((native.slim.into_any(), Bound::new(py, compact)?.into_any().unbind()));
+                            } else {
+                            let slim = native.slim.clone();
+                            match observation_args(py, shape, native.fields(py, strings)?)? {
                                 Some(args) => {
                                     count(shape);
                                     let observation = if portable {
@@ -1339,9 +1365,10 @@ impl Digester {
                                             }
                                         }
                                     };
-                                    ready = Some((native.slim.into_any(), observation));
+                                    ready = Some((slim.into_any(), observation));
                                 }
                                 None => read = None,
+                            }
                             }
                         }
                         Some(native) => read = Some(native),
@@ -1400,8 +1427,9 @@ impl Digester {
                 Some(native) => {
                     let shape = strings.get(py, native.shape).into_any();
                     let valid = PyBool::new(py, native.valid).to_owned().into_any();
-                    PyTuple::new(py, [shape, PyTuple::new(py, native.fields)?.into_any(), native.slim.into_any(),
-                                      valid])?.into_any().unbind()
+                    let slim = native.slim.clone().into_any();
+                    let fields = native.fields(py, strings)?;
+                    PyTuple::new(py, [shape, PyTuple::new(py, fields)?.into_any(), slim, valid])?.into_any().unbind()
                 }
                 // Not read, or over a limit (the Python steps then read the span's view).
                 None => py.None(),
@@ -1490,6 +1518,67 @@ struct Observation {
 }
 
 impl Observation {
+    /// `from_args(observation_args(shape, fields))` straight from the values read, without making
+    /// each number a Python object and the 32 arguments a tuple first; `None` where a value would
+    /// not be held as a compact field (a rare one set, a type its slot does not take): the caller
+    /// then takes that route, which decides it.
+    fn from_outs(py: Python<'_>, shape: &str, outs: &[Out], strings: &mut Interner) -> Option<Observation> {
+        let (engine_kind, shape_name, places, provider, may_be_gateway) = shape_table(py, shape)?;
+        if places.len() != outs.len() {
+            return None;
+        }
+        // `observation_args`' defaults, as their slots hold them.
+        let mut objects: [PyObject; OBSERVATION_OBJECTS] = std::array::from_fn(|_| py.None());
+        let slot_object = |place: usize| match OBSERVATION_SLOTS[place] {
+            Slot::Object(i) | Slot::Flag(i) => i,
+            _ => unreachable!("an object's argument"),
+        };
+        objects[slot_object(0)] = engine_kind.clone().into_any().unbind();
+        objects[slot_object(1)] = shape_name.clone().into_any().unbind();
+        if let Some(provider) = provider {
+            objects[slot_object(ARG_PROVIDER)] = provider.clone().into_any().unbind();
+        }
+        objects[slot_object(ARG_IS_ERROR)] = PyBool::new(py, false).to_owned().into_any().unbind();
+        objects[slot_object(ARG_MAY_BE_GATEWAY)] = PyBool::new(py, may_be_gateway).to_owned().into_any().unbind();
+        objects[slot_object(ARG_PART)] = intern!(py, "").clone().into_any().unbind();
+        let mut floats = [0.0; OBSERVATION_FLOATS];
+        let mut ints = [0i64; OBSERVATION_INTS];
+        let mut present = 0u16;
+        for (&place, out) in places.iter().zip(outs) {
+            match (OBSERVATION_SLOTS[place], out) {
+                (Slot::Float(i), Out::Float(Some(value))) => {
+                    floats[i] = *value;
+                    present |= 1 << i;
+                }
+                (Slot::Int(i), Out::Int(Some(value))) => {
+                    ints[i] = *value;
+                    present |= 1 << (OBSERVATION_FLOATS + i);
+                }
+                (Slot::Float(i), Out::Float(None) | Out::Int(None) | Out::Text(None)) => {
+                    floats[i] = 0.0;
+                    present &= !(1 << i);
+                }
+                (Slot::Int(i), Out::Float(None) | Out::Int(None) | Out::Text(None)) => {
+                    ints[i] = 0;
+                    present &= !(1 << (OBSERVATION_FLOATS + i));
+                }
+                (Slot::Object(i), Out::Text(Some(text))) => objects[i] = strings.get(py, text).into_any().unbind(),
+                (Slot::Object(i), Out::Float(None) | Out::Int(None) | Out::Text(None)) => objects[i] = py.None(),
+                (Slot::Flag(i), Out::Flag(flag)) => objects[i] = PyBool::new(py, *flag).to_owned().into_any().unbind(),
+                // A rare field left as its default (`None`; no SGLang mark: the empty tuple).
+                (Slot::Rare(i), Out::Float(None) | Out::Int(None) | Out::Text(None))
+                    if !RARE_TUPLES[i] || place == ARG_MARKS => {}
+                _ => return None,
+            }
+        }
+        let [engine_kind, adapter, request_model, response_model, finish_reason, operation_name, provider_name,
+             server_address, server_port, part, is_error, may_be_gateway] = objects;
+        Some(Observation {
+            engine_kind, adapter, request_model, response_model, finish_reason, operation_name, provider_name,
+            server_address, server_port, part, is_error, may_be_gateway, floats, ints, present, rare: None,
+        })
+    }
+
     /// From `EngineObservation`'s 32 positional arguments, or `None` where a value is not of the
     /// type held here (the Python class then holds the observation, unchanged).
     fn from_args(py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<Option<Observation>> {
