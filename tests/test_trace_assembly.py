@@ -498,3 +498,16 @@ def test_at_max_traces_a_due_trace_is_completed_as_ready_before_any_is_cut_short
     assert len(buffer) == 3 and buffer.completions == {"ready": 1, "memory_limit": 1}
     clock[0] = 2.0
     assert buffer.tick() == 1 and completions[2:] == [((3).to_bytes(16, "big"), "ready")]
+
+
+def test_a_span_id_seen_first_as_another_span_then_as_the_engines_makes_the_trace_ready() -> None:
+    """A redelivered span id that is the engine's this time (its first copy had no observation: a
+    conflicting copy) replaces the first and starts the engine's readiness: the trace completes
+    after the grace, not at ``decision_wait``."""
+    done: list[PendingTrace] = []
+    assembly = assembler(done)
+    assembly.add_batch([span(1, None, False), span(2, 1, False)])
+    assert assembly.tick() == 0  # no engine span: held for decision_wait
+    assembly.add_batch([span(2, 1, True)])
+    assert assembly.tick() == 1 and done[0].spans[sid(2)].observation is not None
+    assert assembly.spans_duplicate == 0  # a different span under a known id, not a redelivery

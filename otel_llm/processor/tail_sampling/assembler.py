@@ -39,6 +39,13 @@ class AssemblySettings:
     decided_cache_size: int = 100_000
 
 
+# The compiled core's span class (``rust/src/lib.rs`` ``Row``), which holds its ids inline; None without the core.
+try:
+    from otel_llm import _core  # type: ignore[attr-defined]
+    _COMPACT_SPAN: type | None = _core.BufferedSpan
+except ImportError:
+    _COMPACT_SPAN = None
+
 _SPAN_KIND_CLIENT = 3  # opentelemetry.proto.trace.v1.Span.SPAN_KIND_CLIENT
 # Traces handed along the chain together: enough that a batch's locks and calls cost little per
 # trace, few enough that a batch's kept traces reach the exporters without waiting on thousands.
@@ -100,6 +107,7 @@ class TraceAssembler:
         late: list[tuple[BufferedSpan, Remembered | None]] = []
         dropped = duplicate = 0
         limit = self.settings.max_spans_per_trace
+        compact = _COMPACT_SPAN
         with self._lock:
             now = self._clock()
             touched: dict[bytes, PendingTrace] = {}
@@ -128,15 +136,39 @@ class TraceAssembler:
                         freed, reason = self._make_room(now)
                         touched.pop(freed.trace_id, None)
                         completed.append((freed, reason))
-                if buffered.span_id in trace.spans and buffered.is_engine == trace.spans[buffered.span_id].is_engine:
+                # The span goes in (``_insert``'s steps, inlined: a call per span cost a third of the loop).
+                trace_spans = trace.spans
+                span_id = buffered.span_id
+                previous = trace_spans.get(span_id)
+                is_engine = buffered.is_engine
+                if previous is not None and is_engine == previous.is_engine:
                     duplicate += 1  # the same span again (a retried export): it replaces its first copy
-                elif len(trace.spans) >= limit:
+                elif len(trace_spans) >= limit:
                     dropped += 1
                     continue
-                buffered.trace_id = trace.trace_id  # one bytes object per trace, not one per span
-                if buffered.is_engine:
+                trace_spans[span_id] = buffered
+                if type(buffered) is not compact:
+                    # One bytes object per trace and per parent id, not one per span (the dataclass;
+                    # the core's span holds its ids inline). A child buffered after its parent holds
+                    # the parent's id object (41 B); one buffered before it keeps its own: pointing
+                    # it at the parent's later would mean looking through the trace's spans.
+                    buffered.trace_id = trace.trace_id
+                    parent = trace_spans.get(buffered.parent_span_id)
+                    if parent is not None:
+                        buffered.parent_span_id = parent.span_id
+                if is_engine:
                     trace.engine_seen_at = now
-                self._insert(trace, buffered)
+                    if previous is None or not previous.is_engine:
+                        trace.has_engine_span = True
+                        trace.unrooted += 1
+                        self._walk(trace, buffered, buffered, 0)
+                # A duplicate keeps the readiness its first copy gave (span ids are unique in a valid
+                # trace; a conflicting copy can at worst hold its trace until ``decision_wait``).
+                if previous is None and (trace.wait_key == span_id or trace.waiting):
+                    waiters = trace.pop_waiters(span_id)
+                    if waiters is not None:
+                        for engine_span, found in waiters:
+                            self._walk(trace, engine_span, buffered, found + 1)
                 touched[trace_id] = trace
             for trace in touched.values():
                 self._update_readiness(trace, now)
@@ -151,31 +183,6 @@ class TraceAssembler:
             self._next.consume_batch([_late(buffered, remembered) for buffered, remembered in late])
         if completed:
             self._complete(completed)
-
-    def _insert(self, trace: PendingTrace, buffered: BufferedSpan) -> None:
-        """Add one span and keep readiness current, in steps bounded by ``MAX_ANCESTRY`` per
-        engine span over its life, never by the number of spans the trace holds."""
-        spans = trace.spans
-        span_id = buffered.span_id
-        previous = spans.get(span_id)
-        spans[span_id] = buffered
-        # A child buffered after its parent holds the parent's id object, not a copy (41 B). One
-        # buffered before it keeps its own: pointing it at the parent's when the parent comes
-        # would mean looking through the trace's spans (~0.15 us per span for ~14 B).
-        parent = spans.get(buffered.parent_span_id)
-        if parent is not None:
-            buffered.parent_span_id = parent.span_id
-        if buffered.is_engine and (previous is None or not previous.is_engine):
-            trace.has_engine_span = True
-            trace.unrooted += 1
-            self._walk(trace, buffered, buffered, 0)
-        # A duplicate keeps the readiness its first copy gave (span ids are unique in a valid
-        # trace; a conflicting copy can at worst hold its trace until ``decision_wait``).
-        if previous is None:
-            waiters = trace.pop_waiters(span_id)
-            if waiters is not None:
-                for engine_span, found in waiters:
-                    self._walk(trace, engine_span, buffered, found + 1)
 
     def _walk(self, trace: PendingTrace, engine_span: BufferedSpan, top: BufferedSpan, found: int) -> None:
         """Continue ``engine_span``'s ancestor walk from ``top``, its ``found``-th buffered ancestor
