@@ -136,7 +136,7 @@ class TraceAssembler:
                         freed, reason = self._make_room(now)
                         touched.pop(freed.trace_id, None)
                         completed.append((freed, reason))
-                # The span goes in (``_insert``'s steps, inlined: a call per span cost a third of the loop).
+                # The span goes in, inline: a method call per span cost a third of the loop.
                 trace_spans = trace.spans
                 span_id = buffered.span_id
                 previous = trace_spans.get(span_id)
