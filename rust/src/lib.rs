@@ -2316,7 +2316,7 @@ fn tuple_new(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
 }
 
 /// A segment's name as one string object however many requests have it, as Python's literals are.
-fn segment_name<'py>(py: Python<'py>, name: &str) -> Bound<'py, PyString> {
+pub(crate) fn segment_name<'py>(py: Python<'py>, name: &str) -> Bound<'py, PyString> {
     match name {
         "preprocess" => pyo3::intern!(py, "preprocess").clone(),
         "queue" => pyo3::intern!(py, "queue").clone(),
@@ -2434,10 +2434,35 @@ fn timings_and_segments<'py>(py: Python<'py>, observation: &Bound<'py, PyAny>, s
         .map(|(values, segments)| (values.into_any(), segments.into_any())))
 }
 
-/// `timings_and_segments` for an observation of this core's (the request records' builder calls it too).
+/// `timings_and_segments` for an observation of this core's.
 fn observation_timings<'py>(py: Python<'py>, obs: &Observation, start_unix_ns: &Bound<'py, PyAny>,
                             with_segments: bool, segment_type: &Bound<'py, PyAny>)
                             -> PyResult<Option<(Bound<'py, PyTuple>, Bound<'py, PyTuple>)>> {
+    let Some((values, segments)) = observation_timings_native(py, obs, start_unix_ns, with_segments)? else {
+        return Ok(None);
+    };
+    Ok(Some((values, segment_tuple(py, segment_type, &segments)?)))
+}
+
+/// A request's segments as numbers: (name, start, end) in `build_segments`' order.
+pub(crate) type SegmentBounds = Vec<(&'static str, i64, i64)>;
+
+/// Segments as `segment_type`'s named tuples (`pdata.records.Segment`), in order.
+pub(crate) fn segment_tuple<'py>(py: Python<'py>, segment_type: &Bound<'py, PyAny>, segments: &[(&'static str, i64, i64)])
+                                 -> PyResult<Bound<'py, PyTuple>> {
+    let tuple_new = tuple_new(py)?;
+    let mut built = Vec::with_capacity(segments.len());
+    for &(name, first, last) in segments {
+        built.push(tuple_new.call1((segment_type, (segment_name(py, name), first, last)))?);
+    }
+    PyTuple::new(py, built)
+}
+
+/// `observation_timings` with the segments as values (the request records' builder keeps them so:
+/// made Python objects only when something reads them).
+pub(crate) fn observation_timings_native<'py>(py: Python<'py>, obs: &Observation, start_unix_ns: &Bound<'py, PyAny>,
+                                              with_segments: bool)
+                                              -> PyResult<Option<(Bound<'py, PyTuple>, SegmentBounds)>> {
     let rare = obs.rare.as_ref().map(|rare| rare.bind(py));
     if let Some(rare) = rare {
         if rare.get_item(9)?.len()? != 0 {
@@ -2498,14 +2523,9 @@ fn observation_timings<'py>(py: Python<'py>, obs: &Observation, start_unix_ns: &
         let Ok(start) = start_unix_ns.extract::<i64>() else { return Ok(None) };
         let Some(bounds) = segment_bounds(start, ttft, e2e, queue, prefill, decode, inference, preprocess)
         else { return Ok(None) };
-        let tuple_new = tuple_new(py)?;
-        let mut built = Vec::with_capacity(bounds.len());
-        for (name, first, last) in bounds {
-            built.push(tuple_new.call1((segment_type, (segment_name(py, name), first, last)))?);
-        }
-        PyTuple::new(py, built)?
+        bounds
     } else {
-        PyTuple::empty(py)
+        Vec::new()
     };
     let number = |value: Option<f64>| -> PyObject {
         value.map_or_else(|| py.None(), |v| PyFloat::new(py, v).into_any().unbind())

@@ -40,9 +40,9 @@ macro_rules! request_record {
         impl RequestRecord {
             $(
                 #[getter]
-                fn $name(&self, py: Python<'_>) -> PyObject {
+                fn $name(&self, py: Python<'_>) -> PyResult<PyObject> {
                     const INDEX: usize = index_of(stringify!($name));
-                    self.fields[INDEX].clone_ref(py)
+                    self.field(py, INDEX)
                 }
             )*
 
@@ -55,7 +55,7 @@ macro_rules! request_record {
                 let fields: [PyObject; FIELD_COUNT] = fields.try_into().map_err(|_| {
                     PyValueError::new_err(format!("RequestRecord takes its {FIELD_COUNT} fields, {given} given"))
                 })?;
-                Ok(RequestRecord { fields })
+                Ok(RequestRecord::new(fields))
             }
 
             #[classattr]
@@ -70,15 +70,15 @@ macro_rules! request_record {
                 let failed = FAILED.get_or_try_init(py, || -> PyResult<PyObject> {
                     Ok(py.import("otel_llm.pdata.records")?.getattr("Outcome")?.getattr("FAILED")?.unbind())
                 })?;
-                Ok(!failed.bind(py).contains(self.fields[OUTCOME].bind(py))?)
+                Ok(!failed.bind(py).contains(self.field(py, OUTCOME)?)?)
             }
 
             /// The dataclass's equality: the same fields, equal in order, with this class or Python's
             /// `RequestRecord` (so a record of either path compares with one of the other).
             fn __eq__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<PyObject> {
-                let mine = PyTuple::new(py, self.fields.iter().map(|field| field.bind(py)))?;
+                let mine = self.field_tuple(py)?;
                 let theirs = if let Ok(native) = other.downcast::<RequestRecord>() {
-                    PyTuple::new(py, native.get().fields.iter().map(|field| field.bind(py)))?
+                    native.get().field_tuple(py)?
                 } else if is_python_record(other)? {
                     let mut values = Vec::with_capacity(FIELD_COUNT);
                     for name in FIELDS {
@@ -94,13 +94,13 @@ macro_rules! request_record {
             /// As a dataclass's repr: `RequestRecord(trace_id=b'...', ...)`.
             fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
                 let mut text = String::from("RequestRecord(");
-                for (index, (name, value)) in FIELDS.iter().zip(self.fields.iter()).enumerate() {
+                for (index, name) in FIELDS.iter().enumerate() {
                     if index > 0 {
                         text.push_str(", ");
                     }
                     text.push_str(name);
                     text.push('=');
-                    text.push_str(value.bind(py).repr()?.to_str()?);
+                    text.push_str(self.field(py, index)?.bind(py).repr()?.to_str()?);
                 }
                 text.push(')');
                 Ok(text)
@@ -152,14 +152,54 @@ fn is_python_record(other: &Bound<'_, PyAny>) -> PyResult<bool> {
     class.hasattr(pyo3::intern!(other.py(), "__dataclass_fields__"))
 }
 
+/// A record's segments as the builder computed them: (name, start, end) in order, and the class
+/// `segments` reads them as (`pdata.records.Segment`).
+pub struct NativeSegments {
+    pub segment_type: PyObject,
+    pub list: Box<[(&'static str, i64, i64)]>,
+}
+
 #[pyclass(frozen, module = "otel_llm._core", name = "RequestRecord")]
 pub struct RequestRecord {
     fields: [PyObject; FIELD_COUNT],
+    // Segments held as numbers: the core's recorder reads them so, and only a kept trace's record
+    // (or a Python reader) has them made the named tuples `segments` gives, once. Five or six
+    // named tuples per request were a fifth of building a record that, for a dropped trace, nothing
+    // but the recorder reads.
+    native_segments: Option<NativeSegments>,
+    segments: GILOnceCell<PyObject>,
 }
 
 impl RequestRecord {
     pub fn new(fields: [PyObject; FIELD_COUNT]) -> Self {
-        RequestRecord { fields }
+        RequestRecord { fields, native_segments: None, segments: GILOnceCell::new() }
+    }
+
+    /// `fields[SEGMENTS]` is not read: `segments` are these.
+    pub fn with_segments(fields: [PyObject; FIELD_COUNT], segments: NativeSegments) -> Self {
+        RequestRecord { fields, native_segments: Some(segments), segments: GILOnceCell::new() }
+    }
+
+    /// The field at `index`, as Python reads it.
+    pub fn field(&self, py: Python<'_>, index: usize) -> PyResult<PyObject> {
+        if index == SEGMENTS {
+            if let Some(native) = &self.native_segments {
+                let made = self.segments.get_or_try_init(py, || -> PyResult<PyObject> {
+                    Ok(crate::segment_tuple(py, native.segment_type.bind(py), &native.list)?.into_any().unbind())
+                })?;
+                return Ok(made.clone_ref(py));
+            }
+        }
+        Ok(self.fields[index].clone_ref(py))
+    }
+
+    /// The segments as numbers, where the builder kept them so.
+    pub fn native_segments(&self) -> Option<&[(&'static str, i64, i64)]> {
+        self.native_segments.as_ref().map(|native| &native.list[..])
+    }
+
+    fn field_tuple<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, (0..FIELD_COUNT).map(|index| self.field(py, index)).collect::<PyResult<Vec<_>>>()?)
     }
 }
 
@@ -193,7 +233,7 @@ impl<'a, 'py> RecordRef<'a, 'py> {
     pub fn read(&self, field: &FieldRef) -> PyResult<Bound<'py, PyAny>> {
         let py = self.object.py();
         match (self.native, field.index) {
-            (Some(native), Some(index)) => Ok(native.fields[index].bind(py).clone()),
+            (Some(native), Some(index)) => Ok(native.field(py, index)?.into_bound(py)),
             _ => self.object.getattr(field.name.bind(py)),
         }
     }
@@ -203,9 +243,15 @@ impl<'a, 'py> RecordRef<'a, 'py> {
     pub fn known(&self, index: usize) -> PyResult<Bound<'py, PyAny>> {
         let py = self.object.py();
         match self.native {
-            Some(native) => Ok(native.fields[index].bind(py).clone()),
+            Some(native) => Ok(native.field(py, index)?.into_bound(py)),
             None => self.object.getattr(field_names(py)?[index].bind(py)),
         }
+    }
+
+    /// The core's record's segments as numbers, where it holds them so (`Recording` reads them
+    /// without making them Python objects).
+    pub fn native_segments(&self) -> Option<&'a [(&'static str, i64, i64)]> {
+        self.native.and_then(|native| native.native_segments())
     }
 }
 

@@ -692,6 +692,36 @@ impl SegmentObserver {
         }
         Ok(())
     }
+
+    /// `observe` of segments the core's record holds as numbers (the same names, durations and series).
+    #[allow(clippy::too_many_arguments)]
+    fn observe_native<'py>(&self, py: Python<'py>, segments: &[(&'static str, i64, i64)], by_name: &Bound<'py, PyDict>,
+                           everything: Option<&Bound<'py, PyAny>>,
+                           resolve: impl Fn(&Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>,
+                           weight: f64, trace_id: &Bound<'py, PyAny>, span_id: &Bound<'py, PyAny>, now: Option<f64>)
+                           -> PyResult<()> {
+        let class = self.exemplar.bind(py);
+        let family = self.family.bind(py);
+        let exemplars = now.map(|now| Exemplars { class, trace_id, span_id, now });
+        for &(name, start, end) in segments {
+            // int - int is exact in Python; int / float rounds the difference to a float first.
+            let duration = (i128::from(end) - i128::from(start)) as f64 / 1e9;
+            let resolved = match everything {
+                Some(everything) => everything.clone(),
+                None => {
+                    let name = crate::segment_name(py, name).into_any();
+                    match by_name.get_item(&name)? {
+                        Some(found) => found,
+                        None => resolve(&name)?,
+                    }
+                }
+            };
+            let series = resolved.get_item(0)?;
+            let extra: i64 = resolved.get_item(1)?.extract()?;
+            observe_into(py, &series, &self.bounds, false, None, duration, weight, extra, family, exemplars.as_ref())?;
+        }
+        Ok(())
+    }
 }
 
 /// `MetricsRecorder.record` with the compiled core, called under the recorder's lock: a record's
@@ -767,8 +797,18 @@ impl Recording {
             let observer = pair.get_item(usize::from(with_exemplars))?.downcast_into::<Observer>()?;
             too_long = observer.borrow_mut().__call__(py, record, weight, succeeded, &dimensions, &trace_id, &span_id, now)?;
         }
-        let segments = read.known(record::SEGMENTS)?;
-        if segments.is_truthy()? {
+        // The core's records hold their segments as numbers: read so, no named tuple made.
+        let native_segments = read.native_segments();
+        let segments = match native_segments {
+            Some(_) => None,
+            None => Some(read.known(record::SEGMENTS)?),
+        };
+        let any_segments = match (native_segments, &segments) {
+            (Some(list), _) => !list.is_empty(),
+            (None, Some(segments)) => segments.is_truthy()?,
+            (None, None) => false,
+        };
+        if any_segments {
             let base = PyTuple::new(py, [read.known(record::MODEL)?, read.known(record::ENGINE_KIND)?,
                                          read.known(record::SERVICE_NAME)?])?;
             let cache_key = base.add(&dimensions)?;
@@ -784,9 +824,15 @@ impl Recording {
                 };
             }
             let resolve = self.resolve_segment.bind(py);
-            self.segments.observe(py, &segments, &by_name, everything.as_ref(),
-                                        |name| resolve.call1((&by_name, &base, &dimensions, name)), weight, &trace_id,
-                                        &span_id, if with_exemplars { Some(now) } else { None })?;
+            let resolve = |name: &Bound<'py, PyAny>| resolve.call1((&by_name, &base, &dimensions, name));
+            let now = if with_exemplars { Some(now) } else { None };
+            match (native_segments, &segments) {
+                (Some(list), _) => self.segments.observe_native(py, list, &by_name, everything.as_ref(), resolve, weight,
+                                                                &trace_id, &span_id, now)?,
+                (None, Some(segments)) => self.segments.observe(py, segments, &by_name, everything.as_ref(), resolve,
+                                                                weight, &trace_id, &span_id, now)?,
+                (None, None) => {}
+            }
         }
         if too_long.is_truthy()? {
             let counts = self.too_long.bind(py);

@@ -15,8 +15,8 @@ use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyT
 
 use std::collections::HashMap;
 
-use crate::record::{RequestRecord, FIELDS, FIELD_COUNT};
-use crate::{ns, observation_timings, segment_name, tuple_new, value_of_key, Observation, Row, OBSERVATION_FLOATS};
+use crate::record::{NativeSegments, RequestRecord, FIELDS, FIELD_COUNT};
+use crate::{ns, observation_timings_native, segment_name, tuple_new, value_of_key, Observation, Row, OBSERVATION_FLOATS};
 
 const SPAN_KIND_SERVER: i32 = 2;
 pub(crate) const STATUS_CODE_ERROR: i32 = 2;
@@ -674,7 +674,7 @@ impl RecordBuilder {
         let genai = kind_text == self.constants.genai_kind;
         let start = own.start_unix_ns.into_pyobject(py)?.into_any();
         let Some((timings, segments)) =
-            observation_timings(py, obs, &start, true, self.segment_type.bind(py))? else { return Ok(Err(Declined)) };
+            observation_timings_native(py, obs, &start, true)? else { return Ok(Err(Declined)) };
         let composite = match sglang {
             None => None,
             Some(rules) => match self.sglang(py, rules, spans, own, obs, &timings)? {
@@ -882,7 +882,7 @@ impl RecordBuilder {
     #[allow(clippy::too_many_arguments)]
     fn assemble<'py>(&self, py: Python<'py>, own: &Row, obs: &Observation, lookup: Option<(&Row, &Observation)>,
                      kind: &Bound<'py, PyAny>, genai: bool, weight: f64, start: Bound<'py, PyAny>,
-                     timings: Bound<'py, PyTuple>, segments: Bound<'py, PyTuple>,
+                     timings: Bound<'py, PyTuple>, segments: Vec<(&'static str, i64, i64)>,
                      composite: Option<Composite<'py>>) -> PyResult<Read<PyObject>> {
         macro_rules! read {
             ($e:expr) => {
@@ -1015,12 +1015,18 @@ impl RecordBuilder {
         }
         let (mut queue, mut prefill, mut decode) = (timings.get_item(2)?, timings.get_item(3)?, timings.get_item(4)?);
         let (mut inference, mut tpot) = (timings.get_item(5)?, timings.get_item(8)?);
-        let (mut segments, mut missing) = (segments, empty_tuple.clone());
+        // The composite's segments are named tuples already; the observation's stay numbers.
+        let (mut composite_segments, mut missing) = (None, empty_tuple.clone());
         if let Some(parts) = composite {
             (queue, prefill, decode) = (number(parts.queue), number(parts.prefill), number(parts.decode));
             (inference, tpot) = (number(parts.inference), number(parts.tpot));
-            (segments, missing) = (parts.segments, parts.missing.into_any());
+            (composite_segments, missing) = (Some(parts.segments), parts.missing.into_any());
         }
+        let native_segments = composite_segments.is_none();
+        let segments_field = match composite_segments {
+            Some(tuple) => tuple.into_any(),
+            None => none(),  // not read: the record's `segments` are `native_segments`
+        };
         let fields = [
             PyBytes::new(py, &own.trace_id).into_any(), own.span_id.bind(py).clone().into_any(), kind.clone(),
             obs.adapter.bind(py).clone(), origin.getattr(pyo3::intern!(py, "service_name"))?, model, source,
@@ -1030,7 +1036,7 @@ impl RecordBuilder {
             or_empty(read!(present(py, &obs.server_port))), start,
             timings.get_item(0)?, tpot, e2e_object, queue, prefill, decode, inference, int(prompt)?,
             int(int_of(obs, 1))?, number(gateway_overhead), none(), number(edge_ttft), edge_span_id,
-            PyBytes::new(py, b"").into_any(), segments.into_any(), empty_tuple.clone(), PyFloat::new(py, weight).into_any(),
+            PyBytes::new(py, b"").into_any(), segments_field, empty_tuple.clone(), PyFloat::new(py, weight).into_any(),
             PyTuple::new(py, all_rejected)?.into_any(), missing, timings.get_item(9)?, rare_or_empty(9)?,
             int(cached)?, int(written)?, match read!(rare(py, obs, 5)) { Some(v) => v, None => none() },
             rare_or_empty(7)?, PyString::new(py, "").into_any(),
@@ -1043,8 +1049,13 @@ impl RecordBuilder {
         let fields: [PyObject; FIELD_COUNT] = fields.into_iter().chain([accepted, drafted, steps, empty.clone(), empty])
             .map(Bound::unbind).collect::<Vec<_>>().try_into()
             .map_err(|_| pyo3::exceptions::PyValueError::new_err("a record of the wrong number of fields"))?;
-        let record = Bound::new(py, RequestRecord::new(fields))?.into_any();
-        Ok(Ok(record.unbind()))
+        let record = if native_segments {
+            let segment_type = self.segment_type.clone_ref(py);
+            RequestRecord::with_segments(fields, NativeSegments { segment_type, list: segments.into_boxed_slice() })
+        } else {
+            RequestRecord::new(fields)
+        };
+        Ok(Ok(Bound::new(py, record)?.into_any().unbind()))
     }
 }
 

@@ -110,6 +110,8 @@ def _both_paths(trace: PendingTrace, settings: RecordSettings,
             taken["built" if built is not None else "declined"] += 1
         if built is not None:
             assert _typed(([built], [])) == _typed((general, general_malformed)), trace.trace_id.hex()
+            # The core keeps a record's segments as numbers and makes the named tuples once, when read.
+            assert built.segments is built.segments
         native_malformed: list[tuple[str, str]] = []
         native = records_of_trace(trace, settings, native_malformed, builder)
         assert _typed((native, native_malformed)) == _typed((general, general_malformed))
