@@ -125,9 +125,15 @@ def split_completion(pipeline: Any, clock: _Clock, payloads: list[bytes]) -> dic
     out["recorder.record"] = time.process_time() - t0
     t0 = time.process_time()
     for records in all_records:
+        assembled: dict[tuple[str, str], int] = {}
         for record in records:
-            metrics._count(record)
-    out["stage._count (telemetry)"] = time.process_time() - t0
+            if record.rejected or record.not_measurable:
+                metrics._count_refused(record)
+            key = (record.engine_kind, record.outcome)
+            assembled[key] = assembled.get(key, 0) + 1
+        for key, count in assembled.items():
+            metrics._count_assembled(key, count)
+    out["stage telemetry"] = time.process_time() - t0
     t0 = time.process_time()
     for start in range(0, len(captured), COMPLETION_BATCH):
         entry.consume_batch(captured[start:start + COMPLETION_BATCH])

@@ -24,7 +24,7 @@ from otel_llm.processor.tail_sampling import assembler as traces
 from otel_llm.processor.llm_metrics.requests import RecordSettings, records_of_trace
 from otel_llm.processor.tail_sampling.assembler import AssemblySettings, BufferedSpan, Origin, PendingTrace, TraceAssembler
 from otel_llm.config import TailSamplingProcessor
-from otel_llm.pdata.traces import CompletedTrace
+from otel_llm.pdata.traces import DROP, CompletedTrace, Remembered
 from otel_llm.processor.tail_sampling.sampler import TailSampler
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -511,3 +511,26 @@ def test_a_span_id_seen_first_as_another_span_then_as_the_engines_makes_the_trac
     assembly.add_batch([span(2, 1, True)])
     assert assembly.tick() == 1 and done[0].spans[sid(2)].observation is not None
     assert assembly.spans_duplicate == 0  # a different span under a known id, not a redelivery
+
+
+def test_the_decision_cache_keeps_the_newest_decided_cache_size_traces() -> None:
+    """Four traces completed in one tick with room for two decisions: the two completed last are
+    remembered (a span of theirs is late), the first two forgotten (a span of theirs starts a trace)."""
+    def engine_span(trace: int, span_id: int) -> BufferedSpan:
+        return BufferedSpan(bytes([trace]) * 16, sid(span_id), b"", 2, 0, 1, 2, "", b"", ORIGIN, (),
+                            EngineObservation("vllm", "vllm_v1", ttft_s=0.1, e2e_s=1.0))
+
+    batches: list[list[CompletedTrace]] = []
+
+    class Chain:  # decides to drop every trace, as the decision stage remembers it
+        def consume_batch(self, batch: list[CompletedTrace]) -> None:
+            batches.append(batch)
+            buffer.remember_decisions([(c.trace.trace_id, Remembered(DROP, set())) for c in batch if not c.late])
+
+    buffer = TraceAssembler(AssemblySettings(decision_wait_s=1e9, grace_s=0.0, decided_cache_size=2), Chain(),
+                            clock=lambda: 0.0)
+    buffer.add_batch([engine_span(trace, 1) for trace in (1, 2, 3, 4)])
+    assert buffer.tick() == 4 and [c.trace.trace_id[0] for c in batches[0]] == [1, 2, 3, 4]
+    buffer.add_batch([engine_span(trace, 2) for trace in (1, 2, 3, 4)])
+    assert len(buffer) == 2  # the spans of traces 1 and 2 opened traces again
+    assert [(c.trace.trace_id[0], c.late) for c in batches[1]] == [(3, True), (4, True)]

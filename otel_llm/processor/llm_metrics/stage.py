@@ -138,6 +138,7 @@ class LlmMetricsStage:
             self._next.consume_batch(batch)
         finally:  # a stage or an exporter that fails downstream loses its kept trace, not the metrics
             recording: list[tuple[RequestRecord, bool]] = []
+            assembled: dict[tuple[str, str], int] = {}  # counted once per label set per batch
             for completed, to_record, malformed in measured:
                 for reason, service in malformed:
                     self._telemetry.spans_malformed.labels(reason).inc()
@@ -145,8 +146,13 @@ class LlmMetricsStage:
                 # Metrics count every request whatever the decision; only exemplars follow it.
                 kept = completed.decision is not None and completed.decision.keep
                 for record in to_record:
-                    self._count(record)
+                    if record.rejected or record.not_measurable:
+                        self._count_refused(record)
+                    key = (record.engine_kind, record.outcome)
+                    assembled[key] = assembled.get(key, 0) + 1
                     recording.append((record, kept))
+            for key, count in assembled.items():
+                self._count_assembled(key, count)
             if recording:
                 self.recorder.record_many(recording)
 
@@ -189,8 +195,8 @@ class LlmMetricsStage:
             return completed, records, malformed
         return completed, [r for r in records if r.span_id not in prior.measured], []
 
-    def _count(self, record: RequestRecord) -> None:
-        """A measured record's self-telemetry: values refused, intervals not measurable, assembled."""
+    def _count_refused(self, record: RequestRecord) -> None:
+        """A measured record's values refused and intervals not measurable (self-telemetry)."""
         if record.rejected:
             for reason in record.rejected:
                 rejected = self._rejected.get(reason)
@@ -200,9 +206,10 @@ class LlmMetricsStage:
         if record.not_measurable:
             for interval in record.not_measurable:
                 self._telemetry.count_unmeasured(record.service_name, "not_measurable_" + interval)
-        key = (record.engine_kind, record.outcome)
+
+    def _count_assembled(self, key: tuple[str, str], requests: int) -> None:
+        """``requests`` measured records of (engine kind, outcome), on otel_llm_requests_assembled_total."""
         assembled = self._assembled.get(key)
         if assembled is None:
-            assembled = self._assembled[key] = incrementer(
-                self._telemetry.requests_assembled.labels(record.engine_kind, record.outcome))
-        assembled(1)
+            assembled = self._assembled[key] = incrementer(self._telemetry.requests_assembled.labels(*key))
+        assembled(requests)

@@ -266,19 +266,25 @@ class TraceAssembler:
             now = self._clock()
             ready = self._ready
             if ready:
-                pending, held, remember = self._pending, self._held, self._remember
+                pending, held = self._pending, self._held
                 due_ids = []
                 for trace_id, ready_at in ready.items():
                     if ready_at > now:
                         break
                     due_ids.append(trace_id)
+                decided, decided_spans = self._decided, self._decided_spans
                 for trace_id in due_ids:
                     trace = pending.pop(trace_id)
                     del ready[trace_id]
                     if held:
                         held.pop(trace_id, None)
-                    remember(trace_id, len(trace.spans))
+                    decided[trace_id] = None  # ``_remember``, inlined: the cache is trimmed below
+                    decided_spans[trace_id] = len(trace.spans)
                     due.append((trace, "ready"))
+                cache_size = self.settings.decided_cache_size
+                while len(decided) > cache_size:
+                    forgotten, _ = decided.popitem(last=False)
+                    decided_spans.pop(forgotten, None)
             deadline = now - self.settings.decision_wait_s
             open_deadline = now - self.settings.max_open_call_wait_s
             holding = self.settings.max_open_call_wait_s > 0

@@ -35,8 +35,20 @@ class DecisionStage:
                     completed.error = decided
         remembering: list[tuple[bytes, Remembered]] = []
         dropped = 0
+        # Nearly every trace: decided just now, one record, nothing to journal. Its decision is
+        # remembered here without ``_follow``'s call, checks and branches.
+        plain = self._sampler is not None and self.intake_log is None
         for completed in batch:
             if completed.error is not None:
+                continue
+            records = completed.records
+            decision = completed.decision
+            if plain and len(records) == 1 and completed.prior is None and not completed.late and decision is not None:
+                remembering.append((completed.trace.trace_id, Remembered(decision, {records[0].span_id})))
+                if decision is DROP:
+                    dropped += 1
+                else:
+                    self._count(decision, 1)
                 continue
             try:
                 dropped += self._follow(completed, remembering)
