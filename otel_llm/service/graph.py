@@ -126,19 +126,25 @@ class _Entry:
     def consume_batch(self, batch: list[CompletedTrace]) -> None:
         assert self.next is not None
         intake_log = self.intake_log
+        by_reason: dict[str, int] = {}  # counted once per reason per batch
+        late = 0
         for completed in batch:
             if completed.late:
-                self._late(1)
+                late += 1
                 continue
-            count = self._completed.get(completed.reason)
-            if count is None:
-                count = self._completed[completed.reason] = incrementer(
-                    self.telemetry.traces_completed.labels(completed.reason))
-            count(1)
+            reason = completed.reason
+            by_reason[reason] = by_reason.get(reason, 0) + 1
             journal = intake_log.prior.get(completed.trace.trace_id) if intake_log is not None else None
             if journal is not None:
                 completed.prior = Remembered(Decision(journal.keep, journal.policy, journal.threshold,
                                                       journal.rate_limited), set(journal.measured))
+        if late:
+            self._late(late)
+        for reason, traces in by_reason.items():
+            count = self._completed.get(reason)
+            if count is None:
+                count = self._completed[reason] = incrementer(self.telemetry.traces_completed.labels(reason))
+            count(traces)
         try:
             self.next.consume_batch(batch)
         except Exception as exc:  # a fault of the chain itself, not of one trace: the batch's traces are lost
