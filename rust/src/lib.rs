@@ -311,8 +311,9 @@ struct SpanRow {
     events: usize,
 }
 
-fn read_span(buf: &[u8], start: usize, end: usize, resource_index: usize, scope_index: usize,
-             span_index: usize, depth: u32) -> Result<SpanRow> {
+/// `keys`: the caller's scratch for the span's attribute keys (one allocation per request, not per span).
+fn read_span<'a>(buf: &'a [u8], start: usize, end: usize, resource_index: usize, scope_index: usize,
+                 span_index: usize, depth: u32, keys: &mut Vec<&'a [u8]>) -> Result<SpanRow> {
     validate(buf, start, end, Msg::Span, depth)?;
     let mut row = SpanRow {
         resource_index,
@@ -332,7 +333,7 @@ fn read_span(buf: &[u8], start: usize, end: usize, resource_index: usize, scope_
         duplicate_keys: false,
         events: 0,
     };
-    let mut keys: Vec<&[u8]> = Vec::with_capacity(32);
+    keys.clear();
     let mut reader = Reader::new(buf, start, end);
     // Validated above: every read below succeeds; `?` stays so a slip is an error, never a panic.
     while !reader.done() {
@@ -406,6 +407,7 @@ struct Origin {
 fn scan(buf: &[u8]) -> Result<(Vec<Origin>, Vec<SpanRow>)> {
     let mut origins: Vec<Origin> = Vec::new();
     let mut spans: Vec<SpanRow> = Vec::with_capacity(buf.len() / 256);
+    let mut keys: Vec<&[u8]> = Vec::with_capacity(32);
     let mut request = Reader::new(buf, 0, buf.len());
     while !request.done() {
         let (number, wire_type) = request.tag()?;
@@ -441,7 +443,7 @@ fn scan(buf: &[u8]) -> Result<(Vec<Origin>, Vec<SpanRow>)> {
                             }
                             (2, 2) => {
                                 let (s, e) = scope_spans.delimited()?;
-                                spans.push(read_span(buf, s, e, resource_index, scope_index, span_index, 4)?);
+                                spans.push(read_span(buf, s, e, resource_index, scope_index, span_index, 4, &mut keys)?);
                                 span_index += 1;
                             }
                             (3, 2) => {
@@ -483,7 +485,8 @@ enum Value<'a> {
 type Attributes<'a> = Vec<(&'a [u8], Value<'a>)>;
 
 /// The span's attributes (field 9 entries), or `None` when one is not a plain single value: no
-/// value, two oneof fields, a value message written twice (upb would merge them), a repeated key.
+/// value, two oneof fields, a value message written twice (upb would merge them). A span with a
+/// repeated key is not read at all (`read_native` checks `SpanRow.duplicate_keys`, the same keys).
 fn plain_attributes(buf: &[u8], start: usize, end: usize) -> Result<Option<Attributes<'_>>> {
     let mut out: Attributes = Vec::with_capacity(32);
     let mut span = Reader::new(buf, start, end);
@@ -547,9 +550,6 @@ fn plain_attributes(buf: &[u8], start: usize, end: usize) -> Result<Option<Attri
             }
         }
         let Some(found) = found else { return Ok(None) };
-        if out.iter().any(|(k, _)| *k == key) {
-            return Ok(None);
-        }
         out.push((key, found));
     }
     Ok(Some(out))
