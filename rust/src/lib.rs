@@ -312,6 +312,7 @@ struct SpanRow {
 }
 
 /// `keys`: the caller's scratch for the span's attribute keys (one allocation per request, not per span).
+#[allow(clippy::too_many_arguments)]
 fn read_span<'a>(buf: &'a [u8], start: usize, end: usize, resource_index: usize, scope_index: usize,
                  span_index: usize, depth: u32, keys: &mut Vec<&'a [u8]>) -> Result<SpanRow> {
     validate(buf, start, end, Msg::Span, depth)?;
@@ -1350,25 +1351,25 @@ impl Digester {
                                 count(shape);
                                 ready = Some((native.slim.into_any(), Bound::new(py, compact)?.into_any().unbind()));
                             } else {
-                            let slim = native.slim.clone();
-                            match observation_args(py, shape, native.fields(py, strings)?)? {
-                                Some(args) => {
-                                    count(shape);
-                                    let observation = if portable {
-                                        args.into_any().unbind()
-                                    } else {
-                                        match Observation::from_args(py, &args)? {
-                                            Some(compact) => Bound::new(py, compact)?.into_any().unbind(),
-                                            None => {
-                                                let names = self.observation_fields.iter().map(|(n, d)| (n, d.as_ref()));
-                                                self.make(py, &self.observation_class, names, args.iter())?.unbind()
+                                let slim = native.slim.clone();
+                                match observation_args(py, shape, native.fields(py, strings)?)? {
+                                    Some(args) => {
+                                        count(shape);
+                                        let observation = if portable {
+                                            args.into_any().unbind()
+                                        } else {
+                                            match Observation::from_args(py, &args)? {
+                                                Some(compact) => Bound::new(py, compact)?.into_any().unbind(),
+                                                None => {
+                                                    let names = self.observation_fields.iter().map(|(n, d)| (n, d.as_ref()));
+                                                    self.make(py, &self.observation_class, names, args.iter())?.unbind()
+                                                }
                                             }
-                                        }
-                                    };
-                                    ready = Some((slim.into_any(), observation));
+                                        };
+                                        ready = Some((slim.into_any(), observation));
+                                    }
+                                    None => read = None,
                                 }
-                                None => read = None,
-                            }
                             }
                         }
                         Some(native) => read = Some(native),

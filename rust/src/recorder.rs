@@ -670,25 +670,11 @@ impl SegmentObserver {
     fn observe<'py>(&self, py: Python<'py>, segments: &Bound<'py, PyAny>, by_name: &Bound<'py, PyDict>,
                     everything: Option<&Bound<'py, PyAny>>, resolve: impl Fn(&Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>,
                     weight: f64, trace_id: &Bound<'py, PyAny>, span_id: &Bound<'py, PyAny>, now: Option<f64>) -> PyResult<()> {
-        let class = self.exemplar.bind(py);
-        let family = self.family.bind(py);
-        let exemplars = now.map(|now| Exemplars { class, trace_id, span_id, now });
         for segment in segments.try_iter()? {
             let segment = segment?;
-            let name = segment.get_item(0)?;
             let (start, end) = (wide_int(&segment.get_item(1)?)?, wide_int(&segment.get_item(2)?)?);
-            // int - int is exact in Python; int / float rounds the difference to a float first.
-            let duration = (end - start) as f64 / 1e9;
-            let resolved = match everything {
-                Some(everything) => everything.clone(),
-                None => match by_name.get_item(&name)? {
-                    Some(found) => found,
-                    None => resolve(&name)?,
-                },
-            };
-            let series = resolved.get_item(0)?;
-            let extra: i64 = resolved.get_item(1)?.extract()?;
-            observe_into(py, &series, &self.bounds, false, None, duration, weight, extra, family, exemplars.as_ref())?;
+            self.observe_one(py, &segment.get_item(0)?, start, end, by_name, everything, &resolve, weight,
+                             (trace_id, span_id, now))?;
         }
         Ok(())
     }
@@ -700,27 +686,34 @@ impl SegmentObserver {
                            resolve: impl Fn(&Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>,
                            weight: f64, trace_id: &Bound<'py, PyAny>, span_id: &Bound<'py, PyAny>, now: Option<f64>)
                            -> PyResult<()> {
-        let class = self.exemplar.bind(py);
-        let family = self.family.bind(py);
-        let exemplars = now.map(|now| Exemplars { class, trace_id, span_id, now });
         for &(name, start, end) in segments {
-            // int - int is exact in Python; int / float rounds the difference to a float first.
-            let duration = (i128::from(end) - i128::from(start)) as f64 / 1e9;
-            let resolved = match everything {
-                Some(everything) => everything.clone(),
-                None => {
-                    let name = crate::segment_name(py, name).into_any();
-                    match by_name.get_item(&name)? {
-                        Some(found) => found,
-                        None => resolve(&name)?,
-                    }
-                }
-            };
-            let series = resolved.get_item(0)?;
-            let extra: i64 = resolved.get_item(1)?.extract()?;
-            observe_into(py, &series, &self.bounds, false, None, duration, weight, extra, family, exemplars.as_ref())?;
+            let name = crate::segment_name(py, name).into_any();
+            self.observe_one(py, &name, i128::from(start), i128::from(end), by_name, everything, &resolve, weight,
+                             (trace_id, span_id, now))?;
         }
         Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn observe_one<'py>(&self, py: Python<'py>, name: &Bound<'py, PyAny>, start: i128, end: i128,
+                        by_name: &Bound<'py, PyDict>, everything: Option<&Bound<'py, PyAny>>,
+                        resolve: &impl Fn(&Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>, weight: f64,
+                        (trace_id, span_id, now): (&Bound<'py, PyAny>, &Bound<'py, PyAny>, Option<f64>)) -> PyResult<()> {
+        let class = self.exemplar.bind(py);
+        let exemplars = now.map(|now| Exemplars { class, trace_id, span_id, now });
+        // int - int is exact in Python; int / float rounds the difference to a float first.
+        let duration = (end - start) as f64 / 1e9;
+        let resolved = match everything {
+            Some(everything) => everything.clone(),
+            None => match by_name.get_item(name)? {
+                Some(found) => found,
+                None => resolve(name)?,
+            },
+        };
+        let series = resolved.get_item(0)?;
+        let extra: i64 = resolved.get_item(1)?.extract()?;
+        observe_into(py, &series, &self.bounds, false, None, duration, weight, extra, self.family.bind(py),
+                     exemplars.as_ref())
     }
 }
 
