@@ -125,14 +125,7 @@ def split_completion(pipeline: Any, clock: _Clock, payloads: list[bytes]) -> dic
     out["recorder.record"] = time.process_time() - t0
     t0 = time.process_time()
     for records in all_records:
-        assembled: dict[tuple[str, str], int] = {}
-        for record in records:
-            if record.rejected or record.not_measurable:
-                metrics._count_refused(record)
-            key = (record.engine_kind, record.outcome)
-            assembled[key] = assembled.get(key, 0) + 1
-        for key, count in assembled.items():
-            metrics._count_assembled(key, count)
+        metrics.count_measured([(record, False) for record in records])
     out["stage telemetry"] = time.process_time() - t0
     t0 = time.process_time()
     for start in range(0, len(captured), COMPLETION_BATCH):

@@ -1132,28 +1132,59 @@ fn shape_table<'py>(py: Python<'py>, shape: &str) -> Option<ShapeTable<'py>> {
     })
 }
 
+/// What an argument of `EngineObservation` holds before a shape's reading fills its places.
+#[derive(Clone, Copy)]
+enum ArgDefault {
+    None,
+    EngineKind,
+    Adapter,
+    Provider, // the shape's, or None
+    False,
+    MayBeGateway,
+    NoPart,
+    Empty, // the empty tuple
+}
+
+/// Each argument's default, declared once for both routes (`observation_args`, `Observation::from_outs`).
+const ARG_DEFAULTS: [ArgDefault; OBSERVATION_ARGS] = {
+    let mut defaults = [ArgDefault::None; OBSERVATION_ARGS];
+    defaults[0] = ArgDefault::EngineKind;
+    defaults[1] = ArgDefault::Adapter;
+    defaults[ARG_PROVIDER] = ArgDefault::Provider;
+    defaults[ARG_IS_ERROR] = ArgDefault::False;
+    defaults[ARG_MAY_BE_GATEWAY] = ArgDefault::MayBeGateway;
+    defaults[ARG_ITL] = ArgDefault::Empty;
+    defaults[ARG_PART] = ArgDefault::NoPart;
+    defaults[ARG_MARKS] = ArgDefault::Empty;
+    defaults[ARG_DERIVED] = ArgDefault::Empty;
+    defaults
+};
+
+fn arg_default<'py>(py: Python<'py>, default: ArgDefault, table: &ShapeTable<'py>) -> Bound<'py, PyAny> {
+    let (engine_kind, shape_name, _, provider, may_be_gateway) = table;
+    match default {
+        ArgDefault::None => py.None().into_bound(py),
+        ArgDefault::EngineKind => (*engine_kind).clone().into_any(),
+        ArgDefault::Adapter => (*shape_name).clone().into_any(),
+        ArgDefault::Provider => provider.map_or_else(|| py.None().into_bound(py), |p| p.clone().into_any()),
+        ArgDefault::False => PyBool::new(py, false).to_owned().into_any(),
+        ArgDefault::MayBeGateway => PyBool::new(py, *may_be_gateway).to_owned().into_any(),
+        ArgDefault::NoPart => intern!(py, "").clone().into_any(),
+        ArgDefault::Empty => PyTuple::empty(py).into_any(),
+    }
+}
+
 fn observation_args<'py>(py: Python<'py>, shape: &'static str, fields: Vec<PyObject>)
                          -> PyResult<Option<Bound<'py, PyTuple>>> {
-    let Some((engine_kind, shape_name, places, provider, may_be_gateway)) = shape_table(py, shape) else {
+    let Some(table) = shape_table(py, shape) else {
         return Ok(None);
     };
+    let places = table.2;
     if places.len() != fields.len() {
         return Ok(None);
     }
     // Bound, not Py: each is dropped with a plain decrement, not PyO3's check for the GIL first.
-    let empty = PyTuple::empty(py).into_any();
-    let mut args: Vec<Bound<'py, PyAny>> = (0..OBSERVATION_ARGS).map(|_| py.None().into_bound(py)).collect();
-    args[0] = engine_kind.clone().into_any();
-    args[1] = shape_name.clone().into_any();
-    if let Some(provider) = provider {
-        args[ARG_PROVIDER] = provider.clone().into_any();
-    }
-    args[ARG_IS_ERROR] = PyBool::new(py, false).to_owned().into_any();
-    args[ARG_MAY_BE_GATEWAY] = PyBool::new(py, may_be_gateway).to_owned().into_any();
-    args[ARG_ITL] = empty.clone();
-    args[ARG_PART] = intern!(py, "").clone().into_any();
-    args[ARG_MARKS] = empty.clone();
-    args[ARG_DERIVED] = empty;
+    let mut args: Vec<Bound<'py, PyAny>> = ARG_DEFAULTS.iter().map(|default| arg_default(py, *default, &table)).collect();
     for (&place, value) in places.iter().zip(fields) {
         let value = value.into_bound(py);
         args[place] = if place == ARG_MARKS {
@@ -1524,24 +1555,19 @@ impl Observation {
     /// not be held as a compact field (a rare one set, a type its slot does not take): the caller
     /// then takes that route, which decides it.
     fn from_outs(py: Python<'_>, shape: &str, outs: &[Out], strings: &mut Interner) -> Option<Observation> {
-        let (engine_kind, shape_name, places, provider, may_be_gateway) = shape_table(py, shape)?;
+        let table = shape_table(py, shape)?;
+        let places = table.2;
         if places.len() != outs.len() {
             return None;
         }
-        // `observation_args`' defaults, as their slots hold them.
+        // The defaults of the arguments held as objects (the others' are None, and the empty tuple
+        // of a rare one: the compact observation's own defaults).
         let mut objects: [PyObject; OBSERVATION_OBJECTS] = std::array::from_fn(|_| py.None());
-        let slot_object = |place: usize| match OBSERVATION_SLOTS[place] {
-            Slot::Object(i) | Slot::Flag(i) => i,
-            _ => unreachable!("an object's argument"),
-        };
-        objects[slot_object(0)] = engine_kind.clone().into_any().unbind();
-        objects[slot_object(1)] = shape_name.clone().into_any().unbind();
-        if let Some(provider) = provider {
-            objects[slot_object(ARG_PROVIDER)] = provider.clone().into_any().unbind();
+        for (slot, default) in OBSERVATION_SLOTS.iter().zip(ARG_DEFAULTS) {
+            if let Slot::Object(i) | Slot::Flag(i) = *slot {
+                objects[i] = arg_default(py, default, &table).unbind();
+            }
         }
-        objects[slot_object(ARG_IS_ERROR)] = PyBool::new(py, false).to_owned().into_any().unbind();
-        objects[slot_object(ARG_MAY_BE_GATEWAY)] = PyBool::new(py, may_be_gateway).to_owned().into_any().unbind();
-        objects[slot_object(ARG_PART)] = intern!(py, "").clone().into_any().unbind();
         let mut floats = [0.0; OBSERVATION_FLOATS];
         let mut ints = [0i64; OBSERVATION_INTS];
         let mut present = 0u16;

@@ -717,6 +717,12 @@ impl SegmentObserver {
     }
 }
 
+/// A record's segments: the core's record's numbers, or any other record's `Segment` tuples.
+enum Segments<'a, 'py> {
+    Numbers(&'a [(&'static str, i64, i64)]),
+    Objects(Bound<'py, PyAny>),
+}
+
 /// `MetricsRecorder.record` with the compiled core, called under the recorder's lock: a record's
 /// observations in its side's namings (`Observer`), its segments (`SegmentObserver`, through the
 /// recorder's segment-key cache), and the count of the first label too long for a series. Python
@@ -791,15 +797,13 @@ impl Recording {
             too_long = observer.borrow_mut().__call__(py, record, weight, succeeded, &dimensions, &trace_id, &span_id, now)?;
         }
         // The core's records hold their segments as numbers: read so, no named tuple made.
-        let native_segments = read.native_segments();
-        let segments = match native_segments {
-            Some(_) => None,
-            None => Some(read.known(record::SEGMENTS)?),
+        let segments = match read.native_segments() {
+            Some(list) => Segments::Numbers(list),
+            None => Segments::Objects(read.known(record::SEGMENTS)?),
         };
-        let any_segments = match (native_segments, &segments) {
-            (Some(list), _) => !list.is_empty(),
-            (None, Some(segments)) => segments.is_truthy()?,
-            (None, None) => false,
+        let any_segments = match &segments {
+            Segments::Numbers(list) => !list.is_empty(),
+            Segments::Objects(tuples) => tuples.is_truthy()?,
         };
         if any_segments {
             let base = PyTuple::new(py, [read.known(record::MODEL)?, read.known(record::ENGINE_KIND)?,
@@ -819,12 +823,11 @@ impl Recording {
             let resolve = self.resolve_segment.bind(py);
             let resolve = |name: &Bound<'py, PyAny>| resolve.call1((&by_name, &base, &dimensions, name));
             let now = if with_exemplars { Some(now) } else { None };
-            match (native_segments, &segments) {
-                (Some(list), _) => self.segments.observe_native(py, list, &by_name, everything.as_ref(), resolve, weight,
-                                                                &trace_id, &span_id, now)?,
-                (None, Some(segments)) => self.segments.observe(py, segments, &by_name, everything.as_ref(), resolve,
-                                                                weight, &trace_id, &span_id, now)?,
-                (None, None) => {}
+            match &segments {
+                Segments::Numbers(list) => self.segments.observe_native(py, list, &by_name, everything.as_ref(), resolve,
+                                                                        weight, &trace_id, &span_id, now)?,
+                Segments::Objects(tuples) => self.segments.observe(py, tuples, &by_name, everything.as_ref(), resolve,
+                                                                   weight, &trace_id, &span_id, now)?,
             }
         }
         if too_long.is_truthy()? {

@@ -138,7 +138,6 @@ class LlmMetricsStage:
             self._next.consume_batch(batch)
         finally:  # a stage or an exporter that fails downstream loses its kept trace, not the metrics
             recording: list[tuple[RequestRecord, bool]] = []
-            assembled: dict[tuple[str, str], int] = {}  # counted once per label set per batch
             for completed, to_record, malformed in measured:
                 for reason, service in malformed:
                     self._telemetry.spans_malformed.labels(reason).inc()
@@ -146,13 +145,8 @@ class LlmMetricsStage:
                 # Metrics count every request whatever the decision; only exemplars follow it.
                 kept = completed.decision is not None and completed.decision.keep
                 for record in to_record:
-                    if record.rejected or record.not_measurable:
-                        self._count_refused(record)
-                    key = (record.engine_kind, record.outcome)
-                    assembled[key] = assembled.get(key, 0) + 1
                     recording.append((record, kept))
-            for key, count in assembled.items():
-                self._count_assembled(key, count)
+            self.count_measured(recording)
             if recording:
                 self.recorder.record_many(recording)
 
@@ -194,6 +188,18 @@ class LlmMetricsStage:
         if prior is None:
             return completed, records, malformed
         return completed, [r for r in records if r.span_id not in prior.measured], []
+
+    def count_measured(self, recording: list[tuple[RequestRecord, bool]]) -> None:
+        """The self-telemetry of records about to be measured: values refused, intervals not
+        measurable, and requests assembled, counted once per (engine kind, outcome)."""
+        assembled: dict[tuple[str, str], int] = {}
+        for record, _ in recording:
+            if record.rejected or record.not_measurable:
+                self._count_refused(record)
+            key = (record.engine_kind, record.outcome)
+            assembled[key] = assembled.get(key, 0) + 1
+        for key, count in assembled.items():
+            self._count_assembled(key, count)
 
     def _count_refused(self, record: RequestRecord) -> None:
         """A measured record's values refused and intervals not measurable (self-telemetry)."""

@@ -235,7 +235,13 @@ class TraceAssembler:
         self._decided[trace_id] = None
         self._decided_spans[trace_id] = spans
         if len(self._decided) > self.settings.decided_cache_size:
-            forgotten, _ = self._decided.popitem(last=False)
+            self._forget_beyond_cache()
+
+    def _forget_beyond_cache(self) -> None:
+        """The oldest decisions past ``decided_cache_size`` forgotten (under the lock)."""
+        decided = self._decided
+        while len(decided) > self.settings.decided_cache_size:
+            forgotten, _ = decided.popitem(last=False)
             self._decided_spans.pop(forgotten, None)
 
     def decisions(self) -> list[tuple[bytes, Remembered]]:
@@ -250,9 +256,7 @@ class TraceAssembler:
             for trace_id, remembered in decisions:
                 self._decided[trace_id] = remembered
                 self._decided_spans.setdefault(trace_id, len(remembered.measured))
-                if len(self._decided) > self.settings.decided_cache_size:
-                    forgotten, _ = self._decided.popitem(last=False)
-                    self._decided_spans.pop(forgotten, None)
+                self._forget_beyond_cache()
 
     def remember_decisions(self, decisions: list[tuple[bytes, Remembered]]) -> None:
         with self._lock:
@@ -280,13 +284,10 @@ class TraceAssembler:
                     del ready[trace_id]
                     if held:
                         held.pop(trace_id, None)
-                    decided[trace_id] = None  # ``_remember``, inlined: the cache is trimmed below
+                    decided[trace_id] = None  # ``_remember``, inlined: the cache is trimmed once below
                     decided_spans[trace_id] = len(trace.spans)
                     due.append((trace, "ready"))
-                cache_size = self.settings.decided_cache_size
-                while len(decided) > cache_size:
-                    forgotten, _ = decided.popitem(last=False)
-                    decided_spans.pop(forgotten, None)
+                self._forget_beyond_cache()
             deadline = now - self.settings.decision_wait_s
             open_deadline = now - self.settings.max_open_call_wait_s
             holding = self.settings.max_open_call_wait_s > 0

@@ -74,8 +74,9 @@ class TailSampler:
         the slowest policy's."""
         extension = native_core.active()[0] if core is True else (core or None)
         self.policies = build_policies(config, extension, clock)
-        # With the core, every policy runs there in one call per trace when it runs them all; the
-        # lock (taken for Python's policies too) keeps two completing threads out of the slowest policy's windows at once.
+        # With the core, every policy runs there, in one call per batch of traces, when it runs them
+        # all; the lock (taken for Python's policies too) keeps two completing threads out of the
+        # slowest policy's windows at once.
         self._native = native_decider(self.policies, extension)
         self._lock = threading.Lock()
         rate = config.rate_limit
