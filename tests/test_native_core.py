@@ -707,6 +707,45 @@ def test_a_span_no_adapter_can_claim_is_buffered_as_received() -> None:
     assert spans[0].payload == span.SerializeToString()  # the bytes received, attribute order kept
 
 
+def _one_resource_request(service: str, labels: int) -> bytes:
+    request = ExportTraceServiceRequest()
+    resource_spans = request.resource_spans.add()
+    resource_spans.resource.attributes.add(key="service.name", value=AnyValue(string_value=service))
+    for i in range(labels):
+        resource_spans.resource.attributes.add(key=f"k8s.pod.label.{i}", value=AnyValue(string_value=f"v{i}"))
+    resource_spans.scope_spans.add().spans.add(
+        trace_id=b"\x11" * 16, span_id=b"\x22" * 8, name="SELECT users", kind=Span.SPAN_KIND_INTERNAL)
+    return request.SerializeToString()
+
+
+def test_a_resources_strings_read_once_are_not_a_trimmed_resources() -> None:
+    """The native path reads a resource's string attributes once per distinct bytes, but a resource
+    the limits trim is read as trimmed, whatever was read of the same bytes before."""
+    data = _one_resource_request("checkout", labels=12)
+    with implementation("native"):
+        generous, _ = digest_module.digest_in_process(data, SETTINGS[0])
+        tight, counts = digest_module.digest_in_process(data, SETTINGS[1])
+        again, _ = digest_module.digest_in_process(data, SETTINGS[0])
+    with implementation("python"):
+        reference, _ = digest_module.digest_in_process(data, SETTINGS[1])
+    assert len(generous[0].origin.resource_strings) == 13 == len(again[0].origin.resource_strings)
+    assert counts.truncated == 1
+    assert len(tight[0].origin.resource_strings) == 8  # AttributeLimits(8, 64): the first 8 kept
+    assert tight[0].origin.resource_strings == reference[0].origin.resource_strings
+
+
+def test_the_resources_read_once_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(digest_module, "RESOURCE_STRINGS_LIMIT", 4)
+    monkeypatch.setattr(digest_module, "_resource_strings", {})
+    services = [f"tenant-{i}" for i in range(10)]
+    with implementation("native"):
+        for service in services + services[:3]:
+            spans, _ = digest_module.digest_in_process(_one_resource_request(service, labels=2), SETTINGS[0])
+            assert spans[0].origin.service_name == service
+            assert spans[0].origin.resource_strings["service.name"] == service
+            assert len(digest_module._resource_strings) <= 4
+
+
 # --- hostile input: the same verdict ------------------------------------------------------------
 
 def _python_verdict(data: bytes) -> bool:
