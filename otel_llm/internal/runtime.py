@@ -38,8 +38,9 @@ def tune_gc(switch_interval_s: float | None = None) -> None:
     Everything alive after start-up is frozen out of collections; reference counting frees
     almost everything immediately. A young collection walks every object made since the last
     one that is still alive — every trace buffered and every decision cached since then — so at
-    a threshold of 50 000 the saturated server's young collections took 35–145 ms each and 1.4
-    CPU-s of a 30-s window (5 %) and found no garbage; at 1 000 000 none ran in that window.
+    a threshold of 50 000 the saturated server's young collections took 35–50 ms each on average
+    (up to 145 ms), 1.4 CPU-s of a 30-s window (5 %), and found no garbage; at 1 000 000 none ran
+    in that window.
     Cyclic garbage (none was found at a steady rate) is bounded by the threshold's count, and
     the memory limiter collects when memory passes its soft limit.
     ``switch_interval_s`` also sets the GIL switch interval, for processes whose pipe reader

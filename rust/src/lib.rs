@@ -999,10 +999,9 @@ fn read_shape(kind: i32, name: &str, status_code: i32, attrs: &[(&[u8], Value)])
     Ok(Reading { shape: "none", fields: Vec::new(), checked: None })
 }
 
-/// `buffered_value` of the kept keys present, as (key, value, key, value, ...); `Bail` for a
-/// composite value (Python's `any_value_to_python`).
-/// The kept keys' values present in `attrs`, in `keys` order, or `None` where one is not a plain
-/// value (the span is then the Python path's). Needs no Python: `kept_tuple` makes the objects.
+/// The kept keys' values present in `attrs`, in `keys` order, or `None` where one is a composite
+/// value (Python's `any_value_to_python`: the span is then the Python path's). Needs no Python:
+/// `kept_tuple` makes them `buffered_value`'s (key, value, key, value, ...).
 fn kept_values<'k, 'a>(attrs: &[(&[u8], Value<'a>)], keys: &'k [String]) -> Option<Vec<(&'k str, Value<'a>)>> {
     let mut values = Vec::new();
     for key in keys {
@@ -1360,15 +1359,17 @@ impl Digester {
         let (kept_keys, bounds) = (&self.kept_keys, &self.bounds);
         let stage_names: Vec<&str> = self.stages.iter().map(|(stage, _, _)| stage.as_str()).collect();
         let (max_value_bytes, max_attributes) = (self.max_value_bytes, self.max_attributes);
+        let within_limits = |row: &SpanRow| {
+            !row.duplicate_keys && row.payload.1 - row.payload.0 <= max_value_bytes && row.attributes <= max_attributes
+        };
         let read = py.allow_threads(|| -> std::result::Result<_, PyErrText> {
             let (origins, rows) = scan(data).map_err(|Malformed(reason)| PyErrText::Request(reason))?;
+            // A span read below: within the limits and not an SGLang stage (`stages` holds those).
             let mut pre: Vec<Option<PreRead>> = Vec::with_capacity(rows.len());
             for row in &rows {
-                let within_limits = !row.duplicate_keys && row.payload.1 - row.payload.0 <= max_value_bytes
-                    && row.attributes <= max_attributes;
                 let stage = row.kind == SPAN_KIND_INTERNAL
                     && utf8(&data[row.name.0..row.name.1]).is_ok_and(|name| stage_names.contains(&name));
-                pre.push(if within_limits && !stage {
+                pre.push(if within_limits(row) && !stage {
                     pre_read(data, row, kept_keys, Some(bounds)).map_err(|Malformed(reason)| PyErrText::Span(reason))?
                 } else {
                     None
@@ -1418,13 +1419,11 @@ impl Digester {
         };
         let empty = PyTuple::empty(py);
         for (row, pre) in rows.iter().zip(pre.iter_mut()) {
-            let within_limits = !row.duplicate_keys && row.payload.1 - row.payload.0 <= self.max_value_bytes
-                && row.attributes <= self.max_attributes;
             let name = utf8(&data[row.name.0..row.name.1]).map_err(|Malformed(r)| PyValueError::new_err(r))?;
             // (slim, observation) of a span ready to buffer; `None`: the Python steps' row.
             let mut ready: Option<(Bound<'py, PyAny>, PyObject)> = None;
             let mut read: Option<NativeRead<'py>> = None;
-            if within_limits {
+            if within_limits(row) {
                 if let Some((_, observation, fields)) = (row.kind == SPAN_KIND_INTERNAL)
                     .then(|| self.stages.iter().find(|(stage, _, _)| stage == name)).flatten() {
                     count(&self.stage_adapter);

@@ -387,8 +387,9 @@ def _strings_of(resource: Resource) -> tuple[dict[str, str], str]:
 
 # A resource's bytes, within the attribute limits -> ``_strings_of`` it. Senders repeat a few
 # resources in every request (7 distinct among the bench's 224), and reading their attributes
-# through upb's wrappers again per request was ~2 % of the saturated worker. The dicts are shared
-# by every origin of those bytes, read only (``Origin.resource_strings``); cleared when full.
+# through upb's wrappers again was 22 of the 36 µs that a bench request's origins took. The dicts
+# are shared by every origin of those bytes, read only (``Origin.resource_strings``); cleared
+# when full.
 RESOURCE_STRINGS_LIMIT = 1024
 _resource_strings: dict[bytes, tuple[dict[str, str], str]] = {}
 
