@@ -500,6 +500,40 @@ def test_at_max_traces_a_due_trace_is_completed_as_ready_before_any_is_cut_short
     assert buffer.tick() == 1 and completions[2:] == [((3).to_bytes(16, "big"), "ready")]
 
 
+def test_a_ready_trace_that_left_early_and_came_back_holds_back_no_trace_due_before_it() -> None:
+    """Trace A is ready, then completed early (memory pressure) and forgotten; a span of it opens A
+    again, ready later than trace X. A tick after X is due completes X, not held back behind A's
+    first readiness, and A at its own time."""
+    clock = [0.0]
+    completions: list[tuple[int, str]] = []
+
+    class Record:
+        def consume_batch(self, batch: list[CompletedTrace]) -> None:
+            completions.extend((completed.trace.trace_id[0], completed.reason) for completed in batch)
+
+    buffer = TraceAssembler(AssemblySettings(decision_wait_s=1e9, grace_s=1.0, decided_cache_size=0), Record(),
+                            clock=lambda: clock[0])
+
+    def rooted(trace: int) -> list[BufferedSpan]:
+        root, engine = span(1, None, False), span(2, 1, True)
+        root.trace_id = engine.trace_id = bytes([trace]) * 16
+        return [root, engine]
+
+    buffer.add_batch(rooted(0xA))  # due at 1.0
+    clock[0] = 0.1
+    buffer.add_batch(rooted(0xB))  # X: due at 1.1
+    clock[0] = 0.2
+    assert buffer.shed(0.5) == 1 and completions == [(0xA, "memory_pressure")]  # A, and forgotten (no cache)
+    clock[0] = 0.3
+    buffer.add_batch(rooted(0xA))  # A again: due at 1.3
+    clock[0] = 1.2
+    assert buffer.tick() == 1 and completions[1:] == [(0xB, "ready")]
+    assert buffer.completion_lag() == 0.0  # A is not due yet
+    clock[0] = 1.3
+    assert buffer.tick() == 1 and completions[2:] == [(0xA, "ready")]
+    assert len(buffer) == 0 and buffer.completion_lag() == 0.0
+
+
 def test_a_span_id_seen_first_as_another_span_then_as_the_engines_makes_the_trace_ready() -> None:
     """A redelivered span id that is the engine's this time (its first copy had no observation: a
     conflicting copy) replaces the first and starts the engine's readiness: the trace completes
