@@ -1317,9 +1317,9 @@ impl Digester {
                  -> PyResult<Bound<'py, PyTuple>> {
         // The request's bytes scanned without the GIL (the bytes object is immutable and held by the
         // caller): the scan, with its validation, takes no Python object, so the completion thread
-        // runs meanwhile. Each span's reading stays with the GIL: read there, its values (a vector,
-        // strings) were held while the spans' lasting objects were made, and the allocator then
-        // kept ~50 B more per buffered span (the bench's RSS phase: 980 -> 1 031 B).
+        // runs meanwhile. Each span's reading stays with the GIL: when it too ran without it, a
+        // request's readings (a vector and strings per span) were held while the spans' lasting
+        // objects were made, and the allocator kept ~50 B more per buffered span (980 -> 1 031 B).
         let scanned = py.allow_threads(|| scan(data));
         let (origins, rows) = scanned.map_err(|Malformed(reason)| {
             PyValueError::new_err(format!("malformed ExportTraceServiceRequest: {reason}"))
