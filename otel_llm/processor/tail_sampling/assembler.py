@@ -216,25 +216,27 @@ class TraceAssembler:
             self._ready_ids.append(trace.trace_id)
             self._ready_at.append(trace.ready_at)
 
-    def _first_ready(self) -> PendingTrace | None:
-        """The ready trace due first, the entries of traces that left otherwise dropped (under the lock)."""
+    def _pop_due(self, now: float) -> PendingTrace | None:
+        """The ready trace due first, its entry removed, if it is due at ``now``; entries of traces
+        that left otherwise are dropped on the way (under the lock). The trace stays pending."""
         ids, times, pending = self._ready_ids, self._ready_at, self._pending
         while ids:
             trace = pending.get(ids[0])
-            if trace is not None and trace.ready_at is times[0]:
-                return trace
+            current = trace is not None and trace.ready_at is times[0]
+            if current and times[0] > now:
+                return None
             ids.popleft()
             times.popleft()
+            if current:
+                return trace
         return None
 
     def _make_room(self, now: float) -> tuple[PendingTrace, str]:
         """At ``max_traces``: a trace whose grace is over is complete, not cut short, so the longest-due
         one goes first ("ready", what the ticker, behind, would have done); only when none is due is
         the oldest trace completed early ("memory_limit")."""
-        trace = self._first_ready()
-        if trace is not None and trace.ready_at is not None and trace.ready_at <= now:
-            self._ready_ids.popleft()
-            self._ready_at.popleft()
+        trace = self._pop_due(now)
+        if trace is not None:
             trace_id = trace.trace_id
             del self._pending[trace_id]
             self._held.pop(trace_id, None)
@@ -287,25 +289,17 @@ class TraceAssembler:
         due: list[tuple[PendingTrace, str]] = []
         with self._lock:
             now = self._clock()
-            ids, times = self._ready_ids, self._ready_at
-            if ids:
+            if self._ready_ids:
                 pending, held = self._pending, self._held
                 decided, decided_spans = self._decided, self._decided_spans
-                while ids:
-                    trace_id = ids[0]
-                    trace = pending.get(trace_id)
-                    ready_at = times[0]
-                    if trace is not None and trace.ready_at is ready_at:
-                        if ready_at > now:
-                            break
-                        del pending[trace_id]
-                        if held:
-                            held.pop(trace_id, None)
-                        decided[trace_id] = None  # ``_remember``, inlined: the cache is trimmed once below
-                        decided_spans[trace_id] = len(trace.spans)
-                        due.append((trace, "ready"))
-                    ids.popleft()  # due now, or left otherwise (``_first_ready``)
-                    times.popleft()
+                while (trace := self._pop_due(now)) is not None:
+                    trace_id = trace.trace_id
+                    del pending[trace_id]
+                    if held:
+                        held.pop(trace_id, None)
+                    decided[trace_id] = None  # ``_remember``, inlined: the cache is trimmed once below
+                    decided_spans[trace_id] = len(trace.spans)
+                    due.append((trace, "ready"))
                 self._forget_beyond_cache()
             deadline = now - self.settings.decision_wait_s
             open_deadline = now - self.settings.max_open_call_wait_s
