@@ -568,3 +568,50 @@ def test_the_decision_cache_keeps_the_newest_decided_cache_size_traces() -> None
     buffer.add_batch([engine_span(trace, 2) for trace in (1, 2, 3, 4)])
     assert len(buffer) == 2  # the spans of traces 1 and 2 opened traces again
     assert [(c.trace.trace_id[0], c.late) for c in batches[1]] == [(3, True), (4, True)]
+
+
+def test_spans_arriving_while_their_trace_is_completed_are_bounded_by_max_spans_per_trace() -> None:
+    """A trace of 2 spans completed with ``max_spans_per_trace: 4``; 5 spans of it arrive before its
+    decision is remembered: 2 wait for it and follow it, 3 are dropped over the limit."""
+    from otel_llm.pdata.traces import Decision
+
+    handed: list[CompletedTrace] = []
+
+    class Chain:
+        def consume_batch(self, batch: list[CompletedTrace]) -> None:
+            handed.extend(batch)
+            for completed in batch:
+                if not completed.late:
+                    buffer.add_batch([span(50 + i, 1, engine=False) for i in range(5)])
+                    buffer.remember_decisions([(completed.trace_id, Remembered(Decision(True, "all"), set()))])
+
+    buffer = TraceAssembler(AssemblySettings(decision_wait_s=1e9, grace_s=0.0, max_spans_per_trace=4), Chain(),
+                            clock=lambda: 0.0)
+    buffer.add_batch([span(1, None, engine=False), span(2, 1, engine=True)])
+    assert buffer.tick() == 1
+    late = [c for c in handed if c.late]
+    assert [list(c.trace.spans) for c in late] == [[sid(50)], [sid(51)]]
+    assert all(c.prior is not None and c.prior.decision.keep for c in late)
+    assert buffer.spans_dropped_over_trace_limit == 3
+    buffer.add_batch([span(60, 1, engine=False)])  # decided now, and still at its limit
+    assert buffer.spans_dropped_over_trace_limit == 4 and len(handed) == 3
+
+
+def test_a_restored_decision_counts_the_spans_it_measured_against_max_spans_per_trace() -> None:
+    """A decision restored after a graceful restart, of a trace that measured 3 spans, with
+    ``max_spans_per_trace: 4``: one late span more is taken, the next two are dropped."""
+    from otel_llm.pdata.traces import Decision
+
+    handed: list[CompletedTrace] = []
+
+    class Chain:
+        def consume_batch(self, batch: list[CompletedTrace]) -> None:
+            handed.extend(batch)
+
+    buffer = TraceAssembler(AssemblySettings(decision_wait_s=1e9, grace_s=0.0, max_spans_per_trace=4), Chain(),
+                            clock=lambda: 0.0)
+    buffer.restore_decisions([(TRACE_ID, Remembered(Decision(True, "all"), {sid(1), sid(2), sid(3)}))])
+    buffer.add_batch([span(10 + i, 1, engine=False) for i in range(3)])
+    assert [list(c.trace.spans) for c in handed] == [[sid(10)]] and handed[0].late
+    assert buffer.spans_dropped_over_trace_limit == 2
+    assert [trace_id for trace_id, _ in buffer.decisions()] == [TRACE_ID]

@@ -30,6 +30,9 @@ class Remembered:
 
     decision: Decision
     measured: set[bytes]
+    # Spans its trace was completed with plus late spans taken since (set by the buffer's decision
+    # cache): ``max_spans_per_trace`` holds for late spans too.
+    taken: int = 0
 
 
 @dataclass(slots=True)

@@ -89,11 +89,15 @@ class TraceAssembler:
         # the holes they leave (8.2 µs at 50 000 traces, paid per new trace at ``max_traces``).
         self._ready_ids: deque[bytes] = deque()
         self._ready_at: deque[float] = deque()
-        # trace id -> what the sampler decided (None until decided), so late spans follow it
-        self._decided: OrderedDict[bytes, Remembered | None] = OrderedDict()
-        # trace id -> spans it was completed with plus late spans taken since: max_spans_per_trace
-        # holds for late spans too (one kept trace once grew past 27 000 spans that way).
-        self._decided_spans: dict[bytes, int] = {}
+        # The decision cache: trace id -> what the sampler decided, so late spans follow it; until it
+        # is decided, the number of spans the trace was completed with plus late spans taken since
+        # (``Remembered.taken`` after): max_spans_per_trace holds for late spans too (one kept trace
+        # once grew past 27 000 spans that way). Its ids in the order they came, to forget the
+        # oldest: a key is only ever removed there, so the two hold the same ids. One dict and a
+        # deque cost 0.5 µs less per trace than an OrderedDict and a second dict (all four touched
+        # per trace at saturation, 100 000 random ids missing the CPU's caches).
+        self._decided: dict[bytes, Remembered | int] = {}
+        self._decided_order: deque[bytes] = deque()
         # trace id -> late spans that arrived while their trace was being completed (its decision not
         # yet made): handed on with that decision once the completion is done, never dropped for it.
         self._parked: dict[bytes, list[BufferedSpan]] = {}
@@ -121,20 +125,23 @@ class TraceAssembler:
                 trace_id = buffered.trace_id
                 trace = self._pending.get(trace_id)
                 if trace is None:
-                    if trace_id in self._decided:
-                        remembered = self._decided[trace_id]
-                        if remembered is not None and buffered.is_engine and buffered.span_id in remembered.measured:
+                    remembered = self._decided.get(trace_id)
+                    if remembered is not None:
+                        if type(remembered) is int:  # its trace is being completed: it follows the decision
+                            if remembered >= limit:
+                                dropped += 1
+                            else:
+                                self._decided[trace_id] = remembered + 1
+                                self._parked.setdefault(trace_id, []).append(buffered)
+                            continue
+                        assert isinstance(remembered, Remembered)
+                        if buffered.is_engine and buffered.span_id in remembered.measured:
                             duplicate += 1  # redelivered (a retried export): measured once already
-                            continue
-                        taken = self._decided_spans.get(trace_id, 0)
-                        if taken >= limit:
+                        elif remembered.taken >= limit:
                             dropped += 1
-                            continue
-                        self._decided_spans[trace_id] = taken + 1
-                        if remembered is None:  # its trace is being completed: it follows the decision
-                            self._parked.setdefault(trace_id, []).append(buffered)
-                            continue
-                        late.append((buffered, remembered))
+                        else:
+                            remembered.taken += 1
+                            late.append((buffered, remembered))
                         continue
                     trace = PendingTrace(trace_id, now)
                     self._pending[trace_id] = trace
@@ -251,37 +258,54 @@ class TraceAssembler:
         return trace
 
     def _remember(self, trace_id: bytes, spans: int) -> None:
-        self._decided[trace_id] = None
-        self._decided_spans[trace_id] = spans
-        if len(self._decided) > self.settings.decided_cache_size:
-            self._forget_beyond_cache()
+        """``trace_id`` completed with ``spans`` spans, not decided yet (under the lock)."""
+        decided = self._decided
+        known = len(decided)
+        decided[trace_id] = spans
+        if len(decided) != known:  # a new id (one known already keeps its place, as before)
+            self._decided_order.append(trace_id)
+            if known >= self.settings.decided_cache_size:
+                self._forget_beyond_cache()
 
     def _forget_beyond_cache(self) -> None:
         """The oldest decisions past ``decided_cache_size`` forgotten (under the lock)."""
-        decided = self._decided
+        decided, order = self._decided, self._decided_order
         while len(decided) > self.settings.decided_cache_size:
-            forgotten, _ = decided.popitem(last=False)
-            self._decided_spans.pop(forgotten, None)
+            del decided[order.popleft()]
+
+    def _remembered(self, trace_id: bytes) -> Remembered | None:
+        """``trace_id``'s decision, if it was decided and is still remembered."""
+        remembered = self._decided.get(trace_id)
+        return remembered if isinstance(remembered, Remembered) else None
 
     def decisions(self) -> list[tuple[bytes, Remembered]]:
         """The decision cache (oldest first), for ``Service`` to keep across a graceful restart."""
         with self._lock:
-            return [(trace_id, remembered) for trace_id, remembered in self._decided.items() if remembered is not None]
+            return [(trace_id, remembered) for trace_id, remembered in self._decided.items()
+                    if isinstance(remembered, Remembered)]
 
     def restore_decisions(self, decisions: list[tuple[bytes, Remembered]]) -> None:
         """Decisions of the previous run (before any span arrives): a span it had taken, redelivered
         by a sender that never got the answer, is then a duplicate, not a new request."""
         with self._lock:
             for trace_id, remembered in decisions:
+                known = self._decided.get(trace_id)
+                if known is None:
+                    remembered.taken = len(remembered.measured)
+                    self._decided_order.append(trace_id)
+                else:
+                    remembered.taken = known if type(known) is int else known.taken  # type: ignore[union-attr]
                 self._decided[trace_id] = remembered
-                self._decided_spans.setdefault(trace_id, len(remembered.measured))
                 self._forget_beyond_cache()
 
     def remember_decisions(self, decisions: list[tuple[bytes, Remembered]]) -> None:
+        """The chain's decisions of traces completed here; one the cache forgot meanwhile stays forgotten."""
         with self._lock:
             decided = self._decided
             for trace_id, remembered in decisions:
-                if trace_id in decided:
+                taken = decided.get(trace_id)
+                if taken is not None:
+                    remembered.taken = taken if type(taken) is int else taken.taken  # type: ignore[union-attr]
                     decided[trace_id] = remembered
 
     def tick(self) -> int:
@@ -291,14 +315,16 @@ class TraceAssembler:
             now = self._clock()
             if self._ready_ids:
                 pending, held = self._pending, self._held
-                decided, decided_spans = self._decided, self._decided_spans
+                decided, order = self._decided, self._decided_order
                 while (trace := self._pop_due(now)) is not None:
                     trace_id = trace.trace_id
                     del pending[trace_id]
                     if held:
                         held.pop(trace_id, None)
-                    decided[trace_id] = None  # ``_remember``, inlined: the cache is trimmed once below
-                    decided_spans[trace_id] = len(trace.spans)
+                    known = len(decided)  # ``_remember``, inlined: the cache is trimmed once below
+                    decided[trace_id] = len(trace.spans)
+                    if len(decided) != known:
+                        order.append(trace_id)
                     due.append((trace, "ready"))
                 self._forget_beyond_cache()
             deadline = now - self.settings.decision_wait_s
@@ -400,7 +426,7 @@ class TraceAssembler:
             for trace_id in trace_ids:
                 parked = self._parked.pop(trace_id, None)
                 if parked:
-                    late.extend(_late(buffered, self._decided.get(trace_id)) for buffered in parked)
+                    late.extend(_late(buffered, self._remembered(trace_id)) for buffered in parked)
         if late:
             self._next.consume_batch(late)
 
