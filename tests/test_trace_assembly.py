@@ -282,6 +282,29 @@ def test_late_spans_of_a_decided_trace_are_bounded_by_max_spans_per_trace(make_s
     assert scrape.value("otel_llm_requests_assembled_total") == 5
 
 
+def test_every_span_a_decided_trace_measured_late_or_not_is_a_duplicate_when_redelivered(make_server):
+    """A trace of two engine spans is decided; two late engine spans of it are measured, one after
+    the other; then all four are sent again: each copy is a duplicate (the decision cache remembers
+    every span measured, the trace's two and the late ones), and no request is measured twice."""
+    server = make_server({"processors": {"tail_sampling": {"grace": "100ms"}}})
+    trace_id = bytes(range(17, 33))
+    first = _one_trace(2, trace_id)
+    _post(server, first)
+    server.wait_until(lambda s: s.value("otel_llm_requests_assembled_total") == 2
+                      and s.value("otel_llm_traces_in_memory") == 0, what="the trace decided")
+    late = [_one_trace(1, trace_id), _one_trace(1, trace_id)]
+    for measured, request in enumerate(late, start=3):
+        _post(server, request)
+        server.wait_until(lambda s: s.value("otel_llm_requests_assembled_total") == measured,
+                          what=f"late span {measured - 2} measured")
+    for request in [first, *late]:
+        _post(server, request)
+    scrape = server.wait_until(lambda s: s.value("otel_llm_spans_duplicate_total") == 4, what="4 copies counted")
+    assert scrape.value("otel_llm_requests_assembled_total") == 4
+    assert scrape.value("vllm:e2e_request_latency_seconds_count") == 4
+    assert scrape.value("otel_llm_traces_in_memory") == 0
+
+
 def test_a_redelivered_request_is_counted_once_and_as_duplicates(make_server):
     """The same export twice (a sender that retried a request whose answer it never got), while its
     traces are pending and again once they are decided: each span measured once, the copies counted."""

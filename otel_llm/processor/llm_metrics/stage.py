@@ -171,7 +171,7 @@ class LlmMetricsStage:
             if measure:
                 # Before the decision is journaled, so a replay after a crash does not measure it again.
                 if prior is not None:
-                    prior.measured.add(span.span_id)
+                    prior.add_measured(span.span_id)
                 elif self.intake_log is not None:
                     self.intake_log.measured_late(span.trace_id, span.span_id)
             completed.records = records

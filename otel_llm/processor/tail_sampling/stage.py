@@ -44,7 +44,7 @@ class DecisionStage:
             records = completed.records
             decision = completed.decision
             if plain and len(records) == 1 and completed.prior is None and not completed.late and decision is not None:
-                remembering.append((completed.trace.trace_id, Remembered(decision, {records[0].span_id})))
+                remembering.append((completed.trace.trace_id, Remembered(decision, (records[0].span_id,))))
                 if decision is DROP:
                     dropped += 1
                 else:
@@ -75,10 +75,12 @@ class DecisionStage:
         decision: Decision | None = prior.decision if prior is not None else (
             completed.decision if self._sampler is not None else KEEP_UNSAMPLED)
         assert decision is not None  # the sampler's, set in consume_batch
-        # One record nearly always: a set display, not a comprehension's frame.
-        measured = {records[0].span_id} if len(records) == 1 else {r.span_id for r in records}
+        measured: tuple[bytes, ...] | set[bytes]
         if prior is not None:
-            measured |= prior.measured
+            measured = {r.span_id for r in records}
+            pass
+        else:
+            measured = (records[0].span_id,) if len(records) == 1 else tuple({r.span_id for r in records})
         remembered = Remembered(decision, measured)
         trace_id = completed.trace.trace_id
         remembering.append((trace_id, remembered))

@@ -55,7 +55,7 @@ import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -807,14 +807,14 @@ class IntakeLogKeeper:
         return None
 
     def decided(self, trace_id: bytes, keep: bool, rate_limited: bool, policy: str, threshold: str,
-                measured: set[bytes]) -> None:
+                measured: Collection[bytes]) -> None:
         if len(trace_id) != 16:
             return
         self._journal(self._decided_entry(trace_id, keep, rate_limited, policy, threshold, measured))
 
     @staticmethod
     def _decided_entry(trace_id: bytes, keep: bool, rate_limited: bool, policy: str, threshold: str,
-                       measured: set[bytes]) -> bytes:
+                       measured: Collection[bytes]) -> bytes:
         policy_bytes = policy.encode()[:255]
         threshold_bytes = threshold.encode("ascii", "replace")[:255]
         ids = [span_id for span_id in measured if len(span_id) == 8][:65535]
