@@ -78,7 +78,7 @@ class DecisionStage:
         measured: tuple[bytes, ...] | set[bytes]
         if prior is not None:
             measured = {r.span_id for r in records}
-            pass
+            measured.update(prior.measured)
         else:
             measured = (records[0].span_id,) if len(records) == 1 else tuple({r.span_id for r in records})
         remembered = Remembered(decision, measured)
