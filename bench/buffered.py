@@ -6,7 +6,8 @@ with ``decision_wait`` long enough that nothing completes; prints the bytes allo
 span and the source lines that allocated them. A few seconds, and steadier than RSS: for measuring
 one change to what a buffered span holds at a time. It sees Python's allocations only: on the native
 path a buffered span's bytes are a Rust allocation of the core's ``BufferedSpan`` (``rust/src/lib.rs``
-``Row``), counted by RSS and by ``sys.getsizeof(span)``, not here.
+``Row``), counted by RSS and by ``sys.getsizeof(span)``, not here, and so is the trace buffer itself
+(``rust/src/buffer.rs``: its traces, their span tables and the decision cache).
 """
 
 from __future__ import annotations
@@ -33,14 +34,18 @@ def main(argv: list[str] | None = None) -> int:
 
     service, _ = build(Path(tempfile.mkdtemp(prefix="otel-llm-buffered-")))
     pipeline = service.pipeline
-    assembler = pipeline.assembler
-    assembler.settings = replace(assembler.settings, decision_wait_s=1e9, max_traces=10**9)
+    from otel_llm.processor.tail_sampling.assembler import make_assembler
+
+    # Made again with the hold long enough (the core's buffer takes its settings when it is made).
+    assembler = pipeline.assembler = make_assembler(
+        replace(pipeline.assembler.settings, decision_wait_s=1e9, max_traces=10**9), pipeline.assembler._next,
+        native_core.active()[0])
     settings = pipeline.digest_settings
     batches = generate(args.batches, seed=2, upstream_parent=True)  # the RSS phase's pending batches
     assembler.add_batch(digest_in_process(batches[0].payload, settings)[0])  # interned strings, caches
     gc.collect()
-    held_before = sum(len(trace.spans) for trace in assembler._pending.values())
-    traces_before = len(assembler._pending)
+    held_before = assembler.held_spans()
+    traces_before = len(assembler)
     tracemalloc.start()
     before = tracemalloc.take_snapshot()
     for batch in batches[1:]:
@@ -48,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     gc.collect()
     after = tracemalloc.take_snapshot()
     tracemalloc.stop()
-    spans = sum(len(trace.spans) for trace in assembler._pending.values()) - held_before
-    traces = len(assembler._pending) - traces_before
+    spans = assembler.held_spans() - held_before
+    traces = len(assembler) - traces_before
     if assembler.completions:
         raise SystemExit(f"traces completed during the hold ({assembler.completions}): the figure would be low")
     differences = after.compare_to(before, "lineno")

@@ -12,6 +12,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,15 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from otel_llm.pdata.observation import EngineObservation
 from otel_llm.processor.tail_sampling import assembler as traces
 from otel_llm.processor.llm_metrics.requests import RecordSettings, records_of_trace
-from otel_llm.processor.tail_sampling.assembler import AssemblySettings, BufferedSpan, Origin, PendingTrace, TraceAssembler
+from otel_llm.internal import core as native_core
+from otel_llm.processor.tail_sampling.assembler import (
+    AssemblySettings,
+    BufferedSpan,
+    NativeTraceAssembler,
+    Origin,
+    PendingTrace,
+    TraceAssembler,
+)
 from otel_llm.config import TailSamplingProcessor
 from otel_llm.pdata.traces import DROP, CompletedTrace, Remembered
 from otel_llm.processor.tail_sampling.sampler import TailSampler
@@ -461,7 +470,22 @@ def test_a_large_trace_is_answered_a_page_at_a_time(make_server):
     assert total > 2500 and pages == -(-total // 2000) and len(seen) == len(set(seen)) == total
 
 
-def test_a_late_span_arriving_while_its_trace_is_completed_follows_the_decision():
+def _native_assembler(settings: AssemblySettings, next: Any, clock: Callable[[], float] = time.monotonic,
+                      **counters: Any) -> TraceAssembler:
+    extension = native_core.select("auto")[0]
+    if extension is None:
+        pytest.skip("the compiled core is not installed")
+    return NativeTraceAssembler(settings, next, extension, clock=clock, **counters)
+
+
+@pytest.fixture(params=["python", "native"])
+def Assembler(request: pytest.FixtureRequest) -> Callable[..., TraceAssembler]:
+    """The buffer under test: the Python reference, and the compiled core's (``NativeTraceAssembler``)."""
+    return TraceAssembler if request.param == "python" else _native_assembler
+
+
+def test_a_late_span_arriving_while_its_trace_is_completed_follows_the_decision(
+        Assembler: Callable[..., TraceAssembler]):
     """A span of a trace that arrives while that trace is being completed (after the buffer let it go,
     before the decision is remembered: a gateway's batch landing in that window under load) waits for
     the decision and follows it; it used to be dropped as if the trace were not kept (the
@@ -478,7 +502,7 @@ def test_a_late_span_arriving_while_its_trace_is_completed_follows_the_decision(
                     buffer.add_batch([span(50, 1, engine=False)])
                     buffer.remember_decisions([(completed.trace_id, Remembered(Decision(True, "all"), set()))])
 
-    buffer = TraceAssembler(AssemblySettings(decision_wait_s=1e9, grace_s=0.0), Chain(), clock=lambda: 0.0)
+    buffer = Assembler(AssemblySettings(decision_wait_s=1e9, grace_s=0.0), Chain(), clock=lambda: 0.0)
     buffer.add_batch([span(1, None, engine=False), span(2, 1, engine=True)])
     assert buffer.tick() == 1
     late = [c for c in handed if c.late]
@@ -486,7 +510,8 @@ def test_a_late_span_arriving_while_its_trace_is_completed_follows_the_decision(
     assert list(late[0].trace.spans) == [sid(50)]
 
 
-def test_at_max_traces_a_due_trace_is_completed_as_ready_before_any_is_cut_short():
+def test_at_max_traces_a_due_trace_is_completed_as_ready_before_any_is_cut_short(
+        Assembler: Callable[..., TraceAssembler]):
     """A ticker behind (saturation) leaves due traces buffered; reaching ``max_traces`` completes
     them ("ready"), and only once none is due the oldest trace early ("memory_limit")."""
     clock = [0.0]
@@ -496,7 +521,7 @@ def test_at_max_traces_a_due_trace_is_completed_as_ready_before_any_is_cut_short
         def consume_batch(self, batch: list[CompletedTrace]) -> None:
             completions.extend((completed.trace.trace_id, completed.reason) for completed in batch)
 
-    buffer = TraceAssembler(AssemblySettings(decision_wait_s=1e9, grace_s=1.0, max_traces=3), Record(),
+    buffer = Assembler(AssemblySettings(decision_wait_s=1e9, grace_s=1.0, max_traces=3), Record(),
                             clock=lambda: clock[0])
 
     def request(number: int, rooted: bool) -> list[BufferedSpan]:
@@ -523,7 +548,8 @@ def test_at_max_traces_a_due_trace_is_completed_as_ready_before_any_is_cut_short
     assert buffer.tick() == 1 and completions[2:] == [((3).to_bytes(16, "big"), "ready")]
 
 
-def test_a_ready_trace_that_left_early_and_came_back_holds_back_no_trace_due_before_it() -> None:
+def test_a_ready_trace_that_left_early_and_came_back_holds_back_no_trace_due_before_it(
+        Assembler: Callable[..., TraceAssembler]) -> None:
     """Trace A is ready, then completed early (memory pressure) and forgotten; a span of it opens A
     again, ready later than trace X. A tick after X is due completes X, not held back behind A's
     first readiness, and A at its own time."""
@@ -534,7 +560,7 @@ def test_a_ready_trace_that_left_early_and_came_back_holds_back_no_trace_due_bef
         def consume_batch(self, batch: list[CompletedTrace]) -> None:
             completions.extend((completed.trace.trace_id[0], completed.reason) for completed in batch)
 
-    buffer = TraceAssembler(AssemblySettings(decision_wait_s=1e9, grace_s=1.0, decided_cache_size=0), Record(),
+    buffer = Assembler(AssemblySettings(decision_wait_s=1e9, grace_s=1.0, decided_cache_size=0), Record(),
                             clock=lambda: clock[0])
 
     def rooted(trace: int) -> list[BufferedSpan]:
@@ -557,12 +583,13 @@ def test_a_ready_trace_that_left_early_and_came_back_holds_back_no_trace_due_bef
     assert len(buffer) == 0 and buffer.completion_lag() == 0.0
 
 
-def test_a_span_id_seen_first_as_another_span_then_as_the_engines_makes_the_trace_ready() -> None:
+def test_a_span_id_seen_first_as_another_span_then_as_the_engines_makes_the_trace_ready(
+        Assembler: Callable[..., TraceAssembler]) -> None:
     """A redelivered span id that is the engine's this time (its first copy had no observation: a
     conflicting copy) replaces the first and starts the engine's readiness: the trace completes
     after the grace, not at ``decision_wait``."""
     done: list[PendingTrace] = []
-    assembly = assembler(done)
+    assembly = Assembler(AssemblySettings(decision_wait_s=1e9, grace_s=0.0), Completed(done), clock=lambda: 0.0)
     assembly.add_batch([span(1, None, False), span(2, 1, False)])
     assert assembly.tick() == 0  # no engine span: held for decision_wait
     assembly.add_batch([span(2, 1, True)])
@@ -570,7 +597,8 @@ def test_a_span_id_seen_first_as_another_span_then_as_the_engines_makes_the_trac
     assert assembly.spans_duplicate == 0  # a different span under a known id, not a redelivery
 
 
-def test_the_decision_cache_keeps_the_newest_decided_cache_size_traces() -> None:
+def test_the_decision_cache_keeps_the_newest_decided_cache_size_traces(
+        Assembler: Callable[..., TraceAssembler]) -> None:
     """Four traces completed in one tick with room for two decisions: the two completed last are
     remembered (a span of theirs is late), the first two forgotten (a span of theirs starts a trace)."""
     def engine_span(trace: int, span_id: int) -> BufferedSpan:
@@ -584,7 +612,7 @@ def test_the_decision_cache_keeps_the_newest_decided_cache_size_traces() -> None
             batches.append(batch)
             buffer.remember_decisions([(c.trace.trace_id, Remembered(DROP, set())) for c in batch if not c.late])
 
-    buffer = TraceAssembler(AssemblySettings(decision_wait_s=1e9, grace_s=0.0, decided_cache_size=2), Chain(),
+    buffer = Assembler(AssemblySettings(decision_wait_s=1e9, grace_s=0.0, decided_cache_size=2), Chain(),
                             clock=lambda: 0.0)
     buffer.add_batch([engine_span(trace, 1) for trace in (1, 2, 3, 4)])
     assert buffer.tick() == 4 and [c.trace.trace_id[0] for c in batches[0]] == [1, 2, 3, 4]
@@ -593,7 +621,8 @@ def test_the_decision_cache_keeps_the_newest_decided_cache_size_traces() -> None
     assert [(c.trace.trace_id[0], c.late) for c in batches[1]] == [(3, True), (4, True)]
 
 
-def test_spans_arriving_while_their_trace_is_completed_are_bounded_by_max_spans_per_trace() -> None:
+def test_spans_arriving_while_their_trace_is_completed_are_bounded_by_max_spans_per_trace(
+        Assembler: Callable[..., TraceAssembler]) -> None:
     """A trace of 2 spans completed with ``max_spans_per_trace: 4``; 5 spans of it arrive before its
     decision is remembered: 2 wait for it and follow it, 3 are dropped over the limit."""
     from otel_llm.pdata.traces import Decision
@@ -608,7 +637,7 @@ def test_spans_arriving_while_their_trace_is_completed_are_bounded_by_max_spans_
                     buffer.add_batch([span(50 + i, 1, engine=False) for i in range(5)])
                     buffer.remember_decisions([(completed.trace_id, Remembered(Decision(True, "all"), set()))])
 
-    buffer = TraceAssembler(AssemblySettings(decision_wait_s=1e9, grace_s=0.0, max_spans_per_trace=4), Chain(),
+    buffer = Assembler(AssemblySettings(decision_wait_s=1e9, grace_s=0.0, max_spans_per_trace=4), Chain(),
                             clock=lambda: 0.0)
     buffer.add_batch([span(1, None, engine=False), span(2, 1, engine=True)])
     assert buffer.tick() == 1
@@ -620,7 +649,8 @@ def test_spans_arriving_while_their_trace_is_completed_are_bounded_by_max_spans_
     assert buffer.spans_dropped_over_trace_limit == 4 and len(handed) == 3
 
 
-def test_a_restored_decision_counts_the_spans_it_measured_against_max_spans_per_trace() -> None:
+def test_a_restored_decision_counts_the_spans_it_measured_against_max_spans_per_trace(
+        Assembler: Callable[..., TraceAssembler]) -> None:
     """A decision restored after a graceful restart, of a trace that measured 3 spans, with
     ``max_spans_per_trace: 4``: one late span more is taken, the next two are dropped."""
     from otel_llm.pdata.traces import Decision
@@ -631,7 +661,7 @@ def test_a_restored_decision_counts_the_spans_it_measured_against_max_spans_per_
         def consume_batch(self, batch: list[CompletedTrace]) -> None:
             handed.extend(batch)
 
-    buffer = TraceAssembler(AssemblySettings(decision_wait_s=1e9, grace_s=0.0, max_spans_per_trace=4), Chain(),
+    buffer = Assembler(AssemblySettings(decision_wait_s=1e9, grace_s=0.0, max_spans_per_trace=4), Chain(),
                             clock=lambda: 0.0)
     buffer.restore_decisions([(TRACE_ID, Remembered(Decision(True, "all"), {sid(1), sid(2), sid(3)}))])
     buffer.add_batch([span(10 + i, 1, engine=False) for i in range(3)])

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from otel_llm.component import KeptTraceConsumer
+from otel_llm.internal import core as native_core
 from otel_llm.internal.runtime import name_thread
 from otel_llm.pdata.spans import PendingTrace
 from otel_llm.pdata.traces import CompletedTrace, Decision, Remembered, TraceConsumer
@@ -31,7 +32,7 @@ from otel_llm.processor.memory_limiter.config import MemoryLimiterProcessor
 from otel_llm.processor.memory_limiter.limiter import MemoryLimiter
 from otel_llm.processor.redaction.config import RedactionProcessor
 from otel_llm.processor.redaction.stage import RedactionStage, intake_redaction_of
-from otel_llm.processor.tail_sampling.assembler import AssemblySettings, TraceAssembler
+from otel_llm.processor.tail_sampling.assembler import AssemblySettings, TraceAssembler, make_assembler
 from otel_llm.processor.tail_sampling.config import TailSamplingProcessor
 from otel_llm.processor.tail_sampling.sampler import TailSampler
 from otel_llm.processor.tail_sampling.stage import DecisionStage
@@ -182,7 +183,7 @@ class Pipeline:
         metrics = processors.get("llm_metrics")
         self.consumers = list(consumers)
         self._entry = _Entry(telemetry)
-        self.assembler = TraceAssembler(
+        self.assembler: TraceAssembler = make_assembler(
             AssemblySettings(
                 decision_wait_s=buffer_config.decision_wait,
                 grace_s=buffer_config.grace,
@@ -192,6 +193,7 @@ class Pipeline:
                 decided_cache_size=buffer_config.decision_cache_size,
             ),
             self._entry,
+            native_core.active()[0],
             spans_dropped=telemetry.spans_dropped.labels("max_spans_per_trace"),
             spans_duplicate=telemetry.spans_duplicate,
         )

@@ -11,6 +11,7 @@
 //! The schema is the installed opentelemetry-proto's (tests/test_native_core.py checks it against
 //! the descriptors, so a proto upgrade that adds a field fails the suite rather than drifting).
 
+mod buffer;
 mod quantiles;
 mod record;
 mod records;
@@ -2593,6 +2594,7 @@ fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
     records::register(module)?;
     kept::register(module)?;
     quantiles::register(module)?;
+    buffer::register(module)?;
     module.add("MAX_DEPTH", MAX_DEPTH)?;
     Ok(())
 }

@@ -13,7 +13,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from otel_llm.pdata.spans import FIRST_TOKEN_EVENT, MAX_ANCESTRY, BufferedSpan, Origin, PendingTrace
 from otel_llm.pdata.traces import CompletedTrace, Remembered, TraceConsumer
@@ -22,8 +22,8 @@ from otel_llm.pdata.traces import CompletedTrace, Remembered, TraceConsumer
 class Counted(Protocol):
     def inc(self, amount: float = 1) -> None: ...
 
-__all__ = ["FIRST_TOKEN_EVENT", "MAX_ANCESTRY", "AssemblySettings", "BufferedSpan", "Origin", "PendingTrace",
-           "TraceAssembler"]
+__all__ = ["FIRST_TOKEN_EVENT", "MAX_ANCESTRY", "AssemblySettings", "BufferedSpan", "NativeTraceAssembler", "Origin",
+           "PendingTrace", "TraceAssembler", "make_assembler"]
 
 
 CompletionReason = str
@@ -74,11 +74,7 @@ class TraceAssembler:
         spans_dropped: Counted | None = None,  # spans past max_spans_per_trace
         spans_duplicate: Counted | None = None,  # a span id its trace already has (a redelivery)
     ) -> None:
-        self.settings = settings
-        self._next = next
-        self._clock = clock
-        self._spans_dropped = spans_dropped
-        self._spans_duplicate = spans_duplicate
+        self._init_common(settings, next, clock, spans_dropped, spans_duplicate)
         self._pending: OrderedDict[bytes, PendingTrace] = OrderedDict()
         # The ready traces in due order (each is the monotonic clock read under the lock plus the one
         # grace), so a tick reads only the due ones and stops at the next: each one's id and the very
@@ -101,16 +97,30 @@ class TraceAssembler:
         # trace id -> late spans that arrived while their trace was being completed (its decision not
         # yet made): handed on with that decision once the completion is done, never dropped for it.
         self._parked: dict[bytes, list[BufferedSpan]] = {}
+        # trace id -> first seen, of the traces held past decision_wait for a call in flight
+        self._held: dict[bytes, float] = {}
+
+    def _init_common(self, settings: AssemblySettings, next: TraceConsumer,  # noqa: A002
+                     clock: Callable[[], float], spans_dropped: Counted | None,
+                     spans_duplicate: Counted | None) -> None:
+        self.settings = settings
+        self._next = next
+        self._clock = clock
+        self._spans_dropped = spans_dropped
+        self._spans_duplicate = spans_duplicate
         self._lock = threading.Lock()
         self.spans_dropped_over_trace_limit = 0
         self.spans_duplicate = 0
         self.completions: dict[str, int] = {}
-        # trace id -> first seen, of the traces held past decision_wait for a call in flight
-        self._held: dict[bytes, float] = {}
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._pending)
+
+    def held_spans(self) -> int:
+        """Spans of the pending traces (``bench.buffered``'s denominator)."""
+        with self._lock:
+            return sum(len(trace.spans) for trace in self._pending.values())
 
     def add_batch(self, spans: list[BufferedSpan]) -> None:
         completed: list[tuple[PendingTrace, str]] = []
@@ -187,6 +197,12 @@ class TraceAssembler:
                 self._update_readiness(trace, now)
             self.spans_dropped_over_trace_limit += dropped
             self.spans_duplicate += duplicate
+        self._hand_on_added(dropped, duplicate, late, completed)
+
+    def _hand_on_added(self, dropped: int, duplicate: int, late: list[tuple[BufferedSpan, Remembered | None]],
+                       completed: list[tuple[PendingTrace, str]]) -> None:
+        """What ``add_batch`` counted and let go, handed on outside the lock: late spans of decided
+        traces, and traces completed to make room."""
         if dropped and self._spans_dropped is not None:
             self._spans_dropped.inc(dropped)
         if duplicate and self._spans_duplicate is not None:
@@ -415,8 +431,11 @@ class TraceAssembler:
                 # Nearly always empty: looked at without the lock. A span is parked only while its trace's
                 # decision is None, under the lock, so one parked for this batch went in before the chain's
                 # remember_decisions (which takes the lock) and is seen here.
-                if self._parked:
+                if self._has_parked():
                     self._hand_on_parked([completed.trace_id for completed in batch])
+
+    def _has_parked(self) -> bool:
+        return bool(self._parked)
 
     def _hand_on_parked(self, trace_ids: list[bytes]) -> None:
         late: list[CompletedTrace] = []
@@ -427,6 +446,124 @@ class TraceAssembler:
                     late.extend(_late(buffered, self._remembered(trace_id)) for buffered in parked)
         if late:
             self._next.consume_batch(late)
+
+
+class NativeTraceAssembler(TraceAssembler):
+    """The same buffer with its state in the compiled core (``rust/src/buffer.rs`` ``TraceBuffer``):
+    pending traces, readiness, the ready queue, the decision cache and the parked late spans, without
+    a Python object or dict per trace until it leaves. ``TraceAssembler`` stays the reference; every
+    call into the core is made under ``_lock`` (a call may let another thread take the GIL)."""
+
+    def __init__(
+        self,
+        settings: AssemblySettings,
+        next: TraceConsumer,  # noqa: A002 - the Collector's name for the next consumer
+        extension: Any,
+        clock: Callable[[], float] = time.monotonic,
+        spans_dropped: Counted | None = None,
+        spans_duplicate: Counted | None = None,
+    ) -> None:
+        self._init_common(settings, next, clock, spans_dropped, spans_duplicate)
+        self._buffer = extension.TraceBuffer(
+            settings.grace_s, settings.decision_wait_s, settings.max_open_call_wait_s,
+            settings.max_traces, settings.max_spans_per_trace, settings.decided_cache_size)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._buffer)
+
+    def held_spans(self) -> int:
+        with self._lock:
+            spans: int = self._buffer.held_spans()
+            return spans
+
+    def add_batch(self, spans: list[BufferedSpan]) -> None:
+        with self._lock:
+            completed, late, dropped, duplicate = self._buffer.add_batch(spans, self._clock())
+            self.spans_dropped_over_trace_limit += dropped
+            self.spans_duplicate += duplicate
+        self._hand_on_added(dropped, duplicate, late, completed)
+
+    def tick(self) -> int:
+        with self._lock:
+            due = self._buffer.tick(self._clock())
+        if due:
+            self._complete(due)
+        return len(due)
+
+    def completion_lag(self) -> float:
+        with self._lock:
+            first = self._buffer.first_ready_at()
+        return 0.0 if first is None else max(0.0, self._clock() - first)
+
+    def held_since(self) -> float | None:
+        with self._lock:
+            since: float | None = self._buffer.held_since()
+            return since
+
+    @property
+    def held_traces(self) -> int:
+        with self._lock:
+            held: int = self._buffer.held_traces()
+            return held
+
+    def shed(self, fraction: float = 0.5) -> int:
+        with self._lock:
+            due = self._buffer.pop_oldest_traces(int(len(self._buffer) * fraction))
+        self._complete([(trace, "memory_pressure") for trace in due])
+        return len(due)
+
+    def take_pending(self, wanted: Callable[[PendingTrace], bool]) -> list[PendingTrace]:
+        with self._lock:
+            taken = [trace for trace in self._buffer.pending_traces() if wanted(trace)]
+            self._buffer.remove_pending([trace.trace_id for trace in taken])
+        return taken
+
+    def complete_now(self, traces: list[PendingTrace], reason: CompletionReason = "shutdown") -> None:
+        with self._lock:
+            for trace in traces:
+                self._buffer.remember_completed(trace.trace_id, len(trace.spans))
+        self._complete([(trace, reason) for trace in traces])
+
+    def drain(self) -> int:
+        with self._lock:
+            due = self._buffer.pop_oldest_traces(len(self._buffer))
+        self._complete([(trace, "shutdown") for trace in due])
+        return len(due)
+
+    def decisions(self) -> list[tuple[bytes, Remembered]]:
+        with self._lock:
+            decisions: list[tuple[bytes, Remembered]] = self._buffer.decisions()
+            return decisions
+
+    def restore_decisions(self, decisions: list[tuple[bytes, Remembered]]) -> None:
+        with self._lock:
+            self._buffer.restore_decisions(decisions)
+
+    def remember_decisions(self, decisions: list[tuple[bytes, Remembered]]) -> None:
+        with self._lock:
+            self._buffer.remember_decisions(decisions)
+
+    def _has_parked(self) -> bool:
+        with self._lock:
+            parked: bool = self._buffer.has_parked()
+            return parked
+
+    def _hand_on_parked(self, trace_ids: list[bytes]) -> None:
+        with self._lock:
+            parked = self._buffer.take_parked(trace_ids)
+        if parked:
+            self._next.consume_batch([_late(buffered, remembered) for buffered, remembered in parked])
+
+
+def make_assembler(settings: AssemblySettings, next: TraceConsumer,  # noqa: A002
+                   extension: Any | None, spans_dropped: Counted | None = None,
+                   spans_duplicate: Counted | None = None) -> TraceAssembler:
+    """The core's buffer where the compiled core runs (``extension``), else the Python reference."""
+    if extension is not None and hasattr(extension, "TraceBuffer"):
+        return NativeTraceAssembler(settings, next, extension, spans_dropped=spans_dropped,
+                                    spans_duplicate=spans_duplicate)
+    return TraceAssembler(settings, next, spans_dropped=spans_dropped, spans_duplicate=spans_duplicate)
 
 
 def _late(buffered: BufferedSpan, remembered: Remembered | None) -> CompletedTrace:
