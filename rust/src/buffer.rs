@@ -3,15 +3,16 @@
 //! held in Rust instead of one Python object and one dict per trace.
 //!
 //! The Python class stays the reference: every method here does what its namesake there does, in
-//! the same order, and `tests/test_native_core.py` runs the assembler's tests and the service end to
-//! end through both. `NativeTraceAssembler` (Python) calls these methods only under its lock, so no
-//! two calls overlap even when one of them lets another thread take the GIL (an allocation can run
-//! the cyclic collector, and with it a finalizer).
+//! the same order. `tests/unit/tail_sampling/test_native_buffer.py` compares the two on seeded random
+//! workloads, `tests/test_trace_assembly.py` runs its scenarios on both, and `tests/test_native_core.py`
+//! the service end to end. `NativeTraceAssembler` (Python) calls these methods only under its lock,
+//! so no two calls overlap even when one of them lets another thread take the GIL (an allocation can
+//! run the cyclic collector, and with it a finalizer).
 //!
-//! A trace becomes a Python `PendingTrace` only when it leaves (completed, taken for a hand-over,
-//! shed): the chain reads its `spans` dict, as before. Keys are SipHash'ed (the standard library's
-//! default): trace and span ids come from senders, and a chosen-collision flood must not turn the
-//! buffer's lookups linear.
+//! A trace becomes a Python object only when it leaves (completed, taken for a hand-over, shed): a
+//! `CompletedSpans`, whose `spans` dict the chain reads as it read a `PendingTrace`'s. Keys are
+//! SipHash'ed (the standard library's default): trace and span ids come from senders, and a
+//! chosen-collision flood must not turn the buffer's lookups linear.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -368,7 +369,7 @@ fn read_span(py: Python<'_>, span: &Bound<'_, PyAny>) -> PyResult<Read> {
 /// dataclass's eleven slots set from here cost ~0.5 µs more per trace. Its waiters are not kept:
 /// nothing after the buffer reads them.
 #[pyclass(frozen, module = "otel_llm._core", name = "CompletedSpans")]
-pub struct LeftTrace {
+pub struct CompletedSpans {
     #[pyo3(get)]
     trace_id: Py<PyBytes>,
     #[pyo3(get)]
@@ -386,7 +387,7 @@ pub struct LeftTrace {
 }
 
 #[pymethods]
-impl LeftTrace {
+impl CompletedSpans {
     /// `PendingTrace.ancestors`: buffered ancestors of `span`, nearest first, up to the first one not here.
     fn ancestors<'py>(&self, py: Python<'py>, span: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
         let chain = PyList::empty(py);
@@ -439,7 +440,7 @@ impl TraceBuffer {
         for slot in trace.spans {
             spans.set_item(slot.span_id, slot.span)?;
         }
-        let left = LeftTrace {
+        let left = CompletedSpans {
             trace_id: PyBytes::new(py, key.as_bytes()).unbind(), first_seen: trace.first_seen, spans: spans.unbind(),
             has_engine_span: trace.has_engine_span, ready_at,
             unrooted: trace.unrooted, engine_seen_at: trace.engine_seen_at,
@@ -848,6 +849,6 @@ impl TraceBuffer {
 
 pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<TraceBuffer>()?;
-    module.add_class::<LeftTrace>()?;
+    module.add_class::<CompletedSpans>()?;
     Ok(())
 }

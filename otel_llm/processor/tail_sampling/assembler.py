@@ -428,9 +428,9 @@ class TraceAssembler:
             try:
                 self._next.consume_batch(batch)
             finally:
-                # Nearly always empty: looked at without the lock. A span is parked only while its trace's
-                # decision is None, under the lock, so one parked for this batch went in before the chain's
-                # remember_decisions (which takes the lock) and is seen here.
+                # Nearly always empty: looked at without the lock (the core's buffer under it). A span is
+                # parked only while its trace's decision is None, under the lock, so one parked for this
+                # batch went in before the chain's remember_decisions (which takes the lock) and is seen here.
                 if self._has_parked():
                     self._hand_on_parked([completed.trace_id for completed in batch])
 
