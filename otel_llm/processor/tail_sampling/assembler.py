@@ -468,14 +468,16 @@ class NativeTraceAssembler(TraceAssembler):
             settings.grace_s, settings.decision_wait_s, settings.max_open_call_wait_s,
             settings.max_traces, settings.max_spans_per_trace, settings.decided_cache_size)
 
-    def __len__(self) -> int:
+    def _locked(self, method: Callable[..., Any], *args: Any) -> Any:
+        """``method(*args)`` under the lock: no two calls into the core's buffer overlap."""
         with self._lock:
-            return len(self._buffer)
+            return method(*args)
+
+    def __len__(self) -> int:
+        return int(self._locked(len, self._buffer))
 
     def held_spans(self) -> int:
-        with self._lock:
-            spans: int = self._buffer.held_spans()
-            return spans
+        return int(self._locked(self._buffer.held_spans))
 
     def add_batch(self, spans: list[BufferedSpan]) -> None:
         with self._lock:
@@ -497,15 +499,12 @@ class NativeTraceAssembler(TraceAssembler):
         return 0.0 if first is None else max(0.0, self._clock() - first)
 
     def held_since(self) -> float | None:
-        with self._lock:
-            since: float | None = self._buffer.held_since()
-            return since
+        since: float | None = self._locked(self._buffer.held_since)
+        return since
 
     @property
     def held_traces(self) -> int:
-        with self._lock:
-            held: int = self._buffer.held_traces()
-            return held
+        return int(self._locked(self._buffer.held_traces))
 
     def shed(self, fraction: float = 0.5) -> int:
         with self._lock:
@@ -532,26 +531,20 @@ class NativeTraceAssembler(TraceAssembler):
         return len(due)
 
     def decisions(self) -> list[tuple[bytes, Remembered]]:
-        with self._lock:
-            decisions: list[tuple[bytes, Remembered]] = self._buffer.decisions()
-            return decisions
+        decisions: list[tuple[bytes, Remembered]] = self._locked(self._buffer.decisions)
+        return decisions
 
     def restore_decisions(self, decisions: list[tuple[bytes, Remembered]]) -> None:
-        with self._lock:
-            self._buffer.restore_decisions(decisions)
+        self._locked(self._buffer.restore_decisions, decisions)
 
     def remember_decisions(self, decisions: list[tuple[bytes, Remembered]]) -> None:
-        with self._lock:
-            self._buffer.remember_decisions(decisions)
+        self._locked(self._buffer.remember_decisions, decisions)
 
     def _has_parked(self) -> bool:
-        with self._lock:
-            parked: bool = self._buffer.has_parked()
-            return parked
+        return bool(self._locked(self._buffer.has_parked))
 
     def _hand_on_parked(self, trace_ids: list[bytes]) -> None:
-        with self._lock:
-            parked = self._buffer.take_parked(trace_ids)
+        parked = self._locked(self._buffer.take_parked, trace_ids)
         if parked:
             self._next.consume_batch([_late(buffered, remembered) for buffered, remembered in parked])
 
