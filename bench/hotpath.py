@@ -14,7 +14,8 @@ epoch every pass so no id repeats) through:
 Each figure is ``time.process_time()`` over a pass divided by the pass's spans, median of ``--passes``
 (the GC tuned as the server tunes it, so its pauses are counted where they fall). ``--split`` also
 times the completion chain's parts alone on one pass's completed traces (records, decision, metrics
-recording). ``--profile N`` prints cProfile's top ``N`` functions of one more pass.
+recording), and the completion lane (``service/lane.py``) on another pass's, where it runs.
+``--profile N`` prints cProfile's top ``N`` functions of one more pass.
 """
 
 from __future__ import annotations
@@ -93,20 +94,36 @@ def _wait_store(pipeline: Any) -> None:
             wait()
 
 
-def split_completion(pipeline: Any, clock: _Clock, payloads: list[bytes]) -> dict[str, float]:
-    """The completion chain's parts alone, on the traces one pass completes (CPU s for the pass)."""
+def _capture(pipeline: Any, clock: _Clock, payloads: list[bytes]) -> list[Any]:
+    """The traces one pass of ``payloads`` completes, as they enter the chain (not handed on)."""
     from otel_llm.processor.llm_metrics.digest import digest_in_process
-    from otel_llm.processor.llm_metrics.requests import records_of_trace
-    from otel_llm.processor.tail_sampling.assembler import COMPLETION_BATCH
 
     captured: list[Any] = []
     entry = pipeline.assembler._next
+    lane = pipeline.assembler.lane
     pipeline.assembler._next = type("Capture", (), {"consume_batch": staticmethod(captured.extend)})()
-    for payload in payloads:
-        pipeline.assembler.add_batch(digest_in_process(payload, pipeline.digest_settings)[0])
-    clock.now += 1.5
-    pipeline.assembler.tick()
-    pipeline.assembler._next = entry
+    pipeline.assembler.lane = None  # every trace to the chain's entry, captured there
+    try:
+        for payload in payloads:
+            pipeline.assembler.add_batch(digest_in_process(payload, pipeline.digest_settings)[0])
+        clock.now += 1.5
+        pipeline.assembler.tick()
+    finally:
+        pipeline.assembler._next = entry
+        pipeline.assembler.lane = lane
+    return captured
+
+
+def split_completion(pipeline: Any, clock: _Clock, payloads: list[bytes],
+                     lane_payloads: list[bytes]) -> dict[str, float]:
+    """The completion chain's parts alone, on the traces one pass completes (CPU s for the pass);
+    the lane's on those of ``lane_payloads`` (new trace ids: kept traces not stored yet)."""
+    from otel_llm.processor.llm_metrics.requests import records_of_trace
+    from otel_llm.processor.tail_sampling.assembler import COMPLETION_BATCH
+
+    captured = _capture(pipeline, clock, payloads)
+    entry = pipeline.assembler._next
+    lane = pipeline.assembler.lane
     metrics = pipeline.metrics
     sampler = pipeline.decision._sampler
     out: dict[str, float] = {}
@@ -132,6 +149,13 @@ def split_completion(pipeline: Any, clock: _Clock, payloads: list[bytes]) -> dic
         entry.consume_batch(captured[start:start + COMPLETION_BATCH])
     _wait_store(pipeline)
     out["whole chain on these traces"] = time.process_time() - t0
+    if lane is not None:  # another pass's traces through the completion lane (service/lane.py)
+        due = [(c.trace, c.reason) for c in _capture(pipeline, clock, lane_payloads)]
+        t0 = time.process_time()
+        for start in range(0, len(due), COMPLETION_BATCH):
+            lane.complete(due[start:start + COMPLETION_BATCH], pipeline.assembler._complete_in_chain)
+        _wait_store(pipeline)
+        out[f"completion lane instead ({len(due)} traces)"] = time.process_time() - t0
     kept = [c for c in captured if c.decision is not None and c.decision.keep]
     t0 = time.process_time()
     for start in range(0, len(kept), COMPLETION_BATCH):
@@ -180,8 +204,9 @@ def main(argv: list[str] | None = None) -> int:
               f"  ({statistics.median(total) * spans / traces:.1f} us per trace)")
         if args.split:
             payloads = [stamp(b, epoch) for b in batches]
-            epoch += 1
-            parts = split_completion(pipeline, clock, payloads)
+            lane_payloads = [stamp(b, epoch + 1) for b in batches]
+            epoch += 2
+            parts = split_completion(pipeline, clock, payloads, lane_payloads)
             n_traces, n_records = parts.pop("_traces"), parts.pop("_records")
             print(f"  completion parts alone ({n_traces:.0f} traces, {n_records:.0f} records): "
                   "us per span / per trace / per record")

@@ -1011,8 +1011,8 @@ def _run_pipeline(path: str, requests: list[bytes], workdir: Path,
                   built: list[int] | None = None) -> tuple[list[str], dict[str, list[Any]]]:
     """A real ``Service`` (the bench's config: the real loader, factories, ``Pipeline``, the SQLite
     store) fed ``requests`` as the receivers' worker does, every trace completed, then read back.
-    ``built`` gets how many request records the core's ``RecordBuilder`` built and how many kept traces its
-    ``KeptTraceWriter`` wrote (none on the Python path)."""
+    ``built`` gets how many request records the core's ``RecordBuilder`` built, how many kept traces its
+    ``KeptTraceWriter`` wrote and how many traces its completion lane completed (none on the Python path)."""
     from prometheus_client import generate_latest
 
     from bench.hotpath import build
@@ -1060,8 +1060,12 @@ def _run_pipeline(path: str, requests: list[bytes], workdir: Path,
                 found.append(json.dumps(record, sort_keys=True, default=repr))
             rows[table] = sorted(found)
     if built is not None:
-        built.append(counting.built if counting is not None else 0)
+        # The completion lane's traces are the core's records too, built there (service/lane.py).
+        lane = pipeline.assembler.lane
+        completed_in_lane = lane.completed if lane is not None else 0
+        built.append((counting.built if counting is not None else 0) + completed_in_lane)
         built.append(writing.written if writing is not None else 0)
+        built.append(completed_in_lane)
     return metrics, rows
 
 
@@ -1074,15 +1078,16 @@ def test_metrics_and_store_rows_are_identical_end_to_end() -> None:
     assert native_metrics == reference_metrics
     assert native_rows == reference_rows
     # The native run's records of the common shapes were the core's (RecordBuilder), its kept traces
-    # the core's (KeptTraceWriter); the reference's were Python's.
-    assert built[:2] == [0, 0] and built[2] > 100 and built[3] > 10, built
+    # the core's (KeptTraceWriter), most of its traces completed by the lane; the reference's were Python's.
+    assert built[:3] == [0, 0, 0] and built[3] > 100 and built[4] > 10 and built[5] > 100, built
     # The comparison compared something: requests measured, spans and request records stored.
     assert any(line.startswith("vllm:e2e_request_latency_seconds_bucket") for line in reference_metrics)
     assert len(reference_rows.get("spans", [])) > 100 and len(reference_rows.get("requests", [])) > 10
     samples = [line for line in reference_metrics if not line.startswith("#")]
     print(f"end to end: {len(requests)} requests, {len(samples)} /metrics samples, "
           + ", ".join(f"{len(rows)} {table} rows" for table, rows in sorted(reference_rows.items()))
-          + f", {built[2]} request records built and {built[3]} kept traces written by the core: 0 differences")
+          + f", {built[3]} request records built, {built[4]} kept traces written and {built[5]} traces completed"
+          + " in its lane by the core: 0 differences")
 
 
 @pytest.mark.parametrize("path", ["python", "native"])

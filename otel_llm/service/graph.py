@@ -39,6 +39,7 @@ from otel_llm.processor.tail_sampling.stage import DecisionStage
 from otel_llm.receiver.otlp.admission import SHUTTING_DOWN
 from otel_llm.receiver.otlp.intake_log import IntakeLogKeeper, Record
 from otel_llm.receiver.otlp.process import IntakeState
+from otel_llm.service.lane import completion_lane
 from otel_llm.service.telemetry import SelfTelemetry, incrementer
 
 log = logging.getLogger(__name__)
@@ -142,16 +143,26 @@ class _Entry:
         if late:
             self._late(late)
         for reason, traces in by_reason.items():
-            count = self._completed.get(reason)
-            if count is None:
-                count = self._completed[reason] = incrementer(self.telemetry.traces_completed.labels(reason))
-            count(traces)
+            self.count_completed(reason, traces)
+        self.hand_on(batch, self.next)
+
+    def count_completed(self, reason: str, traces: int) -> None:
+        count = self._completed.get(reason)
+        if count is None:
+            count = self._completed[reason] = incrementer(self.telemetry.traces_completed.labels(reason))
+        count(traces)
+
+    def hand_on(self, batch: list[CompletedTrace], consumer: TraceConsumer, failure: Exception | None = None) -> None:
+        """``batch`` to ``consumer``; then each trace that failed, or every trace where the chain itself
+        did (``failure``, or what ``consumer`` raised), logged and its spans counted dropped."""
         try:
-            self.next.consume_batch(batch)
+            consumer.consume_batch(batch)
         except Exception as exc:  # a fault of the chain itself, not of one trace: the batch's traces are lost
+            failure = exc
+        if failure is not None:
             for completed in batch:
                 if completed.error is None:
-                    completed.error = exc
+                    completed.error = failure
         for completed in batch:
             if completed.error is not None:  # counted, and the next traces are still assembled
                 log.error("completing trace %s failed", completed.trace_id.hex(), exc_info=completed.error)
@@ -206,6 +217,8 @@ class Pipeline:
         if isinstance(metrics, LlmMetricsProcessor):
             self.metrics = LlmMetricsStage(metrics, telemetry, self.decision)
         self._entry.next = self.metrics if self.metrics is not None else self.decision
+        self.assembler.lane = completion_lane(native_core.active()[0], self.assembler, self._entry, self.metrics,
+                                              self.decision, self.redaction)
         self.digest_settings = digest_settings(metrics if isinstance(metrics, LlmMetricsProcessor)
                                                else LlmMetricsProcessor(), redaction)
         # receivers.otlp.intake_log: content removed before a request is written (None: allow_content)
@@ -243,6 +256,7 @@ class Pipeline:
 
     def use_intake_log(self, intake_log: IntakeLogKeeper) -> None:
         self.intake_log = intake_log
+        self.assembler.lane = None  # the chain journals each decision and applies the journal's
         self._entry.intake_log = intake_log
         self.decision.intake_log = intake_log
         if self.metrics is not None:

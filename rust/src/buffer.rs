@@ -371,11 +371,11 @@ fn read_span(py: Python<'_>, span: &Bound<'_, PyAny>) -> PyResult<Read> {
 #[pyclass(frozen, module = "otel_llm._core", name = "CompletedSpans")]
 pub struct CompletedSpans {
     #[pyo3(get)]
-    trace_id: Py<PyBytes>,
+    pub(crate) trace_id: Py<PyBytes>,
     #[pyo3(get)]
     first_seen: f64,
     #[pyo3(get)]
-    spans: Py<PyDict>,
+    pub(crate) spans: Py<PyDict>,
     #[pyo3(get)]
     has_engine_span: bool,
     #[pyo3(get)]

@@ -12,6 +12,7 @@
 //! the descriptors, so a proto upgrade that adds a field fails the suite rather than drifting).
 
 mod buffer;
+mod lane;
 mod quantiles;
 mod record;
 mod records;
@@ -2595,6 +2596,7 @@ fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
     kept::register(module)?;
     quantiles::register(module)?;
     buffer::register(module)?;
+    lane::register(module)?;
     module.add("MAX_DEPTH", MAX_DEPTH)?;
     Ok(())
 }

@@ -420,7 +420,7 @@ impl Decider {
     }
 
     /// The index of the first policy that matches the trace, or -1.
-    fn first_match(&self, py: Python<'_>, trace_id: &[u8], spans: &Bound<'_, pyo3::types::PyDict>,
+    pub(crate) fn first_match(&self, py: Python<'_>, trace_id: &[u8], spans: &Bound<'_, pyo3::types::PyDict>,
                    records: &Bound<'_, PyAny>) -> PyResult<i64> {
         let mut matched: i64 = -1;
         for (index, rule) in self.rules.iter().enumerate() {

@@ -134,6 +134,8 @@ pub const SIDE: usize = index_of("side");
 pub const SEGMENTS: usize = index_of("segments");
 pub const DIMENSIONS: usize = index_of("dimensions");
 pub const WEIGHT: usize = index_of("weight");
+pub const REJECTED: usize = index_of("rejected");
+pub const NOT_MEASURABLE: usize = index_of("not_measurable");
 
 static FAILED: GILOnceCell<PyObject> = GILOnceCell::new();
 static NAMES: GILOnceCell<Vec<Py<PyString>>> = GILOnceCell::new();

@@ -777,7 +777,8 @@ impl Recording {
         self.recorded
     }
 
-    fn record<'py>(&mut self, py: Python<'py>, record: &Bound<'py, PyAny>, with_exemplars: bool) -> PyResult<()> {
+    pub(crate) fn record<'py>(&mut self, py: Python<'py>, record: &Bound<'py, PyAny>, with_exemplars: bool)
+                              -> PyResult<()> {
         let read = RecordRef::of(record);
         let weight: f64 = read.known(record::WEIGHT)?.extract()?;
         let succeeded = !self.failed.bind(py).contains(read.known(record::OUTCOME)?)?;

@@ -22,9 +22,9 @@ const SPAN_KIND_SERVER: i32 = 2;
 pub(crate) const STATUS_CODE_ERROR: i32 = 2;
 
 /// A value the Python rules read differently from a string, a number or nothing: declined.
-struct Declined;
+pub(crate) struct Declined;
 
-type Read<T> = Result<T, Declined>;
+pub(crate) type Read<T> = Result<T, Declined>;
 
 /// `requests._text`: the first value of `key` among a span's kept attributes: `Ok(None)` when
 /// there is none (or it is `None`), the string when it is one; anything else (a list, a map, a
@@ -650,7 +650,7 @@ impl RecordBuilder {
 }
 
 impl RecordBuilder {
-    fn read(&self, py: Python<'_>, spans: &Bound<'_, PyDict>) -> PyResult<Read<PyObject>> {
+    pub(crate) fn read(&self, py: Python<'_>, spans: &Bound<'_, PyDict>) -> PyResult<Read<PyObject>> {
         let shared_parts = self.sglang.as_ref().map_or(&[][..], |rules| &rules.stage_observations[..]);
         let (engine, gateway) = match simple_shape(py, spans, shared_parts) {
             Ok(shape) => shape,

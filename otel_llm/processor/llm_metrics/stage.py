@@ -189,6 +189,14 @@ class LlmMetricsStage:
             return completed, records, malformed
         return completed, [r for r in records if r.span_id not in prior.measured], []
 
+    def count_lane(self, assembled: list[tuple[tuple[str, str], int]], refused: list[RequestRecord]) -> None:
+        """``count_measured`` of records the completion lane recorded (``service/lane.py``): their
+        count by (engine kind, outcome) and those with values refused or intervals not measurable."""
+        for record in refused:
+            self._count_refused(record)
+        for key, requests in assembled:
+            self._count_assembled(key, requests)
+
     def count_measured(self, recording: list[tuple[RequestRecord, bool]]) -> None:
         """The self-telemetry of records about to be measured: values refused, intervals not
         measurable, and requests assembled, counted once per (engine kind, outcome)."""

@@ -62,6 +62,13 @@ def _call_in_flight(trace: PendingTrace) -> bool:
     return False
 
 
+class CompletionLane(Protocol):
+    """What completes the traces it takes past the chain's stages (``service/lane.py``)."""
+
+    def complete(self, due: list[tuple[Any, str]], chain: Callable[[list[tuple[Any, str]]], None]) -> None:
+        """Complete ``due`` (trace, reason) in order: what it does not take goes to ``chain``, in runs."""
+
+
 class TraceAssembler:
     """Thread-safe: receivers add spans from their threads; a ticker completes traces. A completed
     trace, and a late span of a decided one, goes to ``next`` (the first stage of the chain)."""
@@ -112,6 +119,8 @@ class TraceAssembler:
         self.spans_dropped_over_trace_limit = 0
         self.spans_duplicate = 0
         self.completions: dict[str, int] = {}
+        # Takes the traces the core reads whole past the chain's stages (``service/lane.py``); None: the chain.
+        self.lane: CompletionLane | None = None
 
     def __len__(self) -> int:
         with self._lock:
@@ -419,20 +428,33 @@ class TraceAssembler:
         return len(due)
 
     def _complete(self, due: list[tuple[PendingTrace, str]]) -> None:
-        """Hand ``due`` (trace, why it completed) along the chain in batches of ``COMPLETION_BATCH``."""
-        completions = self.completions
+        """Hand ``due`` (trace, why it completed) along the chain in batches of ``COMPLETION_BATCH``,
+        through the lane where there is one (it hands the chain the traces it does not take)."""
+        lane = self.lane
         for start in range(0, len(due), COMPLETION_BATCH):
-            batch = [CompletedTrace(trace, reason) for trace, reason in due[start:start + COMPLETION_BATCH]]
-            for completed in batch:
-                completions[completed.reason] = completions.get(completed.reason, 0) + 1
+            chunk = due[start:start + COMPLETION_BATCH]
             try:
-                self._next.consume_batch(batch)
+                if lane is None:
+                    self._complete_in_chain(chunk)
+                else:
+                    lane.complete(chunk, self._complete_in_chain)
             finally:
                 # Nearly always empty: looked at without the lock (the core's buffer under it). A span is
                 # parked only while its trace's decision is None, under the lock, so one parked for this
                 # batch went in before the chain's remember_decisions (which takes the lock) and is seen here.
                 if self._has_parked():
-                    self._hand_on_parked([completed.trace_id for completed in batch])
+                    self._hand_on_parked([trace.trace_id for trace, _ in chunk])
+
+    def _complete_in_chain(self, due: list[tuple[PendingTrace, str]]) -> None:
+        completions = self.completions
+        batch = [CompletedTrace(trace, reason) for trace, reason in due]
+        for completed in batch:
+            completions[completed.reason] = completions.get(completed.reason, 0) + 1
+        self._next.consume_batch(batch)
+
+    def count_completed(self, reason: str, traces: int) -> None:
+        """``traces`` completed for ``reason`` past the chain (the lane's)."""
+        self.completions[reason] = self.completions.get(reason, 0) + traces
 
     def _has_parked(self) -> bool:
         return bool(self._parked)

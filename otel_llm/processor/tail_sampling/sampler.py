@@ -89,6 +89,14 @@ class TailSampler:
         # A kept decision is immutable and the same for every trace a policy keeps: built once per policy.
         self._kept = {id(policy): _kept_by(policy) for policy in self.policies}
 
+    def lane_decider(self) -> tuple[Any, threading.Lock, list[Decision]] | None:
+        """(the core's ``Decider``, the lock it runs under, the decision each policy keeps a trace
+        with) where ``decide_batch`` is the core's first match and nothing after it (no rate limit),
+        for the completion lane (``service/lane.py``); else None."""
+        if self._native is None or self.rate_limit is not None:
+            return None
+        return self._native, self._lock, [self._kept[id(policy)] for policy in self.policies]
+
     def decide_batch(self, traces: list[tuple[PendingTrace, list[RequestRecord]]]) -> list[Decision | Exception]:
         """The decision of each (trace, records) in order, the policies run under one taking of the
         lock; a trace whose decision fails gets its exception in its place (the others are decided)."""

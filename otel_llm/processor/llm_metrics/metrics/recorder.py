@@ -445,6 +445,13 @@ class MetricsRecorder:
         else:
             self._recording = None
 
+    def core_recording(self) -> tuple[Any, threading.Lock] | None:
+        """(the core's ``Recording``, the lock it records under) where ``record`` is that call and
+        nothing else (no accounting), for the completion lane (``service/lane.py``); else None."""
+        if self._recording is None or self.accounting is not None:
+            return None
+        return self._recording, self.lock
+
     @property
     def requests_recorded(self) -> int:
         return self._requests_recorded + (self._recording.recorded if self._recording is not None else 0)
