@@ -2,11 +2,12 @@
 
 Nearly every completed trace is one request whose record the core builds, decided by policies the
 core runs, and dropped. Along the chain (entry -> ``llm_metrics`` -> ``tail_sampling``'s decision ->
-``redaction``) each such trace cost a ``CompletedTrace``, three stages' loops and the calls between
-the core's per-batch calls: ~10 µs, more than the core's own work on it. The lane hands a run of
-them to the core's ``Lane`` (``rust/src/lane.rs``), which builds, decides and records them, and does
-here, once per run, what the stages do besides: the counts, the decision cache, and the kept
-traces to the redaction stage. Everything else (a trace the core does not build, a late span, a
+``redaction``) each such trace cost a ``CompletedTrace``, three stages' loops and the lists handed
+between the core's per-batch calls: ~2–3 µs of the chain's ~9 µs per trace in one process
+(``bench.hotpath --split``), more at saturation (docs/performance.md, stage seventeen). The lane
+hands a run of them to the core's ``Lane`` (``rust/src/lane.rs``), which builds, decides and
+records them, and does here, once per run, what the stages do besides: the counts, the decision
+cache, and the kept traces to the redaction stage. Everything else (a trace the core does not build, a late span, a
 decision from the intake log's journal) goes along the chain, in order with the lane's runs, so
 the decider and the recorder see every trace in the order the chain would have given them.
 
@@ -63,8 +64,12 @@ class Lane:
 
     def _complete_run(self, run: Any) -> None:
         core = self._core
-        with self._sampler_lock:
-            core.decide(run)
+        try:
+            with self._sampler_lock:
+                core.decide(run)
+        except Exception as exc:  # noqa: BLE001 - not one trace's (those are in the run): the run fails, counted
+            self._fail(run, exc)
+            return
         failure: Exception | None = None
         try:
             for start in range(0, len(run), RECORD_MANY_CHUNK):
@@ -72,7 +77,11 @@ class Lane:
                     core.record(run, start, start + RECORD_MANY_CHUNK)
         except Exception as exc:  # noqa: BLE001 - as the chain: the run's kept traces still go on, then all are failed
             failure = exc
-        remembering, kept, raised, dropped, assembled, refused, reasons = core.finish(run)
+        try:
+            remembering, kept, raised, dropped, assembled, refused, reasons = core.finish(run)
+        except Exception as exc:  # noqa: BLE001 - as above
+            self._fail(run, failure or exc)
+            return
         entry = self._entry
         for reason, traces in reasons:
             self._assembler.count_completed(reason, traces)
@@ -90,6 +99,18 @@ class Lane:
             handed += [CompletedTrace(trace, reason) for trace, reason in core.items(run)
                        if id(trace) not in handed_ids]
         entry.hand_on(handed, self._redaction, failure)
+
+    def _fail(self, run: Any, failure: Exception) -> None:
+        """Every trace of ``run`` completed and failed: counted by reason, logged, its spans counted dropped."""
+        failed = [CompletedTrace(trace, reason) for trace, reason in self._core.items(run)]
+        by_reason: dict[str, int] = {}
+        for completed in failed:
+            by_reason[completed.reason] = by_reason.get(completed.reason, 0) + 1
+        for reason, traces in by_reason.items():
+            self._assembler.count_completed(reason, traces)
+            self._entry.count_completed(reason, traces)
+        self._entry.hand_on(failed, self._redaction, failure)  # undecided: the redaction stage passes them by
+
 
 def completion_lane(extension: Any, assembler: TraceAssembler, entry: _Entry, metrics: LlmMetricsStage | None,
                     decision: DecisionStage, redaction: RedactionStage) -> Lane | None:

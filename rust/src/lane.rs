@@ -3,8 +3,9 @@
 //!
 //! Most completed traces are one request the core builds a record for (`records.rs`), decided by
 //! policies the core runs (`quantiles.rs` `Decider`) and dropped. Taken along the chain in Python
-//! (`service/lane.py` says which chain) each cost ~10 µs of stage loops, objects and calls between
-//! the core's per-batch calls (docs/performance.md, stage seventeen). Here a run of such traces is
+//! (`service/lane.py` says which chain) each cost ~2–3 µs of stage loops, objects and lists between
+//! the core's per-batch calls in one process, more at saturation (docs/performance.md, stage
+//! seventeen). Here a run of such traces is
 //! built, decided and recorded by the same code, in the chain's order: every trace of the run
 //! decided, then every trace recorded, as the stages do for a batch. Python then counts what the
 //! stages count, remembers the decisions and hands the kept traces to the redaction stage; a

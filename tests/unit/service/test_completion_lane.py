@@ -14,6 +14,7 @@ import logging
 import random
 import re
 import sqlite3
+import sys
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -213,3 +214,46 @@ def test_the_lane_stands_aside_where_the_chain_does_more(tmp_path: Path) -> None
     assert isinstance(pipeline.assembler.lane, Lane)
     pipeline.use_intake_log(types.SimpleNamespace(prior={}))  # type: ignore[arg-type]
     assert pipeline.assembler.lane is None
+
+
+def test_a_run_the_core_cannot_decide_is_completed_failed_not_lost(
+        run: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A failure of the lane itself rather than of one trace (the core's ``decide`` raising): the run's
+    traces are counted completed, each logged and its spans counted dropped; nothing else stops."""
+    real_service = _service
+
+    class FailingOnce:
+        def __init__(self, core: Any) -> None:
+            self.core, self.failed_runs = core, []
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.core, name)
+
+        def decide(self, lane_run: Any) -> None:
+            if not self.failed_runs:
+                self.failed_runs.append(len(lane_run))
+                raise MemoryError("the core could not decide")
+            self.core.decide(lane_run)
+
+    wrapped: list[FailingOnce] = []
+
+    def service_with_a_failing_lane(workdir: Path, lane: bool) -> Any:
+        service, clock = real_service(workdir, lane)
+        failing = FailingOnce(service.pipeline.assembler.lane._core)
+        service.pipeline.assembler.lane._core = failing
+        wrapped.append(failing)
+        return service, clock
+
+    monkeypatch.setattr(sys.modules[__name__], "_service", service_with_a_failing_lane)
+    caplog.set_level(logging.ERROR, logger="otel_llm.service.graph")
+    requests = _traffic(7)
+    lane = run("lane", requests, lane=True, seed=7)
+    (failing,) = wrapped
+    (failed_run,) = failing.failed_runs
+    logged = [r for r in caplog.records if r.getMessage().startswith("completing trace")]
+    assert failed_run >= 1 and len(logged) == failed_run
+    assert _sample(lane["metrics"], 'otel_llm_spans_dropped_total{reason="assembly_error"}') >= failed_run
+    # Every trace counted completed: the failed run's and the others (the lane's and the chain's).
+    completed = sum(lane["completions"].values())
+    assert _sample(lane["metrics"], "otel_llm_traces_completed_total") == completed
+    assert lane["lane_completed"] + failed_run <= completed and lane["lane_completed"] > 300
