@@ -22,7 +22,6 @@ import math
 import os
 import random
 import re
-import sqlite3
 import sys
 import tempfile
 import time
@@ -42,6 +41,7 @@ from otel_llm.pdata.otlp_view import DESCRIPTOR as VIEW_DESCRIPTOR, ExportTraceS
 from otel_llm.processor.llm_metrics import digest as digest_module
 from otel_llm.processor.llm_metrics.digest import AttributeLimits, DigestSettings
 from tests.support import engine_fixtures as F
+from tests.support.store_rows import store_rows
 
 TESTDATA = Path(__file__).parent / "testdata"
 
@@ -1045,20 +1045,7 @@ def _run_pipeline(path: str, requests: list[bytes], workdir: Path,
             store = service.components.get("exporters.store")
             if store is not None:
                 store.shutdown(5.0)
-    rows: dict[str, list[Any]] = {}
-    databases = sorted(workdir.rglob("*.db")) + sorted(workdir.rglob("*.sqlite*"))
-    assert databases, f"no store database under {workdir}"
-    with sqlite3.connect(databases[0]) as db:
-        for (table,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"):
-            columns = [c[1] for c in db.execute(f"PRAGMA table_info({table})")]
-            found = []
-            for row in db.execute(f"SELECT * FROM {table}"):
-                record = dict(zip(columns, row))
-                record.pop("stored_at", None)  # the wall clock of the write
-                if table == "spans" and record.get("attributes") is not None:
-                    record["attributes"] = json.loads(record["attributes"])  # a mapping: order is not data
-                found.append(json.dumps(record, sort_keys=True, default=repr))
-            rows[table] = sorted(found)
+    rows = store_rows(workdir)
     if built is not None:
         # The completion lane's traces are the core's records too, built there (service/lane.py).
         lane = pipeline.assembler.lane

@@ -13,7 +13,6 @@ import json
 import logging
 import random
 import re
-import sqlite3
 import sys
 import types
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from otel_llm.processor.tail_sampling import sampler as sampler_module
 from otel_llm.processor.tail_sampling.assembler import NativeTraceAssembler
 from otel_llm.service.lane import Lane
 from tests.support import engine_fixtures as F
+from tests.support.store_rows import store_rows
 
 pytestmark = pytest.mark.skipif(native_core.active()[0] is None or not hasattr(native_core.active()[0], "Lane"),
                                 reason="the compiled core is not built: there is no lane")
@@ -95,29 +95,12 @@ def run(tmp_path: Path) -> Iterator[Any]:
         lane_completed = pipeline.assembler.lane.completed if lane else 0
         decisions = sorted((trace_id, repr(remembered)) for trace_id, remembered in pipeline.assembler.decisions())
         store.shutdown(5.0)
-        return {"metrics": metrics, "rows": _rows(tmp_path / name), "completions": pipeline.assembler.completions,
+        return {"metrics": metrics, "rows": store_rows(tmp_path / name), "completions": pipeline.assembler.completions,
                 "decisions": decisions, "lane_completed": lane_completed}
 
     yield run
     for store in stores:
         store.shutdown(1.0)
-
-
-def _rows(workdir: Path) -> dict[str, list[str]]:
-    (database,) = sorted(workdir.rglob("*.db"))
-    rows: dict[str, list[str]] = {}
-    with sqlite3.connect(database) as db:
-        for (table,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"):
-            columns = [c[1] for c in db.execute(f"PRAGMA table_info({table})")]
-            found = []
-            for row in db.execute(f"SELECT * FROM {table}"):
-                record = dict(zip(columns, row))
-                record.pop("stored_at", None)  # the wall clock of the write
-                if table == "spans" and record.get("attributes") is not None:
-                    record["attributes"] = json.loads(record["attributes"])
-                found.append(json.dumps(record, sort_keys=True, default=repr))
-            rows[table] = sorted(found)
-    return rows
 
 
 def _sample(metrics: list[str], prefix: str) -> float:
