@@ -47,6 +47,8 @@ def serve(depth: str, argv: list[str]) -> int:
             pass
 
         graph._Entry.consume_batch = consume_batch  # type: ignore[method-assign]
+        # The completion lane would do the chain's work itself (records, decision, store).
+        graph.completion_lane = lambda *args, **kwargs: None  # type: ignore[assignment]
     elif depth != "full":
         raise SystemExit(f"unknown depth {depth!r}: one of {', '.join(DEPTHS)}")
     return main(argv)
