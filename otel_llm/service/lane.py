@@ -5,9 +5,9 @@ core runs, and dropped. Along the chain (entry -> ``llm_metrics`` -> ``tail_samp
 ``redaction``) each such trace cost a ``CompletedTrace``, three stages' loops and the lists handed
 between the core's per-batch calls: ~2–3 µs of the chain's ~9 µs per trace in one process
 (``bench.hotpath --split``), more at saturation (docs/performance.md, stage seventeen). The lane
-hands a run of them to the core's ``Lane`` (``rust/src/lane.rs``), which builds, decides and
-records them, and does here, once per run, what the stages do besides: the counts, the decision
-cache, and the kept traces to the redaction stage. Everything else (a trace the core does not build, a late span, a
+hands a run of them to the core's ``Lane`` (``rust/src/lane.rs``), which builds, decides, records
+and remembers them (the decision cache, in the buffer), and does here, once per run, what the
+stages do besides: the counts and the kept traces to the redaction stage. Everything else (a trace the core does not build, a late span, a
 decision from the intake log's journal) goes along the chain, in order with the lane's runs, so
 the decider and the recorder see every trace in the order the chain would have given them.
 
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 
 class Lane:
-    def __init__(self, core: Any, assembler: TraceAssembler, entry: _Entry, metrics: LlmMetricsStage,
+    def __init__(self, core: Any, assembler: NativeTraceAssembler, entry: _Entry, metrics: LlmMetricsStage,
                  decision: DecisionStage, redaction: RedactionStage, sampler_lock: threading.Lock,
                  recorder_lock: threading.Lock) -> None:
         self._core = core
@@ -78,7 +78,8 @@ class Lane:
         except Exception as exc:  # noqa: BLE001 - as the chain: the run's kept traces still go on, then all are failed
             failure = exc
         try:
-            remembering, kept, raised, dropped, assembled, refused, reasons = core.finish(run)
+            kept, raised, dropped, assembled, refused, reasons = core.finish(run)
+            self._assembler.remember_lane(core, run)
         except Exception as exc:  # noqa: BLE001 - as above
             self._fail(run, failure or exc)
             return
@@ -87,7 +88,7 @@ class Lane:
             self._assembler.count_completed(reason, traces)
             entry.count_completed(reason, traces)
         self._metrics.count_lane(assembled, refused)
-        self._decision.decided_in_lane(remembering, dropped, [decision for _, _, _, decision in kept])
+        self._decision.decided_in_lane(dropped, [decision for _, _, _, decision in kept])
         if failure is None and not kept and not raised:
             return
         handed = [CompletedTrace(trace, reason, records=[record], decision=decision)

@@ -10,7 +10,8 @@
 //! run the cyclic collector, and with it a finalizer).
 //!
 //! A trace becomes a Python object only when it leaves (completed, taken for a hand-over, shed): a
-//! `CompletedSpans`, whose `spans` dict the chain reads as it read a `PendingTrace`'s. Keys are
+//! `CompletedSpans`, whose `spans` dict (made when first read) the chain reads as it read a
+//! `PendingTrace`'s. Keys are
 //! SipHash'ed (the standard library's default): trace and span ids come from senders, and a
 //! chosen-collision flood must not turn the buffer's lookups linear.
 
@@ -18,6 +19,7 @@ use std::collections::{HashMap, VecDeque};
 
 use pyo3::intern;
 use pyo3::prelude::*;
+use pyo3::sync::GILOnceCell;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
 use crate::{Observation, Row};
@@ -315,6 +317,22 @@ impl Pending {
 enum Decided {
     Taken(u64),         // completed, not decided yet: the spans taken so far
     Remembered(PyObject), // its `Remembered`
+    // Decided in the completion lane: `Remembered(decision, (span_id,), taken)`, made an object
+    // only if something reads it (a late span, a hand-over); nearly none is read before it is forgotten.
+    Lane { decision: PyObject, span_id: PyObject, taken: u64 },
+}
+
+/// `decided` as its `Remembered` object from now on (a lane's decision made one; `class`: `Remembered`).
+fn as_object(py: Python<'_>, decided: &mut Decided, class: Option<&PyObject>) -> PyResult<()> {
+    if let Decided::Lane { decision, span_id, taken } = decided {
+        let class = class.ok_or_else(|| {
+            pyo3::exceptions::PyRuntimeError::new_err("a lane's decision without its class")
+        })?;
+        let measured = PyTuple::new(py, [span_id.bind(py)])?;
+        let object = class.bind(py).call1((decision.bind(py), measured, *taken))?.unbind();
+        *decided = Decided::Remembered(object);
+    }
+    Ok(())
 }
 
 /// One span's fields the buffer reads, from the core's `BufferedSpan` or the dataclass.
@@ -367,15 +385,17 @@ fn read_span(py: Python<'_>, span: &Bound<'_, PyAny>) -> PyResult<Read> {
 /// A trace that left the buffer (completed, or taken for a hand-over): the members of the Python
 /// path's `PendingTrace` the chain reads, and its `ancestors`, made in one allocation where a
 /// dataclass's eleven slots set from here cost ~0.5 µs more per trace. Its waiters are not kept:
-/// nothing after the buffer reads them.
+/// nothing after the buffer reads them. Its spans are (id, span) pairs in the buffer's order, made
+/// the `spans` dict when Python first reads it: the completion lane reads the pairs (`SpanSet`),
+/// and nearly every trace it completes is dropped without a dict ever made.
 #[pyclass(frozen, module = "otel_llm._core", name = "CompletedSpans")]
 pub struct CompletedSpans {
     #[pyo3(get)]
     pub(crate) trace_id: Py<PyBytes>,
     #[pyo3(get)]
     first_seen: f64,
-    #[pyo3(get)]
-    pub(crate) spans: Py<PyDict>,
+    slots: Vec<(Py<PyBytes>, PyObject)>,
+    spans: GILOnceCell<Py<PyDict>>,
     #[pyo3(get)]
     has_engine_span: bool,
     #[pyo3(get)]
@@ -386,12 +406,83 @@ pub struct CompletedSpans {
     engine_seen_at: f64,
 }
 
+impl CompletedSpans {
+    /// The `spans` dict, made once: span id -> span, in the buffer's order (ids are unique in a trace).
+    fn dict<'py>(&self, py: Python<'py>) -> PyResult<&Bound<'py, PyDict>> {
+        let made = self.spans.get_or_try_init(py, || -> PyResult<Py<PyDict>> {
+            let spans = PyDict::new(py);
+            for (span_id, span) in &self.slots {
+                spans.set_item(span_id, span)?;
+            }
+            Ok(spans.unbind())
+        })?;
+        Ok(made.bind(py))
+    }
+
+    /// The spans as the record builder and the decider read them: the dict once Python has it
+    /// (what it reads is what they read), else the pairs.
+    pub(crate) fn span_set<'a, 'py>(&'a self, py: Python<'py>) -> SpanSet<'a, 'py> {
+        match self.spans.get(py) {
+            Some(spans) => SpanSet::Dict(spans.bind(py).clone()),
+            None => SpanSet::Slots(py, &self.slots),
+        }
+    }
+}
+
+/// A completed trace's spans as the core reads them: a dict of span id -> span (a Python
+/// `PendingTrace`'s, or a `CompletedSpans`' once made), or a `CompletedSpans`' pairs in that order.
+pub enum SpanSet<'a, 'py> {
+    Dict(Bound<'py, PyDict>),
+    Slots(Python<'py>, &'a [(Py<PyBytes>, PyObject)]),
+}
+
+/// `SpanSet::values`: the spans in order.
+pub enum SpanValues<'a, 'py> {
+    Dict(pyo3::types::iter::BoundListIterator<'py>),
+    Slots(Python<'py>, std::slice::Iter<'a, (Py<PyBytes>, PyObject)>),
+}
+
+impl<'py> Iterator for SpanValues<'_, 'py> {
+    type Item = Bound<'py, PyAny>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            SpanValues::Dict(values) => values.next(),
+            SpanValues::Slots(py, slots) => slots.next().map(|(_, span)| span.bind(*py).clone()),
+        }
+    }
+}
+
+impl<'a, 'py> SpanSet<'a, 'py> {
+    pub fn len(&self) -> usize {
+        match self {
+            SpanSet::Dict(spans) => spans.len(),
+            SpanSet::Slots(_, slots) => slots.len(),
+        }
+    }
+
+    pub fn values(&self) -> SpanValues<'a, 'py> {
+        match self {
+            SpanSet::Dict(spans) => SpanValues::Dict(spans.values().into_iter()),
+            SpanSet::Slots(py, slots) => SpanValues::Slots(*py, slots.iter()),
+        }
+    }
+
+    /// A span with this id is in the trace.
+    pub fn contains_id(&self, span_id: &[u8]) -> PyResult<bool> {
+        match self {
+            SpanSet::Dict(spans) => spans.contains(PyBytes::new(spans.py(), span_id)),
+            SpanSet::Slots(py, slots) => Ok(slots.iter().any(|(id, _)| id.bind(*py).as_bytes() == span_id)),
+        }
+    }
+}
+
 #[pymethods]
 impl CompletedSpans {
     /// `PendingTrace.ancestors`: buffered ancestors of `span`, nearest first, up to the first one not here.
     fn ancestors<'py>(&self, py: Python<'py>, span: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
         let chain = PyList::empty(py);
-        let spans = self.spans.bind(py);
+        let spans = self.dict(py)?;
         let parent_key = intern!(py, "parent_span_id");
         let mut parent = span.getattr(parent_key)?;
         let mut seen = 0;
@@ -402,6 +493,12 @@ impl CompletedSpans {
             seen += 1;
         }
         Ok(chain)
+    }
+
+    /// `PendingTrace.spans`: span id -> span.
+    #[getter]
+    fn spans(&self, py: Python<'_>) -> PyResult<Py<PyDict>> {
+        Ok(self.dict(py)?.clone().unbind())
     }
 
     /// `PendingTrace.is_rooted`.
@@ -429,19 +526,18 @@ pub struct TraceBuffer {
     held: HashMap<TraceKey, f64>,
     batches: u64,
     lookup_steps: u64, // spans looked at to find one by id, over the buffer's life
+    remembered_class: Option<PyObject>, // `Remembered`, given with the completion lane's first decisions
 }
 
 impl TraceBuffer {
     /// The trace as it leaves: a `CompletedTrace`'s `trace`, what the Python path's `PendingTrace`
     /// gives the chain (its spans by id, in the order they came; `ancestors`).
     fn materialize(&self, py: Python<'_>, key: &TraceKey, trace: Box<Trace>) -> PyResult<PyObject> {
-        let spans = PyDict::new(py);
         let ready_at = trace.ready();
-        for slot in trace.spans {
-            spans.set_item(slot.span_id, slot.span)?;
-        }
+        let slots = trace.spans.into_iter().map(|slot| (slot.span_id, slot.span)).collect();
         let left = CompletedSpans {
-            trace_id: PyBytes::new(py, key.as_bytes()).unbind(), first_seen: trace.first_seen, spans: spans.unbind(),
+            trace_id: PyBytes::new(py, key.as_bytes()).unbind(), first_seen: trace.first_seen, slots,
+            spans: GILOnceCell::new(),
             has_engine_span: trace.has_engine_span, ready_at,
             unrooted: trace.unrooted, engine_seen_at: trace.engine_seen_at,
         };
@@ -523,6 +619,23 @@ impl TraceBuffer {
         self.pop_oldest().map(|(key, trace)| (key, trace, "memory_limit"))
     }
 
+    /// `remember_decisions` of one trace the completion lane decided: `Remembered(decision,
+    /// (span_id,))`, held as its parts (`Decided::Lane`); `remembered`: the class, for the day one is read.
+    pub(crate) fn remember_lane_decision(&mut self, py: Python<'_>, trace_id: &[u8], decision: PyObject,
+                                         span_id: PyObject, remembered: &PyObject) -> PyResult<()> {
+        if self.remembered_class.is_none() {
+            self.remembered_class = Some(remembered.clone_ref(py));
+        }
+        let Some(known) = self.decided.get_mut(&Id::new(trace_id)) else { return Ok(()) };
+        let taken = match known {
+            Decided::Taken(taken) => *taken,
+            Decided::Remembered(previous) => Self::taken_of(py, previous.bind(py))?,
+            Decided::Lane { taken, .. } => *taken,
+        };
+        *known = Decided::Lane { decision, span_id, taken };
+        Ok(())
+    }
+
     fn taken_of(py: Python<'_>, remembered: &Bound<'_, PyAny>) -> PyResult<u64> {
         remembered.getattr(intern!(py, "taken"))?.extract()
     }
@@ -538,6 +651,7 @@ impl TraceBuffer {
             grace_s, decision_wait_s, max_open_call_wait_s, max_traces, max_spans_per_trace,
             decided_cache_size, pending: Pending::new(), ready: VecDeque::new(), tokens: 0, decided: HashMap::new(),
             decided_order: VecDeque::new(), parked: HashMap::new(), held: HashMap::new(), batches: 0, lookup_steps: 0,
+            remembered_class: None,
         }
     }
 
@@ -566,6 +680,7 @@ impl TraceBuffer {
                 Some(at) => at,
                 None => {
                     if let Some(decided) = self.decided.get_mut(&trace_id) {
+                        as_object(py, decided, self.remembered_class.as_ref())?;
                         match decided {
                             Decided::Remembered(remembered) => {
                                 let remembered = remembered.bind(py);
@@ -589,6 +704,7 @@ impl TraceBuffer {
                                     self.parked.entry(trace_id.clone()).or_default().push(span.clone().unbind());
                                 }
                             }
+                            Decided::Lane { .. } => {} // made its object above
                         }
                         continue;
                     }
@@ -779,10 +895,12 @@ impl TraceBuffer {
     }
 
     /// The decision cache's decisions, oldest first.
-    fn decisions<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+    fn decisions<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let out = PyList::empty(py);
         for key in &self.decided_order {
-            if let Some(Decided::Remembered(remembered)) = self.decided.get(key) {
+            let Some(decided) = self.decided.get_mut(key) else { continue };
+            as_object(py, decided, self.remembered_class.as_ref())?;
+            if let Decided::Remembered(remembered) = decided {
                 out.append((PyBytes::new(py, key.as_bytes()), remembered.bind(py)))?;
             }
         }
@@ -800,6 +918,7 @@ impl TraceBuffer {
                 }
                 Some(Decided::Taken(taken)) => *taken,
                 Some(Decided::Remembered(known)) => Self::taken_of(py, known.bind(py))?,
+                Some(Decided::Lane { taken, .. }) => *taken,
             };
             bound.setattr(intern!(py, "taken"), taken)?;
             self.decided.insert(key, Decided::Remembered(remembered));
@@ -818,6 +937,7 @@ impl TraceBuffer {
             let taken = match known {
                 Decided::Taken(taken) => *taken,
                 Decided::Remembered(previous) => Self::taken_of(py, previous.bind(py))?,
+                Decided::Lane { taken, .. } => *taken,
             };
             remembered.setattr(intern!(py, "taken"), taken)?;
             *known = Decided::Remembered(remembered.unbind());
@@ -835,9 +955,15 @@ impl TraceBuffer {
         for trace_id in trace_ids {
             let key = Id::new(&trace_id);
             let Some(spans) = self.parked.remove(&key) else { continue };
-            let remembered = match self.decided.get(&key) {
-                Some(Decided::Remembered(remembered)) => remembered.clone_ref(py),
-                _ => py.None(),
+            let remembered = match self.decided.get_mut(&key) {
+                Some(decided) => {
+                    as_object(py, decided, self.remembered_class.as_ref())?;
+                    match decided {
+                        Decided::Remembered(remembered) => remembered.clone_ref(py),
+                        _ => py.None(),
+                    }
+                }
+                None => py.None(),
             };
             for span in spans {
                 out.append((span, remembered.bind(py)))?;

@@ -1,5 +1,6 @@
 //! The completion lane: the completion chain's steps for the traces the core reads whole, in runs,
-//! with no Python object per trace but the record and what the decision cache keeps.
+//! with no Python object per trace but the record: a trace's spans are read as the buffer's pairs
+//! (no dict), and its decision is remembered in the buffer as its parts (no `Remembered`).
 //!
 //! Most completed traces are one request the core builds a record for (`records.rs`), decided by
 //! policies the core runs (`quantiles.rs` `Decider`) and dropped. Taken along the chain in Python
@@ -7,8 +8,9 @@
 //! the core's per-batch calls in one process, more at saturation (docs/performance.md, stage
 //! seventeen). Here a run of such traces is
 //! built, decided and recorded by the same code, in the chain's order: every trace of the run
-//! decided, then every trace recorded, as the stages do for a batch. Python then counts what the
-//! stages count, remembers the decisions and hands the kept traces to the redaction stage; a
+//! decided, then every trace recorded, as the stages do for a batch; the decisions are remembered
+//! (`remember`, under the buffer's lock). Python then counts what the stages count and hands the
+//! kept traces to the redaction stage; a
 //! trace the core does not build a record for is the chain's, as before (`Lane.build` says where
 //! each run ends).
 //!
@@ -19,10 +21,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyTuple};
+use pyo3::types::{PyList, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::buffer::CompletedSpans;
+use crate::buffer::{CompletedSpans, TraceBuffer};
 use crate::quantiles::Decider;
 use crate::record::{self, RecordRef};
 use crate::recorder::Recording;
@@ -91,6 +93,16 @@ pub struct Lane {
 }
 
 impl Lane {
+    /// The decision of a trace the policy at `index` kept (`DROP` for -1: none did).
+    fn decision(&self, index: i64) -> PyResult<&PyObject> {
+        if index < 0 {
+            return Ok(&self.drop);
+        }
+        usize::try_from(index).ok().and_then(|index| self.kept.get(index)).ok_or_else(|| {
+            pyo3::exceptions::PyIndexError::new_err(format!("no kept decision for policy {index}"))
+        })
+    }
+
     /// `item`'s trace and its record, where `item` is a (core's completed trace, reason) whose
     /// spans the core builds one record of; `None` for any other (the chain's).
     fn take(&self, py: Python<'_>, item: &Bound<'_, PyAny>) -> PyResult<Option<Taken>> {
@@ -100,7 +112,7 @@ impl Lane {
         }
         let trace = pair.get_item(0)?;
         let Ok(trace) = trace.downcast_into::<CompletedSpans>() else { return Ok(None) };
-        let built = self.builder.get().read(py, trace.get().spans.bind(py));
+        let built = self.builder.get().read(py, &trace.get().span_set(py));
         match built {
             Ok(Ok(record)) => Ok(Some(Taken {
                 trace: trace.unbind(),
@@ -172,7 +184,7 @@ impl Lane {
         for taken in &mut run.taken {
             let trace = taken.trace.get();
             let records = PyList::new(py, [taken.record.bind(py)])?;
-            taken.matched = Some(decider.first_match(py, trace.trace_id.bind(py).as_bytes(), trace.spans.bind(py),
+            taken.matched = Some(decider.first_match_in(py, trace.trace_id.bind(py).as_bytes(), &trace.span_set(py),
                                                      records.as_any()));
         }
         Ok(())
@@ -199,26 +211,45 @@ impl Lane {
         Ok(list)
     }
 
-    /// What the stages do with the decided run besides recording it, for Python to do:
-    /// `(remembering, kept, raised, dropped, assembled, refused, reasons)`: the decision cache's
-    /// entries (`DecisionStage`), the kept traces as `(trace, reason, record, decision)`, the traces
-    /// whose policies raised as `(trace, reason, record, exception)`, the number dropped, the records
-    /// by `(engine_kind, outcome)`, the records with values refused or intervals not measurable,
-    /// and the traces by completion reason.
+    /// The run's decisions into the buffer's decision cache, as `DecisionStage` remembers them
+    /// (`Remembered(decision, (span_id,))`, held as their parts); a trace whose policies raised is
+    /// not remembered. The caller holds the buffer's lock.
+    fn remember(&self, py: Python<'_>, run: &Bound<'_, LaneRun>, buffer: &Bound<'_, TraceBuffer>) -> PyResult<()> {
+        let run = run.borrow();
+        let mut buffer = buffer.borrow_mut();
+        for taken in &run.taken {
+            let decision = match &taken.matched {
+                None => {
+                    let message = "a lane run remembered before it was decided";
+                    return Err(pyo3::exceptions::PyRuntimeError::new_err(message));
+                }
+                Some(Err(_)) => continue,
+                Some(Ok(index)) => self.decision(*index)?,
+            };
+            let span_id = RecordRef::of(taken.record.bind(py)).known(record::SPAN_ID)?.unbind();
+            buffer.remember_lane_decision(py, taken.trace.get().trace_id.bind(py).as_bytes(), decision.clone_ref(py),
+                                          span_id, &self.remembered)?;
+        }
+        Ok(())
+    }
+
+    /// What the stages do with the decided run besides recording it and remembering its decisions,
+    /// for Python to do: `(kept, raised, dropped, assembled, refused, reasons)`: the kept traces as
+    /// `(trace, reason, record, decision)`, the traces whose policies raised as `(trace, reason,
+    /// record, exception)`, the number dropped, the records by `(engine_kind, outcome)`, the records
+    /// with values refused or intervals not measurable, and the traces by completion reason.
     #[allow(clippy::type_complexity)]
     fn finish<'py>(&self, py: Python<'py>, run: &Bound<'py, LaneRun>)
-                   -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>, Bound<'py, PyList>, u64, Bound<'py, PyList>,
-                                Bound<'py, PyList>, Bound<'py, PyList>)> {
+                   -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>, u64, Bound<'py, PyList>, Bound<'py, PyList>,
+                                Bound<'py, PyList>)> {
         let run = run.borrow();
         self.completed.fetch_add(run.taken.len() as u64, Ordering::Relaxed);
-        let remembering = PyList::empty(py);
         let kept = PyList::empty(py);
         let raised = PyList::empty(py);
         let refused = PyList::empty(py);
         let mut dropped = 0u64;
         let mut assembled = Tally { counts: Vec::new() };
         let mut reasons = Tally { counts: Vec::new() };
-        let remembered = self.remembered.bind(py);
         for taken in &run.taken {
             let trace = taken.trace.bind(py);
             let reason = taken.reason.bind(py);
@@ -230,31 +261,16 @@ impl Lane {
             if read.known(record::REJECTED)?.is_truthy()? || read.known(record::NOT_MEASURABLE)?.is_truthy()? {
                 refused.append(record)?;
             }
-            let decision = match &taken.matched {
+            match &taken.matched {
                 None => {
                     return Err(pyo3::exceptions::PyRuntimeError::new_err("a lane run finished before it was decided"));
                 }
-                Some(Err(error)) => {
-                    raised.append((trace, reason, record, error.clone_ref(py).into_value(py)))?;
-                    continue;
-                }
-                Some(Ok(index)) if *index < 0 => {
-                    dropped += 1;
-                    self.drop.bind(py).clone()
-                }
-                Some(Ok(index)) => {
-                    let decision = usize::try_from(*index).ok().and_then(|index| self.kept.get(index)).ok_or_else(|| {
-                        pyo3::exceptions::PyIndexError::new_err(format!("no kept decision for policy {index}"))
-                    })?;
-                    kept.append((trace, reason, record, decision))?;
-                    decision.bind(py).clone()
-                }
-            };
-            let measured = PyTuple::new(py, [read.known(record::SPAN_ID)?])?;
-            let trace_id: &Bound<'_, PyBytes> = trace.get().trace_id.bind(py);
-            remembering.append((trace_id, remembered.call1((decision, measured))?))?;
+                Some(Err(error)) => raised.append((trace, reason, record, error.clone_ref(py).into_value(py)))?,
+                Some(Ok(index)) if *index < 0 => dropped += 1,
+                Some(Ok(index)) => kept.append((trace, reason, record, self.decision(*index)?))?,
+            }
         }
-        Ok((remembering, kept, raised, dropped, assembled.into_list(py)?, refused, reasons.into_list(py)?))
+        Ok((kept, raised, dropped, assembled.into_list(py)?, refused, reasons.into_list(py)?))
     }
 }
 

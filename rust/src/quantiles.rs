@@ -6,6 +6,7 @@
 use pyo3::exceptions::{PyOverflowError, PyValueError};
 use pyo3::prelude::*;
 
+use crate::buffer::SpanSet;
 use crate::record::{self, FieldRef, RecordRef};
 use crate::records::STATUS_CODE_ERROR;
 
@@ -379,7 +380,7 @@ pub struct Decider {
 }
 
 impl Decider {
-    fn errors(&self, py: Python<'_>, spans: &Bound<'_, pyo3::types::PyDict>, records: &Bound<'_, PyAny>)
+    fn errors(&self, py: Python<'_>, spans: &SpanSet<'_, '_>, records: &Bound<'_, PyAny>)
               -> PyResult<bool> {
         let failed = self.failed.bind(py);
         for record in records.try_iter()? {
@@ -388,7 +389,7 @@ impl Decider {
                 return Ok(true);
             }
         }
-        for span in spans.values().iter() {
+        for span in spans.values() {
             let error = match span.downcast::<crate::Row>() {
                 Ok(row) => row.get().status_code == STATUS_CODE_ERROR,
                 Err(_) => span.getattr(pyo3::intern!(py, "status_code"))?.eq(STATUS_CODE_ERROR)?,
@@ -398,6 +399,29 @@ impl Decider {
             }
         }
         Ok(false)
+    }
+}
+
+impl Decider {
+    /// The index of the first policy that matches the trace (its spans as the core reads them), or -1.
+    pub(crate) fn first_match_in(&self, py: Python<'_>, trace_id: &[u8], spans: &SpanSet<'_, '_>,
+                                 records: &Bound<'_, PyAny>) -> PyResult<i64> {
+        let mut matched: i64 = -1;
+        for (index, rule) in self.rules.iter().enumerate() {
+            let matches = match rule {
+                Rule::Errors => self.errors(py, spans, records)?,
+                Rule::Slowest(windows) => windows.bind(py).try_borrow_mut()?.matches(py, records)?,
+                Rule::Probabilistic(threshold) => {
+                    // `int.from_bytes(trace_id[9:16], "big")`: at most seven bytes.
+                    let tail = trace_id.get(9..trace_id.len().min(16)).unwrap_or(&[]);
+                    tail.iter().fold(0u64, |value, byte| value << 8 | u64::from(*byte)) >= *threshold
+                }
+            };
+            if matches && matched < 0 {
+                matched = index as i64;
+            }
+        }
+        Ok(matched)
     }
 }
 
@@ -420,24 +444,9 @@ impl Decider {
     }
 
     /// The index of the first policy that matches the trace, or -1.
-    pub(crate) fn first_match(&self, py: Python<'_>, trace_id: &[u8], spans: &Bound<'_, pyo3::types::PyDict>,
+    fn first_match(&self, py: Python<'_>, trace_id: &[u8], spans: Bound<'_, pyo3::types::PyDict>,
                    records: &Bound<'_, PyAny>) -> PyResult<i64> {
-        let mut matched: i64 = -1;
-        for (index, rule) in self.rules.iter().enumerate() {
-            let matches = match rule {
-                Rule::Errors => self.errors(py, spans, records)?,
-                Rule::Slowest(windows) => windows.bind(py).try_borrow_mut()?.matches(py, records)?,
-                Rule::Probabilistic(threshold) => {
-                    // `int.from_bytes(trace_id[9:16], "big")`: at most seven bytes.
-                    let tail = trace_id.get(9..trace_id.len().min(16)).unwrap_or(&[]);
-                    tail.iter().fold(0u64, |value, byte| value << 8 | u64::from(*byte)) >= *threshold
-                }
-            };
-            if matches && matched < 0 {
-                matched = index as i64;
-            }
-        }
-        Ok(matched)
+        self.first_match_in(py, trace_id, &SpanSet::Dict(spans), records)
     }
 
     /// `first_match` of each (trace id, spans, records), in order, in one call (a completion
@@ -446,8 +455,8 @@ impl Decider {
                         traces: Vec<(Bound<'_, pyo3::types::PyBytes>, Bound<'_, pyo3::types::PyDict>, Bound<'_, PyAny>)>)
                         -> PyResult<Py<pyo3::types::PyList>> {
         let mut matched: Vec<PyObject> = Vec::with_capacity(traces.len());
-        for (trace_id, spans, records) in &traces {
-            matched.push(match self.first_match(py, trace_id.as_bytes(), spans, records) {
+        for (trace_id, spans, records) in traces {
+            matched.push(match self.first_match_in(py, trace_id.as_bytes(), &SpanSet::Dict(spans), &records) {
                 Ok(index) => index.into_pyobject(py)?.into_any().unbind(),
                 Err(error) => error.into_value(py).into_any(),
             });

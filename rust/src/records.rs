@@ -15,6 +15,7 @@ use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyT
 
 use std::collections::HashMap;
 
+use crate::buffer::SpanSet;
 use crate::record::{NativeSegments, RequestRecord, FIELDS, FIELD_COUNT};
 use crate::{ns, observation_timings_native, segment_name, tuple_new, value_of_key, Observation, Row, OBSERVATION_FLOATS};
 
@@ -508,11 +509,11 @@ fn adjusted_count(trace_state: &str, max_adjusted_count: f64) -> Read<f64> {
 type Observed<'py> = (Bound<'py, Row>, Bound<'py, Observation>);
 
 /// `shared_parts`: observations the adapters share among part spans (the Python class's, each a part).
-fn simple_shape<'py>(py: Python<'py>, spans: &Bound<'py, PyDict>, shared_parts: &[(PyObject, String)])
+fn simple_shape<'py>(py: Python<'py>, spans: &SpanSet<'_, 'py>, shared_parts: &[(PyObject, String)])
                      -> Read<(Observed<'py>, Option<Observed<'py>>)> {
     let mut engine: Option<Observed<'py>> = None;
     let mut gateway: Option<Observed<'py>> = None;
-    for span in spans.values().iter() {
+    for span in spans.values() {
         let row = native(&span)?;
         let observation = match observation_of(py, row.get()) {
             Ok(Some(observation)) => observation,
@@ -556,7 +557,7 @@ fn simple_shape<'py>(py: Python<'py>, spans: &Bound<'py, PyDict>, shared_parts: 
                 return Err(Declined);
             }
             // A span above the gateway, or a cycle: the general joining reads it.
-            if edge.has_parent && spans.contains(PyBytes::new(py, &edge.parent_span_id)).map_err(|_| Declined)? {
+            if edge.has_parent && spans.contains_id(&edge.parent_span_id).map_err(|_| Declined)? {
                 return Err(Declined);
             }
         }
@@ -626,8 +627,8 @@ impl RecordBuilder {
     }
 
     /// The trace's one request record (a `RequestRecord`), or `None` where Python reads the trace.
-    fn build(&self, py: Python<'_>, spans: &Bound<'_, PyDict>) -> PyResult<Option<PyObject>> {
-        match self.read(py, spans) {
+    fn build(&self, py: Python<'_>, spans: Bound<'_, PyDict>) -> PyResult<Option<PyObject>> {
+        match self.read(py, &SpanSet::Dict(spans)) {
             Ok(Ok(record)) => Ok(Some(record)),
             Ok(Err(Declined)) => Ok(None),
             Err(error) => Err(error),
@@ -638,8 +639,8 @@ impl RecordBuilder {
     /// `None`, or in its place the exception building it raised, so one trace's failure is its own.
     fn build_many(&self, py: Python<'_>, traces: Vec<Bound<'_, PyDict>>) -> PyResult<Py<PyList>> {
         let mut built: Vec<PyObject> = Vec::with_capacity(traces.len());
-        for spans in &traces {
-            built.push(match self.read(py, spans) {
+        for spans in traces {
+            built.push(match self.read(py, &SpanSet::Dict(spans)) {
                 Ok(Ok(record)) => record,
                 Ok(Err(Declined)) => py.None(),
                 Err(error) => error.into_value(py).into_any(),
@@ -650,7 +651,7 @@ impl RecordBuilder {
 }
 
 impl RecordBuilder {
-    pub(crate) fn read(&self, py: Python<'_>, spans: &Bound<'_, PyDict>) -> PyResult<Read<PyObject>> {
+    pub(crate) fn read<'py>(&self, py: Python<'py>, spans: &SpanSet<'_, 'py>) -> PyResult<Read<PyObject>> {
         let shared_parts = self.sglang.as_ref().map_or(&[][..], |rules| &rules.stage_observations[..]);
         let (engine, gateway) = match simple_shape(py, spans, shared_parts) {
             Ok(shape) => shape,
@@ -687,7 +688,7 @@ impl RecordBuilder {
 
     /// `composite.sglang` on the request of `root` (its stage spans below it in `spans`), from the
     /// timings `build_record` read from the root's observation: what it changes in the record.
-    fn sglang<'py>(&self, py: Python<'py>, rules: &SglangRules, spans: &Bound<'py, PyDict>, root: &Row,
+    fn sglang<'py>(&self, py: Python<'py>, rules: &SglangRules, spans: &SpanSet<'_, 'py>, root: &Row,
                    obs: &Observation, timings: &Bound<'py, PyTuple>) -> PyResult<Read<Composite<'py>>> {
         macro_rules! read {
             ($e:expr) => {
@@ -703,7 +704,7 @@ impl RecordBuilder {
         // `composite.descendants`: breadth first, each span's children in the trace's order.
         let mut rows: Vec<Bound<'py, Row>> = Vec::with_capacity(spans.len());
         let mut children: HashMap<[u8; 8], Vec<usize>> = HashMap::new();
-        for span in spans.values().iter() {
+        for span in spans.values() {
             let row = read!(native(&span)).clone();
             let held = row.get();
             if held.has_parent {

@@ -562,6 +562,11 @@ class NativeTraceAssembler(TraceAssembler):
     def remember_decisions(self, decisions: list[tuple[bytes, Remembered]]) -> None:
         self._locked(self._buffer.remember_decisions, decisions)
 
+    def remember_lane(self, lane: Any, run: Any) -> None:
+        """The decisions of a run the core's completion lane decided (``service/lane.py``), remembered
+        by the core (``Lane.remember``) without a ``Remembered`` object per trace."""
+        self._locked(lane.remember, run, self._buffer)
+
     def _has_parked(self) -> bool:
         return bool(self._locked(self._buffer.has_parked))
 

@@ -64,15 +64,13 @@ class DecisionStage:
     def sampler(self) -> TailSampler | None:
         return self._sampler
 
-    def decided_in_lane(self, remembering: list[tuple[bytes, Remembered]], dropped: int, kept: list[Decision]) -> None:
-        """What ``consume_batch`` does with traces the completion lane decided (``service/lane.py``):
-        their decisions remembered, the dropped and each kept one counted."""
+    def decided_in_lane(self, dropped: int, kept: list[Decision]) -> None:
+        """What ``consume_batch`` counts of traces the completion lane decided (``service/lane.py``;
+        the lane remembers their decisions in the buffer itself): the dropped and each kept one."""
         for decision in kept:
             self._count(decision, 1)
         if dropped:
             self._count(DROP, dropped)
-        if remembering:
-            self._assembler.remember_decisions(remembering)
 
     def _follow(self, completed: CompletedTrace, remembering: list[tuple[bytes, Remembered]]) -> int:
         """Set ``completed``'s decision; what to remember of it is appended to ``remembering``.

@@ -73,7 +73,7 @@ def _service(workdir: Path, lane: bool) -> Any:
 def run(tmp_path: Path) -> Iterator[Any]:
     stores: list[Any] = []
 
-    def run(name: str, requests: list[bytes], lane: bool, seed: int) -> dict[str, Any]:
+    def run(name: str, requests: list[bytes], lane: bool, seed: int, again: list[bytes] = ()) -> dict[str, Any]:
         service, clock = _service(tmp_path / name, lane)
         store = service.components.get("exporters.store")
         stores.append(store)
@@ -85,6 +85,11 @@ def run(tmp_path: Path) -> Iterator[Any]:
                 clock.now += schedule.uniform(0.0, 2.0)
                 pipeline.assembler.tick()
         for _ in range(3):  # past the grace, then the decision wait: every trace completed
+            clock.now += 60.0
+            pipeline.assembler.tick()
+        for data in again:  # after their traces were decided: late spans, redelivered engine spans
+            pipeline.buffer(data, False)
+        for _ in range(3):
             clock.now += 60.0
             pipeline.assembler.tick()
         assert store.wait_written(), "the store did not write in time"
@@ -123,6 +128,23 @@ def test_the_lane_completes_what_the_chain_completes(run: Any, seed: int) -> Non
     assert _sample(chain["metrics"], "vllm:e2e_request_latency_seconds_count") > 300
     assert _sample(chain["metrics"], 'otel_llm_values_rejected_total{reason="invalid_span_times"}') >= 1
     assert len(chain["rows"]["traces"]) > 10 and len(chain["decisions"]) > len(chain["rows"]["traces"]) * 3
+
+
+def test_spans_after_the_lane_decided_their_trace_follow_its_decision_as_after_the_chain(run: Any) -> None:
+    """The lane keeps its decisions as their parts in the buffer; a span that comes after its trace
+    was decided (a retried export) reads them as the chain's ``Remembered``: a redelivered engine span
+    is counted a duplicate, not measured twice, and any other follows the decision (stored if kept)."""
+    requests = _traffic(5)
+    again = requests[: len(requests) // 2]
+    chain = run("chain", requests, lane=False, seed=5, again=again)
+    lane = run("lane", requests, lane=True, seed=5, again=again)
+    assert lane["metrics"] == chain["metrics"]
+    assert lane["rows"] == chain["rows"]
+    assert lane["completions"] == chain["completions"]
+    assert lane["decisions"] == chain["decisions"]
+    assert lane["lane_completed"] > 300
+    assert _sample(chain["metrics"], "otel_llm_spans_duplicate_total") > 100
+    assert _sample(chain["metrics"], "otel_llm_late_spans_total") > 100
 
 
 def test_a_trace_whose_policies_raise_fails_alone_in_both(run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
