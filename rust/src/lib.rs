@@ -487,11 +487,14 @@ enum Value<'a> {
 /// A span's attributes by key, in the order received.
 type Attributes<'a> = Vec<(&'a [u8], Value<'a>)>;
 
-/// The span's attributes (field 9 entries), or `None` when one is not a plain single value: no
-/// value, two oneof fields, a value message written twice (upb would merge them). A span with a
-/// repeated key is not read at all (`read_native` checks `SpanRow.duplicate_keys`, the same keys).
-fn plain_attributes(buf: &[u8], start: usize, end: usize) -> Result<Option<Attributes<'_>>> {
-    let mut out: Attributes = Vec::with_capacity(32);
+/// The span's attributes (field 9 entries) into `out` (cleared first), or `false` when one is not a
+/// plain single value: no value, two oneof fields, a value message written twice (upb would merge
+/// them). A span with a repeated key is not read at all (`read_native` checks
+/// `SpanRow.duplicate_keys`, the same keys). `out` is the caller's, reused from span to span: a
+/// vector of 32 entries (1 280 B) per span was past the allocator's per-thread cache, and glibc's
+/// slow path (its bins searched, free chunks consolidated) was a sixth of reading a span.
+fn plain_attributes<'a>(buf: &'a [u8], start: usize, end: usize, out: &mut Attributes<'a>) -> Result<bool> {
+    out.clear();
     let mut span = Reader::new(buf, start, end);
     while !span.done() {
         let (number, wire_type) = span.tag()?;
@@ -512,14 +515,14 @@ fn plain_attributes(buf: &[u8], start: usize, end: usize) -> Result<Option<Attri
                 }
                 (2, 2) => {
                     if value.is_some() {
-                        return Ok(None);
+                        return Ok(false);
                     }
                     value = Some(entry.delimited()?);
                 }
                 _ => entry.skip(number, wire_type, 0)?,
             }
         }
-        let Some((vs, ve)) = value else { return Ok(None) };
+        let Some((vs, ve)) = value else { return Ok(false) };
         let mut any = Reader::new(buf, vs, ve);
         let mut found: Option<Value> = None;
         while !any.done() {
@@ -547,15 +550,15 @@ fn plain_attributes(buf: &[u8], start: usize, end: usize) -> Result<Option<Attri
             };
             if read.is_some() {
                 if found.is_some() {
-                    return Ok(None);
+                    return Ok(false);
                 }
                 found = read;
             }
         }
-        let Some(found) = found else { return Ok(None) };
+        let Some(found) = found else { return Ok(false) };
         out.push((key, found));
     }
-    Ok(Some(out))
+    Ok(true)
 }
 
 struct Bail;
@@ -1067,20 +1070,20 @@ impl NativeRead<'_> {
 /// The core's reading of a span (`read_shape` and its kept attributes), or `None` where the
 /// Python adapters must read it; `valid`: `derive_timings` cannot refuse the observation
 /// (`passes`; false without `bounds`).
-fn read_native<'py>(py: Python<'py>, data: &[u8], row: &SpanRow, kept_keys: &[String], bounds: Option<&Bounds>,
-                    strings: &mut Interner) -> PyResult<Option<NativeRead<'py>>> {
+fn read_native<'py, 'd>(py: Python<'py>, data: &'d [u8], row: &SpanRow, kept_keys: &[String], bounds: Option<&Bounds>,
+                        strings: &mut Interner, attrs: &mut Attributes<'d>) -> PyResult<Option<NativeRead<'py>>> {
     // No events (token, exception and first-token events are Python's), no repeated key.
     if row.events != 0 || row.duplicate_keys {
         return Ok(None);
     }
     let Ok(name) = utf8(&data[row.name.0..row.name.1]) else { return Ok(None) };
-    let attrs = match plain_attributes(data, row.payload.0, row.payload.1) {
-        Ok(Some(attrs)) => attrs,
-        Ok(None) => return Ok(None),
+    match plain_attributes(data, row.payload.0, row.payload.1, attrs) {
+        Ok(true) => {}
+        Ok(false) => return Ok(None),
         Err(Malformed(reason)) => return Err(PyValueError::new_err(reason)),
     };
-    let Ok(reading) = read_shape(row.kind, name, row.status_code, &attrs) else { return Ok(None) };
-    let Some(slim) = kept(py, &attrs, kept_keys, strings)? else { return Ok(None) };
+    let Ok(reading) = read_shape(row.kind, name, row.status_code, attrs) else { return Ok(None) };
+    let Some(slim) = kept(py, attrs, kept_keys, strings)? else { return Ok(None) };
     let valid = match (&reading.checked, bounds) {
         (Some(checked), Some(bounds)) => passes(checked, bounds),
         _ => false,
@@ -1089,9 +1092,9 @@ fn read_native<'py>(py: Python<'py>, data: &[u8], row: &SpanRow, kept_keys: &[St
 }
 
 /// `(shape, observation fields, kept attributes, valid)` for a span the core reads, else `None`.
-fn read_row<'py>(py: Python<'py>, data: &[u8], row: &SpanRow, kept_keys: &[String], bounds: Option<&Bounds>,
-                 strings: &mut Interner) -> PyResult<PyObject> {
-    let Some(read) = read_native(py, data, row, kept_keys, bounds, strings)? else { return Ok(py.None()) };
+fn read_row<'py, 'd>(py: Python<'py>, data: &'d [u8], row: &SpanRow, kept_keys: &[String], bounds: Option<&Bounds>,
+                     strings: &mut Interner, attrs: &mut Attributes<'d>) -> PyResult<PyObject> {
+    let Some(read) = read_native(py, data, row, kept_keys, bounds, strings, attrs)? else { return Ok(py.None()) };
     let shape = PyString::intern(py, read.shape).into_any();
     let valid = PyBool::new(py, read.valid).to_owned().into_any();
     let slim = read.slim.clone().into_any();
@@ -1363,6 +1366,7 @@ impl Digester {
             Ok(PyString::new(py, utf8(&data[range.0..range.1]).map_err(|Malformed(r)| PyValueError::new_err(r))?))
         };
         let empty = PyTuple::empty(py);
+        let mut attrs: Attributes = Vec::with_capacity(32);
         for row in &rows {
             let within_limits = !row.duplicate_keys && row.payload.1 - row.payload.0 <= self.max_value_bytes
                 && row.attributes <= self.max_attributes;
@@ -1377,7 +1381,7 @@ impl Digester {
                     let observation = if portable { fields } else { observation };
                     ready = Some((empty.clone().into_any(), observation.clone_ref(py)));
                 } else {
-                    read = read_native(py, data, row, &self.kept_keys, Some(&self.bounds), strings)?;
+                    read = read_native(py, data, row, &self.kept_keys, Some(&self.bounds), strings, &mut attrs)?;
                     match read.take() {
                         Some(native) if native.shape == "none" => {
                             passed_through += 1;
@@ -2235,9 +2239,10 @@ fn py_scan<'py>(py: Python<'py>, data: &[u8], kept_keys: Option<Vec<String>>, bo
     }
     let span_list = PyList::empty(py);
     let mut strings = Interner::default();
+    let mut attrs: Attributes = Vec::with_capacity(32);
     for row in &rows {
         let read = match &kept_keys {
-            Some(keys) => read_row(py, data, row, keys, bounds.as_ref(), &mut strings)?,
+            Some(keys) => read_row(py, data, row, keys, bounds.as_ref(), &mut strings, &mut attrs)?,
             None => py.None(),
         };
         span_list.append(scan_row(py, data, row, read)?)?;
