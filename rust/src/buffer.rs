@@ -11,9 +11,8 @@
 //!
 //! A trace becomes a Python object only when it leaves (completed, taken for a hand-over, shed): a
 //! `CompletedSpans`, whose `spans` dict (made when first read) the chain reads as it read a
-//! `PendingTrace`'s. Keys are
-//! SipHash'ed (the standard library's default): trace and span ids come from senders, and a
-//! chosen-collision flood must not turn the buffer's lookups linear.
+//! `PendingTrace`'s. Keys are SipHash'ed (the standard library's default): trace and span ids come
+//! from senders, and a chosen-collision flood must not turn the buffer's lookups linear.
 
 use std::collections::{HashMap, VecDeque};
 
