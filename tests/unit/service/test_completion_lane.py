@@ -15,7 +15,7 @@ import random
 import re
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +38,12 @@ pytestmark = pytest.mark.skipif(native_core.active()[0] is None or not hasattr(n
 _CREATED = re.compile(r"^[^ {]*_created[ {]")
 
 
-def _traffic(seed: int) -> list[bytes]:
+def _traffic(seed: int, with_fixtures: bool = True) -> list[bytes]:
+    """``with_fixtures=False``: the fleet mix alone, whose traces the lane nearly all takes."""
     from bench.workload import generate
 
     fleet = [batch.payload for batch in generate(6, seed=seed, min_spans=150, max_spans=250)]
-    fixtures = [builder().SerializeToString() for builder in F.BUILDERS.values()]
+    fixtures = [builder().SerializeToString() for builder in F.BUILDERS.values()] if with_fixtures else []
     # Gateway spans that end before they start: a value the core refuses (counted by reason, the
     # request measured without it).
     with_refusals = ExportTraceServiceRequest.FromString(fleet[0])
@@ -73,11 +74,25 @@ def _service(workdir: Path, lane: bool) -> Any:
 def run(tmp_path: Path) -> Iterator[Any]:
     stores: list[Any] = []
 
-    def run(name: str, requests: list[bytes], lane: bool, seed: int, again: list[bytes] = ()) -> dict[str, Any]:
+    def run(name: str, requests: list[bytes], lane: bool, seed: int, again: Sequence[bytes] = (),
+            while_deciding: Sequence[bytes] = ()) -> dict[str, Any]:
+        """``again``: fed once every trace is decided; ``while_deciding``: fed once, when the first
+        decisions are about to be remembered (their traces completed, undecided: their spans park)."""
         service, clock = _service(tmp_path / name, lane)
         store = service.components.get("exporters.store")
         stores.append(store)
         pipeline = service.pipeline
+        assembler = pipeline.assembler
+        parked: list[tuple[str, bool]] = []  # (where the spans were fed, whether some were parked)
+        for method in ("remember_decisions", "remember_lane"):
+            def feeding_first(*args: Any, _remember: Any = getattr(assembler, method), _method: str = method) -> None:
+                if while_deciding and not parked:
+                    for data in while_deciding:
+                        pipeline.buffer(data, False)
+                    parked.append((_method, assembler._has_parked()))
+                _remember(*args)
+
+            setattr(assembler, method, feeding_first)
         schedule = random.Random(seed)
         for data in requests:
             pipeline.buffer(data, False)
@@ -101,7 +116,7 @@ def run(tmp_path: Path) -> Iterator[Any]:
         decisions = sorted((trace_id, repr(remembered)) for trace_id, remembered in pipeline.assembler.decisions())
         store.shutdown(5.0)
         return {"metrics": metrics, "rows": store_rows(tmp_path / name), "completions": pipeline.assembler.completions,
-                "decisions": decisions, "lane_completed": lane_completed}
+                "decisions": decisions, "lane_completed": lane_completed, "parked": parked}
 
     yield run
     for store in stores:
@@ -145,6 +160,22 @@ def test_spans_after_the_lane_decided_their_trace_follow_its_decision_as_after_t
     assert lane["lane_completed"] > 300
     assert _sample(chain["metrics"], "otel_llm_spans_duplicate_total") > 100
     assert _sample(chain["metrics"], "otel_llm_late_spans_total") > 100
+
+
+def test_spans_parked_while_the_lane_decides_their_trace_follow_its_decision_as_in_the_chain(run: Any) -> None:
+    """A span that comes while its trace is being decided is parked and handed on with the decision
+    once remembered: from the lane, read from the buffer's parts of it (``take_parked``). The fleet
+    mix alone, so that the first decisions remembered are a lane run's."""
+    requests = _traffic(6, with_fixtures=False)
+    chain = run("chain", requests, lane=False, seed=6, while_deciding=requests)
+    lane = run("lane", requests, lane=True, seed=6, while_deciding=requests)
+    assert chain["parked"] == [("remember_decisions", True)] and lane["parked"] == [("remember_lane", True)]
+    assert lane["metrics"] == chain["metrics"]
+    assert lane["rows"] == chain["rows"]
+    assert lane["completions"] == chain["completions"]
+    assert lane["decisions"] == chain["decisions"]
+    assert lane["lane_completed"] > 300
+    assert _sample(chain["metrics"], "otel_llm_late_spans_total") > 0
 
 
 def test_a_trace_whose_policies_raise_fails_alone_in_both(run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
