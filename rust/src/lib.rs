@@ -1896,8 +1896,8 @@ fn delimited_len(data: &[u8]) -> Option<usize> {
 
 /// A buffered span (`otel_llm.pdata.spans.BufferedSpan`'s fields, methods and attribute names), as
 /// the compiled core makes it for spans with the ids the receivers admit (16-byte trace id, 8-byte
-/// span id, parent id empty or 8 bytes). Its numbers and ids are held inline, its bytes as one Rust
-/// allocation without the fields it holds anyway, rebuilt byte for byte when read (`payload`):
+/// span id, parent id empty or 8 bytes). Its numbers and ids are held inline, its bytes as one bytes
+/// object without the fields it holds anyway, rebuilt byte for byte when read (`payload`):
 /// ~200 B less per buffered span than the dataclass with its int and bytes objects. Not tracked by
 /// the garbage collector (no `__traverse__`): what it refers to (bytes, strings, the origin, the
 /// attribute tuple, the observation) never refers back to a span, so it can be in no cycle.
@@ -1917,7 +1917,7 @@ struct Row {
     observation: PyObject,
     start_unix_ns: u64,
     end_unix_ns: u64,
-    body: Box<[u8]>,
+    body: Py<PyBytes>,
     trace_id: [u8; 16],
     parent_span_id: [u8; 8],
     kind: i32,
@@ -1925,81 +1925,124 @@ struct Row {
     has_parent: bool,
 }
 
+/// Bytes built on the stack: the few `Row` leaves out of its body (ids at most 38, times 29).
+struct Inline<const N: usize> {
+    bytes: [u8; N],
+    len: usize,
+}
+
+impl<const N: usize> Inline<N> {
+    fn new() -> Self {
+        Inline { bytes: [0; N], len: 0 }
+    }
+
+    fn extend(&mut self, more: &[u8]) {
+        self.bytes[self.len..self.len + more.len()].copy_from_slice(more);
+        self.len += more.len();
+    }
+
+    fn varint(&mut self, mut value: u64) {
+        while value >= 0x80 {
+            self.extend(&[(value as u8) | 0x80]);
+            value >>= 7;
+        }
+        self.extend(&[value as u8]);
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+/// The pieces of a span's bytes in the order they are written, without a copy: what `payload`
+/// joins and what `compact` holds.
+fn joined_len(pieces: &[&[u8]]) -> usize {
+    pieces.iter().map(|piece| piece.len()).sum()
+}
+
+fn join_into(out: &mut [u8], pieces: &[&[u8]]) {
+    let mut at = 0;
+    for piece in pieces {
+        out[at..at + piece.len()].copy_from_slice(piece);
+        at += piece.len();
+    }
+}
+
 impl Row {
     /// The fields `body` leaves out before and after the span's name.
-    fn omitted(&self, py: Python<'_>) -> (Vec<u8>, Vec<u8>) {
-        let mut ids = Vec::with_capacity(38);
-        ids.extend_from_slice(&[0x0a, 16]);
-        ids.extend_from_slice(&self.trace_id);
-        ids.extend_from_slice(&[0x12, 8]);
-        ids.extend_from_slice(self.span_id.bind(py).as_bytes());
+    fn omitted(&self, py: Python<'_>) -> (Inline<38>, Inline<29>) {
+        let mut ids = Inline::<38>::new();
+        ids.extend(&[0x0a, 16]);
+        ids.extend(&self.trace_id);
+        ids.extend(&[0x12, 8]);
+        ids.extend(self.span_id.bind(py).as_bytes());
         if self.has_parent {
-            ids.extend_from_slice(&[0x22, 8]);
-            ids.extend_from_slice(&self.parent_span_id);
+            ids.extend(&[0x22, 8]);
+            ids.extend(&self.parent_span_id);
         }
-        let mut times = Vec::with_capacity(20);
+        let mut times = Inline::<29>::new();
         if self.kind != 0 {
-            times.push(0x30);
-            push_varint(&mut times, self.kind as i64 as u64); // int32: a negative one sign-extended
+            times.extend(&[0x30]);
+            times.varint(self.kind as i64 as u64); // int32: a negative one sign-extended
         }
         if self.start_unix_ns != 0 {
-            times.push(0x39);
-            times.extend_from_slice(&self.start_unix_ns.to_le_bytes());
+            times.extend(&[0x39]);
+            times.extend(&self.start_unix_ns.to_le_bytes());
         }
         if self.end_unix_ns != 0 {
-            times.push(0x41);
-            times.extend_from_slice(&self.end_unix_ns.to_le_bytes());
+            times.extend(&[0x41]);
+            times.extend(&self.end_unix_ns.to_le_bytes());
         }
         (ids, times)
     }
 
-    /// `payload` without what `omitted` rebuilds, where the payload holds exactly that; else as received.
-    fn compact(&mut self, py: Python<'_>, payload: &[u8]) {
+    /// `payload` without what `omitted` rebuilds, where the payload holds exactly that; else as
+    /// received. A bytes object, not a Rust allocation: CPython's small-object allocator makes and
+    /// frees it several times faster than glibc's `malloc` for a span's size (~100-500 B), and a
+    /// completed trace frees all its spans' at once.
+    fn compact<'py>(&self, py: Python<'py>, payload: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
         let (ids, times) = self.omitted(py);
-        let mut body = Vec::with_capacity(payload.len() + 1);
-        match payload.strip_prefix(ids.as_slice()) {
+        let (ids, times) = (ids.as_slice(), times.as_slice());
+        let pieces: [&[u8]; 4] = match payload.strip_prefix(ids) {
             Some(rest) if self.trace_state.bind(py).to_str().is_ok_and(str::is_empty) => {
                 let name_end = (rest.first() == Some(&0x2a)).then(|| delimited_len(rest)).flatten();
                 match name_end {
-                    Some(end) if !times.is_empty() && rest[end..].starts_with(&times) => {
-                        body.push(BODY_WITHOUT_IDS_AND_TIMES);
-                        body.extend_from_slice(&rest[..end]);
-                        body.extend_from_slice(&rest[end + times.len()..]);
+                    Some(end) if !times.is_empty() && rest[end..].starts_with(times) => {
+                        [&[BODY_WITHOUT_IDS_AND_TIMES], &rest[..end], &rest[end + times.len()..], &[]]
                     }
-                    _ => {
-                        body.push(BODY_WITHOUT_IDS);
-                        body.extend_from_slice(rest);
-                    }
+                    _ => [&[BODY_WITHOUT_IDS], rest, &[], &[]],
                 }
             }
-            _ => {
-                body.push(BODY_AS_RECEIVED);
-                body.extend_from_slice(payload);
+            _ => [&[BODY_AS_RECEIVED], payload, &[], &[]],
+        };
+        PyBytes::new_with(py, joined_len(&pieces), |out| {
+            join_into(out, &pieces);
+            Ok(())
+        })
+    }
+
+    /// The span's bytes as received, as the pieces they are rebuilt from (`ids` and `times` the
+    /// caller's, from `omitted`).
+    fn payload_pieces<'a>(&'a self, py: Python<'a>, ids: &'a [u8], times: &'a [u8]) -> [&'a [u8]; 4] {
+        let body = self.body.as_bytes(py);
+        let rest = &body[1..];
+        match body[0] {
+            BODY_AS_RECEIVED => [rest, &[], &[], &[]],
+            BODY_WITHOUT_IDS_AND_TIMES => {
+                // The name's extent, as `compact` found it in these same bytes.
+                let end = delimited_len(rest).unwrap_or(rest.len());
+                [ids, &rest[..end], times, &rest[end..]]
             }
+            _ => [ids, rest, &[], &[]],
         }
-        self.body = body.into_boxed_slice();
     }
 
     fn payload_bytes(&self, py: Python<'_>) -> Vec<u8> {
-        let rest = &self.body[1..];
-        match self.body[0] {
-            BODY_AS_RECEIVED => rest.to_vec(),
-            layout => {
-                let (ids, times) = self.omitted(py);
-                let mut out = Vec::with_capacity(ids.len() + rest.len() + times.len());
-                out.extend_from_slice(&ids);
-                if layout == BODY_WITHOUT_IDS_AND_TIMES {
-                    // The name's extent, as `compact` found it in these same bytes.
-                    let end = delimited_len(rest).unwrap_or(rest.len());
-                    out.extend_from_slice(&rest[..end]);
-                    out.extend_from_slice(&times);
-                    out.extend_from_slice(&rest[end..]);
-                } else {
-                    out.extend_from_slice(rest);
-                }
-                out
-            }
-        }
+        let (ids, times) = self.omitted(py);
+        let pieces = self.payload_pieces(py, ids.as_slice(), times.as_slice());
+        let mut out = vec![0; joined_len(&pieces)];
+        join_into(&mut out, &pieces);
+        out
     }
 
     /// A row of these fields, or `None` where an id has a length the receivers refuse (the
@@ -2018,9 +2061,10 @@ impl Row {
         };
         let mut row = Row {
             span_id: span_id.unbind(), trace_state: trace_state.unbind(), origin, attrs, observation, start_unix_ns,
-            end_unix_ns, body: Box::new([]), trace_id, parent_span_id: parent, kind, status_code, has_parent,
+            end_unix_ns, body: PyBytes::new(py, &[]).unbind(), trace_id, parent_span_id: parent, kind, status_code,
+            has_parent,
         };
-        row.compact(py, payload);
+        row.body = row.compact(py, payload).ok()?.unbind();
         Some(row)
     }
 
@@ -2030,7 +2074,7 @@ impl Row {
             self.parent_span_id(py).into_any(), self.kind.into_pyobject(py)?.into_any(),
             self.status_code.into_pyobject(py)?.into_any(), self.start_unix_ns.into_pyobject(py)?.into_any(),
             self.end_unix_ns.into_pyobject(py)?.into_any(), self.trace_state.bind(py).clone().into_any(),
-            self.payload(py).into_any(), self.origin.bind(py).clone(), self.attrs.bind(py).clone(),
+            self.payload(py)?.into_any(), self.origin.bind(py).clone(), self.attrs.bind(py).clone(),
             self.observation.bind(py).clone(),
         ])
     }
@@ -2119,8 +2163,13 @@ impl Row {
 
     /// The span as received, rebuilt (a new bytes object on each read: kept traces read it once).
     #[getter]
-    fn payload<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        PyBytes::new(py, &self.payload_bytes(py))
+    fn payload<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let (ids, times) = self.omitted(py);
+        let pieces = self.payload_pieces(py, ids.as_slice(), times.as_slice());
+        PyBytes::new_with(py, joined_len(&pieces), |out| {
+            join_into(out, &pieces);
+            Ok(())
+        })
     }
 
     #[getter]
@@ -2169,7 +2218,7 @@ impl Row {
     /// The object and its bytes' allocation (`sys.getsizeof`; a trace's shared objects not counted).
     fn __sizeof__(slf: &Bound<'_, Self>) -> PyResult<usize> {
         let basic: usize = slf.get_type().getattr(pyo3::intern!(slf.py(), "__basicsize__"))?.extract()?;
-        Ok(basic + slf.get().body.len())
+        Ok(basic + slf.get().body.bind(slf.py()).as_any().call_method0(pyo3::intern!(slf.py(), "__sizeof__"))?.extract::<usize>()?)
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
