@@ -491,9 +491,9 @@ def _span_row(span: Any) -> tuple[Any, ...]:
             span.attrs, span.observation)
 
 
-def _digest(data: bytes, settings: DigestSettings) -> tuple[Any, Any]:
+def _digest(data: bytes, settings: DigestSettings, validated: bool = False) -> tuple[Any, Any]:
     try:
-        spans, counts = digest_module.digest_in_process(data, settings)
+        spans, counts = digest_module.digest_in_process(data, settings, validated)
     except DecodeError:
         return "refused", None
     return [_span_row(s) for s in spans], counts
@@ -657,8 +657,11 @@ def test_every_fixture_and_capture_digests_the_same_on_both_paths(settings: Dige
             reference = _digest(data, settings)
         with implementation("native"):
             native = _digest(data, settings)
+            # As the pipeline reads bytes the receiver process's core validated: no second walk.
+            unwalked = _digest(data, settings, validated=True) if reference[0] != "refused" else native
         assert native[0] == reference[0], name
         assert native[1] == reference[1], name
+        assert unwalked == native, name
         compared += 1
         spans += len(reference[0]) if reference[0] != "refused" else 0
     assert compared == len(REQUESTS) + 2 and spans > 500
@@ -672,7 +675,8 @@ def test_the_adapter_process_pipe_carries_the_same_on_both_paths() -> None:
             with implementation(path):
                 try:
                     # A memoryview, as the adapter process digests a slice of its pipe message.
-                    spans, counts = digest_module.decode(digest_module.digest(memoryview(data), SETTINGS[0]))
+                    spans, counts = digest_module.decode(digest_module.digest(memoryview(data), SETTINGS[0],
+                                                                              validated=path == "native"))
                 except DecodeError:
                     results.append("refused")
                 else:
@@ -861,6 +865,16 @@ def test_a_refused_request_is_refused_by_the_adapter_stage_on_both_paths() -> No
                     digest_module.digest_in_process(HOSTILE[name], SETTINGS[0])
 
 
+def test_bytes_the_receivers_validated_are_not_walked_again() -> None:
+    """A ``VALIDATED`` request (bytes the receiver process's core accepted, unchanged:
+    test_receiver_process) is read without the validation walk, the reading's largest part after the
+    reading itself. What only that walk refuses, values nested past upb's depth, shows it is skipped."""
+    with implementation("native"):
+        for name in ("nested_values_48", "nested_mixed_45_2"):
+            assert _digest(HOSTILE[name], SETTINGS[0])[0] == "refused", name
+            assert _digest(HOSTILE[name], SETTINGS[0], validated=True)[0] != "refused", name
+
+
 # --- fuzz: seeded mutations, bounded ----------------------------------------------------------------
 
 FUZZ_INPUTS = 20_000  # ~1 s here; the digest on both paths for a quarter of the accepted ones
@@ -906,13 +920,14 @@ def test_fuzz_the_decoder_against_upb() -> None:
         accepted += 1
         if index % 4 == 0:  # the whole stage on a quarter of the accepted ones: same spans or same failure
             results = []
-            for path in ("python", "native"):
+            # The native path also as it reads bytes the receivers' check validated (accepted ones are).
+            for path, validated in (("python", False), ("native", False), ("native", True)):
                 with implementation(path):
                     try:
-                        results.append(_digest(data, SETTINGS[index % 2]))
+                        results.append(_digest(data, SETTINGS[index % 2], validated))
                     except Exception as exc:  # noqa: BLE001 - compared, not hidden
                         results.append(type(exc).__name__)
-            assert results[0] == results[1], f"input {index}: {data.hex()}"
+            assert results[0] == results[1] == results[2], f"input {index}: {data.hex()}"
             digested += 1
     elapsed = time.monotonic() - started
     print(f"fuzz: {FUZZ_INPUTS} inputs ({accepted} accepted, {refused} refused, {digested} digested on both paths) "

@@ -4,6 +4,7 @@ neither process outlives the other, and a dead receiver process stops the servic
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import signal
 import socket
@@ -13,6 +14,7 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
+from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -21,6 +23,8 @@ from otel_llm.config import HttpProtocol
 from otel_llm.receiver.otlp.http import OtlpHttpReceiver
 from otel_llm.receiver.otlp.process import (
     BATCH,
+    BATCH_HEADER,
+    VALIDATED,
     Forwarder,
     IntakeState,
     ReceiverCounters,
@@ -217,6 +221,43 @@ def test_nothing_is_admitted_behind_done():
     assert state.queued_spans == 3  # the admitted batch, waiting for the pipeline; the refused one released
     accepted, spans, _ = counters.snapshot()
     assert accepted["http"] == 3 and spans[("http", "shutting_down")] == 4
+
+
+def test_only_bytes_the_core_validated_as_received_are_forwarded_as_validated():
+    """The pipeline's reading skips validation for a ``VALIDATED`` message, so the receivers may
+    mark only the bytes the core's ``span_ids`` walked, unchanged: a request parsed instead (JSON),
+    re-serialized (an unusable id dropped) or refused must not carry the mark."""
+    rig = forwarder_rig()
+    forwarder, writer, reader = rig.forwarder, rig.writer, rig.reader
+    receiver = OtlpHttpReceiver(HttpProtocol(endpoint="127.0.0.1:0"), forwarder)
+    receiver.start()
+    as_sent = vllm_batch(3, model="as-sent").SerializeToString()
+    with_bad_id = vllm_batch(2, model="bad-id")
+    with_bad_id.resource_spans[0].scope_spans[0].spans[1].span_id = bytes(8)  # all zero: unusable
+    json_span = {"traceId": os.urandom(16).hex(), "spanId": os.urandom(8).hex(), "name": "llm_request", "kind": 2}
+    json_body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [json_span]}]}]}).encode()  # OTLP JSON: hex ids
+    try:
+        target = SimpleNamespace(http_port=receiver.port)
+        assert http_post(target, as_sent)[0] == 200
+        assert http_post(target, with_bad_id.SerializeToString())[0] == 200
+        assert http_post(target, json_body, content_type="application/json")[0] == 200
+        assert http_post(target, as_sent[:-3])[0] == 400  # cut short: malformed
+    finally:
+        receiver.stop()
+        forwarder.finish()
+        forwarder.close(10)
+        writer.close()
+    messages = []
+    while True:
+        try:
+            messages.append(reader.recv_bytes())
+        except EOFError:
+            break
+    header = BATCH_HEADER.size
+    assert [(m[:1], BATCH_HEADER.unpack_from(m)[1]) for m in messages[:-1]] == [
+        (VALIDATED, 3), (BATCH, 1), (BATCH, 1)]
+    assert messages[0][header:] == as_sent  # the very bytes validated
+    assert is_done_event(messages[-1])
 
 
 def test_http_stop_gives_requests_in_progress_their_grace_and_refuses_new_ones():

@@ -51,6 +51,7 @@ class IntakeItem:
     spans: int
     size: int
     digested: bool
+    validated: bool = False  # the receiver process's core validated these bytes (``process.VALIDATED``)
 
 
 class Intake:
@@ -70,10 +71,10 @@ class Intake:
         """Admitted and not yet processed, including what is still on its way from the receivers."""
         return self.state.queued_spans
 
-    def put(self, data: bytes, spans: int, size: int, digested: bool) -> None:
+    def put(self, data: bytes, spans: int, size: int, digested: bool, validated: bool = False) -> None:
         """``data``: a request of ``spans`` spans in ``size`` bytes, or the adapter process's output for it."""
         with self._cond:
-            self._items.append(IntakeItem(data, spans, size, digested))
+            self._items.append(IntakeItem(data, spans, size, digested, validated))
             self.held_spans += spans
             self.held_bytes += size
             self._cond.notify()
@@ -264,11 +265,11 @@ class Pipeline:
 
     # --- intake ----------------------------------------------------------------------------
 
-    def receive(self, data: bytes, spans: int, size: int, digested: bool) -> None:
+    def receive(self, data: bytes, spans: int, size: int, digested: bool, validated: bool = False) -> None:
         """A request the receivers admitted (and the adapter process digested): queue it for the worker."""
         if self.intake_log is not None:
             self.intake_log.arrived()
-        self.intake.put(data, spans, size, digested)
+        self.intake.put(data, spans, size, digested, validated)
         if self.memory_limiter is not None:
             self.memory_limiter.refuse_if_over(self.intake.state.queued_bytes)
 
@@ -302,7 +303,7 @@ class Pipeline:
                     return
                 continue
             try:
-                self.buffer(item.data, item.digested)
+                self.buffer(item.data, item.digested, item.validated)
             except Exception:  # one bad batch must not stop the pipeline; it is counted
                 log.exception("processing an export request failed")
                 self.telemetry.spans_dropped.labels("processing_error").inc(item.spans)
@@ -326,12 +327,13 @@ class Pipeline:
             except Exception:  # as in the ticker: a bug in one trace must not stop the intake
                 log.exception("trace completion failed")
 
-    def buffer(self, data: bytes, digested: bool) -> None:
-        """One request into the trace buffer, its adapter counts into self-telemetry."""
+    def buffer(self, data: bytes, digested: bool, validated: bool = False) -> None:
+        """One request into the trace buffer, its adapter counts into self-telemetry; ``validated``:
+        bytes the receiver process's core validated (``IntakeItem``)."""
         if digested:
             spans, counts = decode(data)
         else:
-            spans, counts = digest_in_process(data, self.digest_settings)  # parsed once already in the receiver process
+            spans, counts = digest_in_process(data, self.digest_settings, validated)
         telemetry = self.telemetry
         if counts.truncated:
             telemetry.spans_truncated.inc(counts.truncated)

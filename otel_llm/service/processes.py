@@ -31,6 +31,7 @@ from otel_llm.receiver.otlp.config import OtlpReceiver
 from otel_llm.receiver.otlp.intake_log import IntakeLogSettings, IntakeLogShared
 from otel_llm.receiver.otlp.process import (
     BATCH,
+    VALIDATED,
     BATCH_HEADER,
     EVENT,
     IntakeState,
@@ -47,13 +48,13 @@ class IngestProcesses:
     """Starts the receiver and adapter processes, reads the adapters' output into the pipeline, stops them."""
 
     def __init__(self, otlp: OtlpReceiver, digest: DigestSettings | None, state: IntakeState,
-                 counters: ReceiverCounters, put: Callable[[bytes, int, int, bool], None],
+                 counters: ReceiverCounters, put: Callable[[bytes, int, int, bool, bool], None],
                  failed: Callable[[int, int], None], context: Any) -> None:
         self._otlp = otlp
         self._digest = digest  # None: no adapter process, requests arrive as received
         self._state = state
         self._counters = counters
-        self._put = put  # data, accepted spans, request bytes, whether the adapters digested it
+        self._put = put  # data, accepted spans, request bytes, whether the adapters digested it, validated it
         self._failed = failed  # accepted spans, request bytes: a request the adapters could not process
         self._context = context
         self.grpc_port = 0
@@ -135,10 +136,10 @@ class IngestProcesses:
                 tag = message[:1]
                 if tag == DIGESTED:
                     _, spans, size = HEADER.unpack_from(message)
-                    put(message[header_size:], spans, size, True)
-                elif tag == BATCH:
+                    put(message[header_size:], spans, size, True, False)
+                elif tag == BATCH or tag == VALIDATED:
                     _, spans = BATCH_HEADER.unpack_from(message)
-                    put(message[batch_header_size:], spans, len(message) - batch_header_size, False)
+                    put(message[batch_header_size:], spans, len(message) - batch_header_size, False, tag == VALIDATED)
                 elif tag == FAILED:
                     _, spans, size = HEADER.unpack_from(message)
                     failed(spans, size)

@@ -160,7 +160,7 @@ def _as_data(request: RequestData | ExportTraceServiceRequest) -> RequestData:
     return request if isinstance(request, (bytes, memoryview)) else request.SerializeToString()
 
 
-def _digest(data: RequestData, settings: DigestSettings, portable: bool) -> tuple[Any, ...]:
+def _digest(data: RequestData, settings: DigestSettings, portable: bool, validated: bool = False) -> tuple[Any, ...]:
     """(origins, spans, counts) of the export request ``data`` (ids already checked). In-process:
     ``Origin`` and ``BufferedSpan`` objects. ``portable``, for the pipe: only marshal-able values, an
     origin as (resource bytes, scope bytes, service name, resource strings) and a span as a row of the
@@ -171,10 +171,12 @@ def _digest(data: RequestData, settings: DigestSettings, portable: bool) -> tupl
     ``max_attributes`` in the order received are the ones kept, and read back into the view.
 
     With the compiled core (``otel_llm.internal.core``) the request is walked in Rust instead
-    (``_digest_native``); this function's body stays the reference it is tested against."""
+    (``_digest_native``); this function's body stays the reference it is tested against.
+    ``validated``: the receiver process's core validated these very bytes, so the core's walk does
+    not validate them again (the parse here checks as it parses either way)."""
     extension = native_core.active()[0]
     if extension is not None:
-        return _digest_native(extension, data, settings, portable)
+        return _digest_native(extension, data, settings, portable, validated)
     request = ViewRequest()
     request.ParseFromString(data)
     upstream: ExportTraceServiceRequest | None = None  # parsed only if a span breaks a limit
@@ -248,7 +250,8 @@ def _digest(data: RequestData, settings: DigestSettings, portable: bool) -> tupl
     return origins, spans, (matched, malformed, passed_through, truncated)
 
 
-def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, portable: bool) -> tuple[Any, ...]:
+def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, portable: bool,
+                   validated: bool = False) -> tuple[Any, ...]:
     """``_digest`` with the request walked by the compiled core: one call returns every span's
     buffered fields and its bytes, so a span no adapter can claim (``may_be_llm``) is buffered
     without any protobuf object; for the candidates, ``classify`` reads the request parsed once into
@@ -270,7 +273,8 @@ def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, 
         return made[1], None
 
     try:
-        _, spans, slow, matched, passed_through = _digester(extension, settings).rows(data, portable, make_origins)
+        _, spans, slow, matched, passed_through = _digester(extension, settings).rows(data, portable, make_origins,
+                                                                                      validated)
     except ValueError as exc:  # the same bytes the view's parse refuses (tests/test_native_core.py)
         raise DecodeError(str(exc)) from None
     origins, flat_origins, portable_origins, service_names, truncated_resources = made
@@ -542,9 +546,11 @@ def _counts(counts: tuple[Any, ...]) -> DigestCounts:
     return DigestCounts(matched, malformed, passed_through, truncated)
 
 
-def digest(request: RequestData | ExportTraceServiceRequest, settings: DigestSettings) -> bytes:
-    """``request`` (ids already checked) as the marshal data ``decode`` reads: the adapter process's output."""
-    return marshal.dumps(_digest(_as_data(request), settings, portable=True))
+def digest(request: RequestData | ExportTraceServiceRequest, settings: DigestSettings,
+           validated: bool = False) -> bytes:
+    """``request`` (ids already checked) as the marshal data ``decode`` reads: the adapter process's
+    output. ``validated``: bytes the receiver process's compiled core validated (``process.VALIDATED``)."""
+    return marshal.dumps(_digest(_as_data(request), settings, portable=True, validated=validated))
 
 
 def _read_checked(span: Any, max_latency: float) -> tuple[Any, Any]:
@@ -576,10 +582,10 @@ def decode(data: bytes) -> tuple[list[BufferedSpan], DigestCounts]:
     return spans, _counts(counts)
 
 
-def digest_in_process(request: RequestData | ExportTraceServiceRequest, settings: DigestSettings
-                      ) -> tuple[list[BufferedSpan], DigestCounts]:
+def digest_in_process(request: RequestData | ExportTraceServiceRequest, settings: DigestSettings,
+                      validated: bool = False) -> tuple[list[BufferedSpan], DigestCounts]:
     """The same stage without the pipe (``service.adapter_process: false``)."""
-    _, spans, counts = _digest(_as_data(request), settings, portable=False)
+    _, spans, counts = _digest(_as_data(request), settings, portable=False, validated=validated)
     return spans, _counts(counts)
 
 
@@ -587,7 +593,7 @@ def run_adapter_process(settings: DigestSettings, source: Connection, sink: Conn
     """Entry point of the adapter process: requests from the receiver process, digested to the
     pipeline process, in order; receiver events are passed on in their place. It ends when the
     receivers say "done" or their pipe closes (they exited, or the pipeline process died first)."""
-    from otel_llm.receiver.otlp.process import BATCH, BATCH_HEADER, EVENT, is_done_event
+    from otel_llm.receiver.otlp.process import BATCH, BATCH_HEADER, EVENT, VALIDATED, is_done_event
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the pipeline process decides when to stop
     name_process("otel-llm-adapt")
@@ -621,12 +627,12 @@ def run_adapter_process(settings: DigestSettings, source: Connection, sink: Conn
             if message is None:
                 raise EOFError("the receivers' pipe closed")
             tag = message[:1]
-            if tag == BATCH:
+            if tag == BATCH or tag == VALIDATED:
                 _, spans = BATCH_HEADER.unpack_from(message)
                 size = len(message) - header_size
                 try:
                     sink.send_bytes(HEADER.pack(DIGESTED, spans, size) +
-                                    digest(memoryview(message)[header_size:], settings))
+                                    digest(memoryview(message)[header_size:], settings, tag == VALIDATED))
                 except (OSError, EOFError):
                     raise
                 except Exception:  # a bug on one request must not stop the stage; it is counted

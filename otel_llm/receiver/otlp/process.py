@@ -59,6 +59,9 @@ log = logging.getLogger(__name__)
 # Message tags on the pipe out of the receiver process, to the adapter process or, by default, to
 # the pipeline process (first byte of each message).
 BATCH = b"B"  # B, accepted spans (uint32), request bytes
+# The same, for bytes exactly as the compiled core's ``span_ids`` validated them (the request was
+# not parsed, changed or re-serialized here): the pipeline's reading need not validate them again.
+VALIDATED = b"V"
 EVENT = b"E"  # E, JSON {"event": "ready" | "error" | "done", ...}; passed on to the pipeline process
 _PROTOCOL_INDEX = {name: i for i, name in enumerate(PROTOCOLS)}
 BATCH_HEADER = struct.Struct("<cI")
@@ -232,6 +235,7 @@ class Forwarder:
             assert ids is not None and payload is not None, "an unparsed request comes with its bytes and ids"
         else:
             ids = check_ids(request)
+        validated = request is None  # the bytes ``span_ids`` validated, as long as they stay as received
         accepted = ids.spans - ids.rejected
         counters = self._counters
         if self.failed.is_set() and accepted:
@@ -242,22 +246,22 @@ class Forwarder:
                              retry_after_s=RETRY_AFTER_S[SHUTTING_DOWN])
         if ids.rejected:
             counters.spans_refused(protocol, "invalid_id", ids.rejected)
-            payload = None  # the request changed
+            payload, validated = None, False  # the request changed
         if accepted and self._intake_log is not None:
             if request is None:
                 assert payload is not None
                 request = ExportTraceServiceRequest.FromString(payload)
             if self._intake_log.redact(request):
-                payload = None  # content removed before it is written: no prompt on the log's disk
+                payload, validated = None, False  # content removed before it is written: no prompt on the log's disk
         if accepted:
             if payload is None:
                 assert request is not None
-                payload = request.SerializeToString()
+                payload, validated = request.SerializeToString(), False
             refused = self._state.reserve(accepted, len(payload))
             if refused:
                 counters.spans_refused(protocol, refused, accepted)
                 return Admission(0, ids.rejected, ids.message, refused=refused, retry_after_s=RETRY_AFTER_S[refused])
-            message = BATCH_HEADER.pack(BATCH, accepted) + payload
+            message = BATCH_HEADER.pack(VALIDATED if validated else BATCH, accepted) + payload
             unlogged, seq = "", 0
             with self._cond:
                 queued = self._accepting
