@@ -15,6 +15,7 @@ import itertools
 import json
 import math
 import subprocess
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -121,6 +122,9 @@ def model_dir(tmp_path_factory) -> Path:
     return out
 
 
+RECEIVED: dict[str, list[bytes]] = {}  # protocol -> the export requests otel-llm admitted from vLLM
+
+
 @pytest.fixture(scope="module", params=["grpc", "http/protobuf"])
 def live(request, model_dir, tmp_path_factory) -> Iterator[tuple[VllmServer, RunningServer]]:
     protocol = request.param
@@ -133,6 +137,17 @@ def live(request, model_dir, tmp_path_factory) -> Iterator[tuple[VllmServer, Run
         }})
     endpoint = (f"http://127.0.0.1:{otel.grpc_port}" if protocol == "grpc"
                 else f"http://127.0.0.1:{otel.http_port}/v1/traces")
+    # What the receivers admit, kept as they hand it to the pipeline (for the comparison of the
+    # compiled core with the Python reference on these very requests, the test's last phase).
+    intake = otel.service.pipeline.intake
+    admit = intake.put
+
+    def keep(data: bytes, spans: int, size: int, digested: bool, validated: bool = False) -> None:
+        assert not digested  # no adapter process: the requests' bytes as received
+        RECEIVED.setdefault(protocol, []).append(bytes(data))
+        admit(data, spans, size, digested, validated)
+
+    intake.put = keep  # type: ignore[method-assign]
     vllm = VllmServer(model_dir, endpoint, protocol, tmp / "vllm.log")
     try:
         vllm.wait_ready()
@@ -240,6 +255,25 @@ def test_a_live_vllm_server_is_counted_exactly_as_it_counts_itself(live):
         sum(c.completion_tokens or 0 for c in calls + more) + finished_aborts * (MAX_MODEL_LEN // 2)
     assert theirs.value("vllm:generation_tokens_total", model_name=SERVED_MODEL) - \
         ours.value("vllm:generation_tokens_total", model_name=SERVED_MODEL) >= len(aborts) - finished_aborts
+
+    # Phase 3: the requests vLLM sent, as the receivers admitted them, through a pipeline on each path
+    # (the compiled core and the Python reference, tests/test_native_core.py): the same /metrics, every
+    # bucket, and the same store rows; the native run's records the core's.
+    from tests.test_native_core import _run_pipeline
+
+    requests = RECEIVED[vllm.protocol]
+    with tempfile.TemporaryDirectory(prefix="otel-llm-live-paths-") as tmp:
+        built: list[int] = []
+        reference = _run_pipeline("python", requests, Path(tmp) / "python", built)
+        native = _run_pipeline("native", requests, Path(tmp) / "native", built)
+    assert native[0] == reference[0]
+    assert native[1] == reference[1]
+    assert built[:3] == [0, 0, 0] and built[3] >= done, built  # every measured request: a record the core built
+    assert sum(line.startswith("vllm:e2e_request_latency_seconds_count") for line in reference[0]) == 1
+    print(f"both paths on the live requests: {len(requests)} requests, "
+          f"{sum(not line.startswith('#') for line in reference[0])} /metrics samples, "
+          + ", ".join(f"{len(rows)} {table} rows" for table, rows in sorted(reference[1].items()))
+          + f", {built[3]} request records built by the core: 0 differences")
 
 
 def assert_slo_counts_equal_vllms_bucket(theirs: Scrape, ours: Scrape, finished_requests: int) -> None:

@@ -74,6 +74,7 @@ class VllmServer:
     def __init__(self, model_dir: Path, otlp_endpoint: str, protocol: str, log_path: Path,
                  extra_args: tuple[str, ...] = ()) -> None:
         self.port = free_port()
+        self.protocol = protocol  # OTLP's, to otel-llm
         self.log_path = log_path
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VLLM_"))}
         env.update({
