@@ -37,9 +37,9 @@ def serve(depth: str, argv: list[str]) -> int:
     from otel_llm.service import graph
 
     if depth in ("receive", "digest"):
-        def buffer(self: graph.Pipeline, data: bytes, digested: bool) -> None:
+        def buffer(self: graph.Pipeline, data: bytes, digested: bool, validated: bool = False) -> None:
             if depth == "digest":
-                graph.decode(data) if digested else graph.digest_in_process(data, self.digest_settings)
+                graph.decode(data) if digested else graph.digest_in_process(data, self.digest_settings, validated)
 
         graph.Pipeline.buffer = buffer  # type: ignore[method-assign]
     elif depth == "buffer":
@@ -88,6 +88,11 @@ def measure(rounds: int, warmup: float, duration: float, depths: list[str]) -> d
                     server.wait_ready()
                     log(f"round {round_index + 1}, depth {depth}:")
                     res = saturate_phase(load, server, batches, "grpc", warmup, duration)
+                    # A cut that no longer fits the pipeline (a changed signature) fails every request,
+                    # counted as dropped: a figure of that would measure the failure, not the depth.
+                    dropped = server.scrape().get("otel_llm_spans_dropped_total", 0.0)
+                    if dropped:
+                        raise RuntimeError(f"depth {depth}: the server dropped {dropped:.0f} spans; not a measurement")
                 finally:
                     server.stop()
                 spans = res.get("spans") or 0
