@@ -1452,7 +1452,7 @@ impl Digester {
                         py, &data[row.trace_id.0..row.trace_id.1], span_id.clone(),
                         &data[row.parent_span_id.0..row.parent_span_id.1], row.kind, row.status_code,
                         row.start_unix_ns, row.end_unix_ns, text(row.trace_state)?, &data[row.payload.0..row.payload.1],
-                        origin.clone().unbind(), attrs.clone_ref(py), observation.clone_ref(py));
+                        origin.clone().unbind(), attrs.clone_ref(py), observation.clone_ref(py))?;
                     if let Some(compact) = compact {
                         span_list.append(Bound::new(py, compact)?)?;
                         continue;
@@ -1968,8 +1968,8 @@ impl<const N: usize> Inline<N> {
     }
 }
 
-/// The pieces of a span's bytes in the order they are written, without a copy: what `payload`
-/// joins and what `compact` holds.
+/// The length of `pieces` joined in order (`join_into`): a span's bytes as `payload` rebuilds them
+/// from its body and fields, or its body as `compact` makes it from the bytes received.
 fn joined_len(pieces: &[&[u8]]) -> usize {
     pieces.iter().map(|piece| piece.len()).sum()
 }
@@ -2064,22 +2064,25 @@ impl Row {
     #[allow(clippy::too_many_arguments)]
     fn make(py: Python<'_>, trace_id: &[u8], span_id: Bound<'_, PyBytes>, parent_span_id: &[u8], kind: i32,
             status_code: i32, start_unix_ns: u64, end_unix_ns: u64, trace_state: Bound<'_, PyString>,
-            payload: &[u8], origin: PyObject, attrs: PyObject, observation: PyObject) -> Option<Row> {
-        let trace_id: [u8; 16] = trace_id.try_into().ok()?;
+            payload: &[u8], origin: PyObject, attrs: PyObject, observation: PyObject) -> PyResult<Option<Row>> {
+        let Ok(trace_id) = <[u8; 16]>::try_from(trace_id) else { return Ok(None) };
         if span_id.as_bytes().len() != 8 {
-            return None;
+            return Ok(None);
         }
         let (parent, has_parent): ([u8; 8], bool) = match parent_span_id.len() {
             0 => ([0; 8], false),
-            _ => (parent_span_id.try_into().ok()?, true),
+            _ => match <[u8; 8]>::try_from(parent_span_id) {
+                Ok(parent) => (parent, true),
+                Err(_) => return Ok(None),
+            },
         };
         let mut row = Row {
             span_id: span_id.unbind(), trace_state: trace_state.unbind(), origin, attrs, observation, start_unix_ns,
             end_unix_ns, body: PyBytes::new(py, &[]).unbind(), trace_id, parent_span_id: parent, kind, status_code,
             has_parent,
         };
-        row.body = row.compact(py, payload).ok()?.unbind();
-        Some(row)
+        row.body = row.compact(py, payload)?.unbind();
+        Ok(Some(row))
     }
 
     fn fields<'py>(&self, py: Python<'py>) -> PyResult<[Bound<'py, PyAny>; 12]> {
@@ -2121,7 +2124,7 @@ impl Row {
            payload: &[u8], origin: PyObject, attrs: Bound<'_, PyTuple>, observation: Option<PyObject>)
            -> PyResult<Self> {
         Row::make(py, trace_id, span_id, parent_span_id, kind, status_code, start_unix_ns, end_unix_ns, trace_state,
-                  payload, origin, attrs.into_any().unbind(), observation.unwrap_or_else(|| py.None()))
+                  payload, origin, attrs.into_any().unbind(), observation.unwrap_or_else(|| py.None()))?
             .ok_or_else(|| PyValueError::new_err("a span id of 8 bytes, a trace id of 16, a parent id of 0 or 8"))
     }
 
