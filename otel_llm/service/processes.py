@@ -31,12 +31,12 @@ from otel_llm.receiver.otlp.config import OtlpReceiver
 from otel_llm.receiver.otlp.intake_log import IntakeLogSettings, IntakeLogShared
 from otel_llm.receiver.otlp.process import (
     BATCH,
-    VALIDATED,
     BATCH_HEADER,
     EVENT,
     IntakeState,
     ReceiverArgs,
     ReceiverCounters,
+    VALIDATED,
     grow_pipe,
     run_receiver_process,
 )

@@ -59,8 +59,8 @@ log = logging.getLogger(__name__)
 # Message tags on the pipe out of the receiver process, to the adapter process or, by default, to
 # the pipeline process (first byte of each message).
 BATCH = b"B"  # B, accepted spans (uint32), request bytes
-# The same, for bytes exactly as the compiled core's ``span_ids`` validated them (the request was
-# not parsed, changed or re-serialized here): the pipeline's reading need not validate them again.
+# V, accepted spans (uint32), request bytes: a BATCH whose bytes are exactly those the compiled core's
+# ``span_ids`` validated (not parsed, changed or re-serialized here), so the pipeline need not validate them again.
 VALIDATED = b"V"
 EVENT = b"E"  # E, JSON {"event": "ready" | "error" | "done", ...}; passed on to the pipeline process
 _PROTOCOL_INDEX = {name: i for i, name in enumerate(PROTOCOLS)}
