@@ -93,6 +93,16 @@ def forwarder_rig() -> ForwarderRig:
     return ForwarderRig(forwarder, state, counters, reader, writer)
 
 
+def messages_until_closed(reader: Connection) -> list[bytes]:
+    """Everything the forwarder sent down the pipe, once its writing end is closed."""
+    messages = []
+    while True:
+        try:
+            messages.append(reader.recv_bytes())
+        except EOFError:
+            return messages
+
+
 def test_exports_are_answered_while_the_pipeline_is_stalled(make_server):
     """With the pipeline worker blocked, Export calls still get their answer in milliseconds (the
     spans wait in the intake), and once it resumes every admitted span is processed."""
@@ -211,12 +221,7 @@ def test_nothing_is_admitted_behind_done():
     assert (after.accepted, after.refused) == (0, "shutting_down")
     forwarder.close(10)
     writer.close()
-    messages = []
-    while True:
-        try:
-            messages.append(reader.recv_bytes())
-        except EOFError:
-            break
+    messages = messages_until_closed(reader)
     assert [m[:1] for m in messages] == [BATCH, b"E"] and is_done_event(messages[-1])
     assert state.queued_spans == 3  # the admitted batch, waiting for the pipeline; the refused one released
     accepted, spans, _ = counters.snapshot()
@@ -247,12 +252,7 @@ def test_only_bytes_the_core_validated_as_received_are_forwarded_as_validated():
         forwarder.finish()
         forwarder.close(10)
         writer.close()
-    messages = []
-    while True:
-        try:
-            messages.append(reader.recv_bytes())
-        except EOFError:
-            break
+    messages = messages_until_closed(reader)
     header = BATCH_HEADER.size
     assert [(m[:1], BATCH_HEADER.unpack_from(m)[1]) for m in messages[:-1]] == [
         (VALIDATED, 3), (BATCH, 1), (BATCH, 1)]

@@ -70,6 +70,13 @@ def _service(workdir: Path, lane: bool) -> Any:
     return service, clock
 
 
+
+def _assert_same(lane: dict[str, Any], chain: dict[str, Any], *what: str) -> None:
+    """The lane's run and the chain's gave the same of each of ``what`` (each compared on its own,
+    so a failure names the one that differs)."""
+    for name in what:
+        assert lane[name] == chain[name], name
+
 @pytest.fixture
 def run(tmp_path: Path) -> Iterator[Any]:
     stores: list[Any] = []
@@ -132,10 +139,7 @@ def test_the_lane_completes_what_the_chain_completes(run: Any, seed: int) -> Non
     requests = _traffic(seed)
     chain = run("chain", requests, lane=False, seed=seed)
     lane = run("lane", requests, lane=True, seed=seed)
-    assert lane["metrics"] == chain["metrics"]
-    assert lane["rows"] == chain["rows"]
-    assert lane["completions"] == chain["completions"]
-    assert lane["decisions"] == chain["decisions"]
+    _assert_same(lane, chain, "metrics", "rows", "completions", "decisions")
     # It compared something: the lane took most traces, the chain the rest; requests were measured,
     # some traces kept (and stored), most dropped.
     completed = sum(chain["completions"].values())
@@ -153,10 +157,7 @@ def test_spans_after_the_lane_decided_their_trace_follow_its_decision_as_after_t
     again = requests[: len(requests) // 2]
     chain = run("chain", requests, lane=False, seed=5, again=again)
     lane = run("lane", requests, lane=True, seed=5, again=again)
-    assert lane["metrics"] == chain["metrics"]
-    assert lane["rows"] == chain["rows"]
-    assert lane["completions"] == chain["completions"]
-    assert lane["decisions"] == chain["decisions"]
+    _assert_same(lane, chain, "metrics", "rows", "completions", "decisions")
     assert lane["lane_completed"] > 300
     assert _sample(chain["metrics"], "otel_llm_spans_duplicate_total") > 100
     assert _sample(chain["metrics"], "otel_llm_late_spans_total") > 100
@@ -170,10 +171,7 @@ def test_spans_parked_while_the_lane_decides_their_trace_follow_its_decision_as_
     chain = run("chain", requests, lane=False, seed=6, while_deciding=requests)
     lane = run("lane", requests, lane=True, seed=6, while_deciding=requests)
     assert chain["parked"] == [("remember_decisions", True)] and lane["parked"] == [("remember_lane", True)]
-    assert lane["metrics"] == chain["metrics"]
-    assert lane["rows"] == chain["rows"]
-    assert lane["completions"] == chain["completions"]
-    assert lane["decisions"] == chain["decisions"]
+    _assert_same(lane, chain, "metrics", "rows", "completions", "decisions")
     assert lane["lane_completed"] > 300
     assert _sample(chain["metrics"], "otel_llm_late_spans_total") > 0
 
@@ -193,9 +191,7 @@ def test_a_trace_whose_policies_raise_fails_alone_in_both(run: Any, monkeypatch:
     requests = _traffic(5)
     chain = run("chain", requests, lane=False, seed=5)
     lane = run("lane", requests, lane=True, seed=5)
-    assert lane["metrics"] == chain["metrics"]
-    assert lane["rows"] == chain["rows"]
-    assert lane["decisions"] == chain["decisions"]
+    _assert_same(lane, chain, "metrics", "rows", "decisions")
     assert _sample(chain["metrics"], 'otel_llm_spans_dropped_total{reason="assembly_error"}') > 10
     assert lane["lane_completed"] > 300
 
