@@ -18,7 +18,8 @@ use blake2::Blake2bVar;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyString, PyTuple};
 
-use crate::{entry_key, push_varint, utf8, validate, Msg, Reader, Row};
+use crate::Row;
+use otel_llm_engine::wire::{entry_key, push_varint, utf8, validate, Msg, Reader};
 
 // `synthesis.py`'s key classes (`_ALLOWED` ... `_METADATA_URL`), the class bits and the GenAI bit.
 const ALLOWED: u8 = 0;

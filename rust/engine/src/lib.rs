@@ -1,0 +1,7 @@
+//! otel-llm's native engine: the per-span work on native values. Nothing here knows Python: the
+//! binding crate (`rust/src`, the `otel_llm._core` extension) converts at the boundary, and what
+//! varies per engine or metric is declared in Python as data and handed over at construction.
+
+pub mod model;
+pub mod record;
+pub mod wire;
