@@ -10,7 +10,7 @@ TSTAMP := $(VENV)/.installed-test
 # The compiled core (rust/, otel_llm._core) is built by `pip install` through setuptools-rust when
 # cargo is on PATH; its build directory lives outside the tree so a rebuild is warm (README: build times).
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/otel-llm/cargo-target
-CORE_SOURCES := rust/Cargo.toml rust/Cargo.lock $(wildcard rust/src/*.rs)
+CORE_SOURCES := rust/Cargo.toml rust/Cargo.lock $(wildcard rust/src/*.rs) rust/engine/Cargo.toml $(wildcard rust/engine/src/*.rs)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
