@@ -322,6 +322,32 @@ impl Observation {
     }
 }
 
+// --- shapes ----------------------------------------------------------------------------------
+
+/// What a shape (an adapter of `adapters/engines.py`, declared in Python's shape table) says of
+/// every observation it makes: the fields `EngineObservation` holds that do not vary per span.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShapeInfo {
+    /// The adapter's name (`EngineObservation.adapter`, the label of `otel_llm_spans_matched`).
+    pub adapter: String,
+    /// `EngineKind`: vllm, sglang, tgi, genai, triton, trtllm, dynamo, llm-d.
+    pub engine_kind: String,
+    /// `Part` ("" for a request's own span): a span read from its request's root at assembly.
+    pub part: String,
+    /// A GenAI-semconv span that may be a gateway in front of an engine rather than a request.
+    pub may_be_gateway: bool,
+    /// Requests of this shape are read by Python only (composite engines, disaggregated pairs):
+    /// a trace holding such a span is declined by the record builder.
+    pub python_records: bool,
+}
+
+impl ShapeInfo {
+    /// `BufferedSpan.is_engine`: an engine's own request span.
+    pub fn is_engine(&self) -> bool {
+        !self.may_be_gateway && self.part.is_empty()
+    }
+}
+
 // --- a trace's spans in its arena -----------------------------------------------------------------
 
 /// A range of an arena: (offset, length).
