@@ -1,62 +1,45 @@
-"""Engine adapters: one function per span shape, each reading only the keys it needs.
+"""Engine adapters: the shape table (``shapes.py``) read in Python, and the few shapes read by
+functions of their own (their numbers are in events, or spread over a request's spans).
 
-Facts behind every key: ``shared/research/engine-spans.md``. ``classify`` is the single entry
-point; it returns ``None`` for spans that match no adapter (they are passed through, counted).
+``classify`` is the single entry point; it returns ``None`` for spans that match no shape (they
+are passed through, counted). The native engine compiles the same table (``rust/engine/src/shapes.rs``)
+and hands the spans of ``python_reading`` shapes to the functions here.
+Facts behind every key: ``shared/research/engine-spans.md``, ``tests/testdata/engines/FACTS.md``.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from otel_llm.pdata.otlp_view import Span as ViewSpan
 from otel_llm.pdata.attributes import AttrMap, attribute_map, get_float, get_int, get_str, get_str_list
-from otel_llm.processor.llm_metrics.adapters.durations import parse_rust_duration
 from otel_llm.pdata.observation import EngineKind, EngineObservation, MalformedSpan, Part
+from otel_llm.pdata.otlp_view import Span as ViewSpan
+from otel_llm.processor.llm_metrics.adapters import shapes
+from otel_llm.processor.llm_metrics.adapters.durations import parse_rust_duration
+from otel_llm.processor.llm_metrics.adapters.shapes import (
+    CANDIDATES, GENAI_OPERATIONS, LOGFIRE_AGENT_LLM_PREFIXES, RULES, SGLANG_STAGES, SHAPES, SPEC_DECODE_KEYS,
+    TGI_HANDLER_SPANS, VLLM_EVENT_LIMIT, VLLM_SPAN_NAME, Read, Rule, Shape)
+
+__all__ = ["GENAI_OPERATIONS", "LOGFIRE_AGENT_LLM_PREFIXES", "SGLANG_STAGES", "TGI_HANDLER_SPANS", "VLLM_SPAN_NAME",
+           "classify", "may_be_llm", "sglang_stage_observation"]
 
 _LAT = "gen_ai.latency."
-# The hot path's keys, spelled once (a global concatenation per lookup costs more than the lookup).
-_E2E = _LAT + "e2e"
-_TTFT = _LAT + "time_to_first_token"
-_QUEUE = _LAT + "time_in_queue"
-_PREFILL = _LAT + "time_in_model_prefill"
-_DECODE = _LAT + "time_in_model_decode"
-_INFERENCE = _LAT + "time_in_model_inference"
-VLLM_SPAN_NAME = "llm_request"
-TGI_HANDLER_SPANS = frozenset({"generate", "generate_stream", "chat_completions", "completions", "compat_generate"})
-_TGI_OPERATION = {"chat_completions": "chat"}
 _STATUS_ERROR = Status.STATUS_CODE_ERROR
-_SPAN_KIND_SERVER = Span.SPAN_KIND_SERVER
-_SPAN_KIND_INTERNAL = Span.SPAN_KIND_INTERNAL
-
-# SGLang 0.5.23 stage spans (RequestStage, req_time_stats.py:106-226; tests/testdata/engines/sglang/README.md).
-SGLANG_STAGES = frozenset({
-    "tokenize", "api_server_dispatch", "dpc_dispatch", "request_process", "prefill_waiting", "prefill_forward",
-    "chunked_prefill", "decode_waiting", "decode_forward", "decode_loop", "prefill_prepare", "prefill_bootstrap",
-    "prefill_transfer_kv_cache", "decode_prepare", "decode_bootstrap", "decode_transferred", "fake_output",
-    "quick_finish"})
-# Triton (server src/tracer.cc @ e1db8a60): the request root and a model's compute child, both SERVER.
-TRITON_ROOT = "InferRequest"
-TRITON_COMPUTE = "compute"
 TRITON_ROOT_EVENTS = frozenset({"HTTP_RECV_END", "GRPC_WAITREAD_END"})
 TRITON_MODEL_EVENTS = frozenset({"REQUEST_START", "QUEUE_START", "REQUEST_END"})
 TRITON_COMPUTE_EVENTS = frozenset({"COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"})
-# Dynamo (lib/runtime/src/logging.rs @ b4d7ad45): the frontend's root and a worker's engine span.
-DYNAMO_ROOT = "http-request"
-DYNAMO_WORKER = "engine.generate"
-# llm-d (llm-d-router @ ebab6879): the P/D sidecar's request span and its prefill/decode spans.
-LLMD_FORWARD = "forward_request"
-LLMD_PROXY_SPANS = {"prefill": "prefill", "decode": "decode", "llm_d.pd_proxy.prefill": "prefill",
-                    "llm_d.pd_proxy.decode": "decode"}
-LLMD_ORCHESTRATION = "gateway.request_orchestration"
-# trtllm-serve's keys beside vLLM's (tensorrt_llm/llmapi/tracing.py @ 0fb7f758); vLLM's own phase keys.
-_TRTLLM_KV = _LAT + "kv_cache_transfer_time"
-_VLLM_PHASE_KEYS = tuple(_LAT + k for k in ("time_in_model_prefill", "time_in_model_inference",
-                                            "time_in_model_decode", "time_in_scheduler", "time_in_model_forward",
-                                            "time_in_model_execute"))
 NOT_MEASURED = -1.0  # trtllm-serve's value for a metric it did not get (PR NVIDIA/TensorRT-LLM#5897)
-VLLM_EVENT_LIMIT = 128  # the OTel SDK's default span event limit: past it, token events are dropped
+_NO_ATTRS: AttrMap = {}
+
+# The names ``may_be_llm`` lets through for a span of any kind (the compiled core's old reader took them).
+_INTERNAL_NAMES = CANDIDATES.names
+
+
+# --- the table's readings ---------------------------------------------------------------------------
 
 
 def _number(attrs: AttrMap, key: str) -> float | None:
@@ -73,14 +56,59 @@ def _count(attrs: AttrMap, key: str) -> int | None:
         raise MalformedSpan("non_integer_tokens", str(exc)) from None
 
 
-def _first(attrs: AttrMap, *keys: str) -> str | None:
+def _first_present(attrs: AttrMap, keys: tuple[str, ...], read: Callable[[AttrMap, str], Any]) -> Any:
+    """``read`` of the first of ``keys`` the span has (None if it has none)."""
     for key in keys:
-        if key not in attrs:
-            continue
-        value = get_str(attrs, key)
-        if value:
-            return value
+        if key in attrs:
+            return read(attrs, key)
     return None
+
+
+def _first_text(attrs: AttrMap, keys: tuple[str, ...]) -> str | None:
+    for key in keys:
+        if key in attrs:
+            value = get_str(attrs, key)
+            if value:
+                return value
+    return None
+
+
+def _tgi_duration(attrs: AttrMap, key: str) -> float | None:
+    text = get_str(attrs, key)
+    if text is None:
+        return None
+    try:
+        return parse_rust_duration(text)
+    except ValueError as exc:
+        raise MalformedSpan("unparsable_duration", f"{key}: {exc}") from None
+
+
+_FINISH_CACHE: dict[str, str | None] = {}  # finish_reasons text -> first reason: a handful of distinct values
+
+
+def _finish_reason(attrs: AttrMap, key: str) -> str | None:
+    """The first of an array, or of a JSON string (vLLM main writes ``'["stop"]'``); JSON strings are
+    parsed once per distinct text."""
+    value = attrs.get(key)
+    if value is None:
+        return None
+    kind = value.WhichOneof("value")
+    if kind == "array_value":  # the first string of the array, without a list of them all
+        for item in value.array_value.values:
+            if item.WhichOneof("value") == "string_value":
+                return item.string_value
+        return None
+    if kind == "string_value":
+        text = value.string_value
+        if text in _FINISH_CACHE:
+            return _FINISH_CACHE[text]
+        reasons = get_str_list(attrs, key)
+        first = reasons[0] if reasons else None
+        if len(_FINISH_CACHE) < 256 and len(text) <= 64:
+            _FINISH_CACHE[text] = first
+        return first
+    reasons = get_str_list(attrs, key)
+    return reasons[0] if reasons else None
 
 
 def _error_of(span: Span, attrs: AttrMap) -> tuple[bool, str | None]:
@@ -97,7 +125,7 @@ def _exception_type(span: Span) -> str | None:
         if event.name == "exception":
             for kv in event.attributes:
                 if kv.key == "exception.type" and kv.value.string_value:
-                    return kv.value.string_value.rsplit(".", 1)[-1]
+                    return str(kv.value.string_value.rsplit(".", 1)[-1])
     return None
 
 
@@ -126,87 +154,106 @@ def _token_events(span: Span) -> tuple[float | None, tuple[float, ...]]:
     return ttft, tuple((b - a) / 1e9 for a, b in zip(generated, generated[1:]))
 
 
-_FINISH_CACHE: dict[str, str | None] = {}  # finish_reasons text -> first reason: a handful of distinct values
+def _cache_and_spec(attrs: AttrMap) -> tuple[int | None, int | None, int | None, int | None, int | None, str | None]:
+    """(cache reads, cache writes, accepted, draft, steps, why speculative decoding was not taken).
+
+    Speculative decoding counts only when all three numbers are there and consistent: accepted
+    draft tokens never exceed proposed ones. Otherwise only it is dropped (a rejected value, counted
+    at assembly): the request's latencies and its join do not depend on an optional extra."""
+    read = _first_present(attrs, shapes.CACHE_READ_KEYS, _count)
+    write = _first_present(attrs, shapes.CACHE_WRITE_KEYS, _count)
+    if not any(key in attrs for key in SPEC_DECODE_KEYS):
+        return read, write, None, None, None, None
+    accepted, draft, steps = (_count(attrs, key) for key in SPEC_DECODE_KEYS)
+    if accepted is None or draft is None or steps is None:
+        return read, write, None, None, None, "incomplete_spec_decode"
+    if accepted < 0 or draft < 0 or steps < 0 or accepted > draft:
+        return read, write, None, None, None, "inconsistent_spec_decode"
+    return read, write, accepted, draft, steps, None
 
 
-def _finish_reason(attrs: AttrMap) -> str | None:
-    """The first of ``gen_ai.response.finish_reasons``, an array or a JSON string (vLLM main writes
-    ``'["stop"]'``); JSON strings are parsed once per distinct text."""
-    value = attrs.get("gen_ai.response.finish_reasons")
-    if value is None:
-        return None
-    kind = value.WhichOneof("value")
-    if kind == "array_value":  # the first string of the array, without a list of them all
-        for item in value.array_value.values:
-            if item.WhichOneof("value") == "string_value":
-                return item.string_value
-        return None
-    if kind == "string_value":
-        text = value.string_value
-        if text in _FINISH_CACHE:
-            return _FINISH_CACHE[text]
-        reasons = get_str_list(attrs, "gen_ai.response.finish_reasons")
-        first = reasons[0] if reasons else None
-        if len(_FINISH_CACHE) < 256 and len(text) <= 64:
-            _FINISH_CACHE[text] = first
-        return first
-    reasons = get_str_list(attrs, "gen_ai.response.finish_reasons")
-    return reasons[0] if reasons else None
+def _read(read: Read, span: Span, attrs: AttrMap) -> tuple[Any, ...]:
+    """The values ``read`` gives (one per field it reads, in order)."""
+    how, keys = read.how, read.keys
+    if how == "seconds":
+        return (_first_present(attrs, keys, _number),)
+    if how == "milliseconds":
+        value = _first_present(attrs, keys, _number)
+        return (value / 1000.0 if value is not None else None,)
+    if how == "count":
+        return (_first_present(attrs, keys, _count),)
+    if how == "text":
+        return (_first_present(attrs, keys, get_str),)
+    if how == "first_text":
+        return (_first_text(attrs, keys),)
+    if how == "finish_reason":
+        return (_finish_reason(attrs, keys[0]) if keys[0] in attrs else None,)
+    if how == "rust_duration":
+        return (_tgi_duration(attrs, keys[0]),)
+    if how == "constant":
+        return (read.arg,)
+    if how == "by_span_name":
+        mapping, default = read.arg
+        return (dict(mapping).get(span.name, default),)
+    if how == "text_or_mapped":
+        key, fallback = keys
+        if key in attrs:
+            return (get_str(attrs, key),)
+        if fallback in attrs:
+            return (dict(read.arg).get(get_str(attrs, fallback) or ""),)
+        return (None,)
+    if how == "error":
+        return _error_of(span, attrs)
+    if how == "cache_and_spec":
+        return _cache_and_spec(attrs)
+    if how == "token_events":
+        return _token_events(span) if span.events else (None, ())
+    raise AssertionError(f"reading {how!r} is declared in shapes.READINGS but not read here")
 
 
-def _vllm(span: Span, attrs: AttrMap) -> EngineObservation:
-    is_error, error_type = _error_of(span, attrs)
-    inference = _number(attrs, _INFERENCE)
-    prefill = _number(attrs, _PREFILL)
-    v1 = prefill is not None or inference is not None
-    ttft = _number(attrs, _TTFT)
-    itl: tuple[float, ...] = ()
-    if span.events:
-        event_ttft, itl = _token_events(span)
-        if event_ttft is not None:
-            ttft = event_ttft
-    # vllm#40799 renames the token keys; the old ones stay accepted. Guarded lookups: this is the hot path.
-    prompt = _count(attrs, "gen_ai.usage.prompt_tokens")
-    if prompt is None:
-        prompt = _count(attrs, "gen_ai.usage.input_tokens")
-    completion = _count(attrs, "gen_ai.usage.completion_tokens")
-    if completion is None:
-        completion = _count(attrs, "gen_ai.usage.output_tokens")
-    cached, written, spec, spec_problem = _cache_and_spec(attrs)
-    return EngineObservation(
-        engine_kind=EngineKind.VLLM,
-        adapter="vllm_v1" if v1 else "vllm_v0",
-        ttft_s=ttft,
-        e2e_s=_number(attrs, _E2E),
-        queue_s=_number(attrs, _QUEUE),
-        prefill_s=prefill,
-        decode_s=_number(attrs, _DECODE),
-        inference_s=inference,
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        max_tokens=_count(attrs, "gen_ai.request.max_tokens"),
-        request_model=get_str(attrs, "gen_ai.request.model") if "gen_ai.request.model" in attrs else None,
-        response_model=get_str(attrs, "gen_ai.response.model") if "gen_ai.response.model" in attrs else None,
-        finish_reason=_finish_reason(attrs) if "gen_ai.response.finish_reasons" in attrs else None,
-        operation_name=get_str(attrs, "gen_ai.operation.name") if "gen_ai.operation.name" in attrs else None,
-        provider_name="vllm",
-        server_address=get_str(attrs, "server.address") if "server.address" in attrs else None,
-        server_port=get_str(attrs, "server.port") if "server.port" in attrs else None,
-        is_error=is_error,
-        error_type=error_type,
-        cached_tokens=cached,
-        cache_write_tokens=written,
-        spec_decode=spec,
-        spec_decode_rejected=spec_problem,
-        itl_s=itl,
-    )
+def _table_reading(shape: Shape, span: Span, attrs: AttrMap) -> EngineObservation | None:
+    """The observation ``shape``'s reads make of ``span``; raises ``MalformedSpan``."""
+    values: dict[str, Any] = {}
+    for fields, read in shape.reads:
+        for name, value in zip(fields, _read(read, span, attrs)):
+            if name == "ttft_s" and read.how == "token_events" and value is None:
+                continue  # no token events: the attribute's TTFT stands
+            values[name] = value
+    for after in shape.afterwards:
+        if after == shapes.SGLANG_SINGLE_OUTPUT:
+            decode, completion = values.get("decode_s"), values.get("completion_tokens")
+            if decode == 0 and completion is not None and completion > 1:
+                # Non-streaming without --enable-metrics: SGLang's "first token" is the final output (ttft == e2e).
+                values["ttft_s"] = values["decode_s"] = None
+        elif after == shapes.TGI_UNFINISHED:
+            if values.get("e2e_s") is None:
+                if not values.get("is_error"):
+                    # TGI records its fields only on success; the inner infer spans share these names and carry none.
+                    return None
+                values["error_type"] = values.get("error_type") or "_OTHER"
+    return observation_of(shape, values)
 
 
-def _is_trtllm(attrs: AttrMap) -> bool:
-    """trtllm-serve's key set: its KV-transfer key, or vLLM's latency keys without any of vLLM's phases."""
-    if _TRTLLM_KV in attrs:
-        return True
-    return (_LAT + "time_in_queue") in attrs and not any(key in attrs for key in _VLLM_PHASE_KEYS)
+def observation_of(shape: Shape, values: dict[str, Any]) -> EngineObservation:
+    """``shape``'s observation with ``values`` by field name (``shapes.FIELDS``; absent: None)."""
+    values = {name: value for name, value in values.items() if value is not None}
+    accepted = values.pop("spec_accepted_tokens", None)
+    draft = values.pop("spec_draft_tokens", None)
+    steps = values.pop("spec_steps", None)
+    if accepted is not None and draft is not None and steps is not None:
+        values["spec_decode"] = (accepted, draft, steps)
+    dispatch = values.pop("dispatch_to_first_token_s", None)
+    if dispatch is not None:
+        values["marks"] = ("dispatch_to_first_token_s", dispatch)
+    if "itl_s" in values:
+        values["itl_s"] = tuple(values["itl_s"])
+    if "derived" in values:
+        values["derived"] = tuple(values["derived"])
+    return EngineObservation(engine_kind=shape.engine_kind, adapter=shape.adapter, part=shape.part,
+                             may_be_gateway=shape.may_be_gateway, **values)
+
+
+# --- the shapes read by functions of their own ------------------------------------------------------
 
 
 def _measured(attrs: AttrMap, key: str) -> float | None:
@@ -221,7 +268,7 @@ def _trtllm(span: Span, attrs: AttrMap) -> EngineObservation:
     ttft = _measured(attrs, _LAT + "time_to_first_token")
     e2e = _measured(attrs, _LAT + "e2e")
     queue = _measured(attrs, _LAT + "time_in_queue")
-    kv = _measured(attrs, _TRTLLM_KV)
+    kv = _measured(attrs, shapes.TRTLLM_KV)
     if e2e is None:
         raise MalformedSpan("not_measured", "trtllm-serve span without a measured gen_ai.latency.e2e")
     reasons = get_str_list(attrs, "gen_ai.response.finish_reasons")
@@ -236,8 +283,9 @@ def _trtllm(span: Span, attrs: AttrMap) -> EngineObservation:
         queue_s=queue,
         prefill_s=prefill,
         decode_s=decode,
-        prompt_tokens=_first_count(attrs, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens"),
-        completion_tokens=_first_count(attrs, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens"),
+        prompt_tokens=_first_present(attrs, ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens"), _count),
+        completion_tokens=_first_present(attrs, ("gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens"),
+                                         _count),
         max_tokens=_count(attrs, "gen_ai.request.max_tokens"),
         request_model=get_str(attrs, "gen_ai.request.model"),
         response_model=get_str(attrs, "gen_ai.response.model"),
@@ -250,15 +298,22 @@ def _trtllm(span: Span, attrs: AttrMap) -> EngineObservation:
     )
 
 
-def _event_marks(span: Span, names: frozenset[str]) -> tuple:
-    marks: list = []
+def _event_marks(span: Span, names: frozenset[str]) -> tuple[Any, ...]:
+    marks: list[Any] = []
     for e in span.events:
         if e.name in names and e.name not in marks[::2]:
             marks += (e.name, e.time_unix_nano)
     return tuple(marks)
 
 
-def _triton_root(span: Span) -> EngineObservation:
+def _span_duration(span: Span) -> float | None:
+    start, end = span.start_time_unix_nano, span.end_time_unix_nano
+    if start <= 0 or end < start:
+        raise MalformedSpan("invalid_span_times", f"{span.name}: end before start")
+    return (end - start) / 1e9
+
+
+def _triton_root(span: Span, attrs: AttrMap) -> EngineObservation:
     """Triton's ``InferRequest``: e2e is its duration; the rest is read from its models at assembly."""
     marks = list(_event_marks(span, TRITON_ROOT_EVENTS))
     responses = [e.time_unix_nano for e in span.events if e.name == "INFER_RESPONSE_COMPLETE"]
@@ -271,11 +326,15 @@ def _triton_root(span: Span) -> EngineObservation:
         marks=tuple(marks))
 
 
-def _span_duration(span: Span) -> float | None:
-    start, end = span.start_time_unix_nano, span.end_time_unix_nano
-    if start <= 0 or end < start:
-        raise MalformedSpan("invalid_span_times", f"{span.name}: end before start")
-    return (end - start) / 1e9
+def _triton_model(span: Span, attrs: AttrMap) -> EngineObservation:
+    marks = ("model", get_str(attrs, "triton.model_name"), "parent_id", get_str(attrs, "triton.trace_parent_id"),
+             *_event_marks(span, TRITON_MODEL_EVENTS))
+    return _part(EngineKind.TRITON, "triton_model", Part.TRITON_MODEL, marks)
+
+
+def _triton_compute(span: Span, attrs: AttrMap) -> EngineObservation | None:
+    marks = _event_marks(span, TRITON_COMPUTE_EVENTS)
+    return _part(EngineKind.TRITON, "triton_compute", Part.TRITON_COMPUTE, marks) if marks else None
 
 
 def _dynamo_root(span: Span, attrs: AttrMap) -> EngineObservation:
@@ -297,7 +356,7 @@ def _dynamo_root(span: Span, attrs: AttrMap) -> EngineObservation:
                     for item in (key, get_str(attrs, key))))
 
 
-def _dynamo_worker(attrs: AttrMap) -> EngineObservation:
+def _dynamo_worker(span: Span, attrs: AttrMap) -> EngineObservation:
     ttft_ms = _number(attrs, "ttft_ms")
     return EngineObservation(
         engine_kind=EngineKind.DYNAMO, adapter="dynamo_worker", part=Part.DYNAMO_WORKER,
@@ -305,211 +364,49 @@ def _dynamo_worker(attrs: AttrMap) -> EngineObservation:
                "finish_reason", get_str(attrs, "finish_reason")))
 
 
+def _llmd_proxy(span: Span, attrs: AttrMap) -> EngineObservation:
+    return _part(EngineKind.LLM_D, "llm-d_proxy", Part.LLMD_PROXY, ("role", shapes.LLMD_PROXY_SPANS[span.name]))
+
+
+def _llmd_orchestration(span: Span, attrs: AttrMap) -> EngineObservation:
+    return _part(EngineKind.LLM_D, "llm-d_orchestration", Part.LLMD_ORCHESTRATION,
+                 ("target_model", get_str(attrs, "target_model")))
+
+
+def _part(kind: str, adapter: str, part: str, marks: tuple[Any, ...]) -> EngineObservation:
+    return EngineObservation(engine_kind=kind, adapter=adapter, part=part, marks=marks)
+
+
+# The shapes whose spans these functions read (``Shape.python_reading``).
+PYTHON_READINGS: dict[str, Callable[[Span, AttrMap], EngineObservation | None]] = {
+    "trtllm": _trtllm, "triton": _triton_root, "triton_model": _triton_model, "triton_compute": _triton_compute,
+    "dynamo": _dynamo_root, "dynamo_worker": _dynamo_worker, "llm-d_proxy": _llmd_proxy,
+    "llm-d_orchestration": _llmd_orchestration}
+if set(PYTHON_READINGS) != {name for name, shape in SHAPES.items() if shape.python_reading}:
+    raise ImportError("shapes.py's python_reading shapes and engines.PYTHON_READINGS differ")
+
+
+# --- classify ----------------------------------------------------------------------------------------
+
+
+def may_be_llm(kind: int, name: str) -> bool:
+    """``classify``'s first test, on a span's kind and name alone: ``False`` means ``classify``
+    returns ``(None, no attributes)`` without reading anything else."""
+    return CANDIDATES.match(kind, name)
+
+
 def _is_true(attrs: AttrMap, key: str) -> bool:
     value = attrs.get(key)
     return value is not None and (value.bool_value or value.string_value == "true")
 
 
-def _sglang(span: Span, attrs: AttrMap) -> EngineObservation:
-    is_error, error_type = _error_of(span, attrs)
-    finish = _finish_reason(attrs)
-    ttft = _number(attrs, _LAT + "time_to_first_token")
-    decode = _number(attrs, _LAT + "time_in_model_decode")
-    completion = _first_count(attrs, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens")
-    if decode == 0 and completion is not None and completion > 1:
-        # Non-streaming without --enable-metrics: SGLang's "first token" is the final output (ttft == e2e).
-        ttft = decode = None
-    # SGLang's time_in_model_prefill runs from the hand-off to the scheduler to the first output: it holds
-    # the scheduler queue, so it is neither a prefill nor (with inference) a running time. Assembly reads
-    # queue/prefill/decode from the stage spans, or reports them missing.
-    dispatch_to_first = _number(attrs, _LAT + "time_in_model_prefill")
-    return EngineObservation(
-        engine_kind=EngineKind.SGLANG,
-        adapter="sglang",
-        ttft_s=ttft,
-        e2e_s=_number(attrs, _LAT + "e2e"),
-        queue_s=_number(attrs, _LAT + "time_in_queue"),  # declared by SGLang but never set today
-        decode_s=decode,
-        prompt_tokens=_first_count(attrs, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens"),
-        completion_tokens=completion,
-        cached_tokens=_count(attrs, "gen_ai.usage.cached_tokens"),
-        marks=("dispatch_to_first_token_s", dispatch_to_first) if dispatch_to_first is not None else (),
-        max_tokens=_count(attrs, "gen_ai.request.max_tokens"),
-        request_model=get_str(attrs, "gen_ai.request.model"),
-        response_model=get_str(attrs, "gen_ai.response.model"),
-        finish_reason=finish,
-        provider_name="sglang",
-        is_error=is_error,
-        error_type=error_type,
-    )
-
-
-def _tgi_duration(attrs: AttrMap, key: str) -> float | None:
-    text = get_str(attrs, key)
-    if text is None:
-        return None
-    try:
-        return parse_rust_duration(text)
-    except ValueError as exc:
-        raise MalformedSpan("unparsable_duration", f"{key}: {exc}") from None
-
-
-def _tgi(span: Span, attrs: AttrMap) -> EngineObservation | None:
-    total = _tgi_duration(attrs, "total_time")
-    is_error, error_type = _error_of(span, attrs)
-    if total is None and not is_error:
-        # TGI records its fields only on success; the inner infer spans share these names and carry none.
-        return None
-    inference = _tgi_duration(attrs, "inference_time")
-    return EngineObservation(
-        engine_kind=EngineKind.TGI,
-        adapter="tgi",
-        e2e_s=total,
-        preprocess_s=_tgi_duration(attrs, "validation_time"),
-        queue_s=_tgi_duration(attrs, "queue_time"),
-        inference_s=inference,
-        operation_name=_TGI_OPERATION.get(span.name, "text_completion"),
-        provider_name="tgi",
-        is_error=is_error or total is None,
-        error_type=error_type or ("_OTHER" if total is None else None),
-    )
-
-
-def _genai(span: Span, attrs: AttrMap) -> EngineObservation:
-    is_error, error_type = _error_of(span, attrs)
-    finish = _finish_reason(attrs)
-    cached, written, spec, spec_problem = _cache_and_spec(attrs)
-    return EngineObservation(
-        engine_kind=EngineKind.GENAI,
-        adapter="genai",
-        # A client's time to first chunk (semconv v1.41, LiteLLM's V2 logger); the older server-named
-        # attribute some gateways (and, from the client, OpenLLMetry) write otherwise.
-        ttft_s=_first_number(attrs, "gen_ai.response.time_to_first_chunk", "gen_ai.server.time_to_first_token"),
-        prompt_tokens=_first_count(attrs, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens"),
-        completion_tokens=_first_count(attrs, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens"),
-        max_tokens=_count(attrs, "gen_ai.request.max_tokens") if "gen_ai.request.max_tokens" in attrs else None,
-        request_model=get_str(attrs, "gen_ai.request.model") if "gen_ai.request.model" in attrs else None,
-        response_model=get_str(attrs, "gen_ai.response.model") if "gen_ai.response.model" in attrs else None,
-        finish_reason=finish,
-        operation_name=_genai_operation(attrs),
-        provider_name=_first(attrs, "gen_ai.provider.name", "gen_ai.system"),
-        server_address=get_str(attrs, "server.address") if "server.address" in attrs else None,
-        server_port=get_str(attrs, "server.port") if "server.port" in attrs else None,
-        is_error=is_error,
-        error_type=error_type,
-        may_be_gateway=True,
-        cached_tokens=cached,
-        cache_write_tokens=written,
-        spec_decode=spec,
-        spec_decode_rejected=spec_problem,
-        # Reasoning tokens: the same key in semconv v1.41.0 and genai v0.1.0 (research/genai-semconv.md §2a-2b).
-        reasoning_tokens=_first_count(attrs, "gen_ai.usage.reasoning.output_tokens"),
-    )
-
-
-# Traceloop's own key, on OpenLLMetry releases before gen_ai.operation.name (0.54: "chat", "completion",
-# "embedding", "rerank"; opentelemetry-semantic-conventions-ai LLMRequestTypeValues), as semconv names.
-_TRACELOOP_REQUEST_TYPES = {"chat": "chat", "completion": "text_completion", "embedding": "embeddings"}
-
-
-def _genai_operation(attrs: AttrMap) -> str | None:
-    if "gen_ai.operation.name" in attrs:
-        return get_str(attrs, "gen_ai.operation.name")
-    if "llm.request.type" in attrs:
-        return _TRACELOOP_REQUEST_TYPES.get(get_str(attrs, "llm.request.type") or "")
-    return None
-
-
-def _first_number(attrs: AttrMap, *keys: str) -> float | None:
-    for key in keys:  # a loop, not a generator: this runs for every GenAI span
-        if key in attrs:
-            value = _number(attrs, key)
-            if value is not None:
-                return value
-    return None
-
-
-def _first_count(attrs: AttrMap, *keys: str) -> int | None:
-    for key in keys:
-        if key in attrs:
-            value = _count(attrs, key)
-            if value is not None:
-                return value
-    return None
-
-
-# Cache reads and writes on a span, first key present wins. Reads: semconv v1.41 (written by
-# opentelemetry-instrumentation-openai-v2 2.4b0 response_extractors.py:371-374, OpenLLMetry 0.62.4
-# openai/shared/__init__.py:285-290, LiteLLM 1.110 gen_ai_semconv.py:77-80, Logfire 5.4 semconv.py:75;
-# vllm#40799/#54476 on the engine span). Writes: semconv v1.41's cache_creation (same emitters) and the
-# genai repo's rename cache_write (genai #440).
-CACHE_READ_KEYS = ("gen_ai.usage.cache_read.input_tokens",)
-CACHE_WRITE_KEYS = ("gen_ai.usage.cache_creation.input_tokens", "gen_ai.usage.cache_write.input_tokens")
-# vLLM's per-request speculative-decoding object (response ``metrics.speculative_decoding``, vllm PR #48915;
-# RequestSpecDecodeMetrics.to_dict, vllm/v1/metrics/stats.py @ 0.32.0), read where a span carries it
-# under the vendor prefix ``vllm.``. No emitter in reach writes it on a span yet (vLLM 0.32 returns it
-# in the response body only).
-SPEC_DECODE_PREFIX = "vllm.metrics.speculative_decoding."
-_SPEC_ACCEPTED = SPEC_DECODE_PREFIX + "num_accepted_draft_tokens"
-_SPEC_DRAFT = SPEC_DECODE_PREFIX + "num_draft_tokens"
-_SPEC_STEPS = SPEC_DECODE_PREFIX + "num_spec_steps"
-
-
-def _cache_and_spec(attrs: AttrMap) -> tuple[int | None, int | None, tuple[int, int, int] | None, str | None]:
-    """(cache reads, cache writes, speculative decoding, why speculative decoding was not taken) a span
-    reports; None for what it does not say.
-
-    Speculative decoding counts only when all three numbers are there and consistent: accepted
-    draft tokens never exceed proposed ones. Otherwise only it is dropped (a rejected value, counted
-    at assembly): the request's latencies and its join do not depend on an optional extra."""
-    read = _first_count(attrs, *CACHE_READ_KEYS)
-    write = _first_count(attrs, *CACHE_WRITE_KEYS)
-    if not any(key in attrs for key in (_SPEC_ACCEPTED, _SPEC_DRAFT, _SPEC_STEPS)):
-        return read, write, None, None
-    accepted, draft, steps = _count(attrs, _SPEC_ACCEPTED), _count(attrs, _SPEC_DRAFT), _count(attrs, _SPEC_STEPS)
-    if accepted is None or draft is None or steps is None:
-        return read, write, None, "incomplete_spec_decode"
-    if accepted < 0 or draft < 0 or steps < 0 or accepted > draft:
-        return read, write, None, "inconsistent_spec_decode"
-    return read, write, (accepted, draft, steps), None
-
-
-# GenAI semconv span names are "{gen_ai.operation.name} {model}".
-GENAI_OPERATIONS = frozenset({"chat", "text_completion", "embeddings", "generate_content", "execute_tool",
-                              "invoke_agent", "create_agent", "invoke_workflow", "retrieval"})
-_NO_ATTRS: AttrMap = {}
-# LiteLLM's legacy OTel logger (litellm/integrations/opentelemetry.py, 1.110): an INTERNAL span with
-# gen_ai.* attributes; its child raw_gen_ai_request carries only llm.<provider>.* (no adapter reads it).
-LITELLM_SPAN_NAMES = frozenset({"litellm_request"})
-
-
-# Logfire's openai-agents LLM spans (INTERNAL; their names are Logfire's message templates,
-# logfire/_internal/integrations/openai_agents.py @ 5.4.0: "Responses API with {gen_ai.request.model!r}",
-# "Chat completion with {gen_ai.request.model!r}"): client calls, counted like any GenAI client span.
-LOGFIRE_AGENT_LLM_PREFIXES = ("Responses API", "Chat completion with ")
-
-
-_INTERNAL_NAMES = frozenset({VLLM_SPAN_NAME, *TGI_HANDLER_SPANS, *LITELLM_SPAN_NAMES, *SGLANG_STAGES, DYNAMO_ROOT,
-                             DYNAMO_WORKER, *LLMD_PROXY_SPANS})
-
-
-def _may_be_llm(span: Span, name: str) -> bool:
-    """Cheap test on name and kind, so the attributes of plain application spans are never read."""
-    return may_be_llm(span.kind, name)
-
-
-def may_be_llm(kind: int, name: str) -> bool:
-    """``classify``'s first test, on a span's kind and name alone: ``False`` means ``classify``
-    returns ``(None, no attributes)`` without reading anything else (the compiled core's callers
-    then never parse the span)."""
-    if kind in (_SPAN_KIND_SERVER, Span.SPAN_KIND_CLIENT):
-        return True  # engines' request spans, gateways, GenAI client calls
-    return (name in _INTERNAL_NAMES or " Req " in name or name.split(" ", 1)[0] in GENAI_OPERATIONS
-            or name.startswith(LOGFIRE_AGENT_LLM_PREFIXES))
-
-
-def _part(kind: str, adapter: str, part: str, marks: tuple) -> EngineObservation:
-    return EngineObservation(engine_kind=kind, adapter=adapter, part=part, marks=marks)
+def _matches(rule: Rule, span: Span, kind: int, name: str, attrs: AttrMap) -> bool:
+    return ((not rule.kinds or kind in rule.kinds) and (not rule.names or name in rule.names)
+            and all(key in attrs for key in rule.present) and not any(key in attrs for key in rule.absent)
+            and (not rule.any_of or any(key in attrs for key in rule.any_of))
+            and all(get_str(attrs, key) == value for key, value in rule.equals)
+            and all(_is_true(attrs, key) for key in rule.true)
+            and (not rule.no_attributes or not attrs) and (not rule.has_events or bool(span.events)))
 
 
 @functools.cache  # bounded: called only for the names of SGLANG_STAGES
@@ -520,64 +417,26 @@ def sglang_stage_observation(name: str) -> EngineObservation:
 
 
 def classify(span: Span) -> tuple[EngineObservation | None, AttrMap]:
-    """The adapter's reading of ``span``, or ``None`` when no adapter claims it.
+    """The shape's reading of ``span`` (the first rule of ``shapes.RULES`` that matches), or ``None``
+    when no shape claims it; with the span's attributes, which assembly keeps a few of.
 
-    Raises ``MalformedSpan`` when an adapter claims the span but its values are unusable.
+    Raises ``MalformedSpan`` when a shape claims the span but its values are unusable.
     """
-    name = span.name
-    if not _may_be_llm(span, name):
+    name, kind = span.name, span.kind
+    if not CANDIDATES.match(kind, name):
         return None, _NO_ATTRS
-    kind = span.kind
-    if kind == _SPAN_KIND_INTERNAL and name in SGLANG_STAGES:
-        # No attribute is read: the stage's name and interval are what assembly needs.
-        return sglang_stage_observation(name), _NO_ATTRS
     # The adapter stage reads spans through ``otlp_view``, whose attributes are already a map.
     attrs = span.attributes if type(span) is ViewSpan else attribute_map(span.attributes)
-    if name == VLLM_SPAN_NAME and kind == _SPAN_KIND_SERVER:
-        if _E2E not in attrs:
-            raise MalformedSpan("missing_latency", "llm_request span without gen_ai.latency.e2e")
-        if _INFERENCE not in attrs and _is_trtllm(attrs):
-            return _trtllm(span, attrs), attrs
-        return _vllm(span, attrs), attrs
-    if name in TGI_HANDLER_SPANS and "gen_ai.latency.e2e" not in attrs:
-        return _tgi(span, attrs), attrs
-    if _E2E in attrs:
-        if kind == _SPAN_KIND_SERVER:
-            # vLLM under any name (vllm#47633 "{operation} {model}"), by its attributes.
-            if _INFERENCE in attrs or _PREFILL in attrs:
-                return _vllm(span, attrs), attrs
-            if _is_trtllm(attrs):
-                return _trtllm(span, attrs), attrs
-            if "gen_ai.operation.name" in attrs:
-                return _vllm(span, attrs), attrs  # vllm#47633's attributes, whatever latencies it has
-        return _sglang(span, attrs), attrs
-    if get_str(attrs, "module") == "sglang::request":
-        return _sglang(span, attrs), attrs
-    if kind == _SPAN_KIND_SERVER:
-        if "triton.model_name" in attrs:
-            marks = ("model", get_str(attrs, "triton.model_name"),
-                     "parent_id", get_str(attrs, "triton.trace_parent_id"),
-                     *_event_marks(span, TRITON_MODEL_EVENTS))
-            return _part(EngineKind.TRITON, "triton_model", Part.TRITON_MODEL, marks), attrs
-        if name == TRITON_ROOT:
-            return _triton_root(span), attrs
-        if name == TRITON_COMPUTE and not attrs and span.events:
-            marks = _event_marks(span, TRITON_COMPUTE_EVENTS)
-            if marks:
-                return _part(EngineKind.TRITON, "triton_compute", Part.TRITON_COMPUTE, marks), attrs
-        if name == LLMD_FORWARD and _is_true(attrs, "llm_d.pd_proxy.disaggregation_used"):
-            return EngineObservation(engine_kind=EngineKind.LLM_D, adapter="llm-d"), attrs
-        if name == LLMD_ORCHESTRATION and "target_model" in attrs:
-            return _part(EngineKind.LLM_D, "llm-d_orchestration", Part.LLMD_ORCHESTRATION,
-                         ("target_model", get_str(attrs, "target_model"))), attrs
-    elif kind == _SPAN_KIND_INTERNAL:
-        if name == DYNAMO_ROOT and ("ttft_ms" in attrs or "request.outcome" in attrs):
-            return _dynamo_root(span, attrs), attrs
-        if name == DYNAMO_WORKER and "disagg_role" in attrs:
-            return _dynamo_worker(attrs), attrs
-        role = LLMD_PROXY_SPANS.get(name)
-        if role is not None and "llm_d.pd_proxy.connector" in attrs:
-            return _part(EngineKind.LLM_D, "llm-d_proxy", Part.LLMD_PROXY, ("role", role)), attrs
-    if "gen_ai.operation.name" in attrs or "gen_ai.request.model" in attrs or "gen_ai.response.model" in attrs:
-        return _genai(span, attrs), attrs
+    for rule in RULES:
+        if not _matches(rule, span, kind, name, attrs):
+            continue
+        if rule.malformed is not None:
+            raise MalformedSpan(*rule.malformed)
+        assert rule.shape is not None
+        shape = SHAPES[rule.shape]
+        if not shape.reads_attributes:
+            return (sglang_stage_observation(name) if shape.part == Part.SGLANG_STAGE
+                    else observation_of(shape, {})), _NO_ATTRS
+        reading = PYTHON_READINGS.get(shape.adapter)
+        return (reading(span, attrs) if reading is not None else _table_reading(shape, span, attrs)), attrs
     return None, attrs
