@@ -417,6 +417,9 @@ pub struct SpanSlot {
     pub name: Range32,
     pub origin: u16,
     pub obs: ObsSlot,
+    /// Whether assembly may read the span's attributes: Python keeps the few it reads only of spans
+    /// an adapter looked at (`classify`'s candidates, not SGLang's stage spans).
+    pub attrs_kept: bool,
 }
 
 impl SpanSlot {
@@ -528,6 +531,7 @@ impl TraceData {
             name: Range32::default(),
             origin,
             obs: ObsSlot { shape: NO_SHAPE, mask: 0, ranged: 0, at: 0 },
+            attrs_kept: true,
         };
         let (form, pieces) = compact_pieces(&self.trace_id, &slot, span.payload, span.trace_state.is_empty());
         slot.body_form = form;
@@ -742,9 +746,18 @@ impl TraceData {
         Some(observation)
     }
 
-    /// The last value of attribute `key` of the span (a repeated key: the last, as a map reads it).
+    /// The last value of attribute `key` of the span (a repeated key: the last, as a map reads it);
+    /// `None` for every key of a span whose attributes assembly does not read (`SpanSlot::attrs_kept`).
     pub fn attr(&self, at: usize, key: &str) -> Option<AnyValue<'_>> {
+        if !self.spans[at].attrs_kept {
+            return None;
+        }
         span_attribute(self.body(at), key)
+    }
+
+    /// Marks the span's attributes as not read by assembly (see `SpanSlot::attrs_kept`).
+    pub fn forget_attrs(&mut self, at: usize) {
+        self.spans[at].attrs_kept = false;
     }
 
     /// The time of the span's first event named one of `names` (0 when none).
