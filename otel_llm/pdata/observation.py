@@ -107,7 +107,7 @@ class EngineObservation:
                  cache_write_tokens: int | None = None, spec_decode: tuple[int, int, int] | None = None,
                  spec_decode_rejected: str | None = None, reasoning_tokens: int | None = None,
                  tpot_s: float | None = None, itl_s: tuple[float, ...] = (), part: str = "",
-                 marks: tuple[object, ...] = (), derived: tuple[str, ...] = ()) -> None:
+                 marks: tuple[object, ...] = (), derived: tuple[str, ...] = (), **carried: object) -> None:
         self.engine_kind = engine_kind
         self.adapter = adapter
         self.ttft_s = ttft_s
@@ -151,13 +151,23 @@ class EngineObservation:
             self.marks = marks
         if derived:
             self.derived = derived
+        # Fields a shape declares beyond these (``adapters/shapes.py``), carried by name to the record.
+        for name, value in carried.items():
+            if value is not None:
+                setattr(self, name, value)
+
+    def carried(self) -> dict[str, object]:
+        """The values of fields declared beyond ``OBSERVATION_FIELDS`` (``adapters/shapes.py``)."""
+        return {name: value for name, value in self.__dict__.items() if name not in _OWN_FIELDS}
 
     def as_tuple(self) -> tuple[object, ...]:
         """Every field in ``OBSERVATION_FIELDS`` order: ``EngineObservation(*as_tuple())`` is an equal copy."""
         return tuple(getattr(self, name) for name in OBSERVATION_FIELDS)
 
     def __eq__(self, other: object) -> bool:
-        return self.as_tuple() == other.as_tuple() if isinstance(other, EngineObservation) else NotImplemented
+        if not isinstance(other, EngineObservation):
+            return NotImplemented
+        return self.as_tuple() == other.as_tuple() and self.carried() == other.carried()
 
     __hash__ = None  # type: ignore[assignment]  # as the mutable dataclass it replaced
 
@@ -171,6 +181,9 @@ class EngineObservation:
             if marks[index] == key:
                 return marks[index + 1]
         return None
+
+
+_OWN_FIELDS = frozenset(OBSERVATION_FIELDS)
 
 
 class MalformedSpan(ValueError):

@@ -23,6 +23,7 @@ from typing import Any
 
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
+from otel_llm.processor.llm_metrics.adapters import shapes
 from otel_llm.processor.llm_metrics.adapters.engines import GENAI_OPERATIONS, SGLANG_STAGES, sglang_stage_observation
 from otel_llm.pdata.observation import EngineKind, EngineObservation, MalformedSpan, Part
 from otel_llm.processor.llm_metrics import composite
@@ -506,6 +507,12 @@ _RECORD_ORDER = (
 _RECORD_FIELDS = tuple(f.name for f in fields(RequestRecord))
 if _RECORD_FIELDS[:len(_RECORD_ORDER)] != _RECORD_ORDER:
     raise ImportError("RequestRecord's fields moved: update build_record's positional construction")
+# The record fields the rules of this module set (from an observation field of the same name or
+# otherwise); every other field a shape and RequestRecord both declare is carried to the record by
+# name, unchanged (an engine attribute read for a metric declared on it: ``adapters/shapes.py``).
+_RULED = frozenset(_RECORD_ORDER) | {"spec_accepted_tokens", "spec_draft_tokens", "spec_steps", "lora_adapter",
+                                     "lora_base_model"}
+CARRIED = tuple(f.name for f in shapes.FIELDS if f.name in _RECORD_FIELDS and f.name not in _RULED)
 
 
 def build_record(buffered: BufferedSpan, joined: Joined, settings: RecordSettings,
@@ -554,6 +561,10 @@ def build_record(buffered: BufferedSpan, joined: Joined, settings: RecordSetting
         record.model, record.model_source = _fallback_model(obs, buffered.origin.resource_strings, settings)
     if settings.lora_adapters:
         _name_adapter(record, settings.lora_adapters)
+    for name in CARRIED:
+        value = getattr(obs, name, None)
+        if value is not None:
+            setattr(record, name, value)
     record.rejected = tuple(rejected)
     return record
 
