@@ -444,6 +444,8 @@ pub struct NewSpan<'a> {
     pub scope: &'a [u8],
     pub service_name: &'a str,
     pub observation: Option<&'a Observation>,
+    /// Whether assembly may read the span's attributes (`SpanSlot::attrs_kept`).
+    pub attrs_kept: bool,
 }
 
 /// One trace's spans, their bytes and their observations.
@@ -531,7 +533,7 @@ impl TraceData {
             name: Range32::default(),
             origin,
             obs: ObsSlot { shape: NO_SHAPE, mask: 0, ranged: 0, at: 0 },
-            attrs_kept: true,
+            attrs_kept: span.attrs_kept,
         };
         let (form, pieces) = compact_pieces(&self.trace_id, &slot, span.payload, span.trace_state.is_empty());
         slot.body_form = form;
@@ -1101,6 +1103,7 @@ mod tests {
         NewSpan {
             span_id, parent_span_id: parent, kind: SPAN_KIND_SERVER, status_code: 0, start_unix_ns: 10,
             end_unix_ns: 20, payload, trace_state: "", resource: b"r", scope: b"s", service_name: "svc", observation,
+            attrs_kept: true,
         }
     }
 
