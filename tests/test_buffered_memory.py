@@ -37,7 +37,11 @@ EVERY_FIELD_SET: dict[str, object] = {
 
 
 def test_every_observation_field_reads_back_as_given_and_round_trips_in_field_order() -> None:
-    assert tuple(inspect.signature(EngineObservation).parameters) == OBSERVATION_FIELDS
+    named = tuple(name for name, parameter in inspect.signature(EngineObservation).parameters.items()
+                  if parameter.kind is not inspect.Parameter.VAR_KEYWORD)
+    assert named == OBSERVATION_FIELDS
+    carried = EngineObservation("vllm", "vllm_v1", request_n=2)  # a field a shape declares beyond these
+    assert carried.carried() == {"request_n": 2} and carried != EngineObservation("vllm", "vllm_v1")
     assert set(EVERY_FIELD_SET) == set(OBSERVATION_FIELDS)
     observation = EngineObservation(**EVERY_FIELD_SET)  # type: ignore[arg-type]
     assert {name: getattr(observation, name) for name in OBSERVATION_FIELDS} == EVERY_FIELD_SET
