@@ -19,7 +19,7 @@ import jsonschema
 import pytest
 import yaml
 
-from otel_llm.config import EMBEDDED_DEFAULTS, ConfigError, config_from_dict
+from otel_llm.config import ConfigError, config_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -161,8 +161,8 @@ def _merge(base: Any, over: Any) -> Any:
 
 
 def _example_configs() -> dict[str, Any]:
-    configs: dict[str, Any] = {"EMBEDDED_DEFAULTS": EMBEDDED_DEFAULTS}
-    for path in ("collector-config/otel-llm.yaml", "deploy/docker/otel-llm.yaml", "tests/testdata/minimal.yaml",
+    configs: dict[str, Any] = {"the embedded defaults (no file)": {}}
+    for path in ("otel-llm.yaml", "collector-config/otel-llm.yaml", "deploy/docker/otel-llm.yaml", "tests/testdata/minimal.yaml",
                  *(str(p.relative_to(ROOT)) for p in sorted((ROOT / "docs" / "examples").glob("*.yaml")))):
         configs[path] = yaml.safe_load((ROOT / path).read_text(encoding="utf-8"))
     chart = ROOT / "deploy" / "helm" / "otel-llm"
