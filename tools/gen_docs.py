@@ -533,8 +533,8 @@ def self_telemetry_md() -> str:
     lines = [HEADER, "# Self-telemetry", "",
              "otel-llm's own families on `/metrics` (prefix `otel_llm_`), generated from their declarations "
              "(`TelemetryFamily` in each component's code), grouped by what exposes them: a section's families "
-             "are there while that component runs. In the text exposition each counter here also has "
-             "`<name>_created` (a gauge: when the counter was created, prometheus_client's own). What to do when one "
+             "are there while that component runs. In the text exposition most counters here also have "
+             "`<name>_created` (a gauge prometheus_client adds: when the counter was created). What to do when one "
              "of them moves: [Troubleshooting](../troubleshooting.md); the span-derived metrics: "
              "[Metrics](metrics.md).", ""]
     for exposed_by in EXPOSED_BY_ORDER:
