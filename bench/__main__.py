@@ -177,7 +177,8 @@ def pipeline_config(workdir: Path, name: str, grpc_port: int, http_port: int, me
         },
         "exporters": {"prometheus": {"endpoint": f"{LOOPBACK}:{metrics_port}"},
                       "store": {"path": str(workdir / f"{name}-store")}},
-        "service": {"shutdown_grace": "2s", **(service or {})},
+        # The web view off (it runs unless a config says so): the bench measures the pipeline.
+        "service": {"shutdown_grace": "2s", "extensions": [], **(service or {})},
     }
     path = workdir / f"{name}.yaml"
     path.write_text(json.dumps(config, indent=2))  # JSON is YAML

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from otel_llm import __version__
-from otel_llm.config import ConfigError, check_certificates, load_config, parse_duration
+from otel_llm.config import ConfigError, check_certificates, load_config, parse_duration, running_extensions
 from otel_llm.internal.runtime import raise_fd_limit, tune_gc
 
 EXIT_CONFIG = 2  # the config cannot run (also what `validate` rejects)
@@ -59,9 +59,9 @@ def _serve(args: argparse.Namespace) -> int:
         parts.append(f"OTLP/HTTP :{service.http_port}")
     if service.prometheus is not None:
         parts.append(f"metrics :{service.prometheus.port}/metrics")
-    if service.webview is not None:
-        parts.append(f"web view :{service.webview.port}/")
-    print(f"otel-llm {__version__} ready: {', '.join(parts)}", flush=True)
+    ports = {"webview": service.webview.port} if service.webview is not None else {}
+    print(f"otel-llm {__version__} ready: {', '.join(parts)}; extensions: {running_extensions(config, ports)}",
+          flush=True)
     while not stop.wait(0.5):  # a timed wait lets the main thread run signal handlers promptly
         if service.failed:
             print("otel-llm: an ingest process died; stopping (completing pending traces)", file=sys.stderr,
@@ -77,6 +77,11 @@ URL_DEFAULT = "http://127.0.0.1:9464"
 
 
 def _validate(args: argparse.Namespace) -> int:
+    if args.config_flag is not None:  # `--config FILE`, as `otelcol validate --config=FILE`
+        if args.config is not None:
+            print("otel-llm validate: give the config file once: FILE or --config FILE", file=sys.stderr)
+            return EXIT_CONFIG
+        args.config = args.config_flag
     if args.explain:
         if args.config is not None:
             print("otel-llm validate: --explain reads a running instance (--url), not a config file: give one "
@@ -93,11 +98,12 @@ def _validate(args: argparse.Namespace) -> int:
         print("otel-llm validate: give a config file, or --explain [--url URL] for a running instance", file=sys.stderr)
         return EXIT_CONFIG
     try:
-        check_certificates(load_config(args.config))
+        config = load_config(args.config)
+        check_certificates(config)
     except ConfigError as exc:
         print(f"{args.config}: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    print(f"{args.config}: ok")
+    print(f"{args.config}: ok; extensions: {running_extensions(config)}")
     return 0
 
 
@@ -218,6 +224,8 @@ def build_parser(simulate: bool = True) -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="check a config file and exit (2 if invalid); with --explain, the "
                               "likeliest reasons a running instance's numbers are missing")
     validate.add_argument("config", nargs="?", help="YAML config file")
+    validate.add_argument("--config", dest="config_flag", metavar="FILE",
+                          help="YAML config file, as the Collector's `validate --config=FILE` (the same as FILE)")
     validate.add_argument("--explain", action="store_true",
                           help="read a running otel-llm's own counters (--url) and name the likeliest reasons numbers "
                                "are missing, each with its section of docs/troubleshooting.md")

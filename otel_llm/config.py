@@ -4,13 +4,13 @@ Each component's options live in its own folder (``receiver/otlp/config.py``, ..
 through its factory, so the ``receivers``, ``processors`` and ``exporters`` sections are built from
 the component folders. What this module checks is what no single component can: the pipelines (which
 components run, in which order), two components claiming one port or one directory, and the intake
-log's place beside the store. A top-level section that is absent takes its defaults; a ``receivers``
-or ``exporters`` section that is present sets up only the components it lists (a missing
-``exporters.store`` means no store). Every processor always has a config (its defaults); which
-processors run is ``service.pipelines.traces.processors`` (all four without pipelines). As in the
-Collector, a component that no pipeline lists does not run, and ``extensions`` (the web view) run
-only when configured (and, with ``service.extensions``, listed there); the embedded defaults
-configure the web view.
+log's place beside the store. A top-level section that is absent takes its defaults (without
+``extensions``, the web view on loopback); a ``receivers``, ``exporters`` or ``extensions`` section
+that is present sets up only the components it lists (a missing ``exporters.store`` means no store).
+Every processor always has a config (its defaults); which processors run is
+``service.pipelines.traces.processors`` (all four without pipelines). As in the Collector, a
+component that no pipeline lists does not run, and ``service.extensions`` lists the extensions that
+run (``[]``: none, the explicit way to turn the web view off).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ __all__ = [
     "OtlpTraceExporter", "PolicyConfig", "PositiveInt", "ProbabilisticPolicyConfig", "PrometheusExporter",
     "RateLimitConfig", "RedactionProcessor", "ResourceModelRuleConfig", "RetryOnFailure", "SendingQueue", "ServerTls",
     "SloPolicyConfig", "SlowestPolicyConfig", "StoreExporter", "TailSamplingProcessor", "check_certificates",
-    "config_from_dict", "default_policies", "EMBEDDED_DEFAULTS", "exposed_without_token", "format_duration", "intake_log_directory", "load_config", "parse_duration",
+    "config_from_dict", "default_policies", "exposed_without_token", "format_duration", "intake_log_directory", "load_config", "parse_duration", "running_extensions",
     "parse_endpoint", "split_endpoint", "_Duration",
 ]
 
@@ -136,7 +136,7 @@ class Service:
     # for good (a laptop, a scale-down) should leave every trace decided and exported; the scale-out
     # configs (Helm with persistence, compose) turn it on.
     hand_over_pending_traces: bool = False
-    # The extensions that run (the Collector's service.extensions); unset: every configured one.
+    # The extensions that run (the Collector's service.extensions); unset: every configured one; []: none.
     extensions: list[str] | None = None
 
     BOUNDS = {"shutdown_grace": (0.0, 3600.0)}
@@ -148,7 +148,7 @@ class Config:
     receivers: Receivers = field(default_factory=Receivers)
     processors: Processors = field(default_factory=Processors)
     exporters: Exporters = field(default_factory=Exporters)
-    # Beside the pipelines (the web view): only what the config lists; the embedded defaults list webview.
+    # Beside the pipelines (the web view): absent, the defaults (the web view); present, what it lists.
     extensions: Extensions = field(default_factory=Extensions)
     service: Service = field(default_factory=Service)
 
@@ -368,8 +368,9 @@ def config_from_dict(data: Any) -> Config:
         raise ConfigError("exporters.prometheus.web", "the web view is an extension now, on a listener of its own "
                                                       "(off the scrape path): move this block to extensions.webview "
                                                       "(endpoint: 127.0.0.1:9465 by default)")
-    config: Config = load_dataclass(Config, {k: v for k, v in data.items() if k not in ("receivers", "exporters")}, "")
-    for section, cls in (("receivers", Receivers), ("exporters", Exporters)):
+    listing = {"receivers": Receivers, "exporters": Exporters, "extensions": Extensions}
+    config: Config = load_dataclass(Config, {k: v for k, v in data.items() if k not in listing}, "")
+    for section, cls in listing.items():
         if section not in data:
             continue
         raw = data[section]
@@ -403,14 +404,27 @@ def check_certificates(config: Config) -> None:
     _check_certificate_files(places)
 
 
-EMBEDDED_DEFAULTS: dict[str, Any] = {"extensions": {"webview": {}}}  # and every section's defaults
+def running_extensions(config: Config, ports: dict[str, int] | None = None) -> str:
+    """The extensions that run and where they listen, for ``validate`` and the ready line
+    (``webview 127.0.0.1:9465``; ``ports``: the ports they bound, for an endpoint's port 0), or
+    ``none`` and how they were turned off."""
+    names = config.running(Kind.EXTENSION)
+    if not names:
+        return "none (service.extensions: [])" if config.service.extensions is not None else "none"
+    configured = config.configured(Kind.EXTENSION)
+    described = []
+    for name in names:
+        endpoint = getattr(configured[name], "endpoint", "")
+        if endpoint and ports and name in ports:
+            endpoint = f"{split_endpoint(endpoint)[0]}:{ports[name]}"
+        described.append(f"{name} {endpoint}".rstrip())
+    return ", ".join(described)
 
 
 def load_config(path: str | Path | None) -> Config:
-    """``path``'s config; None: the embedded defaults (the receivers, processors and exporters in
-    the defaults, and the web view). A config file runs the extensions it configures."""
+    """``path``'s config; None: the embedded defaults (every section's, the web view included)."""
     if path is None:
-        return config_from_dict(EMBEDDED_DEFAULTS)
+        return config_from_dict({})
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:

@@ -12,10 +12,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
+from otel_llm.component import Kind
 from otel_llm.config import ConfigError, config_from_dict, load_config
 from tests.support.ports import free_port
 
+ROOT = Path(__file__).resolve().parent.parent
 TESTDATA = Path(__file__).parent / "testdata"
 OTEL_LLM = [sys.executable, "-m", "otel_llm"]
 
@@ -90,6 +93,7 @@ def test_serve_minimal_config_shape_then_sigterm_exits_0(tmp_path):
     text = (TESTDATA / "minimal.yaml").read_text()
     text = (text.replace("14317", str(grpc_port)).replace("14318", str(http_port))
             .replace("19464", str(metrics_port)).replace("/some/dir", str(tmp_path / "store")))
+    text += f"extensions:\n  webview: {{endpoint: '127.0.0.1:{free_port()}'}}\n"  # off the default port
     config = tmp_path / "config.yaml"
     config.write_text(text)
     proc = subprocess.Popen([*OTEL_LLM, "serve", "--config", str(config)], stdout=subprocess.PIPE,
@@ -140,3 +144,118 @@ def test_port_in_use_is_a_clear_error(tmp_path):
         result = run_cli("serve", "--config", str(config))
     assert result.returncode == 1
     assert f"127.0.0.1:{port}" in result.stderr
+
+
+# --- the web view runs unless a config turns it off; validate and the ready line say so ------------------
+
+
+def _serve_until_ready(config: Path, metrics_port: int) -> tuple[subprocess.Popen[str], str]:
+    """``otel-llm serve --config`` started and ready; returns the process and its ready line."""
+    proc = subprocess.Popen([*OTEL_LLM, "serve", "--config", str(config)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    wait_ready(f"http://127.0.0.1:{metrics_port}/readyz", proc, 15)
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline()  # printed once everything listens
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 0
+
+
+def _config_without_extensions(tmp_path: Path) -> tuple[Path, int]:
+    """The README's starter otel-llm.yaml on free ports for everything it listens on but the web
+    view: it does not mention ``extensions``, and neither does the file written here."""
+    starter = yaml.safe_load((ROOT / "otel-llm.yaml").read_text(encoding="utf-8"))
+    assert "extensions" not in starter and "service" not in starter
+    metrics_port = free_port()
+    starter["receivers"] = {"otlp": {"protocols": {"grpc": {"endpoint": f"127.0.0.1:{free_port()}"},
+                                                   "http": {"endpoint": f"127.0.0.1:{free_port()}"}}}}
+    starter["exporters"] = {"prometheus": {"endpoint": f"127.0.0.1:{metrics_port}"},
+                            "store": {"path": str(tmp_path / "store")}}
+    config = tmp_path / "otel-llm.yaml"
+    config.write_text(yaml.safe_dump(starter))
+    return config, metrics_port
+
+
+def test_the_starter_config_validates_in_both_forms_and_names_the_web_view():
+    for args in (["validate", "otel-llm.yaml"], ["validate", "--config", "otel-llm.yaml"],
+                 ["validate", "--config=otel-llm.yaml"]):
+        result = run_cli(*args, cwd=ROOT)
+        assert result.returncode == 0, (args, result.stderr)
+        assert result.stdout == "otel-llm.yaml: ok; extensions: webview 127.0.0.1:9465\n", args
+    twice = run_cli("validate", "otel-llm.yaml", "--config", "otel-llm.yaml", cwd=ROOT)
+    assert twice.returncode == 2 and "give the config file once" in twice.stderr
+
+
+def test_a_config_without_extensions_runs_the_web_view_on_loopback(tmp_path):
+    """A config file keeps the embedded default web view unless it turns it off (the starter config,
+    the README's one-liner, docs/configuration.md's example all leave ``extensions`` out)."""
+    with socket.socket() as s:
+        if s.connect_ex(("127.0.0.1", 9465)) == 0:
+            pytest.fail("port 9465 is taken on this machine; the web view's default endpoint needs it")
+    config, metrics_port = _config_without_extensions(tmp_path)
+    proc, ready = _serve_until_ready(config, metrics_port)
+    try:
+        assert ready.rstrip().endswith("; extensions: webview 127.0.0.1:9465"), ready
+        with urllib.request.urlopen("http://127.0.0.1:9465/api/ui/meta", timeout=5) as response:
+            assert response.status == 200
+        _stop(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_service_extensions_empty_turns_the_web_view_off(tmp_path):
+    """The explicit off switch, as in the Collector: the extensions that run are those
+    ``service.extensions`` lists. Its endpoint given here so that "closed" is checked on a port of
+    the test's own."""
+    config, metrics_port = _config_without_extensions(tmp_path)
+    webview_port = free_port()
+    data = yaml.safe_load(config.read_text())
+    data["extensions"] = {"webview": {"endpoint": f"127.0.0.1:{webview_port}"}}
+    data["service"] = {"extensions": []}
+    config.write_text(yaml.safe_dump(data))
+    result = run_cli("validate", "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.endswith("ok; extensions: none (service.extensions: [])\n"), result.stdout
+    proc, ready = _serve_until_ready(config, metrics_port)
+    try:
+        assert ready.rstrip().endswith("; extensions: none (service.extensions: [])"), ready
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", webview_port)) != 0, "the web view listens although turned off"
+        _stop(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # An extensions section that is present runs what it lists: an empty one runs none.
+    assert config_from_dict({"extensions": {}}).running(Kind.EXTENSION) == []
+
+
+def _yaml_blocks(page: str) -> list[str]:
+    return [block for lang, block in _fenced(page) if lang == "yaml"]
+
+
+def _fenced(page: str) -> list[tuple[str, str]]:
+    out, lines, lang = [], [], None
+    for line in page.splitlines():
+        if lang is None and line.startswith("```"):
+            lang, lines = line[3:].strip(), []
+        elif lang is not None and line.startswith("```"):
+            out.append((lang, "\n".join(lines)))
+            lang = None
+        elif lang is not None:
+            lines.append(line)
+    return out
+
+
+def test_the_configuration_page_example_keeps_the_web_view_its_rule_promises():
+    """docs/configuration.md says a section left out takes its defaults: its example leaves
+    ``extensions`` out, so it runs the web view, on loopback."""
+    page = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert "A top-level section you leave out takes its defaults" in page
+    example = yaml.safe_load(_yaml_blocks(page)[0])
+    assert "extensions" not in example
+    config = config_from_dict(example)
+    assert config.running(Kind.EXTENSION) == ["webview"]
+    assert config.extensions.webview.endpoint == "127.0.0.1:9465"

@@ -152,6 +152,22 @@ def test_component_readme_documents_every_option(path: str, factory: Factory[Any
     assert not problems, f"{readme_file}:\n  " + "\n  ".join(problems)
 
 
+STABILITY_LEVELS = ("development", "alpha", "beta", "stable", "deprecated", "unmaintained")  # the Collector's
+
+
+@pytest.mark.parametrize(("path", "factory"), _components(), ids=[p for p, _ in _components()])
+def test_component_readme_opens_with_its_stability(path: str, factory: Factory[Any]) -> None:
+    """As the Collector contrib's READMEs: the first row of the README's first table is its stability
+    level (linked to what the levels mean) and what it handles."""
+    readme = (_folder(factory) / "README.md").read_text(encoding="utf-8")
+    first_row = next(line for line in readme.splitlines() if line.startswith("| ") and not line.startswith("| |"))
+    match = re.match(r"\| Stability \| \[(\w+)\]\(\.\./\.\./\.\./docs/compatibility\.md#stability-levels\)(.*)\|$",
+                     first_row)
+    assert match, f"{path}: the README's first row is not its stability: {first_row}"
+    assert match[1] in STABILITY_LEVELS, f"{path}: {match[1]} is not a Collector stability level"
+    assert match[2].strip(), f"{path}: say what it handles after the level (traces, metrics, ...)"
+
+
 def _exporterhelper_blocks() -> dict[str, type]:
     """The option blocks every exporter using exporterhelper shares, by their key (``retry_on_failure``)."""
     shared = {obj for obj in vars(exporterhelper_config).values()

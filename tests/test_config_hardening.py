@@ -44,7 +44,8 @@ def listening_on_loopback(extra: str = "", grpc_extra: str = "") -> str:
     """Every listener on a free port, so only the value under test can make ``serve`` fail."""
     return (f"receivers:\n  otlp:\n    protocols:\n      grpc: {{endpoint: '{LOOPBACK}'{grpc_extra}}}\n"
             f"      http: {{endpoint: '{LOOPBACK}'}}\n"
-            f"exporters:\n  prometheus: {{endpoint: '{LOOPBACK}'}}\n" + extra)
+            f"exporters:\n  prometheus: {{endpoint: '{LOOPBACK}'}}\n"
+            f"extensions:\n  webview: {{endpoint: '{LOOPBACK}'}}\n" + extra)
 
 
 def assert_one_clean_line(stderr: str) -> None:

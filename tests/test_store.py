@@ -179,7 +179,7 @@ def test_a_conversion_that_fails_keeps_the_old_layout_and_the_store_opens(tmp_pa
 
 def test_the_writer_checkpoints_the_wal_at_its_size_limit(tmp_path):
     """The WAL is checkpointed when it reaches its size limit (``max_size_mib``/8, 1-64 MiB), never
-    below SQLite's 1 000 pages: what the writer's CPU was measured with (docs/performance.md)."""
+    below SQLite's 1 000 pages: what the writer's CPU was measured with (docs/development/performance-history.md)."""
     # max size, the WAL's size limit, the WAL's bytes at a checkpoint
     cases = [(1024 << 20, 64 << 20, 64 << 20), (64 << 20, 8 << 20, 8 << 20), (512 * 1024, 1 << 20, 1000 * 4096)]
     for index, (max_size, wal_limit, checkpoint_bytes) in enumerate(cases):

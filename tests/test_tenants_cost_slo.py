@@ -257,6 +257,8 @@ def test_webview_cards_show_slo_attainment_and_cost_as_the_metrics_say(make_serv
     assert llama["cost"]["currencies"]["USD"]["by_tenant"] == {"": pytest.approx(360 / 1e6, rel=1e-12)}
     assert qwen["slo_attainment"]["ratio"] == 0.0
     assert qwen["cost"] == {"currencies": {}, "unpriced_tokens": {"input": 10, "output": 20}}
+    # The objective "SLO met" counts against is the one each row shows; no slo sampling policy keeps anything.
+    assert llama["objectives"] == {"e2e": 2.5} and llama["slo"] == {}
 
     if browser.available() is not None:
         pytest.skip(browser.available() or "no browser")
@@ -273,6 +275,11 @@ def test_webview_cards_show_slo_attainment_and_cost_as_the_metrics_say(make_serv
         assert float(stats["llama"]["cost_USD"]) == pytest.approx(360 / 1e6, rel=1e-12)
         assert "3 met, 1 missed, 0 unmeasured" in stats["llama"]["text"]
         assert float(stats["qwen"]["unpriced_tokens"]) == 30
+        rows = driver.execute_script(
+            "const c = [...document.querySelectorAll('section.group')].find(c => c.dataset.model === 'llama');"
+            " return Object.fromEntries([...c.querySelectorAll('tr[data-metric]')].map(r => [r.dataset.metric,"
+            " [r.querySelector('[data-objective]').dataset.objective, r.querySelector('[data-kept-above]').textContent]]))")
+        assert rows["e2e"] == ["2.5", "—"] and rows["ttft"] == ["", "—"], rows
         assert "unpriced tokens (no price configured): input 10, output 20" in stats["qwen"]["text"]
         assert browser.console_errors(driver) == []
     finally:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -144,7 +145,15 @@ def fleet(tmp_path_factory) -> Any:
                        "redaction": {"allowed_keys": ["exception.stacktrace", "app.*"]}},
         "extensions": {"webview": WEB},
     })
-    prometheus = PrometheusServer(tmp / "prom", [server.metrics_url.removeprefix("http://")], scrape_interval="1s")
+    # Besides the plain job, this instance scraped as the shipped Prometheus config scrapes otel-llm
+    # (source="spans") and as it scrapes vLLM's own /metrics (source="engine"; the same vllm: names):
+    # the cards' PromQL must select the first only.
+    target = server.metrics_url.removeprefix("http://")
+    shipped = yaml.safe_load((ROOT / "collector-config" / "prometheus.yml").read_text(encoding="utf-8"))
+    relabel = {job["job_name"]: job["relabel_configs"] for job in shipped["scrape_configs"] if "relabel_configs" in job}
+    prometheus = PrometheusServer(tmp / "prom", [target], scrape_interval="1s", extra_scrape_configs=[
+        {"job_name": job, "static_configs": [{"targets": [target]}], "relabel_configs": relabel[job]}
+        for job in ("otel-llm-spans", "vllm-engine")])
     prometheus.start()
     try:
         the_plan = plan("errors", seed=16, rate=6.0, duration_s=20.0, start_ns=time.time_ns() - 20 * 10**9,
@@ -285,13 +294,13 @@ def test_overview_p99_equals_prometheus(fleet, driver):
     families = {"ttft": "vllm:time_to_first_token_seconds", "e2e": "vllm:e2e_request_latency_seconds",
                 "queue": "vllm:request_queue_time_seconds"}
     total = server.scrape().value("vllm:e2e_request_latency_seconds_count")
-    prometheus.wait_for("sum(vllm:e2e_request_latency_seconds_count)",
+    prometheus.wait_for('sum(vllm:e2e_request_latency_seconds_count{job="otel-llm"})',
                         lambda r: bool(r) and float(r[0]["value"][1]) == total, timeout_s=20)
     _open(driver, server.webview_url + "/?window=start")
     checked = 0
     for key, family in families.items():
         result = prometheus.query(
-            f"histogram_quantile(0.99, sum by (le, model_name, engine_kind) ({family}_bucket))")
+            f'histogram_quantile(0.99, sum by (le, model_name, engine_kind) ({family}_bucket{{job="otel-llm"}}))')
         for series in result:
             want = float(series["value"][1])
             if math.isnan(want):
@@ -313,6 +322,30 @@ def test_overview_p99_equals_prometheus(fleet, driver):
     data = _api(server, "/api/ui/overview?window=5m")
     assert sum(g["requests"] for g in data["groups"]) == pytest.approx(
         server.scrape().value("vllm:request_success_total"))
+
+
+def test_the_cards_promql_selects_otel_llms_series_only(fleet, driver):
+    """Each card's PromQL, as the page shows it, selects ``source="spans"``: in a Prometheus that
+    scrapes otel-llm as collector-config/prometheus.yml does, and vLLM's own /metrics too, exactly the
+    series otel-llm exposed; without the selector the engine's scrape of the same names adds in."""
+    server, prometheus = fleet["server"], fleet["prometheus"]
+    prometheus.wait_for('count(vllm:request_success_total{source="engine"})', lambda r: bool(r), timeout_s=20)
+    _open(driver, server.webview_url + "/?window=start")
+    shown = driver.execute_script(
+        "return [...document.querySelectorAll('section.group')].map(c => [c.dataset.model, c.dataset.engine,"
+        " [...c.querySelectorAll('p.promql code, td.names code')].map(e => e.textContent)])")
+    assert len(shown) >= 3
+    for model, engine, queries in shown:
+        assert all('{source="spans", ' in q for q in queries), queries
+        rate = next(q for q in queries if q.startswith("sum(rate(vllm:request_success_total{"))  # the request rate
+        selector = rate[rate.index("{"):rate.index("}") + 1]
+        card = prometheus.query(f"count(vllm:request_success_total{selector})")
+        spans_job = prometheus.query(f'count(vllm:request_success_total{{job="otel-llm-spans", '
+                                     f'model_name={json.dumps(model)}, engine_kind={json.dumps(engine)}}})')
+        assert card and card[0]["value"][1] == spans_job[0]["value"][1], (model, engine)
+    everything = prometheus.query('count(vllm:request_success_total{model_name="llama-3.1-8b-instruct"})')
+    spans_only = prometheus.query('count(vllm:request_success_total{source="spans", model_name="llama-3.1-8b-instruct"})')
+    assert float(everything[0]["value"][1]) > float(spans_only[0]["value"][1])
 
 
 def test_waterfall_bar_widths_are_proportional_to_span_durations(fleet, driver):

@@ -1,8 +1,11 @@
 """Generates every reference the docs hold from the code's own declarations: ``make docs``.
 
-- ``docs/reference/metrics.md``: every span-derived metric from
-  ``otel_llm/processor/llm_metrics/metrics/definitions.py`` (declared name, Prometheus exposition
-  name, unit, buckets, labels, description), and the self-telemetry families ``SelfTelemetry`` declares;
+- ``docs/reference/metrics.md``: every span-derived metric any configuration can expose, from
+  ``otel_llm/processor/llm_metrics/metrics/definitions.py`` through the recorder ``serve`` builds
+  (declared name, Prometheus exposition name, unit, buckets, labels, description), the accounting
+  counters and the request segments;
+- ``docs/reference/self-telemetry.md``: every ``TelemetryFamily`` the code declares (its own
+  telemetry, by component);
 - ``docs/reference/configuration.md``: every option of every component the factories discover (and of
   ``service``), its type, default and bounds from the config dataclasses, its meaning from the option
   table of the component's README (the one place a meaning is written; ``tests/test_component_readmes.py``
@@ -23,7 +26,6 @@ import ast
 import dataclasses
 import json
 import math
-import multiprocessing
 import re
 import sys
 import types
@@ -263,18 +265,19 @@ def configuration_md() -> str:
     lines = [HEADER, "# Configuration reference", "",
              f"Every option of every component ({total} options in {len(components)} sections), generated from the "
              "config dataclasses (type, default, bounds) and the option tables of each component's README "
-             "(meaning). `otel-llm validate FILE` checks a config against the same dataclasses; editors can use "
+             "(meaning). `otel-llm validate --config FILE` checks a config against the same dataclasses; editors can use "
              "the [JSON Schema](config.schema.json) (draft 2020-12).", "",
              "How a config is put together (sections, pipelines, what runs by default) is in "
              "[Configuration](../configuration.md).", ""]
     for component, readme, options in components:
         lines += [f"## `{component}`", "",
-                  f"Source of the meanings: `{readme.relative_to(ROOT)}`.", "",
+                  link_references(f"Source of the meanings: `{readme.relative_to(ROOT)}`.", "reference"), "",
                   "| option | type | default | range | what it does |", "|---|---|---|---|---|"]
         for o in options:
             bounds = f"`{o.bounds}`" if o.bounds else ""
             default = "" if o.default == "(block defaults)" else f"`{_cell(o.default)}`"
-            lines.append(f"| `{component}.{o.path}` | {_cell(o.type)} | {default} | {bounds} | {_cell(o.meaning)} |")
+            lines.append(f"| `{component}.{o.path}` | {_cell(o.type)} | {default} | {bounds} | "
+                         f"{link_references(_cell(o.meaning), 'reference')} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -374,94 +377,178 @@ def _buckets(buckets: tuple[float, ...]) -> str:
     return " ".join(str(int(b)) if float(b).is_integer() else repr(b) for b in buckets)
 
 
-def metrics_md() -> str:
+# processors.llm_metrics with every option that adds metric families on (tests/test_metrics_reference.py
+# runs an instance with it): the reference is written from the recorder this config builds.
+EVERY_METRIC_FEATURE: dict[str, Any] = {
+    "namings": {"vllm": True, "gen_ai": True},
+    "lora_adapters": {"sql-lora": "llama-3.1-8b-instruct"},
+    "tenant": {"attributes": ["tenant.id"], "values": ["team-a"]},
+    "cost": {"currency": "USD", "prices": {"llama-3.1-8b-instruct": {"input": 0.1, "output": 0.2}}},
+    "slo": {"default": {"ttft": "1s", "e2e": "8s", "target": 0.9}},
+    "dimensions": [{"name": "priority", "attribute": "llm.priority", "values": ["interactive", "batch"]}],
+}
+
+
+def recorder_with_every_feature(gen_ai_version: str) -> Any:
+    """The metrics recorder ``otel-llm serve`` builds with ``EVERY_METRIC_FEATURE`` (and a
+    ``gen_ai_version``), without its dimension: the reference names a naming's own labels."""
+    from otel_llm.config import config_from_dict
+    from otel_llm.processor.llm_metrics.stage import recorder_of
+
+    features = {**EVERY_METRIC_FEATURE, "dimensions": [],
+                "namings": {**EVERY_METRIC_FEATURE["namings"], "gen_ai_version": gen_ai_version}}
+    return recorder_of(config_from_dict({"processors": {"llm_metrics": features}}).processors.llm_metrics)
+
+
+def _naming_title(naming: Any, version: str) -> str:
+    if naming.key == "vllm":
+        return "`vllm` naming (`namings.vllm`, on by default)"
+    if naming.key == "gen_ai":
+        title = f"`gen_ai` naming, {naming.side} side (`namings.gen_ai`, on by default)"
+        return title + (f", `gen_ai_version: \"{version}\"`" if naming.side == "client" else "")
+    if "adapter" in naming.label_names:
+        return "Per LoRA adapter (with `processors.llm_metrics.lora_adapters`)"
+    return "otel-llm's own request metrics (always on)"
+
+
+def naming_sections() -> list[tuple[str, tuple[str, ...], list[list[str]]]]:
+    """(title, label names, rows) of every naming any configuration can expose, from the recorders
+    that configurations build: namings with one title and the same labels share a section."""
     from otel_llm.config import LlmMetricsProcessor
     from otel_llm.processor.llm_metrics.metrics import definitions as d
+    from otel_llm.processor.llm_metrics.metrics.exposition import exposed_name
 
+    default_version = d.DEFAULT_GENAI_VERSION
+    bounds = []
+    for bound in recorder_with_every_feature(default_version).namings:
+        bounds.append((default_version, bound))
+        if bound.naming.side == "client":  # the other conventions versions' client metrics beside it
+            bounds += [(version, b) for version in d.GENAI_VERSIONS if version != default_version
+                       for b in recorder_with_every_feature(version).namings if b.naming.side == "client"]
+    sections: dict[str, tuple[tuple[str, ...], list[list[str]]]] = {}
     max_model_len = LlmMetricsProcessor().max_model_len
-    namings = [("vllm", "server", d.vllm_naming(max_model_len)), ("gen_ai", "server", d.genai_naming()),
-               ("gen_ai", "client", d.genai_client_naming()), ("otel_llm (always on)", "server", d.own_naming())]
-    lines = [HEADER, "# Metrics reference", "",
-             "Every span-derived metric, generated from its declaration in "
-             "`otel_llm/processor/llm_metrics/metrics/definitions.py` (name, unit, buckets, labels, description "
-             "are declared once there; the Prometheus exposition name is derived by the OTLP → Prometheus rules). "
-             "A histogram is exposed as `<name>_bucket`, `_sum`, `_count`; a counter as `<name>_total`. "
-             "Which namings are on: `processors.llm_metrics.namings` "
-             "([configuration reference](configuration.md#processorsllm_metrics)).", ""]
-    for key, side, naming in namings:
-        labels = ", ".join(f"`{d.prometheus_label_name(n)}`" for n in naming.label_names)
-        title = f"`{naming.key}` naming, {side} side" if not key.startswith("otel_llm") else "otel-llm's own request metrics"
-        lines += [f"## {title}", "", f"Labels on every series: {labels}"
-                  + (" (plus any `processors.llm_metrics.dimensions`)." if side == "server" else "."), "",
-                  "| declared name | Prometheus name | type | unit | extra labels | buckets | description |",
-                  "|---|---|---|---|---|---|---|"]
-        seen: set[str] = set()
-        for h in naming.histograms:
-            extra = []
-            if h.fixed_label is not None:
-                extra.append(f"`{d.prometheus_label_name(h.fixed_label[0])}`")
-            if h.name in seen:
-                continue  # same-named specs (one per fixed label value) share a family
-            seen.add(h.name)
-            values = [s.fixed_label[1] for s in naming.histograms if s.name == h.name and s.fixed_label]
-            if values:
-                extra = [f"`{d.prometheus_label_name(h.fixed_label[0])}` = " + " \\| ".join(f"`{v}`" for v in values)]  # type: ignore[index]
-            notes = []
-            if h.success_only:
-                notes.append("successful requests only")
-            if h.per_step is not None:
-                notes.append("one observation per engine step")
-            buckets = _buckets(h.buckets)
-            if h.buckets == d.tokens_buckets(max_model_len):
+    for version, bound in bounds:
+        naming = bound.naming
+        title = _naming_title(naming, version)
+        labels = tuple(d.prometheus_label_name(n) for n in naming.label_names)
+        _, rows = sections.setdefault(title, (labels, []))
+        for hist in bound.exposed:
+            spec = hist.spec
+            values = [s.fixed_label[1] for s in naming.histograms if s.name == spec.name and s.fixed_label]
+            extra = (f"`{d.prometheus_label_name(spec.fixed_label[0])}` = " + " \\| ".join(f"`{v}`" for v in values)
+                     if spec.fixed_label is not None else "")
+            notes = (["successful requests only"] if spec.success_only else []) + \
+                (["one observation per engine step"] if spec.per_step is not None else [])
+            buckets = _buckets(spec.buckets)
+            if spec.buckets == d.tokens_buckets(max_model_len):
                 buckets = (f"1-2-5 up to `max_model_len` (default {max_model_len}: {buckets}); per model with "
                            "`max_model_len_by_model`")
-            description = h.description + (f" ({'; '.join(notes)})" if notes else "")
-            lines.append(f"| `{h.name}` | `{d.prometheus_metric_name(h.name, h.unit)}` | histogram | `{h.unit}` | "
-                         f"{', '.join(extra)} | {buckets} | {_cell(description)} |")
-        for c in naming.counters:
-            extra = "`finished_reason`" if c.by_outcome else ""
-            lines.append(f"| `{c.name}` | `{d.prometheus_metric_name(c.name, c.unit)}_total` | counter | `{c.unit}` | "
-                         f"{extra} |  | {_cell(c.description)} |")
+            description = spec.description + (f" ({'; '.join(notes)})" if notes else "")
+            rows.append([f"`{spec.name}`", f"`{exposed_name(spec.name, spec.unit)}`", "histogram", f"`{spec.unit}`",
+                         extra, buckets, _cell(description)])
+        for counter in bound.counters:
+            spec = counter.spec
+            extra_labels = [f"`{d.prometheus_label_name(spec.fixed_label[0])}` = `{spec.fixed_label[1]}`"
+                            if spec.fixed_label else ""] + (["`finished_reason`"] if spec.by_outcome else [])
+            rows.append([f"`{spec.name}`", f"`{exposed_name(spec.name, spec.unit)}_total`", "counter", f"`{spec.unit}`",
+                         ", ".join(e for e in extra_labels if e), "", _cell(spec.description)])
+    return [(title, labels, rows) for title, (labels, rows) in sections.items()]
+
+
+def metrics_md() -> str:
+    from otel_llm.processor.llm_metrics.metrics import definitions as d
+
+    lines = [HEADER, "# Metrics reference", "",
+             "Every span-derived metric any configuration can expose, generated from its declaration in "
+             "`otel_llm/processor/llm_metrics/metrics/definitions.py` (name, unit, buckets, labels, description "
+             "are declared once there; the Prometheus exposition name is derived by the OTLP → Prometheus rules) "
+             "through the metrics recorder `otel-llm serve` builds. "
+             "A histogram is exposed as `<name>_bucket`, `_sum`, `_count`; a counter as `<name>_total`. "
+             "Which namings are on: `processors.llm_metrics.namings` "
+             "([configuration reference](configuration.md#processorsllm_metrics)). otel-llm's own telemetry "
+             "(intake, pipeline, store, exporters, web view, the series budget) is in "
+             "[Self-telemetry](self-telemetry.md).", ""]
+    for title, labels, rows in naming_sections():
+        lines += [f"## {title}", "",
+                  f"Labels on every series: {', '.join(f'`{n}`' for n in labels)} (plus any "
+                  "`processors.llm_metrics.dimensions`).", "",
+                  "| declared name | Prometheus name | type | unit | extra labels | buckets | description |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
         lines.append("")
+    lines += ["## Accounting: tenants, cost, SLO attainment", "",
+              "With `processors.llm_metrics.tenant` or `cost` (the token and cost counters) and `slo` (the SLO "
+              "counters and target); what each counts: [Accounting](../accounting.md).", "",
+              "| Prometheus name | type | unit | labels | description |", "|---|---|---|---|---|"]
+    for spec in d.ACCOUNTING_METRICS:
+        name = spec.name + ("_total" if spec.kind == "counter" else "")
+        lines.append(f"| `{name}` | {spec.kind} | `{spec.unit}` | {', '.join(f'`{n}`' for n in spec.label_names)} | "
+                     f"{_cell(spec.description)} |")
     s = d.SEGMENT_METRIC
-    lines += ["## Request segments", "",
+    lines += ["", "## Request segments", "",
               "| declared name | Prometheus name | type | unit | labels | buckets | description |", "|---|---|---|---|---|---|---|",
               f"| `{s.name}` | `{d.prometheus_metric_name(s.name, s.unit)}` | histogram | `{s.unit}` | `segment`, "
-              f"`model_name`, `engine_kind`, `service_name` | {_buckets(s.buckets)} | {_cell(s.description)} |", ""]
-    lines += self_telemetry_md()
+              f"`model_name`, `engine_kind`, `service_name` (plus any `processors.llm_metrics.dimensions`) | "
+              f"{_buckets(s.buckets)} | {_cell(s.description)} |", "",
+              "The values of `segment` (which engines have which: [Engines](../engines/index.md)):", "",
+              "| `segment` | the interval |", "|---|---|"]
+    lines += [f"| `{name}` | {_cell(meaning)} |" for name, meaning in d.SEGMENT_NAMES.items()]
+    lines.append("")
     return "\n".join(lines)
 
 
-def self_telemetry_md() -> list[str]:
-    from prometheus_client import CollectorRegistry
+# --- self-telemetry -------------------------------------------------------------------------------
 
-    from otel_llm.receiver.otlp.process import ReceiverCounters
-    from otel_llm.service.telemetry import SelfTelemetry
-
-    registry = CollectorRegistry()
-    SelfTelemetry(registry, ReceiverCounters(multiprocessing.get_context("spawn")))
-    lines = ["## Self-telemetry of the pipeline", "",
-             "The families `otel_llm/service/telemetry.py` declares (the components' own, store, exporters, "
-             "intake log, are in [Self-telemetry](self-telemetry.md)). What to do when one of them moves: "
-             "[Troubleshooting](../troubleshooting.md).", "",
-             "| Prometheus name | type | labels | description |", "|---|---|---|---|"]
-    for family in sorted(registry.collect(), key=lambda m: m.name):
-        name = family.name + ("_total" if family.type == "counter" else "")
-        labels: set[str] = set()
-        for sample in family.samples:
-            labels.update(sample.labels)
-        # declared label names even where no sample exists yet (a family of a custom collector keeps them)
-        labels |= _declared_labels(registry, family.name) | set(getattr(family, "_labelnames", ()) or ())
-        label_text = ", ".join(f"`{label}`" for label in sorted(labels))
-        lines.append(f"| `{name}` | {family.type} | {label_text} | {_cell(family.documentation)} |")
-    lines.append("")
-    return lines
+# The order of the self-telemetry page's sections, by what exposes the families.
+EXPOSED_BY_ORDER = ("service", "receivers.otlp", "receivers.otlp.intake_log", "processors.llm_metrics",
+                    "exporters.store", "exporters.otlp, exporters.otlphttp", "exporters.otlp_metrics",
+                    "exporters.debug", "extensions.webview", "exporters.prometheus, extensions.webview")
 
 
-def _declared_labels(registry: Any, name: str) -> set[str]:
-    collectors = getattr(registry, "_names_to_collectors", {})
-    collector = collectors.get(name) or collectors.get(name + "_total")
-    return set(getattr(collector, "_labelnames", ()) or ())
+def telemetry_families() -> list[Any]:
+    """Every ``TelemetryFamily`` the code declares: module-level constants of the modules that build one."""
+    import importlib
+
+    from otel_llm.internal.telemetry import TelemetryFamily
+
+    found: dict[str, Any] = {}
+    for file in sorted((ROOT / "otel_llm").rglob("*.py")):
+        if "TelemetryFamily(" not in file.read_text(encoding="utf-8"):
+            continue
+        module = importlib.import_module(".".join(file.relative_to(ROOT).with_suffix("").parts))
+        for value in vars(module).values():
+            if isinstance(value, TelemetryFamily):
+                if value.name in found and found[value.name] != value:
+                    raise Undocumented(f"{value.name} is declared twice, differently")
+                found[value.name] = value
+    for family in found.values():
+        if family.exposed_by not in EXPOSED_BY_ORDER:
+            raise Undocumented(f"{family.name}: exposed_by {family.exposed_by!r} has no section; add it to "
+                               f"EXPOSED_BY_ORDER in tools/gen_docs.py")
+    return list(found.values())
+
+
+def self_telemetry_md() -> str:
+    families = telemetry_families()
+    lines = [HEADER, "# Self-telemetry", "",
+             "otel-llm's own families on `/metrics` (prefix `otel_llm_`), generated from their declarations "
+             "(`TelemetryFamily` in each component's code), grouped by what exposes them: a section's families "
+             "are there while that component runs. In the text exposition most counters here also have "
+             "`<name>_created` (a gauge prometheus_client adds: when the counter was created). What to do when one "
+             "of them moves: [Troubleshooting](../troubleshooting.md); the span-derived metrics: "
+             "[Metrics](metrics.md).", ""]
+    for exposed_by in EXPOSED_BY_ORDER:
+        mine = [f for f in families if f.exposed_by == exposed_by]
+        if not mine:
+            continue
+        title = "always" if exposed_by == "service" else ", ".join(f"`{p.strip()}`" for p in exposed_by.split(","))
+        lines += [f"## {title}", "", "| Prometheus name | type | labels | description |", "|---|---|---|---|"]
+        for family in mine:
+            text = family.description + (f" {family.notes}" if family.notes else "")
+            lines.append(f"| `{family.exposed_name}` | {family.kind} | {', '.join(f'`{n}`' for n in family.labels)} | "
+                         f"{text.replace('|', chr(92) + '|')} |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 # --- reasons --------------------------------------------------------------------------------------
@@ -551,10 +638,112 @@ def fill_blocks(text: str, blocks: dict[str, str]) -> str:
     return _BLOCK.sub(replace, text)
 
 
+# --- component pages and the tests' index ------------------------------------------------------------
+
+COMPONENTS_DIR = "components"
+TESTS_PAGE = "development/tests.md"
+
+
+def component_readmes() -> dict[Path, str]:
+    """Every README under ``otel_llm/`` and the name of its page on the site (``receivers-otlp.md``):
+    the components', the exporters' index, exporterhelper's and the service's."""
+    pages: dict[Path, str] = {}
+    for readme in sorted((ROOT / "otel_llm").rglob("README.md")):
+        parts = readme.parent.relative_to(ROOT / "otel_llm").parts
+        kind = {"receiver": "receivers", "processor": "processors", "exporter": "exporters",
+                "extension": "extensions"}.get(parts[0], parts[0])
+        pages[readme] = "-".join((kind, *parts[1:])) + ".md"
+    return pages
+
+
+def component_page_of(path: str) -> str | None:
+    """The site page of a README given by its repository path, or None."""
+    return component_readmes().get(ROOT / path)
+
+
+def test_anchor(path: str) -> str:
+    """The id of a test file's section on the tests' page: ``tests/test_docs.py`` -> ``tests-test_docs-py``."""
+    return re.sub(r"[^A-Za-z0-9_]+", "-", path).strip("-")
+
+
+_LINK = re.compile(r"\[([^\]]+)\]\(([^)#\s]*)(#[^)\s]*)?\)")
+_REFERENCE = re.compile(r"(?<!\[)`((?:tests/[\w/]*test_\w+\.py)|(?:otel_llm/[\w/]*README\.md))`(?!\])")
+
+
+def link_references(text: str, page_dir: str) -> str:
+    """Backticked references to test files and component READMEs made links, to the test's section
+    of the tests' page and to the component's page (``page_dir``: the linking page's folder in docs/)."""
+    prefix = "../" * len(Path(page_dir).parts)
+    pages = component_readmes()
+
+    def replace(match: re.Match[str]) -> str:
+        path = match[1]
+        if not (ROOT / path).is_file():
+            raise Undocumented(f"`{path}` is named in the docs but is not a file of the repository")
+        if path.endswith("README.md"):
+            return f"[`{path}`]({prefix}{COMPONENTS_DIR}/{pages[ROOT / path]})"
+        return f"[`{path}`]({prefix}{TESTS_PAGE}#{test_anchor(path)})"
+
+    return _REFERENCE.sub(replace, text)
+
+
+def component_page(readme: Path) -> str:
+    """A README as a page of the site: links to other READMEs go to their pages, links into docs/ to
+    the page, other repository files stay text; test files become links to the tests' page."""
+    pages = component_readmes()
+
+    def relink(match: re.Match[str]) -> str:
+        text, target, fragment = match[1], match[2], match[3] or ""
+        if target.startswith(("http://", "https://", "mailto:")) or not target:
+            return match[0]
+        resolved = (readme.parent / target).resolve()
+        if resolved in pages:
+            return f"[{text}]({pages[resolved]}{fragment})"
+        docs = ROOT / "docs"
+        if docs in resolved.parents:
+            return f"[{text}](../{resolved.relative_to(docs).as_posix()}{fragment})"
+        if not resolved.exists():
+            raise Undocumented(f"{readme.relative_to(ROOT)}: the link {target} leads nowhere")
+        return text
+
+    text = _LINK.sub(relink, readme.read_text(encoding="utf-8"))
+    source = readme.relative_to(ROOT).as_posix()
+    return (HEADER.replace("the code's declarations", source) + "\n"
+            + link_references(text, COMPONENTS_DIR).rstrip("\n")
+            + "\n\n*This page is the component's own README in the repository, as the site shows it.*\n")
+
+
+def tests_md() -> str:
+    """Every test file and what it proves (its docstring), each with an anchor the docs link to."""
+    lines = [HEADER.replace("the code's declarations", "the test files' docstrings"), "# The tests", "",
+             "Every test file of `tests/`, with what it proves in its own words (its docstring). `make test` runs "
+             "them all; [Layout and tests](../development.md) says what they run against.", ""]
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        relative = path.relative_to(ROOT).as_posix()
+        docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        docstring = re.sub(r"``([^`]+)``", r"`\1`", docstring)
+        lines += [f"## {relative} {{ #{test_anchor(relative)} }}", "", docstring.strip(), ""]
+    return "\n".join(lines)
+
+
+# The README's links to files outside docs/ that the site has a page for.
+_SITE_PAGES = {"CHANGELOG.md": "changelog.md"}
+
+
 def index_md() -> str:
-    """The site's front page is the README, its links made relative to ``docs/``."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    return HEADER.replace("the code's declarations", "README.md") + "\n" + readme.replace("](docs/", "](")
+    """The site's front page is the README, its links made relative to ``docs/``; a link to another
+    file of the repository (the site does not serve it) is kept as its text."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").replace("](docs/", "](")
+
+    def relink(match: re.Match[str]) -> str:
+        text, target = match[1], match[2]
+        if target.startswith(("http://", "https://")) or (ROOT / "docs" / target).exists():
+            return match[0]
+        if target in _SITE_PAGES:
+            return f"[{text}]({_SITE_PAGES[target]}{match[3] or ''})"
+        return text
+
+    return HEADER.replace("the code's declarations", "README.md") + "\n" + _LINK.sub(relink, readme)
 
 
 def outputs() -> dict[Path, str]:
@@ -563,9 +752,13 @@ def outputs() -> dict[Path, str]:
     out = {
         docs / "index.md": index_md(),
         docs / "reference" / "metrics.md": metrics_md(),
+        docs / "reference" / "self-telemetry.md": self_telemetry_md(),
         docs / "reference" / "configuration.md": configuration_md(),
         docs / "reference" / "config.schema.json": json.dumps(config_schema(), indent=2, ensure_ascii=False) + "\n",
     }
+    for readme, page in component_readmes().items():
+        out[docs / COMPONENTS_DIR / page] = component_page(readme)
+    out[docs / TESTS_PAGE] = tests_md()
     troubleshooting = docs / "troubleshooting.md"
     out[troubleshooting] = fill_blocks(troubleshooting.read_text(encoding="utf-8"), reasons_blocks())
     return out

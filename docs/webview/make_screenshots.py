@@ -4,7 +4,7 @@
     .venv/bin/python docs/webview/make_screenshots.py --duration 30s --out /tmp/shots
 
 What it does, the way a user would: ``otel-llm serve`` (the embedded defaults, on free loopback
-ports, a throw-away store, plus an ``slo`` policy so the charts have thresholds to draw and a 5 s
+ports, a throw-away store, plus SLO objectives and an ``slo`` policy so the cards have both to show and a 5 s
 snapshot interval so a one-minute run has a dozen points per chart), fed in real time by
 ``otel-llm simulate --scenario burst --rate 8`` (the default fleet: vLLM, SGLang, TGI, Triton,
 TensorRT-LLM, Dynamo, llm-d behind a gateway and a LiteLLM proxy, and the app tier with GenAI CLIENT
@@ -113,7 +113,9 @@ def main() -> None:
         config = {
             "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": f"127.0.0.1:{grpc}"},
                                                  "http": {"endpoint": f"127.0.0.1:{http}"}}}},
-            "processors": {"tail_sampling": {"policies": POLICIES, "decision_wait": "5s"}},
+            "processors": {"tail_sampling": {"policies": POLICIES, "decision_wait": "5s"},
+                           # objectives the cards' "SLO met" and objective column read, beside the policy's thresholds
+                           "llm_metrics": {"slo": {"default": {"ttft": "1s", "e2e": "15s", "target": 0.95}}}},
             "exporters": {"prometheus": {"endpoint": f"127.0.0.1:{metrics}"},
                           "store": {"path": os.path.join(tmp, "store")}},
             "extensions": {"webview": {"endpoint": f"127.0.0.1:{web}", "snapshot_interval": "5s",

@@ -34,6 +34,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 
 from otel_llm.confmap import split_endpoint
+from otel_llm.internal.telemetry import TelemetryFamily
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,11 @@ class ConnectionLimits:
             self.on_refused(reason)
 
 
+HTTP_REFUSED_CONNECTIONS = TelemetryFamily(
+    "otel_llm_http_refused_connections", "counter",
+    "Connections and requests an HTTP listener of the parent cut or refused, by listener and reason "
+    "(too_many_connections, fd_limit, header_timeout, read_timeout, evicted_idle).", ("listener", "reason"),
+    "exporters.prometheus, extensions.webview", "`listener`: `prometheus` (the metrics port), `webview`.")
 _REFUSED_COUNTERS: weakref.WeakKeyDictionary[CollectorRegistry, Counter] = weakref.WeakKeyDictionary()
 _REFUSED_LOCK = threading.Lock()
 
@@ -70,11 +76,7 @@ def refused_connections(registry: CollectorRegistry, listener: str) -> Callable[
     with _REFUSED_LOCK:
         counter = _REFUSED_COUNTERS.get(registry)
         if counter is None:
-            counter = _REFUSED_COUNTERS[registry] = Counter(
-                "otel_llm_http_refused_connections",
-                "Connections and requests an HTTP listener of the parent cut or refused, by listener and reason "
-                "(too_many_connections, fd_limit, header_timeout, read_timeout).",
-                ["listener", "reason"], registry=registry)
+            counter = _REFUSED_COUNTERS[registry] = HTTP_REFUSED_CONNECTIONS.counter(registry)
     return lambda reason: counter.labels(listener, reason).inc()
 
 

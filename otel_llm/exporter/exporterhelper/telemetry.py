@@ -19,35 +19,53 @@ from __future__ import annotations
 import threading
 import weakref
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
+
+from otel_llm.internal.telemetry import TelemetryFamily
 
 DROP_REASONS = ("queue_full", "permanent_error", "retries_exhausted", "retry_disabled", "shutdown",
                 "storage_error", "corrupt_persisted")
 
 
+_EXPORTERS = "exporters.otlp, exporters.otlphttp"
+EXPORTER_ENQUEUED_SPANS = TelemetryFamily("otel_llm_exporter_enqueued_spans", "counter", "Spans accepted into the sending queue.",
+                                 ("exporter",), _EXPORTERS)
+EXPORTER_SENT_SPANS = TelemetryFamily("otel_llm_exporter_sent_spans", "counter", "Spans the backend accepted.", ("exporter",),
+                             _EXPORTERS)
+EXPORTER_SENT_REQUESTS = TelemetryFamily("otel_llm_exporter_sent_requests", "counter",
+                                "Export requests the backend acknowledged.", ("exporter",), _EXPORTERS)
+EXPORTER_FAILED_REQUESTS = TelemetryFamily(
+    "otel_llm_exporter_failed_requests", "counter", "Failed export attempts (each attempt, retried or not), by reason.",
+    ("exporter", "reason"), _EXPORTERS, "`reason`: `grpc_unavailable`, `http_503`, `connection_error`, `timeout`, ...")
+EXPORTER_DROPPED_SPANS = TelemetryFamily(
+    "otel_llm_exporter_dropped_spans", "counter", "Spans lost by the exporter (refused at submit or given up), by reason.",
+    ("exporter", "reason"), _EXPORTERS, "`reason`: " + ", ".join(f"`{r}`" for r in DROP_REASONS) + ".")
+EXPORTER_DROPPED_REQUESTS = TelemetryFamily(
+    "otel_llm_exporter_dropped_requests", "counter", "Export requests lost by the exporter, by reason.",
+    ("exporter", "reason"), _EXPORTERS, "`reason`: as `otel_llm_exporter_dropped_spans_total`.")
+EXPORTER_RETRIES = TelemetryFamily("otel_llm_exporter_retries", "counter", "Export re-attempts after a retryable failure.",
+                          ("exporter",), _EXPORTERS)
+EXPORTER_REJECTED_SPANS = TelemetryFamily("otel_llm_exporter_rejected_spans", "counter",
+                                 "Spans the backend rejected through OTLP partial success.", ("exporter",), _EXPORTERS)
+EXPORTER_QUEUE_SIZE = TelemetryFamily("otel_llm_exporter_queue_size", "gauge",
+                             "Export requests accepted and not yet finished (waiting or in flight).", ("exporter",),
+                             _EXPORTERS)
+EXPORTER_QUEUE_CAPACITY = TelemetryFamily("otel_llm_exporter_queue_capacity", "gauge",
+                                 "Bound of the sending queue, in export requests.", ("exporter",), _EXPORTERS)
+
+
 class ExporterMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        def counter(name: str, doc: str, labels: list[str]) -> Counter:
-            return Counter(f"otel_llm_exporter_{name}", doc, labels, registry=registry)
-
-        self.enqueued_spans = counter("enqueued_spans", "Spans accepted into the sending queue.", ["exporter"])
-        self.sent_spans = counter("sent_spans", "Spans the backend accepted.", ["exporter"])
-        self.sent_requests = counter("sent_requests", "Export requests the backend acknowledged.", ["exporter"])
-        self.failed_requests = counter(
-            "failed_requests", "Failed export attempts (each attempt, retried or not), by reason.", ["exporter", "reason"])
-        self.dropped_spans = counter(
-            "dropped_spans", "Spans lost by the exporter (refused at submit or given up), by reason.", ["exporter", "reason"])
-        self.dropped_requests = counter(
-            "dropped_requests", "Export requests lost by the exporter, by reason.", ["exporter", "reason"])
-        self.retries = counter("retries", "Export re-attempts after a retryable failure.", ["exporter"])
-        self.rejected_spans = counter(
-            "rejected_spans", "Spans the backend rejected through OTLP partial success.", ["exporter"])
-        self.queue_size = Gauge(
-            "otel_llm_exporter_queue_size", "Export requests accepted and not yet finished (waiting or in flight).",
-            ["exporter"], registry=registry)
-        self.queue_capacity = Gauge(
-            "otel_llm_exporter_queue_capacity", "Bound of the sending queue, in export requests.", ["exporter"],
-            registry=registry)
+        self.enqueued_spans = EXPORTER_ENQUEUED_SPANS.counter(registry)
+        self.sent_spans = EXPORTER_SENT_SPANS.counter(registry)
+        self.sent_requests = EXPORTER_SENT_REQUESTS.counter(registry)
+        self.failed_requests = EXPORTER_FAILED_REQUESTS.counter(registry)
+        self.dropped_spans = EXPORTER_DROPPED_SPANS.counter(registry)
+        self.dropped_requests = EXPORTER_DROPPED_REQUESTS.counter(registry)
+        self.retries = EXPORTER_RETRIES.counter(registry)
+        self.rejected_spans = EXPORTER_REJECTED_SPANS.counter(registry)
+        self.queue_size = EXPORTER_QUEUE_SIZE.gauge(registry)
+        self.queue_capacity = EXPORTER_QUEUE_CAPACITY.gauge(registry)
 
 
 _METRICS: weakref.WeakKeyDictionary[CollectorRegistry, ExporterMetrics] = weakref.WeakKeyDictionary()

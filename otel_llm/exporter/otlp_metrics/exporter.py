@@ -59,10 +59,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from otel_llm import __version__
 from otel_llm.exporter.otlp_metrics.config import OtlpMetricsExporter
+from otel_llm.internal.telemetry import TelemetryFamily
 from otel_llm.processor.llm_metrics.metrics.definitions import ACCOUNTING_METRICS, SEGMENT_METRIC, SLO_TARGET
 from otel_llm.processor.llm_metrics.metrics.exponential import ExponentialState, whole_counts
 from otel_llm.processor.llm_metrics.metrics.exposition import OVERFLOW_ATTRIBUTE
@@ -292,23 +293,31 @@ def exponential_difference(current: ExponentialState, before: ExponentialState) 
 # --- self-telemetry --------------------------------------------------------------------------
 
 
+_PUSH = "exporters.otlp_metrics"
+METRICS_EXPORTER_SENT_POINTS = TelemetryFamily("otel_llm_metrics_exporter_sent_points", "counter",
+                                      "Metric points the backend accepted.", ("exporter",), _PUSH)
+METRICS_EXPORTER_SENT_REQUESTS = TelemetryFamily("otel_llm_metrics_exporter_sent_requests", "counter",
+                                        "Metrics export requests the backend acknowledged.", ("exporter",), _PUSH)
+METRICS_EXPORTER_FAILED_POINTS = TelemetryFamily("otel_llm_metrics_exporter_failed_points", "counter",
+                                        "Metric points in failed export attempts (each attempt).", ("exporter",), _PUSH)
+METRICS_EXPORTER_FAILED_REQUESTS = TelemetryFamily("otel_llm_metrics_exporter_failed_requests", "counter",
+                                          "Failed metrics export attempts (each attempt).", ("exporter",), _PUSH)
+METRICS_EXPORTER_DROPPED_SNAPSHOTS = TelemetryFamily(
+    "otel_llm_metrics_exporter_dropped_snapshots", "counter",
+    "Snapshots not exported, by reason; their data goes with the next export.", ("exporter", "reason"), _PUSH,
+    "`reason`: `queue_full`, `retries_exhausted`, `shutdown`.")
+METRICS_EXPORTER_QUEUE_SIZE = TelemetryFamily("otel_llm_metrics_exporter_queue_size", "gauge",
+                                     "Snapshots waiting to be exported.", ("exporter",), _PUSH)
+
+
 class _Metrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        def counter(name: str, doc: str, labels: list[str]) -> Counter:
-            return Counter(f"otel_llm_metrics_exporter_{name}", doc, labels, registry=registry)
-
-        self.sent_points = counter("sent_points", "Metric points the backend accepted.", ["exporter"])
-        self.sent_requests = counter("sent_requests", "Metrics export requests the backend acknowledged.",
-                                     ["exporter"])
-        self.failed_points = counter("failed_points", "Metric points in failed export attempts (each attempt).",
-                                     ["exporter"])
-        self.failed_requests = counter("failed_requests", "Failed metrics export attempts (each attempt).",
-                                       ["exporter"])
-        self.dropped_snapshots = counter(
-            "dropped_snapshots", "Snapshots not exported, by reason; their data goes with the next export.",
-            ["exporter", "reason"])
-        self.queue_size = Gauge("otel_llm_metrics_exporter_queue_size", "Snapshots waiting to be exported.",
-                                ["exporter"], registry=registry)
+        self.sent_points = METRICS_EXPORTER_SENT_POINTS.counter(registry)
+        self.sent_requests = METRICS_EXPORTER_SENT_REQUESTS.counter(registry)
+        self.failed_points = METRICS_EXPORTER_FAILED_POINTS.counter(registry)
+        self.failed_requests = METRICS_EXPORTER_FAILED_REQUESTS.counter(registry)
+        self.dropped_snapshots = METRICS_EXPORTER_DROPPED_SNAPSHOTS.counter(registry)
+        self.queue_size = METRICS_EXPORTER_QUEUE_SIZE.gauge(registry)
 
 
 def _sdk_exporter(settings: OtlpMetricsExporter) -> MetricExporter:

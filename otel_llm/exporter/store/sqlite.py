@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from otel_llm.internal.runtime import name_thread
+from otel_llm.internal.telemetry import TelemetryFamily
 from otel_llm.pdata.records import RequestRecord
 from otel_llm.pdata.span_rows import SpanRow, int64, service_name_of, span_row
 
@@ -41,7 +42,7 @@ SUMMARY_COLUMNS = ("trace_id", "span_id", "model", "engine_kind", "service_name"
 # Spans and requests are rowid tables: rows are appended in write order, (trace id, span id) is a
 # separate unique index. Clustered on that key instead (WITHOUT ROWID, the layout before 2026-12),
 # rows of random trace ids each dirty a page of their own: the writer's CPU was 1.6x and the file
-# 1.7x (docs/performance.md, "A lean store layout"). ``_rebuild_clustered_tables`` converts an old file.
+# 1.7x (docs/development/performance-history.md, "A lean store layout"). ``_rebuild_clustered_tables`` converts an old file.
 SCHEMA = """
 PRAGMA journal_mode=WAL;
 CREATE TABLE IF NOT EXISTS traces (
@@ -68,6 +69,34 @@ _INT64_MAX = (1 << 63) - 1
 # list and pass "last 5 m".
 FUTURE_SKEW_NS = 10 * 60 * 10**9
 
+_STORE = "exporters.store"
+_DROP_REASONS = ("`reason`: `queue_full`, `unstorable`, `disk_full`, `io_error`, `corrupt`, `write_error`, `shutdown`; "
+                 "each kept trace, or late span of one, that is dropped counts once. Spans submitted = "
+                 "`otel_llm_store_written_spans_total` + `otel_llm_store_dropped_spans_total`.")
+STORE_WRITTEN_TRACES = TelemetryFamily("otel_llm_store_written_traces", "counter",
+                              "Kept traces added to the store (late spans of one do not count again).",
+                              exposed_by=_STORE, notes="Traces stored = this − `otel_llm_store_pruned_traces_total`.")
+STORE_WRITTEN_SPANS = TelemetryFamily("otel_llm_store_written_spans", "counter", "Kept spans written to the store.",
+                             exposed_by=_STORE)
+STORE_DROPPED_TRACES = TelemetryFamily("otel_llm_store_dropped_traces", "counter",
+                              "Kept traces (or late spans of one) the store could not take, by reason.", ("reason",),
+                              _STORE, _DROP_REASONS)
+STORE_DROPPED_SPANS = TelemetryFamily("otel_llm_store_dropped_spans", "counter",
+                             "Kept spans the store could not take, by reason.", ("reason",), _STORE, _DROP_REASONS)
+STORE_PRUNED_TRACES = TelemetryFamily("otel_llm_store_pruned_traces", "counter", "Traces deleted by retention, by reason.",
+                             ("reason",), _STORE, "`reason`: `age`, `size`, `file_deleted` (the file was deleted or "
+                             "replaced under the running store).")
+STORE_COMMITS = TelemetryFamily("otel_llm_store_commits", "counter", "Store transactions committed (many traces each).",
+                       exposed_by=_STORE)
+STORE_REOPENED = TelemetryFamily("otel_llm_store_reopened", "counter", "Store file reopened or recreated, by reason.",
+                        ("reason",), _STORE, "`reason`: `file_deleted`, `corrupt` (moved aside), `write_failure`.")
+STORE_QUEUE_SIZE = TelemetryFamily("otel_llm_store_queue_size", "gauge", "Kept traces waiting for the store writer.",
+                          exposed_by=_STORE)
+STORE_SIZE_BYTES = TelemetryFamily("otel_llm_store_size_bytes", "gauge",
+                          "Bytes used by the store: live pages plus the -wal file.", exposed_by=_STORE)
+STORE_AVAILABLE = TelemetryFamily("otel_llm_store_available", "gauge",
+                         "1 while the store can persist, 0 while it cannot (see /readyz).", exposed_by=_STORE,
+                         notes="While 0, `/readyz` answers 503 with the reason.")
 
 class StoreError(Exception):
     """The store file cannot be read (corrupt, not a database, unreadable); the message names the file."""
@@ -259,28 +288,16 @@ class TraceStore:
         self._check_next_open = False  # after SQLITE_CORRUPT: quick_check (and move aside) on reopen
         self._reopen_reason = "write_failure"  # why the connection was closed, counted when one opens again
         self._prune_now = False  # over the size limit, or the disk is full: retention at once, not in 5 s
-        self._stored_traces = Counter(
-            "otel_llm_store_written_traces", "Kept traces added to the store (late spans of one do not count again).",
-            registry=registry)
-        self._written_spans = Counter("otel_llm_store_written_spans", "Kept spans written to the store.",
-                                      registry=registry)
-        self._dropped = Counter("otel_llm_store_dropped_traces",
-                                "Kept traces (or late spans of one) the store could not take, by reason.",
-                                ["reason"], registry=registry)
-        self._dropped_spans = Counter("otel_llm_store_dropped_spans", "Kept spans the store could not take, by reason.",
-                                      ["reason"], registry=registry)
-        self._pruned = Counter("otel_llm_store_pruned_traces", "Traces deleted by retention, by reason.", ["reason"],
-                               registry=registry)
-        self._commits = Counter("otel_llm_store_commits", "Store transactions committed (many traces each).",
-                                registry=registry)
-        self._reopened = Counter("otel_llm_store_reopened", "Store file reopened or recreated, by reason.",
-                                 ["reason"], registry=registry)
-        Gauge("otel_llm_store_queue_size", "Kept traces waiting for the store writer.",
-              registry=registry).set_function(self._queue.qsize)
-        Gauge("otel_llm_store_size_bytes", "Bytes used by the store: live pages plus the -wal file.",
-              registry=registry).set_function(lambda: self._size_bytes)
-        Gauge("otel_llm_store_available", "1 while the store can persist, 0 while it cannot (see /readyz).",
-              registry=registry).set_function(lambda: 0 if self.problem() else 1)
+        self._stored_traces = STORE_WRITTEN_TRACES.counter(registry)
+        self._written_spans = STORE_WRITTEN_SPANS.counter(registry)
+        self._dropped = STORE_DROPPED_TRACES.counter(registry)
+        self._dropped_spans = STORE_DROPPED_SPANS.counter(registry)
+        self._pruned = STORE_PRUNED_TRACES.counter(registry)
+        self._commits = STORE_COMMITS.counter(registry)
+        self._reopened = STORE_REOPENED.counter(registry)
+        STORE_QUEUE_SIZE.gauge(registry).set_function(self._queue.qsize)
+        STORE_SIZE_BYTES.gauge(registry).set_function(lambda: self._size_bytes)
+        STORE_AVAILABLE.gauge(registry).set_function(lambda: 0 if self.problem() else 1)
         self._size_bytes = 0
 
     # --- submitting ------------------------------------------------------------------------
@@ -385,7 +402,7 @@ class TraceStore:
         connection.execute(f"PRAGMA journal_size_limit={wal_limit}")
         # And checkpointed when it reaches that size rather than at SQLite's 1 000 pages (or by the
         # 5 s size check): a page that later batches dirty again is copied into the file once. The
-        # random-keyed indexes make that most pages: 10-30 % of the writer's CPU (docs/performance.md).
+        # random-keyed indexes make that most pages: 10-30 % of the writer's CPU (docs/development/performance-history.md).
         page_size = connection.execute("PRAGMA page_size").fetchone()[0]
         connection.execute(f"PRAGMA wal_autocheckpoint={_wal_checkpoint_pages(wal_limit, page_size)}")
         return connection

@@ -1,5 +1,6 @@
 """``extensions.webview``: the built-in web view and its JSON API on a listener of its own (the
-Collector's zpages shape). In the embedded defaults; a config file runs it when it configures it."""
+Collector's zpages shape). In the defaults: a config without an ``extensions`` section runs it on
+loopback; ``service.extensions: []`` (or an ``extensions`` section without it) turns it off."""
 
 from __future__ import annotations
 
@@ -37,4 +38,4 @@ def create(config: WebViewConfig, settings: CreateSettings) -> WebViewComponent:
     return WebViewComponent(settings.name, config)
 
 
-FACTORY = Factory("webview", Kind.EXTENSION, WebViewConfig, create, in_defaults=False)
+FACTORY = Factory("webview", Kind.EXTENSION, WebViewConfig, create, in_defaults=True)

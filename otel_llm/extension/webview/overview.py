@@ -1,5 +1,7 @@
 """``/api/ui/overview``: per (model, engine), over a window, request rate, error and abort ratio and
-p50/p95/p99 of each latency family, plus small time series, the SLO thresholds and the PromQL."""
+p50/p95/p99 of each latency family, plus small time series, the model's objectives
+(``processors.llm_metrics.slo``: what "SLO met" counts), the tail-sampling ``slo`` policy's
+thresholds (which traces it keeps) and the selector the cards' PromQL takes."""
 
 from __future__ import annotations
 
@@ -12,12 +14,28 @@ from otel_llm.extension.webview.history import ADAPTER_REQUESTS, counter_delta
 from otel_llm.extension.webview.quantile import quantile_of_counts
 
 WINDOWS: dict[str, float | None] = {"5m": 300.0, "15m": 900.0, "1h": 3600.0, "start": None}
+# The label the shipped scrape configs give otel-llm's series (collector-config/prometheus.yml, the
+# Helm chart's monitors): with the engines' own /metrics scraped too, the same vllm: names count the
+# same requests twice without it. /metrics itself has no such label: Prometheus adds it.
+SOURCE_SELECTOR = 'source="spans"'
+
 QUANTILES = (0.5, 0.95, 0.99)
 MAX_POINTS = 120
 
 
+def objectives(config: Any, model: str) -> dict[str, float]:
+    """``model``'s objectives of ``processors.llm_metrics.slo`` (ttft, tpot, e2e; the default's where
+    it has no entry): the thresholds its "SLO met" counts against."""
+    slo = getattr(getattr(getattr(config, "processors", None), "llm_metrics", None), "slo", None)
+    if slo is None:
+        return {}
+    mine = slo.objectives_for(model)
+    return {key: value for key in ("ttft", "tpot", "e2e") if (value := getattr(mine, key)) is not None}
+
+
 def slo_thresholds(config: Any) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-    """The strictest limit per metric over every ``slo`` policy, and per-model overrides."""
+    """The tail-sampling ``slo`` policies' thresholds (a request above one keeps its trace): the
+    strictest limit per metric over every such policy, and per-model overrides."""
     overall: dict[str, float] = {}
     per_model: dict[str, dict[str, float]] = {}
     sampling = getattr(getattr(config, "processors", None), "tail_sampling", None)
@@ -32,12 +50,6 @@ def slo_thresholds(config: Any) -> tuple[dict[str, float], dict[str, dict[str, f
             for metric, limit in limits.items():
                 mine[metric] = min(limit, mine.get(metric, limit))
     return overall, per_model
-
-
-def _promql(family: str, q: float, window: str, by: str) -> str:
-    rng = "[5m]" if window == "start" else f"[{window}]"
-    inner = f"sum by (le, {by}) (rate({family}_bucket{rng}))"
-    return f"histogram_quantile({q}, {inner})"
 
 
 def metric_catalogue(history: History) -> list[dict[str, Any]]:
@@ -78,6 +90,7 @@ def overview(history: History, config: Any, window: str) -> dict[str, Any]:
     money = _money_keys(current)
     for group in groups_of([current]):
         groups.append(_group(history, current, base, points, group, span_s, overall, per_model, money))
+        groups[-1]["objectives"] = objectives(config, group[0])
     on_cards = set().union(*current.services.values()) if current.services else set()
     return {
         "window": window, "window_seconds": span_s, "now": now, "started": history.started,
@@ -85,7 +98,7 @@ def overview(history: History, config: Any, window: str) -> dict[str, Any]:
         "metrics": metric_catalogue(history),
         "outcomes_metric": {"vllm_name": "vllm:request_success_total",
                             "gen_ai_name": "gen_ai_server_request_duration_seconds_count (error_type)"},
-        "slo": overall, "groups": groups,
+        "slo": overall, "groups": groups, "selector": SOURCE_SELECTOR,
         # Services with spans refused or intervals not measurable that no card shows (every span refused).
         "unmeasured_elsewhere": {service: reasons for service, reasons in sorted(current.unmeasured.items())
                                  if service not in on_cards},

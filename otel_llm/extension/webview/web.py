@@ -18,13 +18,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 
 from otel_llm.extension.webview.config import WebViewConfig, trace_links
 from otel_llm.extension.webview.history import History
 from otel_llm.extension.webview.overview import overview
 from otel_llm.extension.webview.session import LoginThrottle, Sessions, session_from
 from otel_llm.extension.webview.status import components_of, effective_config, self_telemetry
+from otel_llm.internal.telemetry import TelemetryFamily
 
 STATIC = Path(__file__).parent / "static"
 _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
@@ -60,6 +61,12 @@ class Handler(Protocol):  # what the listener's request handler gives us
     def body_read(self) -> None: ...
 
 
+WEBVIEW_LOGIN_FAILURES = TelemetryFamily(
+    "otel_llm_webview_login_failures", "counter", "Refused logins to the web view: wrong_token, throttled (too many "
+    "failures from one address, or from all, within a minute), malformed.", ("reason",), "extensions.webview",
+    "Counted only with `extensions.webview.auth`.")
+
+
 class WebView:
     def __init__(self, settings: WebViewConfig, registry: CollectorRegistry, store: Any, token: Any,
                  config: Any = None, service: Any = None) -> None:
@@ -74,10 +81,7 @@ class WebView:
         self.history = History(registry, settings.snapshot_interval, settings.history)
         self.sessions = Sessions(settings.session_ttl)
         self.throttle = LoginThrottle()
-        self.login_failures = Counter("otel_llm_webview_login_failures",
-                                      "Refused logins to the web view: wrong_token, throttled (too many failures "
-                                      "from one address, or from all, within a minute), malformed.",
-                                      ["reason"], registry=registry)
+        self.login_failures = WEBVIEW_LOGIN_FAILURES.counter(registry)
         self._static = {p.name: p.read_bytes() for p in STATIC.iterdir() if p.suffix in _TYPES}
         self._filters_cache: tuple[float, dict[str, list[str]]] | None = None
         # The overview per window, computed once for every open tab within half a refresh interval

@@ -60,6 +60,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from otel_llm.internal.telemetry import TelemetryFamily
+
 log = logging.getLogger(__name__)
 
 FSYNC_POLICIES = ("always", "interval", "never")
@@ -970,6 +972,53 @@ class IntakeLogKeeper:
         return max(0, self.shared[IntakeLogShared.LAST_SEQ] - self._checkpointed)
 
 
+_LOG = "receivers.otlp.intake_log"
+INTAKE_LOG_APPENDED_BYTES = TelemetryFamily("otel_llm_intake_log_appended_bytes", "counter",
+                                   "Bytes appended to the intake log (records and their headers).", exposed_by=_LOG)
+INTAKE_LOG_APPENDED_REQUESTS = TelemetryFamily("otel_llm_intake_log_appended_requests", "counter",
+                                      "Admitted requests appended to the intake log before they were answered.",
+                                      exposed_by=_LOG)
+INTAKE_LOG_FSYNCS = TelemetryFamily("otel_llm_intake_log_fsyncs", "counter", "fdatasync calls on the intake log, by file.",
+                           ("file",), _LOG, "`file`: `segment`, `journal_or_checkpoint`.")
+INTAKE_LOG_FSYNC_ERRORS = TelemetryFamily("otel_llm_intake_log_fsync_errors", "counter",
+                                 "fdatasync calls on segments that failed.", exposed_by=_LOG)
+INTAKE_LOG_REFUSED_REQUESTS = TelemetryFamily(
+    "otel_llm_intake_log_refused_requests", "counter",
+    "Requests refused (retryably) because the intake log could not take them.", ("reason",), _LOG,
+    "`reason`: `full`, `low_disk`, `write_error`; the receivers count the same under the reasons `intake_log_full` "
+    "and `intake_log_error` of `otel_llm_receiver_refused_requests_total`.")
+INTAKE_LOG_ATTRIBUTES_REDACTED = TelemetryFamily(
+    "otel_llm_intake_log_attributes_redacted", "counter",
+    "Attributes removed or reduced (processors.redaction's rules) from admitted requests before they were written "
+    "to the intake log, by reason.", ("reason",), _LOG)
+INTAKE_LOG_WRITE_ERRORS = TelemetryFamily(
+    "otel_llm_intake_log_write_errors", "counter", "Writes to the intake log that failed, by file and reason.",
+    ("file", "reason"), _LOG, "`file`: `segment`, `journal`, `checkpoint`.")
+INTAKE_LOG_WRITABLE = TelemetryFamily(
+    "otel_llm_intake_log_writable", "gauge",
+    "1 while the intake log can be written, 0 while ingest is refused for a write error.", exposed_by=_LOG)
+INTAKE_LOG_REPLAYED_REQUESTS = TelemetryFamily("otel_llm_intake_log_replayed_requests", "counter",
+                                      "Requests replayed from the intake log at start.", exposed_by=_LOG)
+INTAKE_LOG_REPLAYED_SPANS = TelemetryFamily("otel_llm_intake_log_replayed_spans", "counter",
+                                   "Spans in the requests replayed from the intake log at start.", exposed_by=_LOG)
+INTAKE_LOG_CORRUPT_SEGMENTS = TelemetryFamily("otel_llm_intake_log_corrupt_segments", "counter",
+                                     "Segments found at start holding a torn or corrupt record.", exposed_by=_LOG)
+INTAKE_LOG_CORRUPT_RECORDS = TelemetryFamily(
+    "otel_llm_intake_log_corrupt_records", "counter",
+    "Torn or corrupt records skipped at start (the reading resumes at the next valid one).", exposed_by=_LOG)
+INTAKE_LOG_CHECKPOINT_REBUILDS = TelemetryFamily("otel_llm_intake_log_checkpoint_rebuilds", "counter",
+                                        "Unreadable checkpoints found at start and rebuilt from the segments.",
+                                        exposed_by=_LOG)
+INTAKE_LOG_CHECKPOINTS = TelemetryFamily("otel_llm_intake_log_checkpoints", "counter", "Checkpoints written.",
+                                exposed_by=_LOG)
+INTAKE_LOG_SIZE_BYTES = TelemetryFamily("otel_llm_intake_log_size_bytes", "gauge", "Bytes of intake log segments on disk.",
+                               exposed_by=_LOG)
+INTAKE_LOG_MAX_SIZE_BYTES = TelemetryFamily("otel_llm_intake_log_max_size_bytes", "gauge",
+                                   "receivers.otlp.intake_log.max_size_mib.", exposed_by=_LOG)
+INTAKE_LOG_PENDING_REQUESTS = TelemetryFamily("otel_llm_intake_log_pending_requests", "gauge",
+                                     "Logged requests not yet checkpointed as handled.", exposed_by=_LOG)
+
+
 class IntakeLogCollector:
     """``otel_llm_intake_log_*`` on /metrics (a prometheus_client custom collector)."""
 
@@ -980,66 +1029,37 @@ class IntakeLogCollector:
         return []
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
         keeper, shared = self._keeper, self._keeper.shared
         s = IntakeLogShared
-        yield CounterMetricFamily("otel_llm_intake_log_appended_bytes",
-                                  "Bytes appended to the intake log (records and their headers).",
-                                  value=shared[s.APPENDED_BYTES])
-        yield CounterMetricFamily("otel_llm_intake_log_appended_requests",
-                                  "Admitted requests appended to the intake log before they were answered.",
-                                  value=shared[s.APPENDED_REQUESTS])
-        fsyncs = CounterMetricFamily("otel_llm_intake_log_fsyncs",
-                                     "fdatasync calls on the intake log, by file.", labels=["file"])
+        yield INTAKE_LOG_APPENDED_BYTES.collected(shared[s.APPENDED_BYTES])
+        yield INTAKE_LOG_APPENDED_REQUESTS.collected(shared[s.APPENDED_REQUESTS])
+        fsyncs = INTAKE_LOG_FSYNCS.collected()
         fsyncs.add_metric(["segment"], shared[s.FSYNCS])
         fsyncs.add_metric(["journal_or_checkpoint"], keeper.pipeline_fsyncs)
         yield fsyncs
-        yield CounterMetricFamily("otel_llm_intake_log_fsync_errors", "fdatasync calls on segments that failed.",
-                                  value=shared[s.FSYNC_ERRORS])
-        refused = CounterMetricFamily("otel_llm_intake_log_refused_requests",
-                                      "Requests refused (retryably) because the intake log could not take them.",
-                                      labels=["reason"])
+        yield INTAKE_LOG_FSYNC_ERRORS.collected(shared[s.FSYNC_ERRORS])
+        refused = INTAKE_LOG_REFUSED_REQUESTS.collected()
         refused.add_metric(["full"], shared[s.REFUSED_FULL])
         refused.add_metric(["low_disk"], shared[s.REFUSED_LOW_DISK])
         refused.add_metric(["write_error"], shared[s.REFUSED_ERROR])
         yield refused
-        redacted = CounterMetricFamily("otel_llm_intake_log_attributes_redacted",
-                                       "Attributes removed or reduced (processors.redaction's rules) from admitted "
-                                       "requests before they were written to the intake log, by reason.",
-                                       labels=["reason"])
+        redacted = INTAKE_LOG_ATTRIBUTES_REDACTED.collected()
         for i, reason in enumerate(s.REDACTION_REASONS):
             redacted.add_metric([reason], shared[s.REDACTED + i])
         yield redacted
-        errors = CounterMetricFamily("otel_llm_intake_log_write_errors",
-                                     "Writes to the intake log that failed, by file and reason.", labels=["file", "reason"])
+        errors = INTAKE_LOG_WRITE_ERRORS.collected()
         for index, reason in enumerate(WRITE_ERROR_REASONS):
             errors.add_metric(["segment", reason], shared[s.WRITE_ERRORS + index])
             for file in ("journal", "checkpoint"):
                 errors.add_metric([file, reason], keeper.write_errors.get((file, reason), 0))
         yield errors
-        yield GaugeMetricFamily("otel_llm_intake_log_writable",
-                                "1 while the intake log can be written, 0 while ingest is refused for a write error.",
-                                value=0 if keeper.problem() else 1)
-        yield CounterMetricFamily("otel_llm_intake_log_replayed_requests",
-                                  "Requests replayed from the intake log at start.", value=keeper.replayed_requests)
-        yield CounterMetricFamily("otel_llm_intake_log_replayed_spans",
-                                  "Spans in the requests replayed from the intake log at start.",
-                                  value=keeper.replayed_spans)
-        yield CounterMetricFamily("otel_llm_intake_log_corrupt_segments",
-                                  "Segments found at start holding a torn or corrupt record.",
-                                  value=keeper.corrupt_segments)
-        yield CounterMetricFamily("otel_llm_intake_log_corrupt_records",
-                                  "Torn or corrupt records skipped at start (the reading resumes at the next valid one).",
-                                  value=keeper.corrupt_records)
-        yield CounterMetricFamily("otel_llm_intake_log_checkpoint_rebuilds",
-                                  "Unreadable checkpoints found at start and rebuilt from the segments.",
-                                  value=keeper.checkpoints_rebuilt)
-        yield CounterMetricFamily("otel_llm_intake_log_checkpoints", "Checkpoints written.",
-                                  value=keeper.checkpoints)
-        yield GaugeMetricFamily("otel_llm_intake_log_size_bytes", "Bytes of intake log segments on disk.",
-                                value=shared[s.SIZE])
-        yield GaugeMetricFamily("otel_llm_intake_log_max_size_bytes", "receivers.otlp.intake_log.max_size_mib.",
-                                value=keeper.settings.max_bytes)
-        yield GaugeMetricFamily("otel_llm_intake_log_pending_requests",
-                                "Logged requests not yet checkpointed as handled.", value=keeper.pending_requests)
+        yield INTAKE_LOG_WRITABLE.collected(0 if keeper.problem() else 1)
+        yield INTAKE_LOG_REPLAYED_REQUESTS.collected(keeper.replayed_requests)
+        yield INTAKE_LOG_REPLAYED_SPANS.collected(keeper.replayed_spans)
+        yield INTAKE_LOG_CORRUPT_SEGMENTS.collected(keeper.corrupt_segments)
+        yield INTAKE_LOG_CORRUPT_RECORDS.collected(keeper.corrupt_records)
+        yield INTAKE_LOG_CHECKPOINT_REBUILDS.collected(keeper.checkpoints_rebuilt)
+        yield INTAKE_LOG_CHECKPOINTS.collected(keeper.checkpoints)
+        yield INTAKE_LOG_SIZE_BYTES.collected(shared[s.SIZE])
+        yield INTAKE_LOG_MAX_SIZE_BYTES.collected(keeper.settings.max_bytes)
+        yield INTAKE_LOG_PENDING_REQUESTS.collected(keeper.pending_requests)

@@ -103,11 +103,13 @@
   // --- charts (inline SVG) ---------------------------------------------------------------------
   // One SVG per metric: a line per series through consecutive points; a value without a neighbour
   // (an interval with observations between two without) is a dot; an interval with none is a gap.
-  function chart(title, key, t, lines, slo, unit) {
+  // ``marks``: horizontal lines [{value, cls, label}] (the model's objective, the sampling threshold).
+  function chart(title, key, t, lines, marks, unit) {
     const W = 320, H = 90, P = 4;
     const values = [];
     for (const line of lines) for (const v of line.values) if (typeof v === "number" && isFinite(v)) values.push(v);
-    if (typeof slo === "number") values.push(slo);
+    marks = (marks || []).filter((m) => typeof m.value === "number");
+    for (const m of marks) values.push(m.value);
     let max = values.length ? Math.max(...values) : 1;
     if (max <= 0) max = 1;
     max *= 1.1;
@@ -132,10 +134,10 @@
           class: "dot " + line.cls, "data-series": line.label}));
       }
     }
-    if (typeof slo === "number") {
-      svg.appendChild(s("line", {x1: P, x2: W - P, y1: y(slo), y2: y(slo), class: "slo"}));
-      svg.appendChild(s("text", {x: W - P - 2, y: Math.max(10, y(slo) - 3), class: "slo-label", "text-anchor": "end",
-        text: "SLO " + (unit === "s" ? secs(slo) : slo)}));
+    for (const m of marks) {
+      svg.appendChild(s("line", {x1: P, x2: W - P, y1: y(m.value), y2: y(m.value), class: m.cls}));
+      svg.appendChild(s("text", {x: W - P - 2, y: Math.max(10, y(m.value) - 3), class: "mark-label", "text-anchor": "end",
+        text: m.label + " " + (unit === "s" ? secs(m.value) : m.value)}));
     }
     svg.appendChild(s("text", {x: P + 2, y: 11, class: "chart-max", text: unit === "s" ? secs(max) : num(max, 2) + (unit || "")}));
     const legend = h("div", {class: "legend"}, h("b", {text: title}), " ",
@@ -171,7 +173,10 @@
     document.getElementById("overview-note").textContent =
       `Percentiles from the merged histogram buckets /metrics serves (Prometheus' histogram_quantile interpolation), ` +
       `over the last ${secs(data.window_seconds)}` + (data.window === "start" ? " (since start)" : "") +
-      `; snapshots every ${secs(data.snapshot_interval)}, kept ${secs(data.history_seconds)}.`;
+      `; snapshots every ${secs(data.snapshot_interval)}, kept ${secs(data.history_seconds)}. ` +
+      `The PromQL selects ${data.selector}, the label the shipped Prometheus config and Helm chart give otel-llm's ` +
+      `series at scrape time: with vLLM's own /metrics scraped too, the same vllm: names would count each request twice. ` +
+      `Objective: processors.llm_metrics.slo (what "SLO met" counts); kept above: the tail-sampling slo policy.`;
     const groups = clear(document.getElementById("groups"));
     if (!data.groups.length) groups.appendChild(h("p", {class: "empty", text: "No requests yet: point engines and gateways at the OTLP receivers."}));
     const byKey = {};
@@ -180,7 +185,8 @@
       const card = h("section", {class: "card group", "data-model": g.model, "data-engine": g.engine});
       card.appendChild(h("h2", {}, h("span", {class: "model", text: g.model || "(no model)"}),
         g.engine ? " " : null, g.engine ? h("span", {class: "engine", text: g.engine}) : null));
-      const sel = `{model_name=${promString(g.model)}, engine_kind=${promString(g.engine)}}`;
+      // The scrape's source label keeps the engines' own vllm: series (scraped too) out of the sums.
+      const sel = `{${data.selector}, model_name=${promString(g.model)}, engine_kind=${promString(g.engine)}}`;
       const rng = data.window === "start" ? "5m" : data.window;
       card.appendChild(h("div", {class: "stats"},
         stat("requests", num(g.requests), "requests", g.requests),
@@ -188,7 +194,7 @@
         stat("errors", pct(g.error_ratio), "error_ratio", g.error_ratio),
         stat("aborts", pct(g.abort_ratio), "abort_ratio", g.abort_ratio),
         ...accountingStats(g)));
-      const accountingLine = accountingLines(g, rng);
+      const accountingLine = accountingLines(g, rng, data.selector);
       if (accountingLine) card.appendChild(accountingLine);
       const acc = accounting(g, sel, rng);
       if (acc) card.appendChild(acc);
@@ -196,24 +202,29 @@
       card.appendChild(h("p", {class: "promql"}, h("span", {class: "muted", text: "rate: "}),
         h("code", {text: `sum(rate(vllm:request_success_total${sel}[${rng}]))`}), " ",
         h("span", {class: "muted", text: "errors: "}),
-        h("code", {text: `sum(rate(vllm:request_success_total{model_name=${promString(g.model)}, finished_reason="error"}[${rng}]))`})));
+        h("code", {text: `sum(rate(vllm:request_success_total{${data.selector}, model_name=${promString(g.model)}, finished_reason="error"}[${rng}]))`})));
       const table = h("table", {class: "metrics"});
-      table.appendChild(h("thead", {}, h("tr", {}, ["metric", "p50", "p95", "p99", "SLO", "count", "PromQL (vllm naming / gen_ai naming)"].map((c) => h("th", {text: c})))));
+      // objective: processors.llm_metrics.slo, what "SLO met" counts; kept above: the tail-sampling slo policy.
+      table.appendChild(h("thead", {}, h("tr", {}, ["metric", "p50", "p95", "p99", "objective", "kept above", "count",
+        "PromQL (vllm naming / gen_ai naming)"].map((c) => h("th", {text: c})))));
       const body = h("tbody");
       for (const key of Object.keys(g.metrics)) {
         const m = g.metrics[key], info = byKey[key] || {key: key, title: key};
-        const slo = g.slo ? g.slo[key] : undefined;
+        const objective = (g.objectives || {})[key], kept = g.slo ? g.slo[key] : undefined;
         const tr = h("tr", {"data-metric": key});
         tr.appendChild(h("th", {text: info.title}));
         for (const q of ["p50", "p95", "p99"]) {
-          const over = typeof slo === "number" && typeof m[q] === "number" && m[q] > slo;
+          const over = typeof objective === "number" && typeof m[q] === "number" && m[q] > objective;
           tr.appendChild(h("td", {class: "num q" + (over ? " over" : ""), "data-quantile": q,
             "data-value": typeof m[q] === "number" ? String(m[q]) : "", text: secs(m[q])}));
         }
-        tr.appendChild(h("td", {class: "num", text: typeof slo === "number" ? secs(slo) : "—"}));
+        tr.appendChild(h("td", {class: "num", "data-objective": typeof objective === "number" ? String(objective) : "",
+          text: typeof objective === "number" ? secs(objective) : "—"}));
+        tr.appendChild(h("td", {class: "num", "data-kept-above": typeof kept === "number" ? String(kept) : "",
+          text: typeof kept === "number" ? secs(kept) : "—"}));
         tr.appendChild(h("td", {class: "num", text: num(m.count)}));
         const names = h("td", {class: "names"});
-        const gsel = `{gen_ai_request_model=${promString(g.model)}}`;
+        const gsel = `{${data.selector}, gen_ai_request_model=${promString(g.model)}}`;
         names.appendChild(h("code", {text: `histogram_quantile(0.99, sum by (le) (rate(${info.vllm_name}_bucket${sel}[${rng}])))`}));
         if (info.gen_ai_name) {
           names.appendChild(h("br"));
@@ -225,13 +236,15 @@
       table.appendChild(body);
       card.appendChild(table);
       const charts = h("div", {class: "charts"});
-      charts.appendChild(chart("request rate", "rate", g.series.t, [{cls: "rate", label: "req/s", values: g.series.rate}], undefined, " req/s"));
+      charts.appendChild(chart("request rate", "rate", g.series.t, [{cls: "rate", label: "req/s", values: g.series.rate}], [], " req/s"));
       for (const key of Object.keys(g.metrics)) {
         const sr = g.series[key];
         if (!sr) continue;
         charts.appendChild(chart((byKey[key] || {}).title || key, key, g.series.t,
           [{cls: "p50", label: "p50", values: sr.p50}, {cls: "p95", label: "p95", values: sr.p95},
-            {cls: "p99", label: "p99", values: sr.p99}], g.slo ? g.slo[key] : undefined, "s"));
+            {cls: "p99", label: "p99", values: sr.p99}],
+          [{value: (g.objectives || {})[key], cls: "objective", label: "objective"},
+            {value: g.slo ? g.slo[key] : undefined, cls: "slo", label: "keeps >"}], "s"));
       }
       card.appendChild(charts);
       groups.appendChild(card);
@@ -273,7 +286,7 @@
     }
     return out;
   }
-  function accountingLines(g, rng) {
+  function accountingLines(g, rng, selector) {
     const slo = g.slo_attainment, cost = g.cost;
     if (!slo && !cost) return null;
     const p = h("p", {class: "accounting"});
@@ -285,7 +298,7 @@
     for (const [currency, c] of Object.entries((cost && cost.currencies) || {})) {
       const tenants = Object.entries(c.by_tenant).map(([t, v]) => `${t || "(no tenant)"} ${num(v, 6)}`).join(", ");
       p.appendChild(h("span", {class: "cost", "data-currency": currency, text: ` · cost by tenant (${currency}): ${tenants} `}));
-      p.appendChild(h("code", {text: `sum by (tenant) (increase(otel_llm_request_cost_total{model_name=${promString(g.model)}}[${rng}]))`}));
+      p.appendChild(h("code", {text: `sum by (tenant) (increase(otel_llm_request_cost_total{${selector}, model_name=${promString(g.model)}}[${rng}]))`}));
     }
     if (cost && Object.keys(cost.unpriced_tokens || {}).length) {
       const parts = Object.entries(cost.unpriced_tokens).map(([t, v]) => `${t} ${num(v)}`).join(", ");

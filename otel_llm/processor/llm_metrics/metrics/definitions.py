@@ -451,10 +451,29 @@ def own_naming() -> Naming:
     )
 
 
+# Every value the ``segment`` label can take, and what the interval is (the reference's table; a
+# test finds every segment name the Python and Rust code build among these).
+SEGMENT_NAMES: dict[str, str] = {
+    "preprocess": "from the request's arrival to its queue: tokenization, the API server's own lag",
+    "queue": "waiting for the scheduler",
+    "prefill": "the prompt's forward pass, to the first token",
+    "decode": "from the first output token to the last",
+    "postprocess": "from the last token to the end of the response: detokenization, the API server",
+    "kv_transfer": "the KV cache moved from the prefill worker to the decode worker (disaggregated serving: SGLang, "
+                   "trtllm-serve, Dynamo, llm-d)",
+    "decode_queue": "the decode worker's own queue (disaggregated SGLang and llm-d)",
+    "queue_and_prefill": "queue and prefill where the engine does not split them (SGLang without scheduler spans, "
+                         "a Dynamo worker without its engine's span)",
+    "compute": "Triton's model execution (for the TensorRT-LLM backend: the executor's queue, prefill and decode)",
+    "inference": "TGI's inference after its queue, which it does not split at the first token",
+    "routing": "llm-d: the gateway's routing, before the prefill pod's work",
+    "coordination": "llm-d's P/D sidecar between its prefill and decode calls (without the pods' vLLM spans)",
+}
+
 SEGMENT_METRIC = HistogramSpec(
     "otel_llm_request_segment_seconds", "s",
-    "Duration of each request segment (preprocess, queue, prefill, decode, postprocess; kv_transfer, compute, "
-    "queue_and_prefill, routing where an engine has them), every engine.",
+    "Duration of each request segment (preprocess, queue, prefill, decode, postprocess; kv_transfer, decode_queue, "
+    "queue_and_prefill, compute, inference, routing, coordination where an engine has them), every engine.",
     TTFT_BUCKETS,  # segments span milliseconds (preprocess) to minutes (queue under overload)
     Constant(None),  # observed per segment, see MetricsRecorder
 )

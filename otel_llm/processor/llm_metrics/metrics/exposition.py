@@ -10,6 +10,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar as PromExemplar
 
+from otel_llm.internal.telemetry import TelemetryFamily
 from otel_llm.processor.llm_metrics.metrics.definitions import SEGMENT_METRIC, prometheus_label_name, prometheus_metric_name
 from otel_llm.processor.llm_metrics.metrics.exponential import ExponentialState
 from otel_llm.processor.llm_metrics.metrics.families import CounterFamily, Family, HistogramFamily
@@ -21,6 +22,20 @@ from otel_llm.processor.llm_metrics.metrics.recorder import MetricsRecorder
 # which the OTLP->Prometheus rules expose as ``otel_metric_overflow`` (before: ``otel_llm_overflow``).
 OVERFLOW_ATTRIBUTE = "otel.metric.overflow"
 OVERFLOW_LABELS = {prometheus_label_name(OVERFLOW_ATTRIBUTE): "true"}
+
+# The recorder's own accounting of its series, exposed beside them.
+SERIES_OVERFLOW = TelemetryFamily(
+    "otel_llm_series_overflow", "counter",
+    "Observations sent to a metric's overflow series because its series cap was reached.", ("metric",),
+    "processors.llm_metrics", "A series for each span-derived family, 0 until its cap is reached; "
+                              "[Troubleshooting](../troubleshooting.md#series-overflow).")
+LABEL_VALUES_TOO_LONG = TelemetryFamily(
+    "otel_llm_label_values_too_long", "counter", "Requests whose label value exceeded max_label_value_bytes, by "
+    "label; their observations went to the overflow series.", ("label",), "processors.llm_metrics")
+SERIES_BYTES = TelemetryFamily(
+    "otel_llm_series_bytes", "gauge",
+    "Estimated exposition bytes of the span-derived metrics' series, against series_limit_mib.", ("state",),
+    "processors.llm_metrics", "`state`: `used`, `limit` (`series_limit_mib` in bytes).")
 
 
 def _le(bound: float) -> str:
@@ -73,25 +88,17 @@ class RecorderCollector(Collector):
                                        recorder.segments.bounds,
                                        tuple(prometheus_label_name(n) for n in recorder.segment_label_names),
                                        recorder.segments, recorder.native_max_size))
-            overflow = Metric("otel_llm_series_overflow",
-                              "Observations sent to a metric's overflow series because its series cap was reached.",
-                              "counter")
+            overflow = SERIES_OVERFLOW.collected()
             for family in recorder.families():
-                overflow.add_sample("otel_llm_series_overflow_total",
-                                    {"metric": exposed_name(family.name, units.get(family.name, "s"))},
-                                    family.overflowed)
+                overflow.add_metric([exposed_name(family.name, units.get(family.name, "s"))], family.overflowed)
             snapshot.append(overflow)
-            too_long = Metric("otel_llm_label_values_too_long",
-                              "Requests whose label value exceeded max_label_value_bytes, by label; their "
-                              "observations went to the overflow series.", "counter")
+            too_long = LABEL_VALUES_TOO_LONG.collected()
             for label, requests in sorted(recorder.too_long.items()):
-                too_long.add_sample("otel_llm_label_values_too_long_total", {"label": label}, requests)
+                too_long.add_metric([label], requests)
             snapshot.append(too_long)
-            budget = Metric("otel_llm_series_bytes",
-                            "Estimated exposition bytes of the span-derived metrics' series, against series_limit_mib.",
-                            "gauge")
-            budget.add_sample("otel_llm_series_bytes", {"state": "used"}, recorder.budget.used)
-            budget.add_sample("otel_llm_series_bytes", {"state": "limit"}, recorder.budget.limit)
+            budget = SERIES_BYTES.collected()
+            budget.add_metric(["used"], recorder.budget.used)
+            budget.add_metric(["limit"], recorder.budget.limit)
             snapshot.append(budget)
         yield from snapshot
 
