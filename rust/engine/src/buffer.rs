@@ -12,14 +12,21 @@
 //!
 //! Trace and span ids come from senders: every map keyed by them uses the standard library's
 //! SipHash-1-3 with per-process random keys, so a chosen-collision flood cannot turn a look-up
-//! linear (`IdHasher`; `benches/buffer.rs` measures it against the alternatives).
+//! linear (`IdHasher`, where the alternatives' cost is given). `benches/buffer.rs` measures the
+//! buffer's cost per span.
 
 use std::collections::hash_map::{Entry, RandomState};
 use std::collections::{HashMap, VecDeque};
 
 use crate::model::{Decision, NewSpan, SpanId, TraceData, TraceId, MAX_ANCESTRY, SPAN_KIND_CLIENT};
 
-/// The hasher of every map keyed by an id a sender chose (see the module's documentation).
+/// The hasher of every map keyed by an id a sender chose: SipHash-1-3 with per-process random
+/// keys, a keyed PRF, so no sender can aim ids at one bucket. Measured against the alternatives on
+/// the buffer's own pattern per trace (insert, three look-ups and a removal among 20 000 pending,
+/// an insert and a forget in a 100 000-entry cache; best of 7, interleaved, on a loaded 2-core
+/// machine): SipHash-1-3 328 ns, aHash 138 ns, foldhash 116 ns, that is about 50 ns more per span
+/// here than aHash. foldhash calls itself minimally DoS-resistant and not for inputs an adversary
+/// studies; aHash's resistance has no PRF's analysis behind it. Switching is this one line.
 pub type IdHasher = RandomState;
 
 /// `assembler.COMPLETION_BATCH`: traces handed along the chain together. Python hands a trace's
@@ -216,7 +223,9 @@ enum Waiters {
     #[default]
     None,
     One(SpanId, u32),
-    Many(HashMap<SpanId, Vec<u32>, IdHasher>),
+    // Boxed: a trace's slot stays small, and nearly every trace waits for one span at most.
+    #[allow(clippy::box_collection)]
+    Many(Box<HashMap<SpanId, Vec<u32>, IdHasher>>),
 }
 
 /// The walks waiting for a span that arrived.
@@ -234,7 +243,7 @@ impl Waiters {
                 let mut many: HashMap<SpanId, Vec<u32>, IdHasher> = HashMap::default();
                 many.insert(*key, vec![*first]);
                 many.entry(missing).or_default().push(found);
-                *self = Waiters::Many(many);
+                *self = Waiters::Many(Box::new(many));
             }
             Waiters::Many(many) => many.entry(missing).or_default().push(found),
         }
@@ -265,7 +274,8 @@ impl Waiters {
     fn heap_bytes(&self) -> usize {
         match self {
             Waiters::Many(many) => {
-                many.capacity() * (std::mem::size_of::<(SpanId, Vec<u32>)>() + 1)
+                std::mem::size_of::<HashMap<SpanId, Vec<u32>, IdHasher>>()
+                    + many.capacity() * (std::mem::size_of::<(SpanId, Vec<u32>)>() + 1)
                     + many.values().map(|v| 4 * v.capacity()).sum::<usize>()
             }
             _ => 0,
@@ -278,7 +288,7 @@ impl Waiters {
 #[derive(Debug, Default)]
 struct EngineBits {
     low: u64,
-    rest: Vec<u64>,
+    rest: Box<[u64]>,
 }
 
 impl EngineBits {
@@ -295,7 +305,10 @@ impl EngineBits {
         } else {
             let index = at / 64 - 1;
             if index >= self.rest.len() {
-                self.rest.resize(index + 1, 0);
+                // Doubling: a trace's spans grow one by one (rare: past 64 spans).
+                let mut grown = vec![0; (index + 1).max(2 * self.rest.len())];
+                grown[..self.rest.len()].copy_from_slice(&self.rest);
+                self.rest = grown.into_boxed_slice();
             }
             &mut self.rest[index]
         };
@@ -742,7 +755,7 @@ impl TraceBuffer {
             + traces.index.capacity() * (std::mem::size_of::<(TraceId, u32)>() + 1)
             + traces.order().map(|at| {
                 let trace = traces.trace(at);
-                trace.data.heap_bytes() + trace.waiters.heap_bytes() + 8 * trace.engine.rest.capacity()
+                trace.data.heap_bytes() + trace.waiters.heap_bytes() + 8 * trace.engine.rest.len()
             }).sum::<usize>();
         let parked = self.parked.capacity() * (std::mem::size_of::<(TraceId, Vec<TraceData>)>() + 1)
             + self.parked.values().map(|spans| {
@@ -970,6 +983,11 @@ impl TraceBuffer {
         std::mem::take(&mut self.outbox)
     }
 
+    /// `take_completions`, appended to `out` (a vector the caller keeps for its allocation).
+    pub fn take_completions_into(&mut self, out: &mut Vec<Completion>) {
+        out.append(&mut self.outbox);
+    }
+
     fn complete(&mut self, trace: TraceData, reason: Reason) {
         self.completions[reason.index()] += 1;
         self.outbox.push(Completion { trace, reason, late: false, prior: None });
@@ -981,6 +999,22 @@ impl TraceBuffer {
     /// while `max_open_call_wait` is on) that is held until `max_open_call_wait`, moved behind the
     /// others and looked at again once the traces seen after it are due.
     pub fn tick(&mut self, now: f64) -> Vec<Completion> {
+        let mut out = Vec::new();
+        self.tick_into(now, &mut out);
+        out
+    }
+
+    /// `tick`, appended to `out`: a vector the caller keeps, so the completions (a trace's
+    /// `TraceData` each) are moved once, not again each time a new vector grows.
+    pub fn tick_into(&mut self, now: f64, out: &mut Vec<Completion>) {
+        out.append(&mut self.outbox);
+        // What the tick completes goes straight to `out`; the outbox's own vector comes back empty.
+        std::mem::swap(&mut self.outbox, out);
+        self.complete_due(now);
+        std::mem::swap(&mut self.outbox, out);
+    }
+
+    fn complete_due(&mut self, now: f64) {
         if !self.ready.is_empty() {
             while let Some(at) = self.pop_due(now) {
                 let (trace_id, trace) = self.remove(at);
@@ -1019,7 +1053,6 @@ impl TraceBuffer {
                 self.complete(trace.data, reason);
             }
         }
-        self.take_completions()
     }
 
     /// `TraceAssembler.shed`: the oldest `fraction` of pending traces completed now (memory

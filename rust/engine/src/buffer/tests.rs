@@ -215,6 +215,17 @@ fn a_copy_of_other_engine_ness_replaces_the_first_without_counting_and_is_droppe
 }
 
 #[test]
+fn engine_ness_is_kept_per_span_past_the_first_64() {
+    let mut b = buffer(settings());
+    b.add_batch((0..150).map(|n| other(1, n, None)), 100.0);
+    assert_eq!(b.add_batch([engine(1, 130, None)], 100.0), Added::default()); // another engine-ness
+    assert_eq!(b.spans_replaced(), 1);
+    assert_eq!(b.add_batch([engine(1, 130, None), other(1, 131, None), other(1, 3, None)], 100.0).duplicate, 3);
+    assert_eq!(b.add_batch([other(1, 130, None)], 100.0).duplicate, 0);
+    assert_eq!(b.spans_replaced(), 2);
+}
+
+#[test]
 fn spans_past_max_spans_per_trace_are_dropped_and_counted() {
     let mut b = buffer(AssemblySettings { max_spans_per_trace: 3, ..settings() });
     let added = b.add_batch((1..=5).map(|n| other(1, n, None)), 100.0);
@@ -681,3 +692,4 @@ mod properties {
         }
     }
 }
+
