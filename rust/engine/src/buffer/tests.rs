@@ -498,6 +498,71 @@ fn the_heap_is_accounted_and_given_back() {
     assert!(b.heap_bytes() < 50 * 4 * 300 / 4, "{}", b.heap_bytes());
 }
 
+#[test]
+fn with_no_decision_cache_every_completed_trace_is_forgotten_at_once() {
+    let mut b = buffer(AssemblySettings { decided_cache_size: 0, ..settings() });
+    b.add_batch([engine(1, 1, None)], 100.0);
+    assert_eq!(b.tick(101.0).len(), 1);
+    b.remember(&tid(1), Remembered::new(decision(true), &[sid(1)]));
+    assert!(b.decisions().is_empty());
+    assert_eq!(b.add_batch([engine(1, 1, None)], 102.0), Added::default()); // a new trace, not a duplicate
+    assert_eq!(b.len(), 1);
+    b.restore_decisions([(tid(2), Remembered::new(decision(true), &[sid(1)]))]);
+    assert!(b.remembered(&tid(2)).is_none());
+}
+
+#[test]
+fn with_no_span_allowed_a_trace_is_pending_empty_until_decision_wait() {
+    // Python makes the trace before it finds the span over the limit.
+    let mut b = buffer(AssemblySettings { max_spans_per_trace: 0, ..settings() });
+    assert_eq!(b.add_batch([engine(1, 1, None)], 100.0), Added { dropped: 1, duplicate: 0 });
+    assert_eq!((b.len(), b.held_spans()), (1, 0));
+    let done = b.tick(110.0);
+    assert_eq!(seen(&done), [(1, "decision_wait", false)]);
+    assert!(done[0].trace.is_empty());
+    assert_eq!(b.add_batch([engine(1, 2, None)], 111.0), Added { dropped: 1, duplicate: 0 }); // taken 0 >= 0
+}
+
+#[test]
+fn a_grace_of_zero_makes_a_trace_due_at_the_time_it_became_ready() {
+    let mut b = buffer(AssemblySettings { grace_s: 0.0, ..settings() });
+    b.add_batch([engine(1, 1, None)], 100.0);
+    assert_eq!(seen(&b.tick(100.0)), [(1, "ready", false)]);
+}
+
+#[test]
+fn absurd_clocks_complete_as_pythons_comparisons_say_and_never_panic() {
+    // NaN compares false: `ready_at > now` and `first_seen > deadline` never hold, so all is due.
+    let mut b = buffer(settings());
+    b.add_batch([engine(1, 1, None)], 100.0);
+    b.add_batch([other(2, 1, None)], 100.0);
+    assert_eq!(seen(&b.tick(f64::NAN)), [(1, "ready", false), (2, "decision_wait", false)]);
+    assert_eq!(b.completion_lag(f64::NAN), 0.0);
+    // An infinite decision_wait completes nothing by age; a trace first seen at NaN is always due.
+    let mut b = buffer(AssemblySettings { decision_wait_s: f64::INFINITY, ..settings() });
+    b.add_batch([other(1, 1, None)], 100.0);
+    assert!(b.tick(1e300).is_empty());
+    b.add_batch([other(2, 1, None)], f64::NAN);
+    assert!(b.tick(1e300).is_empty()); // trace 1 leads and is not due: the NaN one waits behind it
+    // inf - inf is NaN: a deadline nothing is later than.
+    assert_eq!(seen(&b.tick(f64::INFINITY)), [(1, "decision_wait", false), (2, "decision_wait", false)]);
+    let mut b = buffer(settings());
+    b.add_batch([engine(1, 1, None)], f64::NAN); // ready at NaN: due at any tick
+    assert_eq!(seen(&b.tick(0.0)), [(1, "ready", false)]);
+}
+
+#[test]
+fn max_traces_one_keeps_exactly_one_trace() {
+    let mut b = buffer(AssemblySettings { max_traces: 1, ..settings() });
+    for trace in 1..=4 {
+        b.add_batch([other(trace, 1, None), other(trace, 2, Some(1))], 100.0);
+        assert_eq!(b.len(), 1);
+    }
+    let out = b.take_completions();
+    assert_eq!(seen(&out), [(1, "memory_limit", false), (2, "memory_limit", false), (3, "memory_limit", false)]);
+    assert!(out.iter().all(|c| c.trace.len() == 2));
+}
+
 // --- properties ------------------------------------------------------------------------------------
 
 mod properties {
