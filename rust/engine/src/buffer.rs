@@ -10,6 +10,17 @@
 //! here every completion (a trace, or one late span) goes to an outbox in the order Python hands
 //! them on, and leaves through `tick` or `take_completions`.
 //!
+//! How the engine drives it, as Python's chain drives `TraceAssembler`:
+//! - `add_batch(spans, now)` per request (`add` for one span); its late spans and the traces it
+//!   completed to make room wait in the outbox;
+//! - `tick_into(now, &mut out)` per tick (`take_completions_into` between ticks): the outbox, then
+//!   the traces due;
+//! - late spans go along as they come (an `add`'s in one batch, `_hand_on_added`), completed
+//!   traces in runs of `COMPLETION_BATCH`; after each run of traces, `remember` the
+//!   decision of each trace of it the sampler decided (`remember_decisions`), `add_measured` for
+//!   each late engine span measured (Python's stages change the very `Remembered` the cache holds),
+//!   then `hand_on_parked(the run's trace ids)` and take what it put in the outbox (`_complete`).
+//!
 //! Trace and span ids come from senders: every map keyed by them uses the standard library's
 //! SipHash-1-3 with per-process random keys, so a chosen-collision flood cannot turn a look-up
 //! linear (`IdHasher`, where the alternatives' cost is given). `benches/buffer.rs` measures the
@@ -622,7 +633,7 @@ impl DecisionCache {
 pub struct TraceBuffer {
     settings: AssemblySettings,
     traces: Traces,
-    /// The ready traces in due order (each the clock at its last span plus the one grace), so a
+    /// The ready traces in due order (each the clock when it became ready plus the one grace), so a
     /// tick reads only the due ones and stops at the next: (node, token, ready_at). One that left
     /// otherwise stays until it reaches the front, where its token no longer matches, and is dropped.
     ready: VecDeque<(u32, u64, f64)>,
@@ -630,7 +641,8 @@ pub struct TraceBuffer {
     held: Held,
     cache: DecisionCache,
     /// Trace id -> late spans that arrived while their trace was being completed (its decision not
-    /// yet remembered), each alone: handed on with that decision once the completion is done.
+    /// yet remembered), each alone: handed on with that decision once the completion is done. As in
+    /// Python, spans parked for a trace never decided stay until its id completes here again.
     parked: HashMap<TraceId, Vec<TraceData>, IdHasher>,
     /// What left, in the order Python hands it on, until taken (`take_completions`, `tick`).
     outbox: Vec<Completion>,
