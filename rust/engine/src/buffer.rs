@@ -674,7 +674,11 @@ impl TraceBuffer {
             ready: VecDeque::new(),
             tokens: 0,
             held: Held::default(),
-            cache: DecisionCache { decided: HashMap::default(), order: VecDeque::new(), size: settings.decided_cache_size },
+            cache: DecisionCache {
+                decided: HashMap::default(),
+                order: VecDeque::new(),
+                size: settings.decided_cache_size,
+            },
             parked: HashMap::default(),
             outbox: Vec::new(),
             touched: Vec::new(),
@@ -771,7 +775,8 @@ impl TraceBuffer {
             }).sum::<usize>();
         let parked = self.parked.capacity() * (std::mem::size_of::<(TraceId, Vec<TraceData>)>() + 1)
             + self.parked.values().map(|spans| {
-                spans.capacity() * std::mem::size_of::<TraceData>() + spans.iter().map(TraceData::heap_bytes).sum::<usize>()
+                spans.capacity() * std::mem::size_of::<TraceData>()
+                    + spans.iter().map(TraceData::heap_bytes).sum::<usize>()
             }).sum::<usize>();
         let outbox = self.outbox.capacity() * std::mem::size_of::<Completion>()
             + self.outbox.iter().map(|c| c.trace.heap_bytes() + c.prior.as_ref().map_or(0, |p| p.measured.heap_bytes()))

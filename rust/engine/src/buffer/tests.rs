@@ -369,7 +369,8 @@ fn restored_decisions_take_their_measured_spans_or_what_the_cache_counted() {
     assert_eq!(b.remembered(&tid(1)).map(|r| r.taken), Some(3));
     b.restore_decisions([(tid(1), Remembered::new(decision(false), &[]))]);
     assert_eq!(b.remembered(&tid(1)).map(|r| (r.taken, r.decision)), Some((3, decision(false))));
-    b.restore_decisions([(tid(2), Remembered::new(decision(true), &[])), (tid(3), Remembered::new(decision(true), &[]))]);
+    b.restore_decisions([(tid(2), Remembered::new(decision(true), &[])),
+                         (tid(3), Remembered::new(decision(true), &[]))]);
     let kept: Vec<u8> = b.decisions().iter().map(|(id, _)| id[0]).collect();
     assert_eq!(kept, [2, 3]);
 }
@@ -671,7 +672,8 @@ mod properties {
             assert_eq!(spans, b.held_spans());
             assert!(b.held.slots.len() <= b.len());
             let accounted = b.held_spans() as u64 + self.completed_spans + self.late + self.taken_spans
-                + b.parked_spans() as u64 + b.spans_dropped_over_trace_limit() + b.spans_duplicate() + b.spans_replaced();
+                + b.parked_spans() as u64 + b.spans_dropped_over_trace_limit() + b.spans_duplicate()
+                + b.spans_replaced();
             assert_eq!(accounted, self.added);
         }
     }
@@ -685,7 +687,8 @@ mod properties {
         for op in ops {
             match op {
                 Op::Add(spans) => {
-                    let incoming: Vec<Incoming<'static>> = spans.into_iter().map(|(trace, span, parent, engine, client)| {
+                    let incoming: Vec<Incoming<'static>> = spans.into_iter().map(|(trace, span, parent, engine,
+                                                                                     client)| {
                         // Consistent copies: a span's parent, kind and engine-ness follow from its ids.
                         let (parent, engine, client) = if consistent_copies {
                             let parent = (span > 0).then(|| (span * 7 + trace) % 10);
