@@ -3,7 +3,8 @@ seeded random workloads run on ``TraceAssembler`` (``otel_llm/processor/tail_sam
 each operation written with everything the buffer handed on during it (each ``consume_batch`` call
 of the next stage, in order: reason, late, trace, spans and which copy of each, the prior decision)
 and its state after it (pending traces and spans, counters, held traces, lag, the decision cache).
-``rust/engine/tests/buffer_python.rs`` replays the operations on ``TraceBuffer`` and must get the same.
+``rust/engine/tests/buffer_python.rs`` replays the operations on ``TraceBuffer`` and must get the same;
+``tests/unit/tail_sampling/test_engine_buffer_reference.py`` fails while this file is stale.
 
 The next stage decides each trace it is handed (not late) whose id's byte sum is not a multiple of 3
 (kept when even), remembering the engine spans it holds as measured, as the decision stage does;
@@ -217,12 +218,17 @@ class Run:
                 "traces": self.traces, "ops": ops}
 
 
+def workloads() -> dict[str, Any]:
+    """Every workload run on the reference, as written to ``workloads.json``."""
+    runs = [Run(seed, bulk=False).run() for seed in range(SEEDS)]
+    runs += [Run(10_000 + seed, bulk=True).run() for seed in range(BULK_SEEDS)]
+    return {"generator": "rust/engine/tests/data/buffer/generate.py", "workloads": runs}
+
+
 def main() -> None:
-    workloads = [Run(seed, bulk=False).run() for seed in range(SEEDS)]
-    workloads += [Run(10_000 + seed, bulk=True).run() for seed in range(BULK_SEEDS)]
-    OUT.write_text(json.dumps({"generator": "rust/engine/tests/data/buffer/generate.py", "workloads": workloads},
-                              separators=(",", ":")) + "\n")
-    print(f"{OUT}: {len(workloads)} workloads, {OUT.stat().st_size} bytes", file=sys.stderr)
+    data = workloads()
+    OUT.write_text(json.dumps(data, separators=(",", ":")) + "\n")
+    print(f"{OUT}: {len(data['workloads'])} workloads, {OUT.stat().st_size} bytes", file=sys.stderr)
 
 
 if __name__ == "__main__":
