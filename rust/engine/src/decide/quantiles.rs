@@ -379,6 +379,24 @@ mod tests {
         assert_eq!(window.quantile(0.999, 1.0).unwrap(), Some(upper_edge(bin(50.0)))); // 3 == 303 // 100
     }
 
+    #[test]
+    fn a_value_in_a_new_slice_drops_the_cached_threshold_before_it_is_compared() {
+        let mut window = RollingQuantile::new(100.0, SLICES).unwrap(); // 10 s slices
+        for _ in 0..300 {
+            window.add(0.01, 9.8).unwrap();
+        }
+        let cached = window.quantile(0.999, 9.8).unwrap();
+        window.add(50.0, 9.8).unwrap();
+        window.add(50.0, 9.8).unwrap(); // 2 < 302 // 100: the cached answer would still be fresh
+        let slice = window.slice_at(10.01).unwrap();
+        assert_eq!(slice, Slice { id: 1, position: 1 });
+        let threshold = window.quantile_then_add(0.999, 0.01, 10.01, slice).unwrap();
+        assert_ne!(threshold, cached);
+        assert_eq!(threshold, Some(upper_edge(bin(50.0))), "the new slice's threshold is of the whole window");
+        assert_eq!(window.slice_ids[1], 1);
+        assert_eq!(window.counts[1][bin(0.01)], 1, "the value is counted in its own slice");
+    }
+
     /// The exact q-quantile of `values` as the algorithm defines its rank: the smallest value whose
     /// count of values at or below it reaches `q * n`.
     fn exact(values: &[f64], q: f64) -> f64 {
