@@ -126,7 +126,7 @@ class Case:
         budget = SeriesBudget(self.budget_bytes)
         accounting = Accounting(settings, self.series_limit, budget, self.max_label_value_bytes)
         registry = CollectorRegistry()
-        registry.register(Collected(accounting))  # type: ignore[arg-type]
+        registry.register(Collected(accounting))
         records = []
         checkpoints = []
         for index in range(400):

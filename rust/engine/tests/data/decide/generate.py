@@ -126,13 +126,14 @@ class Case:
     def record(self) -> RequestRecord:
         rng = self.rng
         model = rng.choice(self.models)
-        values = {f"{metric}_s": self.value() for metric in METRICS}
         return RequestRecord(
             trace_id=b"\x01" * 16, span_id=b"\x02" * 8, engine_kind="vllm", adapter="vllm_v1", service_name="s",
             model=model, model_source="test", request_model=model, response_model=model, operation_name="chat",
             provider_name="vllm",
             outcome=rng.choice((Outcome.STOP,) * 10 + (Outcome.LENGTH, Outcome.UNKNOWN, Outcome.ABORT, Outcome.ERROR)),
-            side=rng.choice((Side.SERVER,) * 9 + (Side.CLIENT,)), **values)
+            side=rng.choice((Side.SERVER,) * 9 + (Side.CLIENT,)),
+            ttft_s=self.value(), tpot_s=self.value(), e2e_s=self.value(), queue_s=self.value(),
+            gateway_overhead_s=self.value())  # in METRICS' order
 
     def trace_id(self) -> bytes:
         rng = self.rng
