@@ -341,7 +341,9 @@ impl Accounting {
     }
 
     /// `Accounting.collect(overflow_labels)`: the counter families that have series, then the
-    /// targets gauge (models sorted) if any model was counted with a target.
+    /// targets gauge (models sorted) if any model was counted with a target. `overflow_labels`:
+    /// `exposition.OVERFLOW_LABELS` (`otel_metric_overflow="true"`), legacy-valid label names as
+    /// every name here (the encoders' name escaping is then the identity).
     pub fn snapshot(&self, overflow_labels: &[(&str, &str)]) -> Vec<MetricFamily> {
         let mut out = Vec::new();
         for (family, spec) in [(&self.tokens, &self.specs.tenant_tokens), (&self.cost, &self.specs.request_cost),

@@ -13,10 +13,15 @@
 //!
 //! A decision that fails: Python's `decide_batch` hands a trace whose policies raised its
 //! exception in place of a decision. The only raising path is the slowest policy's window when a
-//! latency is NaN (`ValueError`) or infinite or so large that its bin overflows (`OverflowError`):
-//! `decide` returns `Err(DecideError)` for that trace, having changed exactly what Python's
-//! policies had changed when they raised (the policies before it ran, the windows updated up to
-//! the value that raised; the policies after it and the rate limit never ran).
+//! latency is NaN (`ValueError`) or infinite or so large that its bin overflows (`OverflowError`),
+//! or the clock is NaN or infinite: `decide` returns `Err(DecideError)` for that trace, having
+//! changed exactly what Python's policies had changed when they raised (the policies before it
+//! ran, the windows updated up to the value that raised; the policies after it and the rate limit
+//! never ran). One failure is this port's own: a clock past 2^63 of the window's slices (Python's
+//! integers go on), declined (`DecideError::python_fails` is false), unreachable for a monotonic
+//! clock (29 million years at the shortest window). The rest of `policies.py` raises only on what
+//! the configuration refuses (an unknown metric, a window of 0, a rate Python cannot round), which
+//! `Sampler::new` refuses.
 
 use std::collections::HashMap;
 use std::fmt;
