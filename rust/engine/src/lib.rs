@@ -2,7 +2,9 @@
 //! binding crate (`rust/src`, the `otel_llm._core` extension) converts at the boundary, and what
 //! varies per engine or metric is declared in Python as data and handed over at construction.
 
+pub mod accounting;
 pub mod buffer;
+pub mod decide;
 pub mod ingest;
 pub mod model;
 pub mod record;
