@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
 
-.PHONY: run test bench demo clean services peers engines instrumentations docs docs-serve
+.PHONY: run test bench demo clean services peers engines instrumentations docs docs-serve rust-check
 
 # The compiled core (rust/, otel_llm._core) is built by `pip install` through setuptools-rust when
 # cargo is on PATH; its build directory lives outside the tree so a rebuild is warm (README: build times).
@@ -60,7 +60,11 @@ instrumentations:
 	@tests/live/instrumentations.sh build
 
 # The type check first ([tool.mypy] in pyproject.toml: strict on the component packages); a type error fails the target.
-test: $(TSTAMP) services peers engines instrumentations
+# The native engine's own tests and lints (rust/engine: pure Rust, no Python; seconds warm).
+rust-check:
+	cd rust && cargo test -p otel-llm-engine --quiet && cargo clippy -p otel-llm-engine --all-targets --quiet -- -D warnings
+
+test: $(TSTAMP) services peers engines instrumentations rust-check
 	$(BIN)/python -m mypy
 	OTEL_LLM_REQUIRE_NATIVE=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
 
