@@ -2,7 +2,7 @@
 
 A request that finds the intake full waits up to ``receivers.otlp.admission_wait`` for room before
 it is refused, so a short stall of the pipeline costs a client that never retries (the JS gRPC
-exporter) nothing; ``/readyz`` turns 503 once the memory limiter has refused for
+exporter) nothing; ``/readyz`` turns 503 once the memory limiter, or a full intake, has refused for
 ``UNREADY_AFTER_REFUSING_S``, so a load balancer sends elsewhere; and the Python and Go SDKs'
 exporters (gRPC and HTTP) retry what otel-llm refuses, and the JS gRPC exporter never does, as the
 README's client table says (the peers in ``tests/peers/``: Go built with the Go toolchain, JS
@@ -118,6 +118,35 @@ def test_readyz_reflects_a_sustained_memory_limiter_refusal(make_server):
     limiter._rss = lambda: limiter.soft_limit_bytes - 1
     limiter.check()
     assert _readyz(server) == 200
+
+
+def test_readyz_reflects_a_sustained_queue_full_refusal(make_server):
+    """The pipeline stalled (the trace buffer's lock held) and the intake full: clients refused
+    ``queue_full`` for longer than UNREADY_AFTER_REFUSING_S turn /readyz 503 with the reason (it
+    stayed 200, so a load balancer kept sending to a replica refusing everything); once the stall
+    ends and the refusals stop, 200 again."""
+    server = make_server({"receivers": {"otlp": {"max_queued_spans": 1500, "admission_wait": "0s"}}})
+    payload = vllm_batch(500, parent=True).SerializeToString()
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        with server.service.pipeline.assembler._lock:
+            _fill_stalled_intake(server, channel)
+            refusing_since = time.monotonic()
+            assert http_post(server, payload)[0] == 429  # queue_full: retryable
+            if time.monotonic() - refusing_since < UNREADY_AFTER_REFUSING_S - 1:
+                assert _readyz(server) == 200, "a short run of refusals is ridden out"
+            deadline = refusing_since + UNREADY_AFTER_REFUSING_S + 30
+            while _readyz(server) != 503:  # a client retrying as told (Retry-After: 1), well within the gap
+                assert time.monotonic() < deadline, "/readyz still 200 long after the intake started refusing"
+                assert http_post(server, payload)[0] == 429
+                time.sleep(0.2)
+            status, body = _readyz_answer(server)
+            assert "receivers.otlp" in body and "queue_full" in body, body
+    poll_until = time.monotonic() + 30
+    while _readyz(server) != 200:  # the stall is over and nobody is refused: ready again
+        assert time.monotonic() < poll_until, "/readyz still 503 after the refusals stopped"
+        time.sleep(0.1)
+    scrape = server.wait_until(lambda s: s.value("otel_llm_intake_queued_spans") == 0, what="the intake drained")
+    assert scrape.value("otel_llm_receiver_refused_requests_total", reason="queue_full") >= 2
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])

@@ -247,11 +247,15 @@ class Pipeline:
             if isinstance(limiter, MemoryLimiterProcessor) else None
 
     def problem(self) -> str | None:
-        """For /readyz: the memory limiter has refused every export for ``UNREADY_AFTER_REFUSING_S``
-        (a load balancer should send elsewhere; a short spike is ridden out without flapping)."""
+        """For /readyz: the memory limiter has refused every export, or the intake has kept refusing
+        clients for being full, for ``UNREADY_AFTER_REFUSING_S`` (a load balancer should send
+        elsewhere; a short spike is ridden out without flapping)."""
         since = self._refusing_since
         if since is not None and (refusing := time.monotonic() - since) >= UNREADY_AFTER_REFUSING_S:
             return f"processors.memory_limiter has refused data for {refusing:.0f}s (memory above its soft limit)"
+        if (full := self.intake.state.refusing_full_for()) >= UNREADY_AFTER_REFUSING_S:
+            return (f"receivers.otlp has refused requests for {full:.0f}s because its intake is full (queue_full: "
+                    "the pipeline does not keep up with what is sent)")
         return None
 
     @property
@@ -290,7 +294,7 @@ class Pipeline:
         state = self.intake.state
         for record in records:
             size = len(record.payload)
-            while (refused := state.reserve(record.spans, size)):
+            while (refused := state.reserve(record.spans, size, client=False)):
                 if refused == SHUTTING_DOWN:
                     raise OSError("stopped during the intake log's replay")
                 time.sleep(0.01)
