@@ -58,8 +58,8 @@ class GroupServer(ServerProcess):
 
     new_session = True
 
-    def start(self, timeout_s: float = 30.0) -> None:
-        super().start(timeout_s)
+    def start(self, timeout_s: float = 30.0, degraded: bool = False) -> None:
+        super().start(timeout_s, degraded)
 
     def kill_group(self) -> None:
         assert self.process is not None

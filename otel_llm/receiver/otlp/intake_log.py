@@ -674,7 +674,7 @@ class IntakeLogKeeper:
         old_journals = _numbered(directory, JOURNAL_PREFIX, JOURNAL_SUFFIX)
         for _, path in old_journals:
             read_journal(path, self.prior)
-        self._compact_journals(handled + 1, [path for _, path in old_journals])
+        self._compact_journals(handled + 1, old_journals)
         self.carried_in, damaged = self.carried.load()
         if damaged:  # an append a crash cut (its spans are still in the segments), or damage
             self.corrupt_records += damaged
@@ -820,21 +820,33 @@ class IntakeLogKeeper:
 
     # --- the decision journal ------------------------------------------------------------------------
 
-    def _compact_journals(self, first_seq: int, old: list[Path]) -> None:
+    def _compact_journals(self, first_seq: int, old: list[tuple[int, Path]]) -> None:
         """One journal holding every decision of the previous runs (needed until every replayed
-        request is handled), opened for this run's decisions."""
+        request is handled), opened for this run's decisions. On a full disk the old journals are
+        kept as they are instead (all of them pinned the same way): the start must not need room,
+        or a log that filled its disk could never be replayed to free it."""
         path = self.directory / journal_name(first_seq)
         sync = self.settings.fsync != "never"
-        with replacing(path, sync) as f:
-            for trace_id, prior in self.prior.items():
-                f.write(self._decided_entry(trace_id, prior.keep, prior.rate_limited, prior.policy, prior.threshold,
-                                            prior.measured))
+        self._journal_pin = 1 << 62  # set to the last replayed record once the replay is read
+        try:
+            with replacing(path, sync) as f:
+                for trace_id, prior in self.prior.items():
+                    f.write(self._decided_entry(trace_id, prior.keep, prior.rate_limited, prior.policy,
+                                                prior.threshold, prior.measured))
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            log.warning("intake log: no room to compact its %d journals (%s): kept as they are", len(old), exc)
+            self._journals = [(0, old_path) for _, old_path in old if old_path != path]
+            for _, old_path in self._journals:  # the previous runs' decisions: the pin keeps them
+                self._journal_switched[old_path] = float("-inf")
+            self._open_journal(first_seq)
+            return
         self.pipeline_fsyncs += sync
-        for old_path in old:  # once the compacted one is in place: a crash in between loses no decision
+        for _, old_path in old:  # once the compacted one is in place: a crash in between loses no decision
             if old_path != path:
                 old_path.unlink(missing_ok=True)
         self._journals = []
-        self._journal_pin = 1 << 62  # set to the last replayed record once the replay is read
         self._open_journal(first_seq)
 
     def _open_journal(self, first_seq: int | None = None) -> None:
@@ -907,12 +919,22 @@ class IntakeLogKeeper:
     def problem(self) -> str | None:
         """Why the intake log cannot take requests right now (for ``/readyz``), or None."""
         shared = IntakeLogShared
+        where = f"receivers.otlp.intake_log ({self.directory})"
         if self.shared[shared.KEEPER_ERROR_AT]:
-            return (f"the intake log cannot write its {self._failing or 'files'} "
+            return (f"{where} cannot write its {self._failing or 'files'} "
                     f"({errno.errorcode.get(self.shared[shared.KEEPER_ERRNO], 'error')})")
         at = self.shared[shared.WRITER_ERROR_AT]
         if at and time.monotonic_ns() - at < ERROR_READINESS_S * 1e9:
-            return f"the intake log cannot be written ({errno.errorcode.get(self.shared[shared.WRITER_ERRNO], 'error')})"
+            return f"{where} cannot be written ({errno.errorcode.get(self.shared[shared.WRITER_ERRNO], 'error')})"
+        floor = self.settings.min_free_bytes
+        if floor:  # what the writer checks before each request: below it, every one is refused
+            try:
+                free = free_bytes(self.directory)
+            except OSError:
+                return None
+            if free - LOW_DISK_RESERVE < floor:
+                return (f"{where} has {free >> 20} MiB free, below min_free_mib ({floor >> 20} MiB): requests are "
+                        "refused (intake_log_full) until there is room")
         return None
 
     def decided(self, trace_id: bytes, keep: bool, rate_limited: bool, policy: str, threshold: str,
