@@ -45,6 +45,13 @@ def _start(tmp_path: Path, config: dict[str, Any], degraded: bool = True) -> Gro
     return server
 
 
+def _start_full(tmp_path: Path, filesystem: Path, config: dict[str, Any]) -> tuple[GroupServer, Path]:
+    """``filesystem`` filled, then otel-llm started on it; and the filler, whose removal gives the room back."""
+    filler = filesystem / "filler"
+    _fill(filler)
+    return _start(tmp_path, config), filler
+
+
 def test_the_store_starts_on_a_full_disk_and_persists_once_there_is_room(tmp_path: Path, small_filesystem: Path):
     """A restart with the store's filesystem full: it exited 1 with SQLite's "disk I/O error". Now it
     starts with ``/readyz`` 503 naming the store's file and the full disk, kept traces are dropped
@@ -57,10 +64,7 @@ def test_the_store_starts_on_a_full_disk_and_persists_once_there_is_room(tmp_pat
         assert first.stop() == 0
     finally:
         first.ensure_stopped()
-    filler = small_filesystem / "filler"
-    _fill(filler)
-
-    server = _start(tmp_path, config)
+    server, filler = _start_full(tmp_path, small_filesystem, config)
     try:
         status, body = _readyz(server)
         assert status == 503 and "traces.db" in body and "no space left" in body, body
@@ -96,11 +100,8 @@ def test_a_crashed_intake_log_restarts_on_a_full_disk_and_replays_once_there_is_
         first.kill_group()
     finally:
         first.ensure_stopped()
-    filler = small_filesystem / "filler"
-    _fill(filler)
-
     config["processors"]["tail_sampling"]["decision_wait"] = "1s"
-    server = _start(tmp_path, config)
+    server, filler = _start_full(tmp_path, small_filesystem, config)
     try:
         status, body = _readyz(server)
         assert status == 503 and "receivers.otlp.intake_log" in body and str(small_filesystem / "log") in body, body
@@ -136,9 +137,7 @@ def test_an_on_disk_sending_queue_on_a_full_disk_says_so_and_queues_again_once_t
                                              "exporters": ["store", "otlp", "prometheus"]}}},
     }
     queue.mkdir()
-    filler = small_filesystem / "filler"
-    _fill(filler)
-    server = _start(tmp_path, config)
+    server, filler = _start_full(tmp_path, small_filesystem, config)
     try:
         status, body = _readyz(server)
         assert status == 503 and "exporters.otlp" in body and str(queue) in body, body

@@ -108,9 +108,10 @@ def _disk_full(directory: Path, exc: BaseException) -> str | None:
         free: int | None = _free_bytes(directory)
     except OSError:
         free = None
-    said = _store_failure(exc) == "disk_full" or (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT))
-    if not said and (free is None or free >= _FULL_DISK_BYTES):
-        return None
+    failure = _store_failure(exc)
+    said = failure == "disk_full" or (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT))
+    if not said and (failure not in (None, "io_error") or free is None or free >= _FULL_DISK_BYTES):
+        return None  # a corrupt file stays corrupt, whatever room is left
     return f"no space left on its filesystem ({'an unknown number of' if free is None else free} bytes free): {exc}"
 
 
@@ -534,13 +535,14 @@ class TraceStore:
                 connection = self._connection = self._open(check=self._check_next_open, reason=self._reopen_reason)
                 self._check_next_open = False
             except Exception as exc:
-                self._count_dropped(batch, self._failure or "io_error")
-                self._failed(self._failure or "io_error", exc)
+                reason = self._failure_of(exc, self._failure or "io_error")
+                self._count_dropped(batch, reason)
+                self._failed(reason, exc)
                 return
         try:
             written = self._write(connection, batch)
         except Exception as exc:
-            reason = _store_failure(exc) or "write_error"
+            reason = self._failure_of(exc, "write_error")
             self._count_dropped(batch, reason)
             self._failed(reason, exc)
             return
@@ -557,6 +559,12 @@ class TraceStore:
             pass
         if self._size_bytes > self._max_size_bytes:
             self._prune_now = True
+
+    def _failure_of(self, exc: BaseException, otherwise: str) -> str:
+        """The drop reason of ``exc``: ``disk_full`` when the disk is (whatever SQLite calls it)."""
+        if _disk_full(self._directory, exc) is not None:
+            return "disk_full"
+        return _store_failure(exc) or otherwise
 
     def _failed(self, reason: str, exc: BaseException) -> None:
         """The store cannot persist: say so on /readyz, and start over with a new connection at the
@@ -614,7 +622,7 @@ class TraceStore:
                 _rollback(connection)
                 raise
         except Exception as exc:
-            self._failed(_store_failure(exc) or self._failure or "io_error", exc)
+            self._failed(self._failure_of(exc, self._failure or "io_error"), exc)
             return
         log.warning("trace store %s persists again", self.path)
         self._problem = self._failure = None
