@@ -131,7 +131,8 @@ def test_an_on_disk_sending_queue_on_a_full_disk_says_so_and_queues_again_once_t
     queue = small_filesystem / "queue"
     config = {
         "processors": SAMPLING,
-        "exporters": {"otlp": {"endpoint": "127.0.0.1:9", "tls": {"insecure": True}, "sending_queue": {"storage": str(queue)}}},
+        "exporters": {"otlp": {"endpoint": "127.0.0.1:9", "tls": {"insecure": True},
+                               "sending_queue": {"storage": str(queue)}}},
         "service": {"pipelines": {"traces": {"receivers": ["otlp"],
                                              "processors": ["memory_limiter", "llm_metrics", "tail_sampling", "redaction"],
                                              "exporters": ["store", "otlp", "prometheus"]}}},
@@ -143,8 +144,9 @@ def test_an_on_disk_sending_queue_on_a_full_disk_says_so_and_queues_again_once_t
         assert status == 503 and "exporters.otlp" in body and str(queue) in body, body
         _post(server, vllm_batch(2))
         # The two kept traces, with the segment spans synthesized under their engine spans.
-        scrape = server.wait_until(lambda s: s.value("otel_llm_exporter_dropped_spans_total", reason="storage_error") > 2,
-                                   what="the kept spans the full queue could not take, counted")
+        scrape = server.wait_until(
+            lambda s: s.value("otel_llm_exporter_dropped_spans_total", reason="storage_error") > 2,
+            what="the kept spans the full queue could not take, counted")
         assert scrape.value("otel_llm_exporter_enqueued_spans_total") == 0
         filler.unlink()
         _ready_again(server)

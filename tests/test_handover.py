@@ -39,7 +39,8 @@ def _hand_over(tmp_path: Path, requests: list[ExportTraceServiceRequest]) -> Pat
         server.start()
         for request in requests:
             _post(server, request)
-        spans = sum(len(scope.spans) for request in requests for rs in request.resource_spans for scope in rs.scope_spans)
+        spans = sum(len(scope.spans) for request in requests for resource_spans in request.resource_spans
+                    for scope in resource_spans.scope_spans)
         server.wait_until(lambda s: s.value("otel_llm_receiver_accepted_spans_total") == spans
                           and s.value("otel_llm_intake_queued_spans") == 0, what="buffered")
         assert server.stop() == 0
@@ -57,7 +58,7 @@ def test_a_record_that_does_not_decode_is_counted_and_the_rest_are_taken_over(tm
     handover = _hand_over(tmp_path, [vllm_batch(1, parent=True), vllm_batch(1, parent=True)])
     good, damaged, _ = frames(handover.read_bytes())
     assert len(good) == 2 and not damaged
-    not_a_request = b"\xff" * 40  # a valid frame; field 31, wire type 7: protobuf refuses it
+    not_a_request = b"\xff" * 40  # a valid frame around a tag longer than a varint can be: protobuf refuses it
     handover.write_bytes(frame(good[0]) + frame(not_a_request) + frame(good[1]))
 
     server = ServerProcess(tmp_path, _config(hand_over=False))

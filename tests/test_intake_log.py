@@ -632,7 +632,8 @@ def test_a_held_call_does_not_pin_the_log_and_survives_a_sigkill(tmp_path: Path)
 
     config = server_config({"segment_size_mib": 1, "max_size_mib": 256}, decision_wait="1s")
     # Only errors kept (the call's): the 100 000 spans behind it are measured, not stored.
-    config["processors"]["tail_sampling"].update(max_open_call_wait="10m", policies=[{"name": "errors", "type": "errors"}])
+    config["processors"]["tail_sampling"].update(max_open_call_wait="10m",
+                                                  policies=[{"name": "errors", "type": "errors"}])
     log_directory = tmp_path / "store" / "intake-log"
     call = Call("held-across-a-crash", error="RateLimitError")
     first = GroupServer(tmp_path, config)

@@ -223,7 +223,8 @@ class TraceExporter:
     def problem(self) -> str | None:
         """Why kept traces cannot be queued on disk right now (``sending_queue.storage`` cannot be
         written: a full disk), or None. While it cannot, a probe finds out when it can again."""
-        if self._storage_problem is not None and time.monotonic() - self._storage_probed_at >= self.STORAGE_PROBE_EVERY_S:
+        due = time.monotonic() - self._storage_probed_at >= self.STORAGE_PROBE_EVERY_S
+        if self._storage_problem is not None and due:
             self._probe_storage()
         return self._storage_problem
 

@@ -41,9 +41,10 @@ SIGKILL (an OOM kill, a node drain that does not wait) loses every request ackno
   again: its recorded decision is reused, and a kept trace is delivered again to the store, whose
   rows are keyed by (trace id, span id), so it is stored once.
 - **Replayed at start**, before the receivers listen (``/readyz`` is 503 meanwhile): the carried
-  traces first, buffered again; then every record after the checkpoint, through the bounded intake; a torn or corrupt record ends its segment and is
-  counted (it can only be one that was never acknowledged, or damage after a machine crash); the
-  reading resumes at the next valid record, so it costs that record only.
+  traces first, buffered again; then every record after the checkpoint, through the bounded intake;
+  a torn or corrupt record ends its segment and is counted (it can only be one that was never
+  acknowledged, or damage after a machine crash); the reading resumes at the next valid record, so
+  it costs that record only.
 - **Write errors** (ENOSPC, EIO) never stop a thread: counted by file and reason, ingest refused
   retryably and ``/readyz`` 503 until a write succeeds again; ``min_free_mib`` keeps the log from
   filling its filesystem.
