@@ -50,7 +50,7 @@ peers:
 
 # The client SDKs the client table's tests run (tests/peers/sdks.sh): the OpenTelemetry Java SDK's OTLP
 # exporters (built with Maven from Maven Central) and the JS SDK's (npm ci), each once into
-# ~/.cache/otel-llm/peers (~1 min cold, 0 s warm).
+# ~/.cache/otel-llm/peers (~30 s cold, 0 s warm).
 sdk-peers:
 	@tests/peers/sdks.sh build
 
