@@ -31,6 +31,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags, set_span_in_context
 
+from otel_llm.receiver.otlp.carried import CarriedFile, CarriedSpans, frame
 from otel_llm.receiver.otlp.intake_log import (
     LOG_FULL,
     SEGMENT_PREFIX,
@@ -720,3 +721,27 @@ def test_carried_traces_leave_the_carried_file_once_decided(make_server):
                                what="decided, tombstoned, compacted")
     assert scrape.value("otel_llm_traces_in_memory") == 0
     assert scrape.value("otel_llm_traces_completed_total") == 8000
+
+
+def test_the_carried_file_survives_an_append_a_crash_cut(tmp_path: Path):
+    """Two traces carried, one of them left (tombstoned), then an append cut by a crash: the next
+    start reads the live trace's spans, cuts the torn bytes (counted) so nothing is appended behind
+    them, and what it appends next is read back by the start after it."""
+    path = tmp_path / "carried.log"
+    first, second = vllm_batch(2, parent=True), vllm_batch(1, parent=True)
+    carried = CarriedFile(path, sync=False)
+    for request in (first, second):
+        spans = request.resource_spans[0].scope_spans[0].spans
+        carried.append([CarriedSpans(spans[0].trace_id, request.SerializeToString(), {s.span_id for s in spans})], [])
+    carried.append([], [second.resource_spans[0].scope_spans[0].spans[0].trace_id])
+    with open(path, "ab") as file:
+        file.write(frame(b"S" + bytes(16) + b"an append the crash cut")[:-5])
+
+    again = CarriedFile(path, sync=False)
+    requests, damaged = again.load()
+    assert (requests, damaged) == ([first.SerializeToString()], 1)
+    assert path.stat().st_size == again.size
+    third = vllm_batch(1, parent=True)
+    third_span = third.resource_spans[0].scope_spans[0].spans[0]
+    again.append([CarriedSpans(third_span.trace_id, third.SerializeToString(), {third_span.span_id})], [])
+    assert CarriedFile(path, sync=False).load() == ([first.SerializeToString(), third.SerializeToString()], 0)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans, Span
 
@@ -126,11 +127,20 @@ class CarriedFile:
     def load(self) -> tuple[list[bytes], int]:
         """Read the file at start: the requests of its live traces (to buffer again), and the damaged
         records that ended the reading (the torn tail of an append a crash cut is cut off)."""
-        try:
-            data = self.path.read_bytes()
+        try:  # never through a link planted under its name (ELOOP: the start says so)
+            fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
             return [], 0
-        payloads, damaged, valid_end = frames(data)
+        try:
+            with os.fdopen(os.dup(fd), "rb") as file:
+                data = file.read()
+            payloads, damaged, valid_end = frames(data)
+            if valid_end != len(data):
+                log.warning("intake log: %s ends in %d bytes of no valid record; cut", self.path.name,
+                            len(data) - valid_end)
+                os.ftruncate(fd, valid_end)
+        finally:
+            os.close(fd)
         requests: dict[bytes, list[bytes]] = {}
         self.traces = {}
         for payload in payloads:
@@ -141,17 +151,13 @@ class CarriedFile:
             elif tag == SPANS:
                 requests.setdefault(trace_id, []).append(body)
                 self.traces.setdefault(trace_id, CarriedTrace()).size += FRAME.size + len(payload)
-        if valid_end != len(data):
-            log.warning("intake log: %s ends in %d bytes of no valid record; cut", self.path.name,
-                        len(data) - valid_end)
-            os.truncate(self.path, valid_end)
         self.size = valid_end
         for trace_id, bodies in requests.items():  # the span ids: a later append carries only new spans
             known = self.traces[trace_id].span_ids
             for body in bodies:
                 try:
                     parsed = ExportTraceServiceRequest.FromString(body)
-                except Exception:  # a valid CRC over bytes that do not decode: buffering it again counts it
+                except DecodeError:  # a valid CRC over bytes that are no request: buffering it again counts it
                     continue
                 known.update(span.span_id for resource_spans in parsed.resource_spans
                              for scope_spans in resource_spans.scope_spans for span in scope_spans.spans)
