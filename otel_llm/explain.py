@@ -8,7 +8,10 @@ the anchor of its section in ``docs/troubleshooting.md``. The reason anchors are
 
 from __future__ import annotations
 
-import urllib.request
+import http.client
+import socket
+import threading
+import urllib.parse
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -126,6 +129,70 @@ def render(findings: list[Finding], top: int = 3) -> str:
     return "\n".join(lines) + "\n"
 
 
-def fetch(url: str, timeout_s: float = 30.0) -> str:
-    with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout_s) as response:
-        return str(response.read().decode("utf-8", "replace"))
+# What ``fetch`` reads at most: an exposition larger than this is not an otel-llm's (its label values
+# are bounded); reading one whole held 2.6 GB for a 512 MiB answer (issue 50).
+MAX_EXPOSITION_BYTES = 64 << 20
+
+
+class FetchError(OSError):
+    """The answer was refused: too large, or not complete within the deadline (the message says which)."""
+
+
+def fetch(url: str, deadline_s: float, max_bytes: int = MAX_EXPOSITION_BYTES) -> str:
+    """``url``'s ``/metrics``, read whole within ``deadline_s`` in all (connecting included, however
+    slowly the bytes come: a socket timeout alone bounds each read, not their sum) and at most
+    ``max_bytes`` of body. Raises ``OSError`` (``FetchError`` for the two bounds, saying which)."""
+    parts = urllib.parse.urlsplit(url.rstrip("/") + "/metrics")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise FetchError(f"not an http:// or https:// URL: {url}")
+    connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    connection = connection_class(parts.hostname, parts.port, timeout=deadline_s)
+    expired = threading.Event()
+    # The socket, held here: a response that ends with the connection takes it over from
+    # ``connection`` (whose ``sock`` is then None) until it is read.
+    opened: list[socket.socket] = []
+
+    def cut() -> None:  # at the deadline: every read in progress or to come ends at once
+        expired.set()
+        for sock in opened:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    watchdog = threading.Timer(deadline_s, cut)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        connection.connect()
+        assert connection.sock is not None
+        opened.append(connection.sock)
+        if expired.is_set():
+            raise TimeoutError
+        connection.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""),
+                           headers={"Accept": "text/plain"})
+        response = connection.getresponse()
+        if response.status != 200:
+            raise FetchError(f"HTTP {response.status} {response.reason}")
+        declared = response.getheader("Content-Length", "")
+        if declared.isdigit() and int(declared) > max_bytes:
+            raise FetchError(f"the answer is {int(declared)} bytes, more than the {max_bytes >> 20} MiB read at most")
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := response.read1(1 << 16):
+            size += len(chunk)
+            if size > max_bytes:
+                raise FetchError(f"the answer is larger than the {max_bytes >> 20} MiB read at most")
+            chunks.append(chunk)
+        if expired.is_set():
+            raise TimeoutError
+        return b"".join(chunks).decode("utf-8", "replace")
+    except (OSError, http.client.HTTPException) as exc:
+        if expired.is_set() or isinstance(exc, TimeoutError):
+            raise FetchError(f"no complete answer within {deadline_s:g}s (--timeout)") from None
+        if isinstance(exc, OSError):
+            raise
+        raise FetchError(f"not an HTTP answer: {exc!r}") from None
+    finally:
+        watchdog.cancel()
+        connection.close()

@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 import pytest
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -30,6 +31,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags, set_span_in_context
 
+from otel_llm.receiver.otlp.carried import CarriedFile, CarriedSpans, frame
 from otel_llm.receiver.otlp.intake_log import (
     LOG_FULL,
     SEGMENT_PREFIX,
@@ -57,8 +59,8 @@ class GroupServer(ServerProcess):
 
     new_session = True
 
-    def start(self, timeout_s: float = 30.0) -> None:
-        super().start(timeout_s)
+    def start(self, timeout_s: float = 30.0, degraded: bool = False) -> None:
+        super().start(timeout_s, degraded)
 
     def kill_group(self) -> None:
         assert self.process is not None
@@ -611,3 +613,135 @@ def test_serve_starts_on_a_garbage_checkpoint(tmp_path: Path):
     finally:
         for server in servers:
             server.ensure_stopped()
+
+
+# --- a held call does not pin the log (issue 50, item 3) ---------------------------------------------
+
+def _log_bytes(directory: Path) -> int:
+    """Everything the intake log keeps on disk: segments, the held traces' file, journals, checkpoint."""
+    return sum(path.stat().st_size for path in directory.iterdir() if path.is_file()) if directory.exists() else 0
+
+
+def test_a_held_call_does_not_pin_the_log_and_survives_a_sigkill(tmp_path: Path):
+    """A GenAI client's HTTP span whose caller's span has not come (a call in flight, held up to
+    ``max_open_call_wait``) used to keep every later request in the log: 24 MiB of traffic behind it
+    stayed on disk (issue 50: 10.5-11.6 MiB measured). Now its spans are carried past the checkpoint
+    in a file of their own, so the log shrinks to about one segment once ``decision_wait`` has passed;
+    and a SIGKILL of the whole group still loses neither the held trace nor any acknowledged request:
+    the restart holds the HTTP span again, and the caller's span and the engine's sent then join it."""
+    from tests.unit.service.test_long_calls import Call
+
+    config = server_config({"segment_size_mib": 1, "max_size_mib": 256}, decision_wait="1s")
+    # Only errors kept (the call's): the 100 000 spans behind it are measured, not stored.
+    config["processors"]["tail_sampling"].update(max_open_call_wait="10m",
+                                                  policies=[{"name": "errors", "type": "errors"}])
+    log_directory = tmp_path / "store" / "intake-log"
+    call = Call("held-across-a-crash", error="RateLimitError")
+    first = GroupServer(tmp_path, config)
+    servers = [first]
+    try:
+        first.start()
+        with grpc.insecure_channel(f"127.0.0.1:{first.grpc_port}") as channel:
+            export = channel.unary_unary(EXPORT)
+            export(call.http.SerializeToString(), timeout=10)
+            first.wait_until(lambda s: s.value("otel_llm_traces_held_open_calls") == 1, what="the call held")
+            acknowledged = 0
+            while first.scrape().value("otel_llm_intake_log_appended_bytes_total") < 24 << 20:
+                export(vllm_batch(400, model="behind-the-held-call").SerializeToString(), timeout=30)
+                acknowledged += 400
+        first.wait_until(lambda s: count(s, "behind-the-held-call") == acknowledged, timeout_s=120,
+                         what="every request behind the held call measured")
+        poll(lambda: _log_bytes(log_directory) <= 2 << 20, 60,
+             f"the log back to about one segment (holds {_log_bytes(log_directory)} bytes)")
+        scrape = first.scrape()
+        assert scrape.value("otel_llm_traces_held_open_calls") == 1, "still held: the log no longer waits for it"
+        assert scrape.value("otel_llm_intake_log_carried_traces") == 1
+        first.kill_group()
+
+        second = GroupServer(tmp_path, config)
+        servers.append(second)
+        second.start()
+        second.wait_until(lambda s: s.value("otel_llm_traces_held_open_calls") == 1, what="the call held again")
+        with grpc.insecure_channel(f"127.0.0.1:{second.grpc_port}") as channel:
+            channel.unary_unary(EXPORT)(call.genai.SerializeToString(), timeout=10)
+            channel.unary_unary(EXPORT)(call.engine.SerializeToString(), timeout=10)
+        second.wait_until(lambda s: s.value("otel_llm_traces_held_open_calls") == 0
+                          and s.value("otel_llm_traces_in_memory") == 0, what="the joined call decided")
+        assert count(second.scrape(), "behind-the-held-call") == 0, "decided before the crash: not measured again"
+        assert second.stop() == 0
+        trace = StoreReader(tmp_path / "store").get_trace(call.trace.hex())
+        assert trace is not None
+        stored_ids = {span["span_id"] for span in trace["spans"]}
+        assert {call.http_id.hex(), call.genai_id.hex()} <= stored_ids, "the held span came back after the SIGKILL"
+    finally:
+        for server in servers:
+            server.ensure_stopped()
+
+
+def _client_calls(count: int, rooted: bool) -> ExportTraceServiceRequest:
+    """``count`` traces of an HTTP client's span whose caller's span has not come (a call in flight);
+    ``rooted``: the callers' spans (same trace and span ids, seeded), which end those calls."""
+    request = ExportTraceServiceRequest()
+    resource_spans = request.resource_spans.add()
+    kv = resource_spans.resource.attributes.add()
+    kv.key, kv.value.string_value = "service.name", "app"
+    scope_spans = resource_spans.scope_spans.add()
+    scope_spans.scope.name = "opentelemetry.instrumentation.httpx"
+    now = time.time_ns()
+    for index in range(count):
+        span = scope_spans.spans.add()
+        span.trace_id = index.to_bytes(8, "big") + b"carried!"
+        caller = index.to_bytes(7, "big") + b"\x01"
+        span.span_id, span.parent_span_id = (caller, b"") if rooted else (index.to_bytes(7, "big") + b"\x02", caller)
+        span.name = "chat" if rooted else "POST"
+        span.kind = 3
+        span.start_time_unix_nano, span.end_time_unix_nano = now, now + 1_000_000
+    return request
+
+
+def test_carried_traces_leave_the_carried_file_once_decided(make_server):
+    """8 000 calls held (their callers' spans not come): their spans are carried; once the callers'
+    spans come and the traces are decided, each gets a tombstone, and the file, all dead records,
+    is rewritten empty."""
+    server = make_server({
+        "receivers": {"otlp": {"intake_log": {}}},
+        "processors": {"tail_sampling": {"decision_wait": "1s", "grace": "100ms", "max_open_call_wait": "10m"}},
+    })
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        export = channel.unary_unary(EXPORT)
+        export(_client_calls(8000, rooted=False).SerializeToString(), timeout=30)
+        scrape = server.wait_until(lambda s: s.value("otel_llm_intake_log_carried_traces") == 8000, timeout_s=60,
+                                   what="the held calls carried")
+        assert scrape.value("otel_llm_traces_held_open_calls") == 8000
+        assert scrape.value("otel_llm_intake_log_carried_bytes") > 1 << 20
+        export(_client_calls(8000, rooted=True).SerializeToString(), timeout=30)
+    # Dead records outweighing the live ones: the file is rewritten, empty.
+    scrape = server.wait_until(lambda s: s.value("otel_llm_intake_log_carried_traces") == 0
+                               and s.value("otel_llm_intake_log_carried_bytes") == 0, timeout_s=60,
+                               what="decided, tombstoned, compacted")
+    assert scrape.value("otel_llm_traces_in_memory") == 0
+    assert scrape.value("otel_llm_traces_completed_total") == 8000
+
+
+def test_the_carried_file_survives_an_append_a_crash_cut(tmp_path: Path):
+    """Two traces carried, one of them left (tombstoned), then an append cut by a crash: the next
+    start reads the live trace's spans, cuts the torn bytes (counted) so nothing is appended behind
+    them, and what it appends next is read back by the start after it."""
+    path = tmp_path / "carried.log"
+    first, second = vllm_batch(2, parent=True), vllm_batch(1, parent=True)
+    carried = CarriedFile(path, sync=False)
+    for request in (first, second):
+        spans = request.resource_spans[0].scope_spans[0].spans
+        carried.append([CarriedSpans(spans[0].trace_id, request.SerializeToString(), {s.span_id for s in spans})], [])
+    carried.append([], [second.resource_spans[0].scope_spans[0].spans[0].trace_id])
+    with open(path, "ab") as file:
+        file.write(frame(b"S" + bytes(16) + b"an append the crash cut")[:-5])
+
+    again = CarriedFile(path, sync=False)
+    requests, damaged = again.load()
+    assert (requests, damaged) == ([first.SerializeToString()], 1)
+    assert path.stat().st_size == again.size
+    third = vllm_batch(1, parent=True)
+    third_span = third.resource_spans[0].scope_spans[0].spans[0]
+    again.append([CarriedSpans(third_span.trace_id, third.SerializeToString(), {third_span.span_id})], [])
+    assert CarriedFile(path, sync=False).load() == ([first.SerializeToString(), third.SerializeToString()], 0)

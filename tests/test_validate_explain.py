@@ -3,15 +3,17 @@ numbers are missing, largest loss first, each linked to its section of docs/trou
 
 from __future__ import annotations
 
+import http.server
 import math
 import os
 import re
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -128,10 +130,100 @@ def test_explain_says_when_it_cannot_reach_the_instance() -> None:
 @pytest.mark.parametrize("args,message", [
     (["--explain", "otel-llm.yaml"], "not a config file"),
     (["--explain", "--top", "0"], "--top must be at least 1"),
-    (["--top", "5", "otel-llm.yaml"], "--url and --top go with --explain"),
-    (["--url", "http://127.0.0.1:9", "otel-llm.yaml"], "--url and --top go with --explain"),
+    (["--top", "5", "otel-llm.yaml"], "--url, --top and --timeout go with --explain"),
+    (["--url", "http://127.0.0.1:9", "otel-llm.yaml"], "--url, --top and --timeout go with --explain"),
+    (["--timeout", "5", "otel-llm.yaml"], "--url, --top and --timeout go with --explain"),
+    (["--explain", "--timeout", "0"], "--timeout must be between 0 and 3600 seconds"),
 ])
 def test_explain_refuses_options_it_would_ignore(args: list[str], message: str) -> None:
     result = subprocess.run([sys.executable, "-m", "otel_llm", "validate", *args], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+# --- a hostile or broken /metrics: bounded bytes and a total deadline (issue 50, item 6) ---------------
+
+class _Answers(http.server.BaseHTTPRequestHandler):
+    """``/metrics`` answered as the test's server says: ``huge`` streams 512 MiB with no
+    Content-Length (the issue's case), ``declared`` announces 512 MiB, ``trickle`` sends a byte every
+    0.5 s for ever, ``small`` a normal exposition."""
+
+    protocol_version = "HTTP/1.0"  # the body ends when the connection does
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        kind = self.server.kind  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        if kind == "declared":
+            self.send_header("Content-Length", str(512 << 20))
+        self.end_headers()
+        try:
+            if kind == "small":
+                self.wfile.write(b"# TYPE otel_llm_late_spans_total counter\notel_llm_late_spans_total 0\n")
+            elif kind in ("huge", "declared"):
+                block = b"# " + b"x" * ((1 << 20) - 3) + b"\n"
+                for _ in range(512):
+                    self.wfile.write(block)
+            else:
+                while not self.server.stopping.is_set():  # type: ignore[attr-defined]
+                    self.wfile.write(b"#")
+                    self.wfile.flush()
+                    self.server.stopping.wait(0.5)  # type: ignore[attr-defined]
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up: what the test wants
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def metrics_server() -> Iterator[Callable[[str], str]]:
+    servers: list[http.server.ThreadingHTTPServer] = []
+
+    def start(kind: str) -> str:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
+        server.daemon_threads = True
+        server.kind, server.stopping = kind, threading.Event()  # type: ignore[attr-defined]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    yield start
+    for server in servers:
+        server.stopping.set()  # type: ignore[attr-defined]
+        server.shutdown()
+        server.server_close()
+
+
+def _explain_process(url: str, *options: str) -> tuple[int, str, int]:
+    """Exit code, stderr and peak RSS (KiB, the child's own, from wait4) of `validate --explain`."""
+    process = subprocess.Popen([sys.executable, "-m", "otel_llm", "validate", "--explain", "--url", url, *options],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert process.stderr is not None
+    stderr = process.stderr.read().decode()  # EOF once the process exits
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    return process.returncode, stderr, usage.ru_maxrss
+
+
+@pytest.mark.parametrize("kind", ["huge", "declared"])
+def test_explain_reads_at_most_64_mib(metrics_server: Callable[[str], str], kind: str) -> None:
+    """A 512 MiB answer (read whole, it held 2.6 GB): refused past 64 MiB, or at once when its
+    Content-Length says so, saying so; the process's peak RSS stays within the bytes read of the
+    same process reading a small answer."""
+    code, stderr, _ = _explain_process(metrics_server("small"))
+    assert code == 0, stderr
+    _, _, baseline_kib = _explain_process(metrics_server("small"))
+    code, stderr, peak_kib = _explain_process(metrics_server(kind))
+    assert code == 1
+    assert "cannot read" in stderr and "64 MiB read at most" in stderr, stderr
+    assert peak_kib < baseline_kib + 2 * 64 * 1024, (peak_kib, baseline_kib)
+
+
+def test_explain_gives_up_at_its_total_deadline(metrics_server: Callable[[str], str]) -> None:
+    """A byte every 0.5 s for ever (each read within any per-read timeout: the issue's run was still
+    reading after 90 s): ``--timeout 2`` ends it, saying which bound it was."""
+    result = subprocess.run([sys.executable, "-m", "otel_llm", "validate", "--explain", "--url",
+                             metrics_server("trickle"), "--timeout", "2"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "no complete answer within 2s (--timeout)" in result.stderr, result.stderr

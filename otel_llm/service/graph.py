@@ -17,7 +17,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otel_llm.component import KeptTraceConsumer
 from otel_llm.internal import core as native_core
@@ -36,7 +39,7 @@ from otel_llm.processor.tail_sampling.assembler import AssemblySettings, TraceAs
 from otel_llm.processor.tail_sampling.config import TailSamplingProcessor
 from otel_llm.processor.tail_sampling.sampler import TailSampler
 from otel_llm.processor.tail_sampling.stage import DecisionStage
-from otel_llm.receiver.otlp.admission import SHUTTING_DOWN
+from otel_llm.receiver.otlp.admission import SHUTTING_DOWN, check_ids
 from otel_llm.receiver.otlp.intake_log import IntakeLogKeeper, Record
 from otel_llm.receiver.otlp.process import IntakeState
 from otel_llm.service.lane import completion_lane
@@ -244,11 +247,15 @@ class Pipeline:
             if isinstance(limiter, MemoryLimiterProcessor) else None
 
     def problem(self) -> str | None:
-        """For /readyz: the memory limiter has refused every export for ``UNREADY_AFTER_REFUSING_S``
-        (a load balancer should send elsewhere; a short spike is ridden out without flapping)."""
+        """For /readyz: the memory limiter has refused every export, or the intake has kept refusing
+        clients for being full, for ``UNREADY_AFTER_REFUSING_S`` (a load balancer should send
+        elsewhere; a short spike is ridden out without flapping)."""
         since = self._refusing_since
         if since is not None and (refusing := time.monotonic() - since) >= UNREADY_AFTER_REFUSING_S:
             return f"processors.memory_limiter has refused data for {refusing:.0f}s (memory above its soft limit)"
+        if (full := self.intake.state.refusing_full_for()) >= UNREADY_AFTER_REFUSING_S:
+            return (f"receivers.otlp has refused requests for {full:.0f}s because its intake is full (queue_full: "
+                    "the pipeline does not keep up with what is sent)")
         return None
 
     @property
@@ -287,7 +294,7 @@ class Pipeline:
         state = self.intake.state
         for record in records:
             size = len(record.payload)
-            while (refused := state.reserve(record.spans, size)):
+            while (refused := state.reserve(record.spans, size, client=False)):
                 if refused == SHUTTING_DOWN:
                     raise OSError("stopped during the intake log's replay")
                 time.sleep(0.01)
@@ -327,9 +334,9 @@ class Pipeline:
             except Exception:  # as in the ticker: a bug in one trace must not stop the intake
                 log.exception("trace completion failed")
 
-    def buffer(self, data: bytes, digested: bool, validated: bool = False) -> None:
+    def buffer(self, data: bytes, digested: bool, validated: bool = False) -> int:
         """One request into the trace buffer, its adapter counts into self-telemetry; ``validated``:
-        bytes the receiver process's core validated (``IntakeItem``)."""
+        bytes the receiver process's core validated (``IntakeItem``). Returns the spans buffered."""
         if digested:
             spans, counts = decode(data)
         else:
@@ -346,6 +353,7 @@ class Pipeline:
             telemetry.count_unmeasured(service, reason, count)
         if spans:
             self.assembler.add_batch(spans)
+        return len(spans)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -364,7 +372,7 @@ class Pipeline:
                         started = time.monotonic()
                         self.assembler.tick()
                         if self.intake_log is not None:
-                            self.intake_log.ticked(started, self.assembler.held_since())
+                            self.intake_log.ticked(started, self.assembler.overdue)
                         self._flush(True)
                     except Exception:  # a bug in one trace must not stop every later decision
                         log.exception("trace completion failed")
@@ -402,13 +410,38 @@ class Pipeline:
         if self._worker is not None:
             self._worker.join(timeout=5)
 
-    def take_over(self, requests: Iterable[bytes]) -> int:
-        """A predecessor's handed-over traces (``service/handover.py``), before the receivers listen:
-        buffered again as they were first received; returns the spans taken."""
-        taken = 0
-        for request in requests:
-            spans, counts = digest_in_process(request, self.digest_settings)
-            if spans:
-                self.assembler.add_batch(spans)
-            taken += len(spans)
+    def take_over(self, requests: Iterable[bytes]) -> TakenOver:
+        """Traces written by an earlier run (a predecessor's handover, the intake log's carried
+        traces), before the receivers listen: buffered again as they were first received, through
+        the receivers' checks. A record that does not decode is counted damaged and skipped (the
+        rest are taken); a span with an unusable id is dropped and counted, as a receiver does."""
+        taken = TakenOver()
+        for data in requests:
+            try:
+                request = ExportTraceServiceRequest.FromString(data)
+            except DecodeError:
+                taken.damaged += 1
+                continue
+            ids = check_ids(request)
+            if ids.rejected:
+                taken.rejected_spans += ids.rejected
+                data = request.SerializeToString()
+            try:
+                taken.spans += self.buffer(data, digested=False)
+            except Exception:  # as in the worker: counted, and the next record is still taken
+                log.exception("buffering a taken-over record failed")
+                taken.damaged += 1
+                continue
+            taken.traces.update(span.trace_id for resource_spans in request.resource_spans
+                                for scope_spans in resource_spans.scope_spans for span in scope_spans.spans)
         return taken
+
+
+@dataclass(slots=True)
+class TakenOver:
+    """What ``Pipeline.take_over`` buffered again, and what it could not."""
+
+    spans: int = 0
+    traces: set[bytes] = field(default_factory=set)
+    damaged: int = 0  # records that do not decode (a CRC matches bytes that are no request)
+    rejected_spans: int = 0  # spans with an unusable trace, span or parent id (``admission.check_ids``)

@@ -11,35 +11,34 @@ them, and the next start buffers them again before its receivers listen, where t
 them: nothing of them was measured yet (a trace is measured when it is decided).
 
 The file holds what the intake log would hold: the spans as received, with ``processors.redaction``'s
-rules applied before they are written (no content on disk). Records are ``RECORD`` (length, CRC-32)
-then one ``ExportTraceServiceRequest`` per trace; a damaged record ends the reading, counted in the log.
-The file is read by one start only and then deleted (whatever that start's own setting). A replica
-removed for good leaves it on its volume: its traces are measured when a process next starts on that
-volume, not before (the stop logs how many it handed over and where). Taken over, the traces are
-pending in the new process like any other: a crash of it before they are decided loses them, as it
-loses any pending trace (the intake log does not cover them).
+rules applied before they are written (no content on disk). Records are ``carried.FRAME`` (length,
+CRC-32) then one ``ExportTraceServiceRequest`` per trace. It is written under a temporary name
+created exclusively, never through a link (``internal/files.py``), then renamed. It is read as
+untrusted input: a damaged frame ends the reading, a record that does not decode is skipped, each
+counted (``otel_llm_handover_damaged_records``), and the spans go through the receivers' id checks
+(``Pipeline.take_over``). The file is read by one start only and then deleted (whatever that start's
+own setting). A replica removed for good leaves it on its volume: its traces are measured when a
+process next starts on that volume, not before (the stop logs how many it handed over and where).
+Taken over, the traces are pending in the new process like any other; with ``receivers.otlp.intake_log``
+on they are written to its carried file before the handover is deleted, so a crash of the new process
+before they are decided loses none of them (without the log, a crash loses them as any pending trace).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import struct
-import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans, Span
-
+from otel_llm.internal.files import replacing
 from otel_llm.pdata.spans import PendingTrace
 from otel_llm.processor.redaction.synthesis import Redaction
+from otel_llm.receiver.otlp.carried import encode_spans, frame, frames
 
 log = logging.getLogger(__name__)
 
 HANDOVER_FILE = "handover"
-RECORD = struct.Struct("<II")  # payload length, crc32 of the payload
 # The most a stop writes: past it, the remaining traces are decided at stop as without a handover
 # (max_traces bounds what is pending; this bounds the disk and the next start's work).
 MAX_HANDOVER_BYTES = 256 << 20
@@ -51,31 +50,6 @@ def every_pending_trace(trace: PendingTrace) -> bool:
     return True
 
 
-def encode_trace(trace: PendingTrace, redaction: Redaction | None) -> tuple[bytes, int]:
-    """One trace as an ``ExportTraceServiceRequest`` (its resources and scopes as they came), and its span count."""
-    request = ExportTraceServiceRequest()
-    spans_by_origin: dict[int, list[Span]] = {}
-    scope_spans_by_origin: dict[int, ScopeSpans] = {}
-    for buffered in trace.spans.values():
-        origin = buffered.origin
-        key = id(origin)  # one Origin per resource and scope of a received request
-        spans = spans_by_origin.get(key)
-        if spans is None:
-            resource_spans = request.resource_spans.add()
-            resource_spans.resource.CopyFrom(origin.resource)
-            scope_spans = resource_spans.scope_spans.add()
-            scope_spans.scope.CopyFrom(origin.scope)
-            scope_spans_by_origin[key] = scope_spans
-            spans = spans_by_origin[key] = []
-        span = Span.FromString(buffered.payload)
-        if redaction is not None:
-            redaction.apply(span)
-        spans.append(span)
-    for key, spans in spans_by_origin.items():
-        scope_spans_by_origin[key].spans.extend(spans)
-    return request.SerializeToString(), len(trace.spans)
-
-
 @dataclass
 class HandoverResult:
     traces: int = 0
@@ -84,36 +58,24 @@ class HandoverResult:
 
 
 def write_handover(path: Path, traces: list[PendingTrace], redaction: Redaction | None) -> HandoverResult:
-    """Write ``traces`` for the next start (atomically: a stop cut short leaves no half file)."""
+    """Write ``traces`` for the next start (atomically: a stop cut short leaves no half file; and
+    never through a link planted under the temporary name)."""
     result = HandoverResult(not_written=[])
     assert result.not_written is not None
-    tmp = path.with_suffix(".tmp")
     written = 0
     try:
-        with open(tmp, "wb") as f:
+        with replacing(path) as f:
             for index, trace in enumerate(traces):
-                payload, spans = encode_trace(trace, redaction)
-                if written + RECORD.size + len(payload) > MAX_HANDOVER_BYTES:
+                record = frame(encode_spans(trace.spans.values(), redaction))
+                if written + len(record) > MAX_HANDOVER_BYTES:
                     result.not_written.extend(traces[index:])
                     break
-                f.write(RECORD.pack(len(payload), zlib.crc32(payload)) + payload)
-                written += RECORD.size + len(payload)
+                f.write(record)
+                written += len(record)
                 result.traces += 1
-                result.spans += spans
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+                result.spans += len(trace.spans)
     except OSError as exc:
         log.error("cannot hand pending traces over to the next start (%s): they are decided now", exc)
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
         return HandoverResult(not_written=list(traces))
     return result
 
@@ -121,44 +83,39 @@ def write_handover(path: Path, traces: list[PendingTrace], redaction: Redaction 
 @dataclass
 class HandoverRead:
     requests: list[bytes]
-    damaged: int = 0
+    damaged: int = 0  # a damaged frame ends the reading: what follows it is lost
 
 
 def read_handover(path: Path) -> HandoverRead | None:
-    """The previous stop's handover (deleted once read: one start takes it); None without one."""
+    """The previous stop's handover; None without one. Not followed through a link. The caller
+    deletes it (``remove_handover``) once its traces are taken over: one start takes it."""
     try:
-        size = path.stat().st_size
-        if size > MAX_HANDOVER_BYTES + (1 << 20):
-            log.error("the previous run's handover %s is %d bytes, more than a stop writes: not read, moved "
-                      "to %s", path, size, path.with_suffix(".refused"))
-            os.replace(path, path.with_suffix(".refused"))
-            return HandoverRead([], damaged=1)
-        data = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         return None
     except OSError as exc:
         log.error("cannot read the previous run's handover %s: %s", path, exc)
         return None
-    result = HandoverRead([])
-    for payload in _records(data, result):
-        result.requests.append(payload)
+    try:
+        size = os.fstat(fd).st_size
+        if size > MAX_HANDOVER_BYTES + (1 << 20):
+            log.error("the previous run's handover %s is %d bytes, more than a stop writes: not read, moved "
+                      "to %s", path, size, path.with_suffix(".refused"))
+            os.replace(path, path.with_suffix(".refused"))
+            return HandoverRead([], damaged=1)
+        with os.fdopen(os.dup(fd), "rb") as file:
+            data = file.read()
+    except OSError as exc:
+        log.error("cannot read the previous run's handover %s: %s", path, exc)
+        return None
+    finally:
+        os.close(fd)
+    requests, damaged, _ = frames(data)
+    return HandoverRead(requests, damaged)
+
+
+def remove_handover(path: Path) -> None:
     try:
         path.unlink()
     except OSError as exc:
         log.error("cannot delete the handover %s once read (%s): the next start would take it again", path, exc)
-    return result
-
-
-def _records(data: bytes, result: HandoverRead) -> Iterator[bytes]:
-    offset = 0
-    while offset + RECORD.size <= len(data):
-        length, crc = RECORD.unpack_from(data, offset)
-        start = offset + RECORD.size
-        payload = data[start:start + length]
-        if len(payload) != length or zlib.crc32(payload) != crc:
-            result.damaged += 1  # lengths are not trustworthy past a damaged record: the rest is lost
-            return
-        yield payload
-        offset = start + length
-    if offset != len(data):
-        result.damaged += 1

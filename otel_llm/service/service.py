@@ -4,7 +4,6 @@ them (exporters first, receivers last) and stops them in the opposite order."""
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from otel_llm.internal import core as native_core
+from otel_llm.internal.files import replacing
 from otel_llm.component import CreateSettings, Host, KeptTraceConsumer, Kind, Signal, factories
 from otel_llm.config import Config, ConfigError, check_certificates, exposed_without_token, intake_log_directory
 from otel_llm.exporter.store.exporter import StoreComponent
@@ -30,8 +30,14 @@ from otel_llm.receiver.otlp.intake_log import (
 )
 from otel_llm.receiver.otlp.process import IntakeState, ReceiverCounters, spawn_context
 from otel_llm.pdata.spans import PendingTrace
-from otel_llm.service.graph import Pipeline
-from otel_llm.service.handover import HANDOVER_FILE, every_pending_trace, read_handover, write_handover
+from otel_llm.service.graph import Pipeline, TakenOver
+from otel_llm.service.handover import (
+    HANDOVER_FILE,
+    every_pending_trace,
+    read_handover,
+    remove_handover,
+    write_handover,
+)
 from otel_llm.service.processes import IngestProcesses
 from otel_llm.service.telemetry import SelfTelemetry
 
@@ -136,6 +142,12 @@ class Service:
         return result.not_written or []
 
     def _take_over(self) -> None:
+        """Buffer again what an earlier run left pending: the intake log's carried traces (a crash),
+        then a graceful stop's handover, whose traces the intake log carries before it is deleted."""
+        if self.intake_log is not None and self.intake_log.carried_in:
+            taken = self.pipeline.take_over(self.intake_log.carried_in)
+            self.intake_log.carried_in = []
+            self._count_taken_over(taken, "the intake log's carried traces", carried=True)
         # Whatever this run's setting: a handover a previous run wrote is taken, never left unread.
         path = self._handover_file()
         if path is None:
@@ -146,9 +158,26 @@ class Service:
         if read.damaged:
             log.error("the previous run's handover %s is damaged: the traces from the damage on are lost", path)
             self.telemetry.handover_damaged.inc(read.damaged)
-        spans = self.pipeline.take_over(read.requests)
-        self.telemetry.spans_taken_over.inc(spans)
-        log.info("took over %d pending traces (%d spans) from the previous run", len(read.requests), spans)
+        taken = self.pipeline.take_over(read.requests)
+        self._count_taken_over(taken, f"the previous run's handover {path}")
+        if self.intake_log is not None and taken.traces:  # covered by the log before the handover goes
+            try:
+                self.intake_log.carry(self.pipeline.assembler.overdue(float("-inf"), taken.traces))
+            except OSError as exc:  # the handover stays for the next start
+                raise ComponentStartError(f"receivers.otlp.intake_log: cannot carry the traces taken over from "
+                                          f"{path}: {exc}") from None
+        remove_handover(path)
+        log.info("took over %d pending traces (%d spans) from the previous run", len(taken.traces), taken.spans)
+
+    def _count_taken_over(self, taken: TakenOver, source: str, carried: bool = False) -> None:
+        if taken.damaged:
+            log.error("%s: %d records do not decode: skipped", source, taken.damaged)
+            self.telemetry.handover_damaged.inc(taken.damaged)
+        if taken.rejected_spans:
+            log.error("%s: %d spans with an unusable trace, span or parent id: dropped", source, taken.rejected_spans)
+            self.telemetry.spans_dropped.labels("invalid_id").inc(taken.rejected_spans)
+        if not carried:
+            self.telemetry.spans_taken_over.inc(taken.spans)
 
     def _decisions_path(self) -> Path | None:
         """Beside the store: a sender that never got the answer to a request this process took
@@ -161,13 +190,11 @@ class Service:
         if path is None:
             return
         try:
-            tmp = path.with_suffix(".tmp")
-            with open(tmp, "wb") as f:
+            with replacing(path, sync=False) as f:  # read by the next start only after a graceful stop
                 for trace_id, remembered in self.pipeline.assembler.decisions():
                     decision = remembered.decision
                     f.write(IntakeLogKeeper._decided_entry(trace_id, decision.keep, decision.rate_limited,
                                                            decision.policy, decision.threshold, remembered.measured))
-            os.replace(tmp, path)
         except OSError as exc:
             log.warning("cannot keep the decision cache for the next start (%s): a span redelivered to it "
                         "is measured again", exc)
@@ -247,6 +274,11 @@ class Service:
                 self._started.append(path)
             self.pipeline.start()
             self._started.append("pipeline")
+            if self.intake_log is not None:
+                try:
+                    self.intake_log.open()
+                except OSError as exc:
+                    raise ComponentStartError(f"receivers.otlp.intake_log: {exc}") from None
             self._take_over()
             if self.intake_log is not None and self.ingest is not None:
                 # Before the receivers listen: what was acknowledged before a crash goes first.

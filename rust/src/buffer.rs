@@ -14,7 +14,7 @@
 //! `PendingTrace`'s. Keys are SipHash'ed (the standard library's default): trace and span ids come
 //! from senders, and a chosen-collision flood must not turn the buffer's lookups linear.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -529,6 +529,23 @@ pub struct TraceBuffer {
 }
 
 impl TraceBuffer {
+    /// The pending trace at `at` as a `PendingTrace`, a copy: the trace stays pending.
+    fn copy_of(&self, py: Python<'_>, at: u32) -> PyResult<PyObject> {
+        let key = self.pending.nodes[at as usize].key.clone();
+        let trace = self.pending.trace(at);
+        let copy = Box::new(Trace {
+            first_seen: trace.first_seen,
+            spans: trace.spans.iter().map(|slot| Slot {
+                id: slot.id.clone(), parent: slot.parent.clone(), kind: slot.kind, is_engine: slot.is_engine,
+                span: slot.span.clone_ref(py), span_id: slot.span_id.clone_ref(py),
+            }).collect(),
+            batch: 0, touched_at: 0, index: None, has_engine_span: trace.has_engine_span, ready_at: trace.ready_at,
+            ready_token: trace.ready_token, waiters: Waiters::None, unrooted: trace.unrooted,
+            engine_seen_at: trace.engine_seen_at,
+        });
+        self.materialize(py, &key, copy)
+    }
+
     /// The trace as it leaves: a `CompletedTrace`'s `trace`, what the Python path's `PendingTrace`
     /// gives the chain (its spans by id, in the order they came; `ancestors`).
     fn materialize(&self, py: Python<'_>, key: &TraceKey, trace: Box<Trace>) -> PyResult<PyObject> {
@@ -860,19 +877,21 @@ impl TraceBuffer {
     fn pending_traces<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let out = PyList::empty(py);
         for at in self.pending.order() {
-            let key = self.pending.nodes[at as usize].key.clone();
-            let trace = self.pending.trace(at);
-            let copy = Box::new(Trace {
-                first_seen: trace.first_seen,
-                spans: trace.spans.iter().map(|slot| Slot {
-                    id: slot.id.clone(), parent: slot.parent.clone(), kind: slot.kind, is_engine: slot.is_engine,
-                    span: slot.span.clone_ref(py), span_id: slot.span_id.clone_ref(py),
-                }).collect(),
-                batch: 0, touched_at: 0, index: None, has_engine_span: trace.has_engine_span, ready_at: trace.ready_at,
-                ready_token: trace.ready_token, waiters: Waiters::None, unrooted: trace.unrooted,
-                engine_seen_at: trace.engine_seen_at,
-            });
-            out.append(self.materialize(py, &key, copy)?)?;
+            out.append(self.copy_of(py, at)?)?;
+        }
+        Ok(out)
+    }
+
+    /// `TraceAssembler.overdue`: copies of the pending traces first seen at or before `seen_before`
+    /// and of those among `trace_ids`, left in place (the intake log carries them).
+    fn overdue_traces<'py>(&self, py: Python<'py>, seen_before: f64, trace_ids: Vec<Vec<u8>>)
+        -> PyResult<Bound<'py, PyList>> {
+        let wanted: HashSet<TraceKey> = trace_ids.iter().map(|id| Id::new(id)).collect();
+        let out = PyList::empty(py);
+        for at in self.pending.order() {
+            if self.pending.trace(at).first_seen <= seen_before || wanted.contains(&self.pending.nodes[at as usize].key) {
+                out.append(self.copy_of(py, at)?)?;
+            }
         }
         Ok(out)
     }

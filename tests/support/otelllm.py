@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -192,7 +193,8 @@ class ServerProcess:
 
     new_session = False  # a process group of its own, so one killpg reaches every otel-llm process
 
-    def start(self, timeout_s: float = 15.0) -> None:
+    def start(self, timeout_s: float = 15.0, degraded: bool = False) -> None:
+        """Until ``/readyz`` is 200; ``degraded``: or 503 with a component's reason (started, not ready)."""
         log = self.log_path.open("ab")
         self.process = subprocess.Popen([sys.executable, "-m", "otel_llm", "serve", "--config", str(self.config_path)],
                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=self.new_session)
@@ -204,6 +206,9 @@ class ServerProcess:
                 with urllib.request.urlopen(self.metrics_url + "/readyz", timeout=1) as response:
                     if response.status == 200:
                         return
+            except urllib.error.HTTPError as exc:
+                if degraded and exc.read().startswith(b"not ready:"):
+                    return
             except OSError:
                 pass
             time.sleep(0.05)

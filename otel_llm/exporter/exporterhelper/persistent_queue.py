@@ -26,6 +26,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from otel_llm.internal.files import create_exclusive
+
 log = logging.getLogger(__name__)
 
 
@@ -82,6 +84,20 @@ class PersistentQueue:
             return None
         head = name[: -len(cls.SUFFIX)].split("-", 1)[0]
         return int(head) if head.isdigit() else None
+
+    PROBE = ".probe"
+    PROBE_BYTES = 4096
+
+    def probe(self) -> None:
+        """Can a request be written? One block written and removed again; raises ``OSError`` (a full
+        disk: ENOSPC) when not."""
+        path = self.directory / self.PROBE
+        fd = create_exclusive(path)
+        try:
+            os.write(fd, bytes(self.PROBE_BYTES))
+        finally:
+            os.close(fd)
+            path.unlink(missing_ok=True)
 
     def write(self, seq: int, data: bytes, spans: int) -> Path:
         name = f"{seq:016d}-{time.time_ns():019d}{self.SUFFIX}"

@@ -21,6 +21,7 @@ class QueuedTraceExporter:
     def start(self, host: Host) -> None:
         exporter = TraceExporter(self.name, self.protocol, self.config, host.registry)
         exporter.start()  # OSError: the on-disk queue cannot be used
+        host.readiness.append(exporter.problem)
         queue = self.config.sending_queue
         self.exporter = exporter
         self._batcher = ExportBatcher(exporter.submit, max_spans=queue.batch_max_spans, max_delay_s=queue.batch_timeout)

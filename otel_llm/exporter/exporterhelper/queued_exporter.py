@@ -107,6 +107,9 @@ class TraceExporter:
         self._threads: list[threading.Thread] = []
 
         self._log_lock = threading.Lock()
+        self._storage_problem: str | None = None  # why the on-disk queue cannot be written, for /readyz
+        self._storage_probed_at = 0.0
+        self._probe_lock = threading.Lock()
         self._failure_streak = 0
         self._full_streak = 0
         self._partial_logged = False
@@ -146,6 +149,7 @@ class TraceExporter:
         if self._storage is not None:
             self._disk = PersistentQueue(self._storage)  # OSError (the lock is held elsewhere, not writable): not started
             self._first_seq = self._next_seq = self._disk.next_seq
+            self._probe_storage()  # a full disk does not stop the start: /readyz says so until there is room
         with self._cond:
             self._started = True
         if self._disk is not None:
@@ -197,9 +201,9 @@ class TraceExporter:
                     self._outstanding -= 1
                     self._cond.notify_all()
                 self._drop(spans, "storage_error")
-                log.warning("exporter %s: cannot write to the on-disk queue %s: %s; request dropped", self.name,
-                            self._disk.directory, exc.strerror or exc)
+                self._storage_failed(exc)
                 return False
+            self._storage_written()
         with self._cond:
             stopped = self._stop.is_set()
             if not stopped:
@@ -211,6 +215,42 @@ class TraceExporter:
         self._enqueued_spans.inc(spans)
         self._note_accepted()
         return True
+
+    # --- the on-disk queue's room, for /readyz ---------------------------------------------------
+
+    STORAGE_PROBE_EVERY_S = 5.0  # while it cannot be written, /readyz looks again at most this often
+
+    def problem(self) -> str | None:
+        """Why kept traces cannot be queued on disk right now (``sending_queue.storage`` cannot be
+        written: a full disk), or None. While it cannot, a probe finds out when it can again."""
+        due = time.monotonic() - self._storage_probed_at >= self.STORAGE_PROBE_EVERY_S
+        if self._storage_problem is not None and due:
+            self._probe_storage()
+        return self._storage_problem
+
+    def _probe_storage(self) -> None:
+        assert self._disk is not None
+        with self._probe_lock:
+            self._storage_probed_at = time.monotonic()
+            try:
+                self._disk.probe()
+            except OSError as exc:
+                self._storage_failed(exc)
+                return
+        self._storage_written()
+
+    def _storage_failed(self, exc: OSError) -> None:
+        assert self._disk is not None
+        if self._storage_problem is None:  # once per outage, not once per request
+            log.error("exporter %s: cannot write to the on-disk queue %s: %s; kept traces are dropped (counted "
+                      "storage_error) until it can", self.name, self._disk.directory, exc.strerror or exc)
+        self._storage_problem = (f"exporters.{self.name}: sending_queue.storage {self._disk.directory} cannot be "
+                                 f"written ({exc.strerror or exc}): kept traces are dropped until it can")
+
+    def _storage_written(self) -> None:
+        if self._storage_problem is not None:
+            self._storage_problem = None
+            log.warning("exporter %s: the on-disk queue is written again", self.name)
 
     def shutdown(self, timeout_s: float) -> None:
         """Stop accepting; send what is queued until done or ``timeout_s``; keep the rest on disk or drop it."""

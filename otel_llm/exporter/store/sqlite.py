@@ -9,6 +9,7 @@ deleted file, a full disk and corrupt pages, counts what they cost and says so t
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -123,6 +124,33 @@ def _store_failure(exc: BaseException) -> str | None:
     if code in (_SQLITE_IOERR, _SQLITE_CANTOPEN, _SQLITE_READONLY, _SQLITE_PERM, _SQLITE_BUSY, _SQLITE_LOCKED):
         return "io_error"
     return None
+
+
+# Below this much free space an open that fails is the disk's fault: SQLite says "disk I/O error"
+# when it cannot create its -wal or -shm file, not "database or disk is full".
+_FULL_DISK_BYTES = 1 << 20
+
+
+def _disk_full(directory: Path, exc: BaseException) -> str | None:
+    """What to say when ``exc`` (opening the store) comes of a full disk, else None."""
+    try:
+        free: int | None = _free_bytes(directory)
+    except OSError:
+        free = None
+    failure = _store_failure(exc)
+    said = failure == "disk_full" or (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT))
+    if not said and (failure not in (None, "io_error") or free is None or free >= _FULL_DISK_BYTES):
+        return None  # a corrupt file stays corrupt, whatever room is left
+    return f"no space left on its filesystem ({'an unknown number of' if free is None else free} bytes free): {exc}"
+
+
+def _free_bytes(directory: Path) -> int:
+    """Bytes an unprivileged writer may still use on the filesystem of ``directory`` (or of the
+    nearest existing parent: the store's directory may not exist yet)."""
+    while not directory.exists() and directory != directory.parent:
+        directory = directory.parent
+    stat = os.statvfs(directory)
+    return stat.f_bavail * stat.f_frsize
 
 
 def _file_identity(path: Path) -> tuple[int, int] | None:
@@ -303,9 +331,17 @@ class TraceStore:
     # --- submitting ------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Open (creating) the store; a file with corrupt pages is moved aside first. Raises OSError or
-        sqlite3.Error when the store cannot be opened at all."""
-        self._connection = self._open(check=True, reason="")
+        """Open (creating) the store; a file with corrupt pages is moved aside first. On a full disk
+        it starts failed, as a store whose disk fills while it runs (``/readyz`` says why, kept
+        traces are dropped counted ``disk_full``, and the writer's probe opens it once there is
+        room). Raises OSError or sqlite3.Error when the store cannot be opened for another reason."""
+        try:
+            self._connection = self._open(check=True, reason="")
+        except (OSError, sqlite3.Error) as exc:
+            full = _disk_full(self._directory, exc)
+            if full is None:
+                raise
+            self._failed("disk_full", OSError(errno.ENOSPC, full))
         self._thread = threading.Thread(target=self._run, name="otel-llm-store", daemon=True)
         self._thread.start()
 
@@ -516,13 +552,14 @@ class TraceStore:
                 connection = self._connection = self._open(check=self._check_next_open, reason=self._reopen_reason)
                 self._check_next_open = False
             except Exception as exc:
-                self._count_dropped(batch, self._failure or "io_error")
-                self._failed(self._failure or "io_error", exc)
+                reason = self._failure_of(exc, self._failure or "io_error")
+                self._count_dropped(batch, reason)
+                self._failed(reason, exc)
                 return
         try:
             written = self._write(connection, batch)
         except Exception as exc:
-            reason = _store_failure(exc) or "write_error"
+            reason = self._failure_of(exc, "write_error")
             self._count_dropped(batch, reason)
             self._failed(reason, exc)
             return
@@ -539,6 +576,12 @@ class TraceStore:
             pass
         if self._size_bytes > self._max_size_bytes:
             self._prune_now = True
+
+    def _failure_of(self, exc: BaseException, otherwise: str) -> str:
+        """The drop reason of ``exc``: ``disk_full`` when the disk is (whatever SQLite calls it)."""
+        if _disk_full(self._directory, exc) is not None:
+            return "disk_full"
+        return _store_failure(exc) or otherwise
 
     def _failed(self, reason: str, exc: BaseException) -> None:
         """The store cannot persist: say so on /readyz, and start over with a new connection at the
@@ -596,7 +639,7 @@ class TraceStore:
                 _rollback(connection)
                 raise
         except Exception as exc:
-            self._failed(_store_failure(exc) or self._failure or "io_error", exc)
+            self._failed(self._failure_of(exc, self._failure or "io_error"), exc)
             return
         log.warning("trace store %s persists again", self.path)
         self._problem = self._failure = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -396,6 +396,15 @@ class TraceAssembler:
     def held_traces(self) -> int:
         return len(self._held)
 
+    def overdue(self, seen_before: float, trace_ids: Collection[bytes]) -> list[PendingTrace]:
+        """Copies of the pending traces first seen at or before ``seen_before`` (still pending past
+        ``decision_wait``: held for a call in flight) and of those among ``trace_ids``, left in place:
+        what the intake log carries past its checkpoint."""
+        with self._lock:
+            return [PendingTrace(trace.trace_id, trace.first_seen, dict(trace.spans))
+                    for trace in self._pending.values()
+                    if trace.first_seen <= seen_before or trace.trace_id in trace_ids]
+
     def shed(self, fraction: float = 0.5) -> int:
         """Complete the oldest ``fraction`` of pending traces now (memory pressure)."""
         with self._lock:
@@ -527,6 +536,10 @@ class NativeTraceAssembler(TraceAssembler):
     @property
     def held_traces(self) -> int:
         return int(self._locked(self._buffer.held_traces))
+
+    def overdue(self, seen_before: float, trace_ids: Collection[bytes]) -> list[PendingTrace]:
+        overdue: list[PendingTrace] = self._locked(self._buffer.overdue_traces, seen_before, list(trace_ids))
+        return overdue
 
     def shed(self, fraction: float = 0.5) -> int:
         with self._lock:

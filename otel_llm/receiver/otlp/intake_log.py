@@ -21,10 +21,17 @@ SIGKILL (an OOM kill, a node drain that does not wait) loses every request ackno
   counted. A write error refuses the same way (``intake_log_error``) after cutting the partial record.
 - **Truncated once handled.** The pipeline process (``IntakeLogKeeper``) tracks each record: it is
   *handled* once processed and ``decision_wait`` has passed since (by then the assembler has decided
-  every trace it touched: a trace is decided ``decision_wait`` after it was first seen at the latest,
-  unless held for a call in flight: then nothing processed after its first span is handled until it is)
+  every trace it touched: a trace is decided ``decision_wait`` after it was first seen at the latest)
   and the store has written every kept trace decided up to then (``TraceStore.flush``). The handled
   prefix is persisted in ``checkpoint``; segments wholly below it are deleted.
+- **Carried traces.** A trace still pending past ``decision_wait`` (held for a call in flight, up to
+  ``max_open_call_wait``; or buffered again at start) does not hold its requests in the log: its spans
+  are appended to ``carried.log`` (``carried.py``) before the checkpoint passes them, and a tombstone
+  once it leaves the buffer, so the segments' size tracks ``decision_wait`` whatever is held. The
+  ticker takes a snapshot of those traces at most every ``CHECKPOINT_EVERY_S`` (under the pipeline's
+  tick lock: no trace is between the buffer and its journaled decision then); the checkpoint thread
+  appends it, then checkpoints what was handled when it was taken. A journal is deleted only once a
+  snapshot taken after it was closed is on disk, so a carried trace decided in it has its tombstone.
 - **Exactly-once for metrics.** A request usually holds spans of traces decided long before the
   request is handled (a trace is decided ``grace`` after it is complete; its neighbour in the same
   request may wait for ``decision_wait``). So each decision is appended to a *decision journal*
@@ -33,10 +40,11 @@ SIGKILL (an OOM kill, a node drain that does not wait) loses every request ackno
   again but not measured again (only engine spans not in its measured set are) and not decided
   again: its recorded decision is reused, and a kept trace is delivered again to the store, whose
   rows are keyed by (trace id, span id), so it is stored once.
-- **Replayed at start**, before the receivers listen (``/readyz`` is 503 meanwhile): every record
-  after the checkpoint, through the bounded intake; a torn or corrupt record ends its segment and is
-  counted (it can only be one that was never acknowledged, or damage after a machine crash); the
-  reading resumes at the next valid record, so it costs that record only.
+- **Replayed at start**, before the receivers listen (``/readyz`` is 503 meanwhile): the carried
+  traces first, buffered again; then every record after the checkpoint, through the bounded intake;
+  a torn or corrupt record ends its segment and is counted (it can only be one that was never
+  acknowledged, or damage after a machine crash); the reading resumes at the next valid record, so
+  it costs that record only.
 - **Write errors** (ENOSPC, EIO) never stop a thread: counted by file and reason, ingest refused
   retryably and ``/readyz`` 503 until a write succeeds again; ``min_free_mib`` keeps the log from
   filling its filesystem.
@@ -60,7 +68,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from otel_llm.internal.files import fsync_directory, replacing
 from otel_llm.internal.telemetry import TelemetryFamily
+from otel_llm.pdata.spans import PendingTrace
+from otel_llm.receiver.otlp.carried import CarriedFile, CarriedSpans, encode_spans
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +89,7 @@ CHECKPOINT = "checkpoint"
 # the same directory is refused, and a restart waits until the previous receiver process is gone
 # (it could otherwise still append a request behind the replay's back).
 KEEPER_LOCK, WRITER_LOCK = "keeper.lock", "writer.lock"
+CARRIED = "carried.log"
 _CHECKPOINT = struct.Struct("<8sQI")  # magic, last handled seq, crc32 of the first two
 _CHECKPOINT_MAGIC = b"otllmck1"
 _DECIDED = struct.Struct("<c16sBBBBH")  # b"D", trace id, keep, rate_limited, len(policy), len(threshold), measured
@@ -117,14 +129,6 @@ def lock_file(path: Path, timeout_s: float) -> int:
                 os.close(fd)
                 raise OSError(f"{path} is locked by another otel-llm process") from None
             time.sleep(0.02)
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class IntakeLogShared:
@@ -275,7 +279,7 @@ class IntakeLogWriter:
             self._shared.add(IntakeLogShared.SIZE, -self._segment_size)
             self._segment_size = 0
         if self._settings.fsync != "never":
-            _fsync_directory(self._directory)  # the new file's name survives a machine crash too
+            fsync_directory(self._directory)  # the new file's name survives a machine crash too
 
     def append(self, spans: int, payload: bytes) -> tuple[str, int]:
         """Write one admitted request: ("", its sequence number), or (a refusal reason, 0)."""
@@ -539,15 +543,27 @@ def read_checkpoint(directory: Path) -> int | None:
 
 # --- the pipeline process's side: tracking, checkpoints, replay, telemetry --------------------------
 
+@dataclass(slots=True)
+class _CarrySnapshot:
+    """Taken by the ticker: what the carried file needs so that every record <= ``handled`` can be
+    checkpointed (the traces pending at ``taken_at``)."""
+
+    handled: int
+    taken_at: float
+    carried: list[CarriedSpans]
+    left: list[bytes]  # carried traces no longer pending: tombstones
+
+
 class IntakeLogKeeper:
     """Knows which logged requests are handled, persists that, deletes what is no longer needed,
     journals decisions, and replays the log at start.
 
     Requests arrive (``arrived``) in log order: the pipeline process reads them from one pipe in
     the order the receiver process logged them, so the n-th request after the replay is record
-    ``start_seq + n``. Call order: ``recover`` (then feed what it yields), ``receiver_settings``,
-    ``start``; per request ``arrived`` and, once the worker has buffered it, ``processed``; after
-    each assembler tick ``ticked``; ``close`` last."""
+    ``start_seq + n``. Call order: ``open`` (then buffer ``carried_in`` again, and ``carry`` any
+    trace taken over), ``recover`` (feed what it yields), ``receiver_settings``, ``start``; per
+    request ``arrived`` and, once the worker has buffered it, ``processed``; after each assembler
+    tick ``ticked``; ``close`` last."""
 
     CHECKPOINT_EVERY_S = 0.5
     JOURNAL_ROTATE_S = 2.0
@@ -562,6 +578,7 @@ class IntakeLogKeeper:
         self._marks: deque[list[Any]] = deque()
         self._to_process: deque[list[Any]] = deque()
         self._next_seq = 1
+        self._reached = 0  # every record <= this was processed decision_wait before the last tick
         self._handled = 0  # every record <= this is handled (not yet checkpointed)
         self._checkpointed = 0
         self._replay_end = 0
@@ -570,6 +587,7 @@ class IntakeLogKeeper:
         self._journal_fd = -1
         self._journal_opened = 0.0
         self._journals: list[tuple[int, Path]] = []
+        self._journal_switched: dict[Path, float] = {}  # a journal -> when it took over from the one before
         self._journal_pin: int | None = None
         self._journal_buffer: list[bytes] = []
         self._keeper_lock = -1
@@ -583,39 +601,30 @@ class IntakeLogKeeper:
         self.checkpoints_rebuilt = 0
         self.pipeline_fsyncs = 0
         self.checkpoints = 0
-        self.write_errors: dict[tuple[str, str], int] = {}  # (file, reason): the journal's and checkpoint's
+        self.write_errors: dict[tuple[str, str], int] = {}  # (file, reason): the journal's, checkpoint's, carried
         self._journal_size = 0  # bytes of whole entries in the open journal
         self._failing = ""  # what the keeper could not write last ("" once it could again)
+        # The carried traces (``carried.py``): the ticker's snapshot waits in ``_carry_outbox`` until
+        # the checkpoint thread has appended it; ``_carried_at``: when the last one on disk was taken.
+        self.carried = CarriedFile(self.directory / CARRIED, sync=settings.fsync != "never")
+        self.carried_in: list[bytes] = []  # the requests of the carried traces found at start
+        self._carry_lock = threading.Lock()
+        self._carry_outbox: _CarrySnapshot | None = None
+        self._carry_due = 0.0
+        self._carried_at = float("-inf")
+        self._prior_carried: set[bytes] = set()  # carried traces found at start that were decided before
+        self._opened = False
+        self._started = False
+        self.carried_traces_replayed = 0
 
     # --- start-up ---------------------------------------------------------------------------------
 
     def recover(self) -> Iterator[Record]:
-        """Read the checkpoint and the journals, then yield every record after the checkpoint."""
-        directory = self.directory
-        directory.mkdir(parents=True, exist_ok=True)
-        if self._keeper_lock < 0:
-            self._keeper_lock = lock_file(directory / KEEPER_LOCK, timeout_s=0)
-        os.close(lock_file(directory / WRITER_LOCK, timeout_s=15))  # the previous receiver process has exited
-        checkpointed = read_checkpoint(directory)
-        if checkpointed is None:
-            # A segment is deleted only once the checkpoint covers it: the oldest one left starts
-            # after the last checkpoint written. Replaying from there may measure again what the
-            # damaged checkpoint had covered, but loses nothing, and the service starts.
-            found = _numbered(directory, SEGMENT_PREFIX, SEGMENT_SUFFIX)
-            checkpointed = found[0][0] - 1 if found else 0
-            self.checkpoints_rebuilt += 1
-            log.error("intake log: %s is not a valid checkpoint; rebuilt from the segments: replaying after %d",
-                      directory / CHECKPOINT, checkpointed)
-            self._write_checkpoint(checkpointed)
-        handled = checkpointed
-        self._handled = self._checkpointed = handled
-        self._replay_end = 1 << 62  # the old decisions stay needed until the replay is read and handled
-        last = handled
-        old_journals = _numbered(directory, JOURNAL_PREFIX, JOURNAL_SUFFIX)
-        for _, path in old_journals:
-            read_journal(path, self.prior)
-        self._compact_journals(handled + 1, [path for _, path in old_journals])
-        segments = _numbered(directory, SEGMENT_PREFIX, SEGMENT_SUFFIX)
+        """``open`` (if not yet), then yield every record after the checkpoint."""
+        if not self._opened:
+            self.open()
+        handled = last = self._checkpointed
+        segments = _numbered(self.directory, SEGMENT_PREFIX, SEGMENT_SUFFIX)
         self.shared.set(IntakeLogShared.SIZE, sum(path.stat().st_size for _, path in segments))
         for first, path in segments:
             last = max(last, first - 1)
@@ -641,6 +650,41 @@ class IntakeLogKeeper:
             log.warning("intake log: replayed %d requests (%d spans) logged after checkpoint %d",
                         self.replayed_requests, self.replayed_spans, handled)
 
+    def open(self) -> None:
+        """Take the locks, read the checkpoint, the journals and the carried traces (``carried_in``:
+        their requests, to buffer again before the replay)."""
+        self._opened = True
+        directory = self.directory
+        directory.mkdir(parents=True, exist_ok=True)
+        if self._keeper_lock < 0:
+            self._keeper_lock = lock_file(directory / KEEPER_LOCK, timeout_s=0)
+        os.close(lock_file(directory / WRITER_LOCK, timeout_s=15))  # the previous receiver process has exited
+        checkpointed = read_checkpoint(directory)
+        if checkpointed is None:
+            # A segment is deleted only once the checkpoint covers it: the oldest one left starts
+            # after the last checkpoint written. Replaying from there may measure again what the
+            # damaged checkpoint had covered, but loses nothing, and the service starts.
+            found = _numbered(directory, SEGMENT_PREFIX, SEGMENT_SUFFIX)
+            checkpointed = found[0][0] - 1 if found else 0
+            self.checkpoints_rebuilt += 1
+            log.error("intake log: %s is not a valid checkpoint; rebuilt from the segments: replaying after %d",
+                      directory / CHECKPOINT, checkpointed)
+            self._write_checkpoint(checkpointed)
+        handled = checkpointed
+        self._reached = self._handled = self._checkpointed = handled
+        self._replay_end = 1 << 62  # the old decisions stay needed until the replay is read and handled
+        old_journals = _numbered(directory, JOURNAL_PREFIX, JOURNAL_SUFFIX)
+        for _, path in old_journals:
+            read_journal(path, self.prior)
+        self._compact_journals(handled + 1, old_journals)
+        self.carried_in, damaged = self.carried.load()
+        if damaged:  # an append a crash cut (its spans are still in the segments), or damage
+            self.corrupt_records += damaged
+            log.warning("intake log: %s holds a torn or corrupt record: what follows it is not read",
+                        self.carried.path.name)
+        self.carried_traces_replayed = len(self.carried.traces)
+        self._prior_carried = {trace_id for trace_id in self.carried.traces if trace_id in self.prior}
+
     def _cut_tail(self, path: Path, scan: SegmentScan) -> None:
         """No valid record follows ``valid_end``: cut the garbage there, so that nothing is ever
         appended behind it (a segment with no valid record at all goes)."""
@@ -663,6 +707,7 @@ class IntakeLogKeeper:
                                  self.settings.min_free_bytes, self.settings.redaction)
 
     def start(self) -> None:
+        self._started = True
         self._thread = threading.Thread(target=self._run, name="otel-llm-intake-log", daemon=True)
         self._thread.start()
 
@@ -685,50 +730,125 @@ class IntakeLogKeeper:
         if self._journal_buffer:  # late spans measured, traces completed early (num_traces)
             self.flush_journal()
 
-    def ticked(self, started: float, held_since: float | None = None) -> None:
-        """A tick that started at ``started`` has completed every trace first seen ``decision_wait``
-        before it, except those held for a call in flight (``processors.tail_sampling.max_open_call_wait``),
-        the oldest first seen at ``held_since``: every request processed before both is handled once
-        its kept traces are written."""
+    def ticked(self, started: float,
+               overdue: Callable[[float, Collection[bytes]], list[PendingTrace]] | None = None) -> None:
+        """A tick that started at ``started`` (under the pipeline's tick lock) has completed every
+        trace first seen ``decision_wait`` before it, but those still pending: held for a call in
+        flight (``processors.tail_sampling.max_open_call_wait``) or buffered again at start.
+        ``overdue(seen_before, trace_ids)`` gives copies of those and of the carried ones: their new
+        spans are carried (``carried.py``), then every request processed before the cutoff is handled
+        once its kept traces are written. Without ``overdue`` (nothing buffered: the keeper's tests)
+        the requests are handled at once."""
         self.flush_journal()
         cutoff = started - self._decision_wait_s
-        if held_since is not None:
-            cutoff = min(cutoff, held_since - 1e-6)  # a request touching it was processed after it was seen
         self._advance(cutoff)
+        if overdue is None:
+            with self._carry_lock:
+                self._publish(self._reached, started)
+            return
+        now = time.monotonic()
+        with self._carry_lock:
+            if not self._started or self._carry_outbox is not None or now < self._carry_due:
+                return
+            self._carry_due = now + self.CHECKPOINT_EVERY_S
+            snapshot = self._carry_snapshot(overdue(cutoff, self.carried.traces.keys()), self._reached, started)
+            if snapshot.carried or snapshot.left:
+                self._carry_outbox = snapshot  # the checkpoint thread writes it, then publishes
+            else:
+                self._publish(snapshot.handled, started)
+
+    def _carry_snapshot(self, traces: list[PendingTrace], handled: int, taken_at: float) -> _CarrySnapshot:
+        """What ``traces`` (pending past the cutoff, or carried) add to the carried file: their spans
+        not carried yet; and a tombstone for each carried trace no longer pending."""
+        known = self.carried.traces
+        carried: list[CarriedSpans] = []
+        pending: set[bytes] = set()
+        for trace in traces:
+            trace_id = trace.trace_id
+            pending.add(trace_id)
+            entry = known.get(trace_id)
+            new = [span for span_id, span in trace.spans.items() if entry is None or span_id not in entry.span_ids]
+            if new:
+                carried.append(CarriedSpans(trace_id, encode_spans(new, self.settings.redaction),
+                                            {span.span_id for span in new}))
+        left = [trace_id for trace_id in known if trace_id not in pending]
+        return _CarrySnapshot(handled, taken_at, carried, left)
+
+    def carry(self, traces: list[PendingTrace]) -> None:
+        """Carry ``traces`` now (taken over at start: their handover is deleted once this returns).
+        Raises ``OSError``."""
+        with self._carry_lock:
+            snapshot = self._carry_snapshot(traces, self._handled, self._carried_at)
+            self.carried.append(snapshot.carried, [])
+
+    def _write_carried(self) -> bool:
+        """The ticker's snapshot onto disk, then what was handled when it was taken published;
+        False on a write error (counted: the next snapshot has the same spans again)."""
+        with self._carry_lock:
+            snapshot = self._carry_outbox
+        if snapshot is None:
+            return True
+        try:
+            self.carried.append(snapshot.carried, snapshot.left)
+        except OSError as exc:
+            with self._carry_lock:
+                self._carry_outbox = None
+            self._write_failed("carried", exc)
+            return False
+        self._write_succeeded("carried")
+        with self._carry_lock:
+            self._prior_carried.difference_update(snapshot.left)
+            self._carry_outbox = None
+            self._publish(snapshot.handled, snapshot.taken_at)
+        return True
+
+    def _publish(self, handled: int, taken_at: float) -> None:
+        """Under ``_carry_lock``: every record <= ``handled`` may be checkpointed; the carried file
+        holds every trace pending at ``taken_at``."""
+        self._handled = max(self._handled, handled)
+        self._carried_at = max(self._carried_at, taken_at)
+        if self.prior and self._handled >= self._replay_end and not self._prior_carried:
+            self.prior = {}  # every replayed request is handled: the old decisions are needed no more
 
     def _advance(self, cutoff: float) -> None:
         marks = self._marks
-        handled = self._handled
+        reached = self._reached
         while marks:
             at = marks[0][1]
             if at is None or at > cutoff:
                 break
-            handled = marks.popleft()[0]
-        self._handled = handled
-        if self.prior and handled >= self._replay_end:
-            self.prior = {}  # every replayed request is handled: the old decisions are needed no more
+            reached = marks.popleft()[0]
+        self._reached = reached
 
     # --- the decision journal ------------------------------------------------------------------------
 
-    def _compact_journals(self, first_seq: int, old: list[Path]) -> None:
+    def _compact_journals(self, first_seq: int, old: list[tuple[int, Path]]) -> None:
         """One journal holding every decision of the previous runs (needed until every replayed
-        request is handled), opened for this run's decisions."""
+        request is handled), opened for this run's decisions. On a full disk the old journals are
+        kept as they are instead (all of them pinned the same way): the start must not need room,
+        or a log that filled its disk could never be replayed to free it."""
         path = self.directory / journal_name(first_seq)
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            for trace_id, prior in self.prior.items():
-                f.write(self._decided_entry(trace_id, prior.keep, prior.rate_limited, prior.policy, prior.threshold,
-                                            prior.measured))
-            if self.settings.fsync != "never":
-                f.flush()
-                os.fdatasync(f.fileno())
-                self.pipeline_fsyncs += 1
-        for old_path in old:
+        sync = self.settings.fsync != "never"
+        self._journal_pin = 1 << 62  # set to the last replayed record once the replay is read
+        try:
+            with replacing(path, sync) as f:
+                for trace_id, prior in self.prior.items():
+                    f.write(self._decided_entry(trace_id, prior.keep, prior.rate_limited, prior.policy,
+                                                prior.threshold, prior.measured))
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            log.warning("intake log: no room to compact its %d journals (%s): kept as they are", len(old), exc)
+            self._journals = [(0, old_path) for _, old_path in old if old_path != path]
+            for _, old_path in self._journals:  # the previous runs' decisions: the pin keeps them
+                self._journal_switched[old_path] = float("-inf")
+            self._open_journal(first_seq)
+            return
+        self.pipeline_fsyncs += sync
+        for _, old_path in old:  # once the compacted one is in place: a crash in between loses no decision
             if old_path != path:
                 old_path.unlink(missing_ok=True)
-        os.replace(tmp, path)
         self._journals = []
-        self._journal_pin = 1 << 62  # set to the last replayed record once the replay is read
         self._open_journal(first_seq)
 
     def _open_journal(self, first_seq: int | None = None) -> None:
@@ -743,6 +863,7 @@ class IntakeLogKeeper:
             old, self._journal_fd = self._journal_fd, fd
             self._journal_size = os.fstat(fd).st_size
             self._journal_opened = time.monotonic()
+            self._journal_switched.setdefault(path, self._journal_opened)
         if old >= 0:
             if self.settings.fsync != "never":
                 os.fdatasync(old)
@@ -800,12 +921,22 @@ class IntakeLogKeeper:
     def problem(self) -> str | None:
         """Why the intake log cannot take requests right now (for ``/readyz``), or None."""
         shared = IntakeLogShared
+        where = f"receivers.otlp.intake_log ({self.directory})"
         if self.shared[shared.KEEPER_ERROR_AT]:
-            return (f"the intake log cannot write its {self._failing or 'files'} "
+            return (f"{where} cannot write its {self._failing or 'files'} "
                     f"({errno.errorcode.get(self.shared[shared.KEEPER_ERRNO], 'error')})")
         at = self.shared[shared.WRITER_ERROR_AT]
         if at and time.monotonic_ns() - at < ERROR_READINESS_S * 1e9:
-            return f"the intake log cannot be written ({errno.errorcode.get(self.shared[shared.WRITER_ERRNO], 'error')})"
+            return f"{where} cannot be written ({errno.errorcode.get(self.shared[shared.WRITER_ERRNO], 'error')})"
+        floor = self.settings.min_free_bytes
+        if floor:  # what the writer checks before each request: below it, every one is refused
+            try:
+                free = free_bytes(self.directory)
+            except OSError:
+                return None
+            if free - LOW_DISK_RESERVE < floor:
+                return (f"{where} has {free >> 20} MiB free, below min_free_mib ({floor >> 20} MiB): requests are "
+                        "refused (intake_log_full) until there is room")
         return None
 
     def decided(self, trace_id: bytes, keep: bool, rate_limited: bool, policy: str, threshold: str,
@@ -840,6 +971,8 @@ class IntakeLogKeeper:
 
     def checkpoint(self, final: bool = False, barrier_timeout_s: float = 1.0) -> int:
         """Persist the handled prefix and delete what it covers; returns the checkpointed sequence number."""
+        if not self._write_carried():
+            return self._checkpointed
         target = self._handled
         if target > self._checkpointed or final or self._failing == "checkpoint":
             for barrier in self.barriers:
@@ -851,6 +984,10 @@ class IntakeLogKeeper:
             self._checkpointed = target
             self.checkpoints += 1
             self._write_succeeded("checkpoint")
+            if final:  # every trace has left the buffer (decided and journaled, or handed over)
+                self.carried.remove()
+                self._prior_carried = set()
+                self._carried_at = float("inf")
         self._delete_covered(final)
         if time.monotonic() - self._journal_opened >= self.JOURNAL_ROTATE_S and not final:
             self._open_journal()
@@ -881,26 +1018,17 @@ class IntakeLogKeeper:
     def _write_checkpoint(self, handled: int) -> None:
         head = _CHECKPOINT_MAGIC + handled.to_bytes(8, "little")
         data = _CHECKPOINT.pack(_CHECKPOINT_MAGIC, handled, zlib.crc32(head))
-        tmp = self.directory / (CHECKPOINT + ".tmp")
         sync = self.settings.fsync != "never"
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                if os.write(fd, data) != len(data):
-                    raise OSError(errno.ENOSPC, "short write")
-                if sync:
-                    os.fdatasync(fd)
-                    self.pipeline_fsyncs += 1
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.directory / CHECKPOINT)
+            with replacing(self.directory / CHECKPOINT, sync) as f:
+                f.write(data)
+            self.pipeline_fsyncs += sync
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
             # A full filesystem has no block for a new file, but the old checkpoint's block is
             # there: overwrite it in place (a torn one is rebuilt from the segments at start).
-            tmp.unlink(missing_ok=True)
-            fd = os.open(self.directory / CHECKPOINT, os.O_WRONLY | os.O_CREAT, 0o600)
+            fd = os.open(self.directory / CHECKPOINT, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             try:
                 os.pwrite(fd, data, 0)
                 if sync:
@@ -908,9 +1036,6 @@ class IntakeLogKeeper:
                     self.pipeline_fsyncs += 1
             finally:
                 os.close(fd)
-            return
-        if sync:
-            _fsync_directory(self.directory)  # the rename survives a machine crash
 
     def _delete_covered(self, final: bool) -> None:
         handled = self._checkpointed
@@ -933,10 +1058,15 @@ class IntakeLogKeeper:
         # A journal is needed while a request processed before the next journal opened is unhandled.
         # The first one, after a replay, holds the previous runs' decisions: kept until every
         # replayed request is handled.
+        # A carried trace decided in a journal has its tombstone once a snapshot taken after that
+        # journal was closed is on disk; a carried trace decided before the crash needs the first
+        # journal (the previous runs' decisions) until it is decided again.
         while len(self._journals) >= 2 and self._journals[1][0] - 1 <= handled and \
-                (self._journal_pin is None or handled >= self._journal_pin):
+                (self._journal_pin is None or (handled >= self._journal_pin and not self._prior_carried)) and \
+                self._journal_switched.get(self._journals[1][1], float("inf")) <= self._carried_at:
             self._journal_pin = None
             _, path = self._journals.pop(0)
+            self._journal_switched.pop(path, None)
             path.unlink(missing_ok=True)
         if final and self._journals and handled >= self._next_seq - 1:
             with self._journal_lock:
@@ -954,6 +1084,9 @@ class IntakeLogKeeper:
         if self._thread is not None:
             self._thread.join(10)
         self._advance(float("inf"))
+        with self._carry_lock:  # the pipeline has decided or handed over every pending trace
+            self._carry_outbox = None
+            self._handled = max(self._handled, self._reached)
         try:
             self.checkpoint(final=True, barrier_timeout_s=10.0)
         except OSError as exc:
@@ -993,7 +1126,7 @@ INTAKE_LOG_ATTRIBUTES_REDACTED = TelemetryFamily(
     "to the intake log, by reason.", ("reason",), _LOG)
 INTAKE_LOG_WRITE_ERRORS = TelemetryFamily(
     "otel_llm_intake_log_write_errors", "counter", "Writes to the intake log that failed, by file and reason.",
-    ("file", "reason"), _LOG, "`file`: `segment`, `journal`, `checkpoint`.")
+    ("file", "reason"), _LOG, "`file`: `segment`, `journal`, `checkpoint`, `carried`.")
 INTAKE_LOG_WRITABLE = TelemetryFamily(
     "otel_llm_intake_log_writable", "gauge",
     "1 while the intake log can be written, 0 while ingest is refused for a write error.", exposed_by=_LOG)
@@ -1001,6 +1134,18 @@ INTAKE_LOG_REPLAYED_REQUESTS = TelemetryFamily("otel_llm_intake_log_replayed_req
                                       "Requests replayed from the intake log at start.", exposed_by=_LOG)
 INTAKE_LOG_REPLAYED_SPANS = TelemetryFamily("otel_llm_intake_log_replayed_spans", "counter",
                                    "Spans in the requests replayed from the intake log at start.", exposed_by=_LOG)
+INTAKE_LOG_REPLAYED_CARRIED_TRACES = TelemetryFamily(
+    "otel_llm_intake_log_replayed_carried_traces", "counter",
+    "Traces found in the intake log's carried file at start (pending past decision_wait at the crash) and "
+    "buffered again.", exposed_by=_LOG)
+INTAKE_LOG_CARRIED_TRACES = TelemetryFamily(
+    "otel_llm_intake_log_carried_traces", "gauge",
+    "Pending traces whose spans the intake log carries past its checkpoint (held for a call in flight, or "
+    "buffered again at start).", exposed_by=_LOG)
+INTAKE_LOG_CARRIED_BYTES = TelemetryFamily(
+    "otel_llm_intake_log_carried_bytes", "gauge",
+    "Bytes of the intake log's carried file (its live traces, and dead records until it is compacted).",
+    exposed_by=_LOG)
 INTAKE_LOG_CORRUPT_SEGMENTS = TelemetryFamily("otel_llm_intake_log_corrupt_segments", "counter",
                                      "Segments found at start holding a torn or corrupt record.", exposed_by=_LOG)
 INTAKE_LOG_CORRUPT_RECORDS = TelemetryFamily(
@@ -1050,12 +1195,15 @@ class IntakeLogCollector:
         errors = INTAKE_LOG_WRITE_ERRORS.collected()
         for index, reason in enumerate(WRITE_ERROR_REASONS):
             errors.add_metric(["segment", reason], shared[s.WRITE_ERRORS + index])
-            for file in ("journal", "checkpoint"):
+            for file in ("journal", "checkpoint", "carried"):
                 errors.add_metric([file, reason], keeper.write_errors.get((file, reason), 0))
         yield errors
         yield INTAKE_LOG_WRITABLE.collected(0 if keeper.problem() else 1)
         yield INTAKE_LOG_REPLAYED_REQUESTS.collected(keeper.replayed_requests)
         yield INTAKE_LOG_REPLAYED_SPANS.collected(keeper.replayed_spans)
+        yield INTAKE_LOG_REPLAYED_CARRIED_TRACES.collected(keeper.carried_traces_replayed)
+        yield INTAKE_LOG_CARRIED_TRACES.collected(len(keeper.carried.traces))
+        yield INTAKE_LOG_CARRIED_BYTES.collected(keeper.carried.size)
         yield INTAKE_LOG_CORRUPT_SEGMENTS.collected(keeper.corrupt_segments)
         yield INTAKE_LOG_CORRUPT_RECORDS.collected(keeper.corrupt_records)
         yield INTAKE_LOG_CHECKPOINT_REBUILDS.collected(keeper.checkpoints_rebuilt)

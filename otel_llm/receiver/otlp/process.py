@@ -73,29 +73,53 @@ def is_done_event(message: bytes) -> bool:
     return message[:1] == EVENT and json.loads(message[1:]).get("event") == "done"
 
 
+# Refusals for a full intake at most this far apart are one run (a client told to retry in 1 s, after
+# ``admission_wait``, comes back within it); a longer quiet ends it.
+FULL_RUN_GAP_S = 2.0
+
+
 class IntakeState:
     """Counters shared by the receiver process and the pipeline process (shared memory + a lock)."""
 
     _QUEUED, _MAX, _REFUSING, _CLOSED, _QUEUED_BYTES, _MAX_BYTES = range(6)
+    # The current run of refusals for a full intake: when it began and its latest (CLOCK_MONOTONIC ns).
+    _FULL_SINCE, _FULL_LAST = range(6, 8)
 
     def __init__(self, context: Any, max_spans: int, max_bytes: int) -> None:
         """``max_bytes``: requests admitted and not yet processed are data the memory limiter's
         periodic check cannot see coming; their bytes stay within part of its spike allowance."""
         self._lock = context.Lock()
-        self._values = context.RawArray("q", 6)
+        self._values = context.RawArray("q", 8)
         self._values[self._MAX] = max_spans
         self._values[self._MAX_BYTES] = max_bytes
 
     # Receiver side.
-    def reserve(self, spans: int, size: int) -> str:
-        """Room for ``spans`` more in ``size`` bytes, or the reason there is none (a retryable refusal)."""
+    def reserve(self, spans: int, size: int, client: bool = True) -> str:
+        """Room for ``spans`` more in ``size`` bytes, or the reason there is none (a retryable refusal).
+        ``client``: a client's request (the intake log's replay is none), whose refusal for a full
+        intake is part of ``refusing_full_for``."""
         values = self._values
         with self._lock:
             refusal = self.room(spans, size)
             if not refusal:
                 values[self._QUEUED] += spans
                 values[self._QUEUED_BYTES] += size
+            elif client and not values[self._REFUSING] and not values[self._CLOSED]:  # full: the bounds
+                now = time.monotonic_ns()
+                if now - values[self._FULL_LAST] > FULL_RUN_GAP_S * 1e9:
+                    values[self._FULL_SINCE] = now
+                values[self._FULL_LAST] = now
             return refusal
+
+    def refusing_full_for(self) -> float:
+        """Seconds the intake has refused clients for being full (``queue_full``, or its bytes bound),
+        without a quiet of ``FULL_RUN_GAP_S``; 0 when it is not refusing."""
+        values = self._values
+        now = time.monotonic_ns()
+        last = values[self._FULL_LAST]
+        if not last or now - last > FULL_RUN_GAP_S * 1e9:
+            return 0.0
+        return (now - values[self._FULL_SINCE]) / 1e9
 
     def room(self, spans: int, size: int) -> str:
         """What ``reserve`` would answer now, without reserving (a read: no lock; ``reserve`` calls it under its lock)."""
