@@ -65,6 +65,37 @@ impl std::fmt::Write for Digits {
     }
 }
 
+/// The significant digits (no trailing zeros) and decimal exponent of `{:e}`-style text.
+fn split_scientific(text: &str) -> (Digits, i32) {
+    let (mantissa, exponent) = text.split_once('e').unwrap_or((text, "0"));
+    let mut digits = Digits::new();
+    for byte in mantissa.bytes().filter(|b| *b != b'.') {
+        digits.push(byte);
+    }
+    while digits.len > 1 && digits.bytes[digits.len - 1] == b'0' {
+        digits.len -= 1;
+    }
+    (digits, exponent.parse().unwrap_or(0))
+}
+
+/// The digits Python's `repr` (David Gay's dtoa, mode 0) gives a positive finite float: the
+/// fewest that read back as it (Rust's `{:e}` finds as many), and of those the ones nearest to
+/// it, ties to even. Where the value lies exactly between two such, Rust's shortest formatting
+/// may pick the other: the correctly rounded digits (`{:.N$e}`, ties to even) decide.
+fn shortest_digits(value: f64) -> (Digits, i32) {
+    let mut shortest = Digits::new();
+    let _ = write!(shortest, "{value:e}");
+    let (digits, exponent) = split_scientific(shortest.as_str());
+    let mut nearest = Digits::new();
+    let _ = write!(nearest, "{value:.*e}", digits.len - 1);
+    let (rounded, rounded_exponent) = split_scientific(nearest.as_str());
+    let differs = rounded.as_str() != digits.as_str() || rounded_exponent != exponent;
+    if differs && nearest.as_str().parse::<f64>() == Ok(value) {
+        return (rounded, rounded_exponent);
+    }
+    (digits, exponent)
+}
+
 /// Python's `repr(float)`: the shortest digits that round-trip, positional for decimal exponents
 /// -4 ..= 15, else `d.ddde±XX`.
 fn py_repr(value: f64) -> Digits {
@@ -84,16 +115,7 @@ fn py_repr(value: f64) -> Digits {
     if value < 0.0 {
         out.push(b'-');
     }
-    // Rust's `{:e}` writes the same shortest round-trip digits as Python's dtoa: d[.ddd]e<exp>.
-    let mut scientific = Digits::new();
-    let _ = write!(scientific, "{:e}", value.abs());
-    let text = scientific.as_str();
-    let (mantissa, exponent) = text.split_once('e').unwrap_or((text, "0"));
-    let exponent: i32 = exponent.parse().unwrap_or(0);
-    let mut digits = Digits::new();
-    for byte in mantissa.bytes().filter(|b| *b != b'.') {
-        digits.push(byte);
-    }
+    let (digits, exponent) = shortest_digits(value.abs());
     let digits = &digits.bytes[..digits.len];
     let count = digits.len() as i32;
     let point = exponent + 1; // the decimal point's position after the first digit's
@@ -502,6 +524,22 @@ mod tests {
             (0.5, "0.5"),
         ] {
             assert_eq!(go(value), expected, "{value:e}");
+        }
+    }
+
+    /// `tests/data/series/floats.json` (written by `generate.py`): Python's `repr` and
+    /// prometheus_client's `floatToGoString` of thousands of floats (random bit patterns, rounded
+    /// decimals, integers).
+    #[test]
+    fn floats_print_as_python_prints_them() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/series/floats.json");
+        let corpus: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let rows = corpus["floats"].as_array().unwrap();
+        assert!(rows.len() > 5000);
+        for row in rows {
+            let value = f64::from_bits(row[0].as_u64().unwrap());
+            assert_eq!(repr(value), row[1].as_str().unwrap(), "repr of {value:e}");
+            assert_eq!(go(value), row[2].as_str().unwrap(), "floatToGoString of {value:e}");
         }
     }
 

@@ -214,6 +214,20 @@ mod tests {
         assert_eq!(int_true_divide((1 << 55) + 5, 4), 9007199254740994.0);
     }
 
+    /// `tests/data/series/floats.json`'s quotients: Python's `a / b` of random ints up to 2^63.
+    #[test]
+    fn int_division_matches_python_on_the_corpus() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/series/floats.json");
+        let corpus: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let rows = corpus["quotients"].as_array().unwrap();
+        assert!(rows.len() > 1000);
+        for row in rows {
+            let (a, b) = (row[0].as_i64().unwrap(), row[1].as_i64().unwrap());
+            let expected: f64 = row[2].as_str().unwrap().parse().unwrap();
+            assert_eq!(int_true_divide(i128::from(a), i128::from(b)), expected, "{a} / {b}");
+        }
+    }
+
     #[test]
     fn floats_compare_with_ints_exactly() {
         let big = (1i128 << 53) + 1;
