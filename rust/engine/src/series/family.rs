@@ -103,8 +103,8 @@ impl KeyText {
         &self.text[start..self.ends[position] as usize]
     }
 
-    pub fn values(&self) -> impl Iterator<Item = &str> + '_ {
-        (0..self.len()).map(move |i| self.get(i))
+    pub fn values(&self) -> impl Iterator<Item = &str> + Clone + '_ {
+        split(&self.text, &self.ends)
     }
 
     /// Whether the key is `values`, value by value.
@@ -118,6 +118,56 @@ impl KeyText {
         }
         position == self.len()
     }
+}
+
+/// A record's label key gathered for a cache lookup, in `KeyText`'s layout (reused: no allocation
+/// once grown): hashed in one pass over its text and its ends, compared with two slice comparisons.
+#[derive(Default)]
+pub(crate) struct KeyScratch {
+    text: String,
+    ends: Vec<u32>,
+}
+
+impl KeyScratch {
+    pub(crate) fn fill<'k>(&mut self, values: impl Iterator<Item = &'k str>) {
+        self.text.clear();
+        self.ends.clear();
+        for value in values {
+            self.text.push_str(value);
+            self.ends.push(self.text.len() as u32);
+        }
+    }
+
+    /// The key's hash (its ends included, so ("ab", "") and ("a", "b") differ).
+    pub(crate) fn hash(&self, state: &foldhash::fast::RandomState) -> u64 {
+        let mut hasher = state.build_hasher();
+        hasher.write(self.text.as_bytes());
+        for &end in &self.ends {
+            hasher.write_u32(end);
+        }
+        hasher.finish()
+    }
+
+    pub(crate) fn values(&self) -> impl Iterator<Item = &str> + Clone + '_ {
+        split(&self.text, &self.ends)
+    }
+
+    pub(crate) fn to_key(&self) -> KeyText {
+        KeyText { text: self.text.as_str().into(), ends: self.ends.as_slice().into() }
+    }
+
+    pub(crate) fn is(&self, key: &KeyText) -> bool {
+        *key.text == *self.text && *key.ends == *self.ends
+    }
+}
+
+/// Values held as one text and the end of each.
+fn split<'a>(text: &'a str, ends: &'a [u32]) -> impl Iterator<Item = &'a str> + Clone + 'a {
+    ends.iter().scan(0usize, move |start, &end| {
+        let value = text.get(*start..end as usize).unwrap_or("");
+        *start = end as usize;
+        Some(value)
+    })
 }
 
 /// A key's hash, value by value (lengths included, so ("ab", "") and ("a", "b") differ).

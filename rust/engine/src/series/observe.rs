@@ -12,7 +12,7 @@ use hashbrown::HashTable;
 use crate::record::{FieldValue, Record, RecordField, Side};
 
 use super::family::{
-    bisect_left, hash_key, CounterFamily, CounterTarget, Exemplar, HistogramFamily, KeyText, SeriesBudget,
+    bisect_left, CounterFamily, CounterTarget, Exemplar, HistogramFamily, KeyScratch, KeyText, SeriesBudget,
 };
 use super::spec::{LabelSource, ValueSpec};
 use super::value::{evaluate, Eval, Num};
@@ -47,7 +47,7 @@ fn label<'r>(record: &'r Record<'_>, source: &LabelSource) -> &'r str {
 }
 
 /// A record's label key: its labels, then its dimensions (`labels(record) + dimensions`).
-fn key_values<'r>(record: &'r Record<'_>, labels: &'r [LabelSource]) -> impl Iterator<Item = &'r str> + Clone {
+fn key_values<'r>(record: &'r Record<'_>, labels: &'r [LabelSource]) -> impl Iterator<Item = &'r str> {
     labels.iter().map(move |source| label(record, source)).chain(record.dimensions.iter().map(|d| d.as_ref()))
 }
 
@@ -62,26 +62,34 @@ struct KeyCache<E> {
     table: HashTable<(u64, u32)>,
     entries: Vec<(KeyText, E)>,
     limit: usize,
+    // The key being looked up.
+    scratch: KeyScratch,
 }
 
 impl<E> KeyCache<E> {
     fn new(limit: usize) -> KeyCache<E> {
-        KeyCache { state: Default::default(), table: HashTable::new(), entries: Vec::new(), limit }
+        KeyCache { state: Default::default(), table: HashTable::new(), entries: Vec::new(), limit, scratch: KeyScratch::default() }
     }
 
-    fn find<'k>(&self, hash: u64, key: impl Iterator<Item = &'k str> + Clone) -> Option<u32> {
-        self.table
-            .find(hash, |&(h, at)| h == hash && self.entries[at as usize].0.equals(key.clone()))
-            .map(|&(_, at)| at)
+    /// The entry of `key` (gathered in `scratch`), or `Err(hash)` to insert it with.
+    fn find<'k>(&mut self, key: impl Iterator<Item = &'k str>) -> Result<u32, u64> {
+        self.scratch.fill(key);
+        let hash = self.scratch.hash(&self.state);
+        let (entries, scratch) = (&self.entries, &self.scratch);
+        match self.table.find(hash, |&(h, at)| h == hash && scratch.is(&entries[at as usize].0)) {
+            Some(&(_, at)) => Ok(at),
+            None => Err(hash),
+        }
     }
 
-    fn insert<'k>(&mut self, hash: u64, key: impl Iterator<Item = &'k str>, entry: E) -> u32 {
+    /// Adds the key `find` did not find.
+    fn insert(&mut self, hash: u64, entry: E) -> u32 {
         if self.entries.len() >= self.limit {
             self.entries.clear();
             self.table.clear();
         }
         let at = self.entries.len() as u32;
-        self.entries.push((KeyText::new(key), entry));
+        self.entries.push((self.scratch.to_key(), entry));
         self.table.insert_unique(hash, (hash, at), |&(h, _)| h);
         at
     }
@@ -355,13 +363,13 @@ impl SidePlan {
 impl Group {
     /// The cache entry of `record`'s label key (`slots = cache.get(key)`, else `new_slots`).
     fn resolve_key(&mut self, sink: &mut Sink<'_>, record: &Record<'_>) -> u32 {
-        let key = key_values(record, &self.labels);
-        let hash = hash_key(&self.cache.state, key.clone());
-        if let Some(at) = self.cache.find(hash, key.clone()) {
-            return at;
-        }
+        let hash = match self.cache.find(key_values(record, &self.labels)) {
+            Ok(at) => return at,
+            Err(hash) => hash,
+        };
         // `_slots`: a too-long value resolves every histogram step to its overflow series at once.
-        let too_long = too_long(key.clone(), &self.too_long_ids, sink.dimension_too_long, sink.max_label_value_bytes);
+        let too_long =
+            too_long(self.cache.scratch.values(), &self.too_long_ids, sink.dimension_too_long, sink.max_label_value_bytes);
         let hists = match too_long {
             Some(_) => self.hist_families.iter().map(|&family| Some((sink.hists[family].overflow_series(), true))).collect(),
             None => vec![None; self.hist_families.len()],
@@ -371,7 +379,7 @@ impl Group {
             .iter()
             .map(|&by_outcome| if by_outcome { CounterSlot::ByOutcome(Vec::new()) } else { CounterSlot::Unresolved })
             .collect();
-        self.cache.insert(hash, key, Slots { hists, counters, too_long })
+        self.cache.insert(hash, Slots { hists, counters, too_long })
     }
 }
 
@@ -402,14 +410,14 @@ impl SegmentCache {
                          exemplar: Option<&Exemplar>) -> Option<u16> {
         let base = [text(record, RecordField::Model), text(record, RecordField::EngineKind), text(record, RecordField::ServiceName)];
         let key = base.iter().copied().chain(record.dimensions.iter().map(|d| d.as_ref()));
-        let hash = hash_key(&self.cache.state, key.clone());
-        let at = match self.cache.find(hash, key.clone()) {
-            Some(at) => at,
-            None => {
+        let at = match self.cache.find(key) {
+            Ok(at) => at,
+            Err(hash) => {
                 // `_segment_entry`
-                let label = too_long(key.clone(), &self.too_long_ids, sink.dimension_too_long, sink.max_label_value_bytes);
+                let label = too_long(self.cache.scratch.values(), &self.too_long_ids, sink.dimension_too_long,
+                                     sink.max_label_value_bytes);
                 let everything = label.map(|label| (family.overflow_series(), true, label));
-                self.cache.insert(hash, key, SegmentSlots { everything, by_name: Vec::new() })
+                self.cache.insert(hash, SegmentSlots { everything, by_name: Vec::new() })
             }
         };
         let slots = &mut self.cache.entries[at as usize].1;
@@ -417,8 +425,12 @@ impl SegmentCache {
         let everything = slots.everything;
         let weight = record.weight;
         for segment in &record.segments {
-            // `(end - start) / 1e9` on Python ints: exact difference, one rounding to float.
-            let duration = (i128::from(segment.end_unix_ns) - i128::from(segment.start_unix_ns)) as f64 / 1e9;
+            // `(end - start) / 1e9` on Python ints: exact difference, one rounding to float (an
+            // i64's conversion rounds as an i128's, in one instruction).
+            let duration = match segment.end_unix_ns.checked_sub(segment.start_unix_ns) {
+                Some(difference) => difference as f64,
+                None => (i128::from(segment.end_unix_ns) - i128::from(segment.start_unix_ns)) as f64,
+            } / 1e9;
             let known = match everything {
                 Some((at, overflowing, _)) => Some((at, overflowing)),
                 None => match &slots.everything {

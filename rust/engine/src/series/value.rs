@@ -29,7 +29,11 @@ impl Num {
     /// `float(x)`: an `int` rounds to nearest, ties to even, as `PyLong_AsDouble` does.
     pub(crate) fn as_f64(self) -> f64 {
         match self {
-            Num::Int(v) => v as f64,
+            // The same rounding either way; an i64's is one instruction, an i128's a library call.
+            Num::Int(v) => match i64::try_from(v) {
+                Ok(v) => v as f64,
+                Err(_) => v as f64,
+            },
             Num::Float(v) => v,
         }
     }
@@ -46,6 +50,8 @@ impl Num {
     pub(crate) fn is_above(self, bound: f64) -> bool {
         match self {
             Num::Float(v) => bound < v,
+            // Exact as a float up to 2^53: the float comparison is the exact one.
+            Num::Int(v) if v.unsigned_abs() <= 1 << 53 => bound < self.as_f64(),
             Num::Int(v) => compare_float_int(bound, v) == Some(Ordering::Less),
         }
     }
