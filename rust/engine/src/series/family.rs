@@ -271,20 +271,92 @@ pub(crate) fn bisect_left(bounds: &[f64], above: impl Fn(f64) -> bool) -> usize 
     low
 }
 
+/// What both kinds of family are (`families.Family`): series by key in creation order, capped at
+/// `limit` (the overflow series counts among them, as `len(series)` does) and by the byte budget.
+#[derive(Clone)]
+pub(crate) struct Family<S> {
+    pub(crate) name: String,
+    limit: usize,
+    cost: SeriesCost,
+    pub(crate) series: Vec<S>,
+    index: KeyIndex,
+    overflow: Option<u32>,
+    pub(crate) overflowed: u64,
+}
+
+/// A series' key (`None`: the overflow series).
+pub(crate) trait Keyed {
+    fn key(&self) -> Option<&KeyText>;
+}
+
+impl Keyed for HistogramSeries {
+    fn key(&self) -> Option<&KeyText> {
+        self.key.as_ref()
+    }
+}
+
+impl Keyed for CounterSeries {
+    fn key(&self) -> Option<&KeyText> {
+        self.key.as_ref()
+    }
+}
+
+impl<S: Keyed> Family<S> {
+    fn new(name: &str, limit: usize, cost: SeriesCost) -> Family<S> {
+        Family {
+            name: name.to_string(),
+            limit,
+            cost,
+            series: Vec::new(),
+            index: KeyIndex::default(),
+            overflow: None,
+            overflowed: 0,
+        }
+    }
+
+    fn find(&self, key: &[&str]) -> Option<u32> {
+        let series = &self.series;
+        self.index.find(key, |at| series[at as usize].key())
+    }
+
+    /// `Family.has_room`: under the cap, and the budget takes the series' cost.
+    fn has_room(&self, key: &[&str], budget: &mut SeriesBudget) -> bool {
+        self.series.len() < self.limit && budget.take(self.cost.of(key.iter().copied()))
+    }
+
+    /// A new series of `key` (or the overflow series), made by `make`.
+    fn add(&mut self, key: Option<&[&str]>, make: impl FnOnce(Option<KeyText>) -> S) -> u32 {
+        let at = self.series.len() as u32;
+        match key {
+            Some(key) => {
+                self.series.push(make(Some(KeyText::new(key.iter().copied()))));
+                self.index.insert(key, at);
+            }
+            None => {
+                self.series.push(make(None));
+                self.overflow = Some(at);
+            }
+        }
+        at
+    }
+
+    /// The overflow series, made by `make` if it is not yet (it takes nothing from the budget).
+    fn overflow_series(&mut self, make: impl FnOnce(Option<KeyText>) -> S) -> u32 {
+        match self.overflow {
+            Some(at) => at,
+            None => self.add(None, make),
+        }
+    }
+}
+
 /// `families.HistogramFamily`.
 #[derive(Clone)]
 pub struct HistogramFamily {
-    pub(crate) name: String,
+    pub(crate) family: Family<HistogramSeries>,
     pub(crate) bounds: Vec<f64>,
     // `dict(buckets_by_model)`: model -> position in `by_model` (the last declaration of a model wins).
     by_model_index: std::collections::HashMap<String, u32>,
     pub(crate) by_model: Vec<Vec<f64>>,
-    limit: usize,
-    cost: SeriesCost,
-    pub(crate) series: Vec<HistogramSeries>,
-    index: KeyIndex,
-    overflow: Option<u32>,
-    pub(crate) overflowed: u64,
     exponential: Option<ExponentialLimits>,
 }
 
@@ -300,22 +372,16 @@ impl HistogramFamily {
             by_model.push(model_bounds.clone());
         }
         HistogramFamily {
-            cost: SeriesCost::new(name, bounds.len() + 3, true, label_names),
-            name: name.to_string(),
+            family: Family::new(name, limit, SeriesCost::new(name, bounds.len() + 3, true, label_names)),
             bounds,
             by_model_index,
             by_model,
-            limit,
-            series: Vec::new(),
-            index: KeyIndex::default(),
-            overflow: None,
-            overflowed: 0,
             exponential: None,
         }
     }
 
     pub(crate) fn has_series(&self) -> bool {
-        !self.series.is_empty()
+        !self.family.series.is_empty()
     }
 
     pub(crate) fn set_exponential(&mut self, limits: Option<ExponentialLimits>) {
@@ -331,43 +397,37 @@ impl HistogramFamily {
         }
     }
 
-    /// `HistogramFamily.new_series`: its model's bounds where the family has some for the key's
-    /// first value (the overflow series' is `__overflow__`), and exponential buckets if asked for.
-    fn new_series(&mut self, key: Option<KeyText>) -> u32 {
-        let first = key.as_ref().map_or(Some(OVERFLOW_KEY), |k| if k.is_empty() { None } else { Some(k.get(0)) });
-        let own_bounds = first
-            .and_then(|model| self.by_model_index.get(model))
-            .copied()
-            .filter(|&at| !self.by_model[at as usize].is_empty());
-        let buckets = own_bounds.map_or(self.bounds.len(), |at| self.by_model[at as usize].len()) + 1;
-        let at = self.series.len() as u32;
-        self.series.push(HistogramSeries {
-            key,
-            counts: vec![0.0; buckets],
-            total: 0.0,
-            count: 0.0,
-            exemplars: Vec::new(),
-            own_bounds,
-            exponential: self.exponential.map(|l| Box::new(ExponentialState::new(l.max_size, l.max_scale))),
-        });
-        at
-    }
-
-    /// The overflow series, made if it is not yet (it takes nothing from the budget).
-    pub(crate) fn overflow_series(&mut self) -> u32 {
-        match self.overflow {
-            Some(at) => at,
-            None => {
-                let at = self.new_series(None);
-                self.overflow = Some(at);
-                at
+    /// `HistogramFamily.new_series`, as a maker for `Family` (of the family's parts, so the
+    /// family's series can be borrowed beside it): its model's bounds where the family has some
+    /// for the key's first value (the overflow series' is `__overflow__`), and exponential buckets
+    /// if asked for.
+    fn maker_of<'a>(bounds: &'a [f64], by_model_index: &'a std::collections::HashMap<String, u32>,
+                    by_model: &'a [Vec<f64>], exponential: Option<ExponentialLimits>)
+                    -> impl FnOnce(Option<KeyText>) -> HistogramSeries + 'a {
+        move |key| {
+            let first = key.as_ref().map_or(Some(OVERFLOW_KEY), |k| if k.is_empty() { None } else { Some(k.get(0)) });
+            let own_bounds = first
+                .and_then(|model| by_model_index.get(model))
+                .copied()
+                .filter(|&at| !by_model[at as usize].is_empty());
+            let buckets = own_bounds.map_or(bounds.len(), |at| by_model[at as usize].len()) + 1;
+            HistogramSeries {
+                key,
+                counts: vec![0.0; buckets],
+                total: 0.0,
+                count: 0.0,
+                exemplars: Vec::new(),
+                own_bounds,
+                exponential: exponential.map(|l| Box::new(ExponentialState::new(l.max_size, l.max_scale))),
             }
         }
     }
 
-    /// `Family.has_room`: under the cap, and the budget takes the series' cost.
-    fn has_room(&self, key: &[&str], budget: &mut SeriesBudget) -> bool {
-        self.series.len() < self.limit && budget.take(self.cost.of(key.iter().copied()))
+    /// The overflow series, made if it is not yet.
+    pub(crate) fn overflow_series(&mut self) -> u32 {
+        let HistogramFamily { family, bounds, by_model_index, by_model, exponential } = self;
+        let maker = HistogramFamily::maker_of(bounds, by_model_index, by_model, *exponential);
+        family.overflow_series(maker)
     }
 
     /// `recorder._series_of` and `_resolve`'s test: the series `key` observes into, and whether
@@ -376,16 +436,14 @@ impl HistogramFamily {
         if is_overflow_key(key) {
             return (self.overflow_series(), true);
         }
-        let series = &self.series;
-        if let Some(at) = self.index.find(key, |at| series[at as usize].key.as_ref()) {
+        if let Some(at) = self.family.find(key) {
             return (at, false);
         }
-        if !self.has_room(key, budget) {
+        if !self.family.has_room(key, budget) {
             return (self.overflow_series(), true);
         }
-        let at = self.new_series(Some(KeyText::new(key.iter().copied())));
-        self.index.insert(key, at);
-        (at, false)
+        let HistogramFamily { family, bounds, by_model_index, by_model, exponential } = self;
+        (family.add(Some(key), HistogramFamily::maker_of(bounds, by_model_index, by_model, *exponential)), false)
     }
 }
 
@@ -397,17 +455,15 @@ pub struct CounterSeries {
     pub(crate) value: f64,
 }
 
+fn counter_series(key: Option<KeyText>) -> CounterSeries {
+    CounterSeries { key, value: 0.0 }
+}
+
 /// `families.CounterFamily`: a total per label set. Also what the accounting families are made
 /// of (they share the recorder's budget: pass `Series::budget_mut`).
 #[derive(Clone)]
 pub struct CounterFamily {
-    pub(crate) name: String,
-    limit: usize,
-    cost: SeriesCost,
-    pub(crate) series: Vec<CounterSeries>,
-    index: KeyIndex,
-    overflow: Option<u32>,
-    pub(crate) overflowed: u64,
+    pub(crate) family: Family<CounterSeries>,
 }
 
 /// Where a counter key's amounts go: a series, and whether each addition counts in `overflowed`
@@ -421,74 +477,43 @@ pub(crate) struct CounterTarget {
 impl CounterFamily {
     /// `CounterFamily(name, limit, budget, label_names)`: one sample line per series, no exemplar.
     pub fn new<S: AsRef<str>>(name: &str, limit: usize, label_names: &[S]) -> CounterFamily {
-        CounterFamily {
-            name: name.to_string(),
-            limit,
-            cost: SeriesCost::new(name, 1, false, label_names),
-            series: Vec::new(),
-            index: KeyIndex::default(),
-            overflow: None,
-            overflowed: 0,
-        }
+        CounterFamily { family: Family::new(name, limit, SeriesCost::new(name, 1, false, label_names)) }
     }
 
     pub fn name(&self) -> &str {
-        &self.name
+        &self.family.name
     }
 
     /// Observations sent to the overflow series.
     pub fn overflowed(&self) -> u64 {
-        self.overflowed
+        self.family.overflowed
     }
 
     pub fn is_empty(&self) -> bool {
-        self.series.is_empty()
+        self.family.series.is_empty()
     }
 
     /// (key, total) in creation order; `None`: the overflow series (`CounterFamily.totals`).
     pub fn totals(&self) -> impl Iterator<Item = (Option<&KeyText>, f64)> + '_ {
-        self.series.iter().map(|s| (s.key.as_ref(), s.value))
-    }
-
-    fn overflow_series(&mut self) -> u32 {
-        match self.overflow {
-            Some(at) => at,
-            None => {
-                let at = self.series.len() as u32;
-                self.series.push(CounterSeries { key: None, value: 0.0 });
-                self.overflow = Some(at);
-                at
-            }
-        }
+        self.family.series.iter().map(|s| (s.key.as_ref(), s.value))
     }
 
     /// `CounterFamily.add`'s choice of series for `key` (counting this addition in `overflowed`
     /// where the family has no room for it). A key equal to `OVERFLOW` is a key like any other
     /// for the cap and budget, but names the overflow series.
     pub(crate) fn target(&mut self, key: &[&str], budget: &mut SeriesBudget) -> CounterTarget {
+        let family = &mut self.family;
         let literal_overflow = is_overflow_key(key);
-        if literal_overflow {
-            if let Some(at) = self.overflow {
-                return CounterTarget { at, overflowing: false };
-            }
-        } else {
-            let series = &self.series;
-            if let Some(at) = self.index.find(key, |at| series[at as usize].key.as_ref()) {
-                return CounterTarget { at, overflowing: false };
-            }
+        let found = if literal_overflow { family.overflow } else { family.find(key) };
+        if let Some(at) = found {
+            return CounterTarget { at, overflowing: false };
         }
-        let room = self.series.len() < self.limit && budget.take(self.cost.of(key.iter().copied()));
-        if !room {
-            self.overflowed += 1;
+        if !family.has_room(key, budget) {
+            family.overflowed += 1;
             // `_admit` counted this addition; a literal overflow key finds its series next time.
-            return CounterTarget { at: self.overflow_series(), overflowing: !literal_overflow };
+            return CounterTarget { at: family.overflow_series(counter_series), overflowing: !literal_overflow };
         }
-        if literal_overflow {
-            return CounterTarget { at: self.overflow_series(), overflowing: false };
-        }
-        let at = self.series.len() as u32;
-        self.series.push(CounterSeries { key: Some(KeyText::new(key.iter().copied())), value: 0.0 });
-        self.index.insert(key, at);
+        let at = if literal_overflow { family.overflow_series(counter_series) } else { family.add(Some(key), counter_series) };
         CounterTarget { at, overflowing: false }
     }
 
@@ -496,24 +521,24 @@ impl CounterFamily {
     #[inline]
     pub(crate) fn add_to(&mut self, target: CounterTarget, amount: f64) {
         if target.overflowing {
-            self.overflowed += 1;
+            self.family.overflowed += 1;
         }
-        self.series[target.at as usize].value += amount;
+        self.family.series[target.at as usize].value += amount;
     }
 
     /// `CounterFamily.add`.
     pub fn add(&mut self, key: &[&str], amount: f64, budget: &mut SeriesBudget) {
         let target = self.target(key, budget);
         // `target` counted this addition already.
-        self.series[target.at as usize].value += amount;
+        self.family.series[target.at as usize].value += amount;
     }
 
     /// `CounterFamily.add_overflow`: `amount` on the overflow series (a label value too long for
     /// a series of its own), counted.
     pub fn add_overflow(&mut self, amount: f64) {
-        self.overflowed += 1;
-        let at = self.overflow_series();
-        self.series[at as usize].value += amount;
+        self.family.overflowed += 1;
+        let at = self.family.overflow_series(counter_series);
+        self.family.series[at as usize].value += amount;
     }
 }
 
@@ -578,7 +603,7 @@ mod tests {
         assert_eq!(family.series_of(&["x"], &mut budget), (0, false));
         assert_eq!(family.series_of(&["z"], &mut budget), (2, true));
         assert_eq!(family.series_of(&["w"], &mut budget), (2, true));
-        assert!(family.series[2].key.is_none());
+        assert!(family.family.series[2].key.is_none());
         // A literal OVERFLOW key is the overflow series, whatever the room.
         assert_eq!(family.series_of(&[OVERFLOW_KEY], &mut budget), (2, true));
     }
@@ -602,10 +627,10 @@ mod tests {
         let (big, _) = family.series_of(&["big", "x"], &mut budget);
         let (other, _) = family.series_of(&["other", "x"], &mut budget);
         let (none, _) = family.series_of(&["none", "x"], &mut budget);
-        assert_eq!(family.series[big as usize].counts.len(), 4);
-        assert_eq!(family.bounds_of(&family.series[big as usize]), &[1.0, 10.0, 100.0]);
-        assert_eq!(family.series[other as usize].counts.len(), 2);
-        assert_eq!(family.series[none as usize].counts.len(), 2, "an empty tuple of bounds is the family's");
+        assert_eq!(family.family.series[big as usize].counts.len(), 4);
+        assert_eq!(family.bounds_of(&family.family.series[big as usize]), &[1.0, 10.0, 100.0]);
+        assert_eq!(family.family.series[other as usize].counts.len(), 2);
+        assert_eq!(family.family.series[none as usize].counts.len(), 2, "an empty tuple of bounds is the family's");
     }
 
     #[test]
@@ -616,17 +641,17 @@ mod tests {
         family.add(&["y"], 2.0, &mut budget);
         family.add(&["y"], 3.0, &mut budget);
         family.add(&["x"], 0.5, &mut budget);
-        assert_eq!(family.overflowed, 2);
+        assert_eq!(family.overflowed(), 2);
         let totals: Vec<_> = family.totals().map(|(k, v)| (k.map(|k| k.get(0).to_string()), v)).collect();
         assert_eq!(totals, vec![(Some("x".to_string()), 1.5), (None, 5.0)]);
         let target = family.target(&["z"], &mut budget);
         assert!(target.overflowing);
-        assert_eq!(family.overflowed, 3);
+        assert_eq!(family.overflowed(), 3);
         family.add_to(target, 1.0);
-        assert_eq!(family.overflowed, 4);
+        assert_eq!(family.overflowed(), 4);
         family.add_overflow(2.0);
-        assert_eq!(family.overflowed, 5);
-        assert_eq!(family.series[1].value, 8.0);
+        assert_eq!(family.overflowed(), 5);
+        assert_eq!(family.family.series[1].value, 8.0);
     }
 
     #[test]
@@ -636,15 +661,15 @@ mod tests {
         let mut budget = SeriesBudget::new(u64::MAX);
         let mut family = CounterFamily::new("c", 5, &["a"]);
         family.add(&[OVERFLOW_KEY], 1.0, &mut budget);
-        assert_eq!(family.overflowed, 0);
+        assert_eq!(family.overflowed(), 0);
         assert!(budget.used > 0);
         family.add(&[OVERFLOW_KEY], 1.0, &mut budget);
-        assert_eq!(family.series.len(), 1);
-        assert_eq!(family.series[0].value, 2.0);
-        assert!(family.series[0].key.is_none());
+        assert_eq!(family.family.series.len(), 1);
+        assert_eq!(family.family.series[0].value, 2.0);
+        assert!(family.family.series[0].key.is_none());
         let mut full = CounterFamily::new("c", 0, &["a"]);
         full.add(&[OVERFLOW_KEY], 1.0, &mut budget);
         full.add(&[OVERFLOW_KEY], 1.0, &mut budget);
-        assert_eq!(full.overflowed, 1, "counted when it had no room, then found as the overflow series");
+        assert_eq!(full.overflowed(), 1, "counted when it had no room, then found as the overflow series");
     }
 }

@@ -30,56 +30,50 @@ pub use spec::{
 };
 
 use family::HistogramFamily;
-use observe::{PlanCounter, PlanHist, PlanNaming, SegmentCache, SidePlan, Sink};
+use observe::{PlanNaming, PlanStep, SegmentCache, SidePlan, Sink, StepKind};
 use spec::{exposed_name, histogram_metric_name, prometheus_label_name};
 
 /// The label name a value past `max_label_value_bytes` is counted under when it is not one of the
 /// key's named labels (`recorder._too_long`).
 const DIMENSION: &str = "dimension";
 
-/// A histogram family as exposed (`recorder.ExposedHistogram`): several specs of a naming with the
-/// same name observe into it.
-pub(crate) struct ExposedHistogram {
+/// A family as exposed (`recorder.ExposedHistogram`, `_BoundCounter`): a histogram family several
+/// specs of a naming with the same name observe into, or a counter.
+pub(crate) struct Exposed {
+    /// Its position in `Series::hists` or `Series::counters`.
     pub family: usize,
+    /// As declared (the first spec's, for a shared histogram family).
     pub name: String,
     pub unit: String,
     pub description: String,
-    /// prometheus_client's `Metric.name`.
+    /// prometheus_client's `Metric.name` (a counter's samples add `_total`).
     pub metric_name: String,
-    /// The naming's labels, the dimensions, then the first spec's fixed label (OTel names).
+    /// OTel names: the naming's labels, the dimensions, the fixed label, and a counter's
+    /// `finished_reason`.
     pub label_names: Vec<String>,
     pub exposed_label_names: Vec<String>,
 }
 
-pub(crate) struct ExposedCounter {
-    pub family: usize,
-    pub name: String,
-    pub unit: String,
-    pub description: String,
-    /// prometheus_client's `Metric.name` (its samples add `_total`).
-    pub metric_name: String,
-    /// The naming's labels, the dimensions, the fixed label, then `finished_reason` (OTel names).
-    pub label_names: Vec<String>,
-    pub exposed_label_names: Vec<String>,
+impl Exposed {
+    fn new(family: usize, name: &str, unit: &str, description: &str, metric_name: String, label_names: Vec<String>) -> Exposed {
+        Exposed {
+            family,
+            name: name.to_string(),
+            unit: unit.to_string(),
+            description: description.to_string(),
+            metric_name,
+            exposed_label_names: label_names.iter().map(|n| prometheus_label_name(n)).collect(),
+            label_names,
+        }
+    }
 }
 
 /// `recorder.BoundNaming`, as exposition and snapshots walk it.
 pub(crate) struct BoundNaming {
     pub key: String,
     pub schema_url: String,
-    pub histograms: Vec<ExposedHistogram>,
-    pub counters: Vec<ExposedCounter>,
-}
-
-/// `definitions.SEGMENT_METRIC` as exposed.
-pub(crate) struct ExposedSegments {
-    pub name: String,
-    pub unit: String,
-    pub description: String,
-    pub metric_name: String,
-    /// `segment_label_names`: model_name, engine_kind, service_name, segment, the dimensions.
-    pub label_names: Vec<String>,
-    pub exposed_label_names: Vec<String>,
+    pub histograms: Vec<Exposed>,
+    pub counters: Vec<Exposed>,
 }
 
 /// Requests counted per label whose value was too long (`MetricsRecorder.too_long`).
@@ -104,10 +98,10 @@ impl TooLong {
 /// `MetricsRecorder` with its compiled observers (`core=None`'s semantics), natively.
 pub struct Series {
     namings: Vec<BoundNaming>,
-    segments_exposed: ExposedSegments,
+    /// `definitions.SEGMENT_METRIC`, the last of `hists`.
+    segments: Exposed,
     hists: Vec<HistogramFamily>,
     counters: Vec<CounterFamily>,
-    segments: HistogramFamily,
     sides: [Option<SidePlan>; 2],
     segment_cache: SegmentCache,
     budget: SeriesBudget,
@@ -144,39 +138,30 @@ impl Series {
                 histograms: Vec::new(),
                 counters: Vec::new(),
             };
-            let mut plan_hists = Vec::new();
+            let mut steps = Vec::new();
             for spec in &naming.histograms {
                 let family = match bound.histograms.iter().find(|h| h.name == spec.name) {
                     Some(shared) => shared.family,
                     None => {
                         let mut names = label_names.clone();
                         names.extend(spec.fixed_label.as_ref().map(|(name, _)| name.clone()));
-                        let exposed_label_names: Vec<String> = names.iter().map(|n| prometheus_label_name(n)).collect();
+                        let exposed = Exposed::new(hists.len(), &spec.name, &spec.unit, &spec.description,
+                                                   histogram_metric_name(&spec.name, &spec.unit), names);
                         let budget_names: Vec<&str> =
-                            exposed_label_names.iter().map(String::as_str).chain(std::iter::once("le")).collect();
+                            exposed.exposed_label_names.iter().map(String::as_str).chain(std::iter::once("le")).collect();
                         hists.push(HistogramFamily::new(&spec.name, spec.buckets.clone(), limit, &budget_names,
                                                         &spec.buckets_by_model));
-                        bound.histograms.push(ExposedHistogram {
-                            family: hists.len() - 1,
-                            name: spec.name.clone(),
-                            unit: spec.unit.clone(),
-                            description: spec.description.clone(),
-                            metric_name: histogram_metric_name(&spec.name, &spec.unit),
-                            label_names: names,
-                            exposed_label_names,
-                        });
+                        bound.histograms.push(exposed);
                         hists.len() - 1
                     }
                 };
-                plan_hists.push(PlanHist {
+                steps.push(PlanStep {
                     family,
                     value: &spec.value,
-                    success_only: spec.success_only,
-                    per_step: spec.per_step,
                     suffix: spec.fixed_label.as_ref().map(|(_, value)| value.as_str()),
+                    kind: StepKind::Histogram { success_only: spec.success_only, per_step: spec.per_step },
                 });
             }
-            let mut plan_counters = Vec::new();
             for spec in &naming.counters {
                 let fixed = spec.fixed_label.as_ref().map(|(name, _)| name.clone());
                 // The family's names for the byte estimate: the labels, finished_reason, the fixed label.
@@ -193,28 +178,20 @@ impl Series {
                     .chain(fixed)
                     .chain(spec.by_outcome.then(|| "finished_reason".to_string()))
                     .collect();
-                bound.counters.push(ExposedCounter {
-                    family: counters.len() - 1,
-                    name: spec.name.clone(),
-                    unit: spec.unit.clone(),
-                    description: spec.description.clone(),
-                    metric_name: exposed_name(&spec.name, &spec.unit),
-                    exposed_label_names: names.iter().map(|n| prometheus_label_name(n)).collect(),
-                    label_names: names,
-                });
-                plan_counters.push(PlanCounter {
+                bound.counters.push(Exposed::new(counters.len() - 1, &spec.name, &spec.unit, &spec.description,
+                                                 exposed_name(&spec.name, &spec.unit), names));
+                steps.push(PlanStep {
                     family: counters.len() - 1,
                     value: &spec.value,
-                    by_outcome: spec.by_outcome,
                     suffix: spec.fixed_label.as_ref().map(|(_, value)| value.as_str()),
+                    kind: StepKind::Counter { by_outcome: spec.by_outcome },
                 });
             }
             plan_namings[observe::side_index(naming.side)].push(PlanNaming {
                 too_long_ids: exposed_labels.iter().map(|n| too_long.id(n)).collect(),
                 label_names,
                 labels: &naming.labels,
-                hists: plan_hists,
-                counters: plan_counters,
+                steps,
             });
             namings.push(bound);
         }
@@ -228,7 +205,9 @@ impl Series {
             .chain(dimensions.iter().cloned())
             .collect();
         let budget_names: Vec<&str> = segment_names.iter().map(String::as_str).chain(std::iter::once("le")).collect();
-        let segments = HistogramFamily::new(&spec.segments.name, spec.segments.buckets.clone(), limit, &budget_names, &[]);
+        hists.push(HistogramFamily::new(&spec.segments.name, spec.segments.buckets.clone(), limit, &budget_names, &[]));
+        let segments = Exposed::new(hists.len() - 1, &spec.segments.name, &spec.segments.unit, &spec.segments.description,
+                                    histogram_metric_name(&spec.segments.name, &spec.segments.unit), segment_names.clone());
         // `_segment_entry`'s names: the segment label itself is not part of the cached key.
         let segment_ids = segment_names
             .iter()
@@ -242,32 +221,23 @@ impl Series {
         let mut units: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
         for naming in &namings {
             for hist in &naming.histograms {
-                units.insert(&hists[hist.family].name, &hist.unit);
+                units.insert(&hist.name, &hist.unit);
             }
             for counter in &naming.counters {
-                units.insert(&counters[counter.family].name, &counter.unit);
+                units.insert(&counter.name, &counter.unit);
             }
         }
         let overflow_name = |name: &str| exposed_name(name, units.get(name).copied().unwrap_or("s"));
-        let mut overflow_names = vec![overflow_name(&segments.name)];
+        let mut overflow_names = vec![overflow_name(&spec.segments.name)];
         for naming in &namings {
-            overflow_names.extend(naming.histograms.iter().map(|h| overflow_name(&hists[h.family].name)));
-            overflow_names.extend(naming.counters.iter().map(|c| overflow_name(&counters[c.family].name)));
+            overflow_names.extend(naming.histograms.iter().chain(&naming.counters).map(|f| overflow_name(&f.name)));
         }
 
         let mut series = Series {
             namings,
-            segments_exposed: ExposedSegments {
-                name: spec.segments.name.clone(),
-                unit: spec.segments.unit.clone(),
-                description: spec.segments.description.clone(),
-                metric_name: histogram_metric_name(&spec.segments.name, &spec.segments.unit),
-                exposed_label_names: segment_names.iter().map(|n| prometheus_label_name(n)).collect(),
-                label_names: segment_names,
-            },
+            segments,
             hists,
             counters,
-            segments,
             sides,
             segment_cache: SegmentCache::new(cache_limit, segment_ids),
             budget: SeriesBudget::new(spec.series_limit_bytes),
@@ -289,12 +259,11 @@ impl Series {
     /// too, within the largest limits asked for; only before the first observation.
     pub fn keep_exponential(&mut self, limits: ExponentialLimits) -> Result<(), SpecError> {
         limits.check()?;
-        if self.segments.has_series() || self.hists.iter().any(HistogramFamily::has_series) {
+        if self.hists.iter().any(HistogramFamily::has_series) {
             return Err(SpecError("exponential buckets must be asked for before the first observation".into()));
         }
         let merged = limits.merged(self.exponential);
         self.exponential = Some(merged);
-        self.segments.set_exponential(Some(merged));
         for family in &mut self.hists {
             family.set_exponential(Some(merged));
         }
@@ -325,7 +294,7 @@ impl Series {
             too_long = plan.record(&mut sink, record, exemplar.as_ref());
         }
         if !record.segments.is_empty() {
-            let segments = self.segment_cache.record(&mut self.segments, &mut sink, record, exemplar.as_ref());
+            let segments = self.segment_cache.record(&mut sink, self.segments.family, record, exemplar.as_ref());
             too_long = too_long.or(segments);
         }
         if let Some(label) = too_long {

@@ -121,29 +121,29 @@ pub(crate) struct Group {
     cache: KeyCache<Slots>,
 }
 
-pub(crate) struct HistStep {
-    group: usize,
-    slot: usize,
-    family: usize,
-    value: ValueSpec,
-    success_only: bool,
-    per_step: Option<RecordField>,
-    suffix: Option<String>,
+/// What a spec's step does with its value: a histogram observes it (only for a successful
+/// request, or once per value of a sequence field instead), a counter adds it (by outcome).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum StepKind {
+    Histogram { success_only: bool, per_step: Option<RecordField> },
+    Counter { by_outcome: bool },
 }
 
-pub(crate) struct CounterStep {
+/// One spec's step (`_native_ops`' "hist" and "counter" tuples).
+pub(crate) struct Observe {
     group: usize,
+    // Its place among its group's steps of its kind (in the cache entry's slots).
     slot: usize,
     family: usize,
     value: ValueSpec,
-    by_outcome: bool,
+    // The fixed label's value, appended to the key.
     suffix: Option<String>,
+    kind: StepKind,
 }
 
 pub(crate) enum Step {
     Key(usize),
-    Hist(HistStep),
-    Counter(CounterStep),
+    Observe(Observe),
 }
 
 /// One side's recording loop (`_compile`'s observer).
@@ -159,23 +159,15 @@ pub(crate) struct PlanNaming<'s> {
     pub label_names: Vec<String>, // the naming's, then the dimensions' (OTel names)
     pub labels: &'s [LabelSource],
     pub too_long_ids: Vec<u16>,
-    pub hists: Vec<PlanHist<'s>>,
-    pub counters: Vec<PlanCounter<'s>>,
+    /// Its histograms', then its counters'.
+    pub steps: Vec<PlanStep<'s>>,
 }
 
-pub(crate) struct PlanHist<'s> {
+pub(crate) struct PlanStep<'s> {
     pub family: usize,
     pub value: &'s ValueSpec,
-    pub success_only: bool,
-    pub per_step: Option<RecordField>,
     pub suffix: Option<&'s str>,
-}
-
-pub(crate) struct PlanCounter<'s> {
-    pub family: usize,
-    pub value: &'s ValueSpec,
-    pub by_outcome: bool,
-    pub suffix: Option<&'s str>,
+    pub kind: StepKind,
 }
 
 impl SidePlan {
@@ -186,7 +178,6 @@ impl SidePlan {
         let mut groups: Vec<Group> = Vec::new();
         let mut firsts: Vec<usize> = Vec::new();
         let mut steps = Vec::new();
-        let mut counter_slots: Vec<usize> = Vec::new();
         for (number, naming) in namings.iter().enumerate() {
             let found = firsts.iter().position(|&first| {
                 namings[first].label_names == naming.label_names && namings[first].labels == naming.labels
@@ -195,7 +186,6 @@ impl SidePlan {
                 Some(group) => group,
                 None => {
                     firsts.push(number);
-                    counter_slots.push(0);
                     groups.push(Group {
                         labels: naming.labels.to_vec(),
                         too_long_ids: naming.too_long_ids.clone(),
@@ -207,30 +197,25 @@ impl SidePlan {
                     groups.len() - 1
                 }
             };
-            for hist in &naming.hists {
-                let slot = groups[group].hist_families.len();
-                groups[group].hist_families.push(hist.family);
-                steps.push(Step::Hist(HistStep {
+            for step in &naming.steps {
+                let members = &mut groups[group];
+                let slot = match step.kind {
+                    StepKind::Histogram { .. } => {
+                        members.hist_families.push(step.family);
+                        members.hist_families.len() - 1
+                    }
+                    StepKind::Counter { by_outcome } => {
+                        members.by_outcome.push(by_outcome);
+                        members.by_outcome.len() - 1
+                    }
+                };
+                steps.push(Step::Observe(Observe {
                     group,
                     slot,
-                    family: hist.family,
-                    value: hist.value.clone(),
-                    success_only: hist.success_only,
-                    per_step: hist.per_step,
-                    suffix: hist.suffix.map(str::to_string),
-                }));
-            }
-            for counter in &naming.counters {
-                let slot = counter_slots[group];
-                counter_slots[group] += 1;
-                groups[group].by_outcome.push(counter.by_outcome);
-                steps.push(Step::Counter(CounterStep {
-                    group,
-                    slot,
-                    family: counter.family,
-                    value: counter.value.clone(),
-                    by_outcome: counter.by_outcome,
-                    suffix: counter.suffix.map(str::to_string),
+                    family: step.family,
+                    value: step.value.clone(),
+                    suffix: step.suffix.map(str::to_string),
+                    kind: step.kind,
                 }));
             }
         }
@@ -252,7 +237,7 @@ pub(crate) struct Sink<'a> {
 /// One observation into the series a step's slot names (resolved on first use, as `_resolve`).
 #[allow(clippy::too_many_arguments)]
 #[inline]
-fn observe_hist(sink: &mut Sink<'_>, slot: &mut Option<(u32, bool)>, key: &KeyText, step: &HistStep, value: Num,
+fn observe_hist(sink: &mut Sink<'_>, slot: &mut Option<(u32, bool)>, key: &KeyText, step: &Observe, value: Num,
                 weight: f64, exemplar: Option<&Exemplar>) {
     let (at, overflowing) = match *slot {
         Some(resolved) => resolved,
@@ -263,15 +248,15 @@ fn observe_hist(sink: &mut Sink<'_>, slot: &mut Option<(u32, bool)>, key: &KeyTe
             resolved
         }
     };
-    let family = &mut sink.hists[step.family];
-    let bucket = bisect_left(family.bounds_of(&family.series[at as usize]), |bound| value.is_above(bound));
-    family.series[at as usize].observe(bucket, value.as_f64(), weight, exemplar);
+    let histogram = &mut sink.hists[step.family];
+    let bucket = bisect_left(histogram.bounds_of(&histogram.family.series[at as usize]), |bound| value.is_above(bound));
+    histogram.family.series[at as usize].observe(bucket, value.as_f64(), weight, exemplar);
     if overflowing {
-        family.overflowed += 1;
+        histogram.family.overflowed += 1;
     }
 }
 
-fn add_counter(sink: &mut Sink<'_>, slots: &mut Slots, key: &KeyText, step: &CounterStep, outcome: &str, amount: f64) {
+fn add_counter(sink: &mut Sink<'_>, slots: &mut Slots, key: &KeyText, step: &Observe, outcome: &str, amount: f64) {
     let family = &mut sink.counters[step.family];
     if slots.too_long.is_some() {
         family.add_overflow(amount);
@@ -289,7 +274,7 @@ fn add_counter(sink: &mut Sink<'_>, slots: &mut Slots, key: &KeyText, step: &Cou
             None => {
                 // `target` counts this addition where it overflows.
                 let target = resolve(family, sink.budget, true);
-                family.series[target.at as usize].value += amount;
+                family.family.series[target.at as usize].value += amount;
                 if known.len() < OUTCOMES_PER_KEY {
                     known.push((outcome.into(), target));
                 }
@@ -297,7 +282,7 @@ fn add_counter(sink: &mut Sink<'_>, slots: &mut Slots, key: &KeyText, step: &Cou
         },
         slot @ CounterSlot::Unresolved => {
             let target = resolve(family, sink.budget, false);
-            family.series[target.at as usize].value += amount;
+            family.family.series[target.at as usize].value += amount;
             *slot = CounterSlot::One(target);
         }
     }
@@ -319,40 +304,41 @@ impl SidePlan {
                         first_too_long = first_too_long.or(Some(label));
                     }
                 }
-                Step::Hist(step) => {
-                    if step.success_only && !succeeded {
-                        continue;
-                    }
-                    let (key, slots) = &mut self.groups[step.group].cache.entries[self.current[step.group] as usize];
-                    let slot = &mut slots.hists[step.slot];
-                    match step.per_step {
-                        None => match evaluate(&step.value, record) {
-                            Eval::Value(value) => observe_hist(sink, slot, key, step, value, weight, exemplar),
-                            Eval::Nothing => {}
-                            Eval::NotANumber => *sink.not_a_number += 1,
-                        },
-                        Some(field) => match record.get(field) {
-                            Some(FieldValue::Floats(values)) => {
-                                for &value in values {
-                                    observe_hist(sink, slot, key, step, Num::Float(value), weight, exemplar);
+                Step::Observe(step) => {
+                    let value = match step.kind {
+                        StepKind::Histogram { success_only: true, .. } if !succeeded => continue,
+                        StepKind::Histogram { per_step: Some(field), .. } => {
+                            let (key, slots) = &mut self.groups[step.group].cache.entries[self.current[step.group] as usize];
+                            match record.get(field) {
+                                Some(FieldValue::Floats(values)) => {
+                                    for &value in values {
+                                        observe_hist(sink, &mut slots.hists[step.slot], key, step, Num::Float(value), weight,
+                                                     exemplar);
+                                    }
                                 }
+                                _ => *sink.not_a_number += 1,
                             }
-                            _ => *sink.not_a_number += 1,
-                        },
-                    }
-                }
-                Step::Counter(step) => {
-                    let amount = match evaluate(&step.value, record) {
-                        Eval::Value(value) => value.as_f64() * weight,
-                        Eval::Nothing => continue,
-                        Eval::NotANumber => {
-                            *sink.not_a_number += 1;
                             continue;
                         }
+                        _ => match evaluate(&step.value, record) {
+                            Eval::Value(value) => value,
+                            Eval::Nothing => continue,
+                            Eval::NotANumber => {
+                                *sink.not_a_number += 1;
+                                continue;
+                            }
+                        },
                     };
                     let (key, slots) = &mut self.groups[step.group].cache.entries[self.current[step.group] as usize];
-                    let outcome: &str = if step.by_outcome { &record.outcome } else { "" };
-                    add_counter(sink, slots, key, step, outcome, amount);
+                    match step.kind {
+                        StepKind::Histogram { .. } => {
+                            observe_hist(sink, &mut slots.hists[step.slot], key, step, value, weight, exemplar)
+                        }
+                        StepKind::Counter { by_outcome } => {
+                            let outcome: &str = if by_outcome { &record.outcome } else { "" };
+                            add_counter(sink, slots, key, step, outcome, value.as_f64() * weight);
+                        }
+                    }
                 }
             }
         }
@@ -406,7 +392,7 @@ impl SegmentCache {
 
     /// The segments part of `MetricsRecorder.record`: each segment's duration into its series; the
     /// too-long label of the key, if any.
-    pub(crate) fn record(&mut self, family: &mut HistogramFamily, sink: &mut Sink<'_>, record: &Record<'_>,
+    pub(crate) fn record(&mut self, sink: &mut Sink<'_>, family: usize, record: &Record<'_>,
                          exemplar: Option<&Exemplar>) -> Option<u16> {
         let base = [text(record, RecordField::Model), text(record, RecordField::EngineKind), text(record, RecordField::ServiceName)];
         let key = base.iter().copied().chain(record.dimensions.iter().map(|d| d.as_ref()));
@@ -416,7 +402,7 @@ impl SegmentCache {
                 // `_segment_entry`
                 let label = too_long(self.cache.scratch.values(), &self.too_long_ids, sink.dimension_too_long,
                                      sink.max_label_value_bytes);
-                let everything = label.map(|label| (family.overflow_series(), true, label));
+                let everything = label.map(|label| (sink.hists[family].overflow_series(), true, label));
                 self.cache.insert(hash, SegmentSlots { everything, by_name: Vec::new() })
             }
         };
@@ -448,7 +434,7 @@ impl SegmentCache {
                         .chain(std::iter::once(segment.name.as_ref()))
                         .chain(record.dimensions.iter().map(|d| d.as_ref()))
                         .collect();
-                    let (at, overflowing) = family.series_of(&values, sink.budget);
+                    let (at, overflowing) = sink.hists[family].series_of(&values, sink.budget);
                     if segment.name.is_empty() {
                         slots.everything = Some((at, overflowing, sink.dimension_too_long));
                     } else if slots.by_name.len() < SEGMENTS_PER_KEY {
@@ -457,10 +443,11 @@ impl SegmentCache {
                     (at, overflowing)
                 }
             };
-            let bucket = bisect_left(family.bounds_of(&family.series[at as usize]), |bound| bound < duration);
-            family.series[at as usize].observe(bucket, duration, weight, exemplar);
+            let histogram = &mut sink.hists[family];
+            let bucket = bisect_left(histogram.bounds_of(&histogram.family.series[at as usize]), |bound| bound < duration);
+            histogram.family.series[at as usize].observe(bucket, duration, weight, exemplar);
             if overflowing {
-                family.overflowed += 1;
+                histogram.family.overflowed += 1;
             }
         }
         everything.map(|(_, _, label)| label)

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use super::family::{CounterFamily, HistogramFamily, KeyText};
 use super::spec::{exposed_name, unit_word};
-use super::{ExposedSegments, Series};
+use super::Series;
 
 /// `exposition.OVERFLOW_LABELS`: the overflow series' one label, as the SDKs' cardinality limit
 /// labels theirs (`otel.metric.overflow=true`).
@@ -283,10 +283,16 @@ pub fn write_header(out: &mut Vec<u8>, openmetrics: bool, name: &str, help: &str
 pub fn write_sample(out: &mut Vec<u8>, openmetrics: bool, name: &str, labels: &[(&str, &str)], value: f64) {
     let mut sorted = labels.to_vec();
     sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    write_line(out, openmetrics, name, "", &sorted, value);
+}
+
+/// `<name><suffix>{labels} value` with the labels in the order given.
+fn write_line(out: &mut Vec<u8>, openmetrics: bool, name: &str, suffix: &str, labels: &[(&str, &str)], value: f64) {
     out.extend_from_slice(name.as_bytes());
-    if !sorted.is_empty() {
+    out.extend_from_slice(suffix.as_bytes());
+    if !labels.is_empty() {
         out.push(b'{');
-        write_pairs(out, &sorted, openmetrics);
+        write_pairs(out, labels, openmetrics);
         out.push(b'}');
     }
     out.push(b' ');
@@ -339,7 +345,7 @@ fn write_histogram(out: &mut Vec<u8>, openmetrics: bool, metric_name: &str, help
     let bucket_name = format!("{metric_name}_bucket");
     let mut prefix: Vec<u8> = Vec::new();
     let mut suffix: Vec<u8> = Vec::new();
-    for series in &family.series {
+    for series in &family.family.series {
         let pairs = label_pairs(label_names, series.key.as_ref());
         // `{**labels, "le": le}`: le replaces a label of that name, else takes its sorted place.
         let (before, after) = match pairs.binary_search_by(|pair| pair.0.cmp("le")) {
@@ -388,18 +394,8 @@ fn write_histogram(out: &mut Vec<u8>, openmetrics: bool, metric_name: &str, help
             }
             out.push(b'\n');
         }
-        for (sample, value) in [("_count", series.count), ("_sum", series.total)] {
-            out.extend_from_slice(metric_name.as_bytes());
-            out.extend_from_slice(sample.as_bytes());
-            if !pairs.is_empty() {
-                out.push(b'{');
-                write_pairs(out, &pairs, openmetrics);
-                out.push(b'}');
-            }
-            out.push(b' ');
-            out.extend_from_slice(float_to_go_string(value).as_str().as_bytes());
-            out.push(b'\n');
-        }
+        write_line(out, openmetrics, metric_name, "_count", &pairs, series.count);
+        write_line(out, openmetrics, metric_name, "_sum", &pairs, series.total);
     }
 }
 
@@ -433,8 +429,9 @@ impl Series {
         if let Some(accounting) = accounting {
             accounting.render(openmetrics, out);
         }
-        let ExposedSegments { metric_name, description, unit, exposed_label_names, .. } = &self.segments_exposed;
-        write_histogram(out, openmetrics, metric_name, description, unit_word(unit), exposed_label_names, &self.segments);
+        let segments = &self.segments;
+        write_histogram(out, openmetrics, &segments.metric_name, &segments.description, unit_word(&segments.unit),
+                        &segments.exposed_label_names, &self.hists[segments.family]);
 
         write_header(out, openmetrics, "otel_llm_series_overflow", OVERFLOW_HELP, "counter", "");
         for (name, overflowed) in self.overflow_counts() {
@@ -459,12 +456,12 @@ impl Series {
     /// Each family's `otel_llm_series_overflow` label and `overflowed`, in `families()` order
     /// (the segments family, then each naming's histograms and counters).
     pub fn overflow_counts(&self) -> impl Iterator<Item = (&str, u64)> + '_ {
-        let families = std::iter::once(self.segments.overflowed).chain(self.namings.iter().flat_map(|naming| {
+        let families = std::iter::once(self.hists[self.segments.family].family.overflowed).chain(self.namings.iter().flat_map(|naming| {
             naming
                 .histograms
                 .iter()
-                .map(|h| self.hists[h.family].overflowed)
-                .chain(naming.counters.iter().map(|c| self.counters[c.family].overflowed))
+                .map(|h| self.hists[h.family].family.overflowed)
+                .chain(naming.counters.iter().map(|c| self.counters[c.family].overflowed()))
         }));
         self.overflow_names.iter().map(String::as_str).zip(families)
     }
@@ -532,8 +529,7 @@ mod tests {
     /// decimals, integers).
     #[test]
     fn floats_print_as_python_prints_them() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/series/floats.json");
-        let corpus: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let corpus = crate::series::tests::floats_corpus();
         let rows = corpus["floats"].as_array().unwrap();
         assert!(rows.len() > 5000);
         for row in rows {

@@ -8,7 +8,7 @@
 use super::exponential::ExponentialState;
 use super::family::{Exemplar, HistogramFamily, KeyText, OVERFLOW_KEY};
 use super::render::OVERFLOW_LABEL;
-use super::Series;
+use super::{BoundNaming, Exposed, Series};
 
 /// Every family, in `RecorderCollector.collect`'s order: each naming's histograms then counters,
 /// then the segments family (the accounting module's families go between the two).
@@ -109,6 +109,7 @@ fn key_of(key: Option<&KeyText>) -> (Vec<String>, bool) {
 
 fn histogram_series(family: &HistogramFamily) -> Vec<SeriesSnapshot> {
     family
+        .family
         .series
         .iter()
         .map(|series| {
@@ -130,65 +131,49 @@ fn histogram_series(family: &HistogramFamily) -> Vec<SeriesSnapshot> {
         .collect()
 }
 
+fn family_snapshot(kind: FamilyKind, naming: Option<&BoundNaming>, exposed: &Exposed, bounds: &[f64],
+                   series: Vec<SeriesSnapshot>) -> FamilySnapshot {
+    FamilySnapshot {
+        kind,
+        naming: naming.map_or_else(String::new, |n| n.key.clone()),
+        schema_url: naming.map_or_else(String::new, |n| n.schema_url.clone()),
+        name: exposed.name.clone(),
+        exposed_name: exposed.metric_name.clone(),
+        unit: exposed.unit.clone(),
+        description: exposed.description.clone(),
+        label_names: exposed.label_names.clone(),
+        exposed_label_names: exposed.exposed_label_names.clone(),
+        bounds: bounds.to_vec(),
+        series,
+    }
+}
+
 impl Series {
+    fn histogram_snapshot(&self, naming: Option<&BoundNaming>, exposed: &Exposed) -> FamilySnapshot {
+        let family = &self.hists[exposed.family];
+        family_snapshot(FamilyKind::Histogram, naming, exposed, &family.bounds, histogram_series(family))
+    }
+
     /// Every family's state now (the caller holds the series lock, as `take_snapshot` holds the
     /// recorder's).
     pub fn snapshot(&self) -> Snapshot {
         let mut families = Vec::new();
         for naming in &self.namings {
             for hist in &naming.histograms {
-                let family = &self.hists[hist.family];
-                families.push(FamilySnapshot {
-                    kind: FamilyKind::Histogram,
-                    naming: naming.key.clone(),
-                    schema_url: naming.schema_url.clone(),
-                    name: hist.name.clone(),
-                    exposed_name: hist.metric_name.clone(),
-                    unit: hist.unit.clone(),
-                    description: hist.description.clone(),
-                    label_names: hist.label_names.clone(),
-                    exposed_label_names: hist.exposed_label_names.clone(),
-                    bounds: family.bounds.clone(),
-                    series: histogram_series(family),
-                });
+                families.push(self.histogram_snapshot(Some(naming), hist));
             }
             for counter in &naming.counters {
-                let family = &self.counters[counter.family];
-                families.push(FamilySnapshot {
-                    kind: FamilyKind::Counter,
-                    naming: naming.key.clone(),
-                    schema_url: naming.schema_url.clone(),
-                    name: counter.name.clone(),
-                    exposed_name: counter.metric_name.clone(),
-                    unit: counter.unit.clone(),
-                    description: counter.description.clone(),
-                    label_names: counter.label_names.clone(),
-                    exposed_label_names: counter.exposed_label_names.clone(),
-                    bounds: Vec::new(),
-                    series: family
-                        .totals()
-                        .map(|(key, value)| {
-                            let (key, overflow) = key_of(key);
-                            SeriesSnapshot { key, overflow, value: SeriesValue::Counter(value) }
-                        })
-                        .collect(),
-                });
+                let series = self.counters[counter.family]
+                    .totals()
+                    .map(|(key, value)| {
+                        let (key, overflow) = key_of(key);
+                        SeriesSnapshot { key, overflow, value: SeriesValue::Counter(value) }
+                    })
+                    .collect();
+                families.push(family_snapshot(FamilyKind::Counter, Some(naming), counter, &[], series));
             }
         }
-        let segments = &self.segments_exposed;
-        families.push(FamilySnapshot {
-            kind: FamilyKind::Histogram,
-            naming: String::new(),
-            schema_url: String::new(),
-            name: segments.name.clone(),
-            exposed_name: segments.metric_name.clone(),
-            unit: segments.unit.clone(),
-            description: segments.description.clone(),
-            label_names: segments.label_names.clone(),
-            exposed_label_names: segments.exposed_label_names.clone(),
-            bounds: self.segments.bounds.clone(),
-            series: histogram_series(&self.segments),
-        });
+        families.push(self.histogram_snapshot(None, &self.segments));
         Snapshot {
             families,
             overflowed: self.overflow_counts().map(|(name, count)| (name.to_string(), count)).collect(),

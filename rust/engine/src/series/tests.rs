@@ -9,6 +9,13 @@ use super::snapshot::{FamilyKind, SeriesValue};
 use super::*;
 use crate::record::{RecordField as F, Segment, Side};
 
+/// `tests/data/series/floats.json`, written by `generate.py` from Python: floats with their `repr`
+/// and `floatToGoString`, and integer quotients.
+pub(crate) fn floats_corpus() -> serde_json::Value {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/series/floats.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
 fn histogram(name: &str, unit: &str, buckets: &[f64], value: ValueSpec) -> HistogramSpec {
     HistogramSpec {
         name: name.to_string(),

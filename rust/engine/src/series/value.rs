@@ -223,8 +223,7 @@ mod tests {
     /// `tests/data/series/floats.json`'s quotients: Python's `a / b` of random ints up to 2^63.
     #[test]
     fn int_division_matches_python_on_the_corpus() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/series/floats.json");
-        let corpus: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let corpus = crate::series::tests::floats_corpus();
         let rows = corpus["quotients"].as_array().unwrap();
         assert!(rows.len() > 1000);
         for row in rows {
