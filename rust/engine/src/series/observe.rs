@@ -235,7 +235,6 @@ pub(crate) struct Sink<'a> {
 }
 
 /// One observation into the series a step's slot names (resolved on first use, as `_resolve`).
-#[allow(clippy::too_many_arguments)]
 #[inline]
 fn observe_hist(sink: &mut Sink<'_>, slot: &mut Option<(u32, bool)>, key: &KeyText, step: &Observe, value: Num,
                 weight: f64, exemplar: Option<&Exemplar>) {

@@ -95,6 +95,14 @@ def floats(values: tuple[float, ...]) -> list[str]:
     return [repr(float(v)) for v in values]
 
 
+def per_step_json(per_step: Any) -> str | None:
+    if per_step is None:
+        return None
+    if not isinstance(per_step, d.Field):
+        raise TypeError(f"a per-step value not declared as a field: {per_step!r}")
+    return per_step.name
+
+
 def naming_json(naming: d.Naming) -> dict[str, Any]:
     labels = naming.labels
     assert isinstance(labels, d.Fields), naming.key
@@ -108,7 +116,7 @@ def naming_json(naming: d.Naming) -> dict[str, Any]:
             "name": h.name, "unit": h.unit, "description": h.description, "buckets": floats(h.buckets),
             "value": value_json(h.value), "success_only": h.success_only,
             "fixed_label": list(h.fixed_label) if h.fixed_label else None,
-            "per_step": h.per_step.name if h.per_step is not None else None,
+            "per_step": per_step_json(h.per_step),
             "buckets_by_model": [[model, floats(bounds)] for model, bounds in h.buckets_by_model],
         } for h in naming.histograms],
         "counters": [{
@@ -333,7 +341,7 @@ def scenario(name: str, seed: int, records: int, namings: list[d.Naming], dimens
     if exponential:
         recorder.keep_exponential(*exponential)
     clock = Clock()
-    recorder_module.time = clock  # type: ignore[assignment]
+    setattr(recorder_module, "time", clock)  # the exemplars' time
     written = []
     adapter = next((n for n in namings if any(c.name in ADAPTER_VALUES for c in n.counters)), None)
     for _ in range(records):
@@ -354,7 +362,8 @@ def scenario(name: str, seed: int, records: int, namings: list[d.Naming], dimens
     (directory / "spec.json").write_text(json.dumps(spec, indent=1) + "\n")
     (directory / "records.json").write_text(json.dumps(written) + "\n")
     (directory / "metrics.txt").write_bytes(generate_latest(registry))
-    (directory / "metrics.om").write_bytes(openmetrics.generate_latest(registry, escaping=openmetrics.ALLOWUTF8))
+    om: bytes = openmetrics.generate_latest(registry, escaping=openmetrics.ALLOWUTF8)  # type: ignore[no-untyped-call]
+    (directory / "metrics.om").write_bytes(om)
     (directory / "snapshot.json").write_text(json.dumps(snapshot_json(recorder)) + "\n")
     print(f"{name}: {records} records, budget {recorder.budget.used}/{recorder.budget.limit}, "
           f"too long {dict(recorder.too_long)}, overflowed "
@@ -385,7 +394,8 @@ def floats_corpus() -> None:
     for _ in range(1000):
         values.append(float(rng.randint(2 ** 53, 2 ** 63)) * rng.choice([0.1, 0.5, 1.45, 3.7, 1e-3]))
     values = [float(v) for v in values]
-    rows = [[struct.unpack("<Q", struct.pack("<d", v))[0], repr(v), floatToGoString(v)] for v in values]
+    rows = [[struct.unpack("<Q", struct.pack("<d", v))[0], repr(v), floatToGoString(v)]  # type: ignore[no-untyped-call]
+            for v in values]
     quotients = []
     for _ in range(2000):
         a = rng.randint(-(2 ** 63), 2 ** 63 - 1) >> rng.randint(0, 62)
