@@ -8,5 +8,6 @@ pub mod decide;
 pub mod ingest;
 pub mod model;
 pub mod record;
+pub mod series;
 pub mod shapes;
 pub mod wire;
