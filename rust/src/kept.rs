@@ -18,7 +18,7 @@ use blake2::Blake2bVar;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyString, PyTuple};
 
-use crate::{entry_key, push_varint, utf8, validate, Msg, Reader, Row};
+use crate::{entry_key, push_varint, utf8, validate, DistinctKeys, Msg, Reader, Row};
 
 // `synthesis.py`'s key classes (`_ALLOWED` ... `_METADATA_URL`), the class bits and the GenAI bit.
 const ALLOWED: u8 = 0;
@@ -31,6 +31,7 @@ const KEY_CACHE_LIMIT: usize = 4096; // as `_KEY_CACHE_LIMIT`: keys are the send
 const SEGMENT_ATTRIBUTE: &str = "otel_llm.segment";
 const SCOPE_NAME: &str = "otel-llm";
 const INT64_MAX: u64 = i64::MAX as u64;
+const KVLIST_SCANNED: usize = 16; // entries of a map value searched as a list; more go by a hash map
 
 /// Where the Python path reads something this builder does not: it writes the trace instead.
 struct Decline;
@@ -107,11 +108,23 @@ impl Value<'_> {
                 out.push(']');
             }
             Value::KvList(entries) => {
-                // A dict: a repeated key keeps its first position and its last value.
+                // A dict: a repeated key keeps its first position and its last value. Past a few
+                // entries the positions are found by key in a map: the list searched per entry was
+                // quadratic in a map's entries.
                 let mut order: Vec<(&str, Option<&Value>)> = Vec::with_capacity(entries.len());
+                let mut positions: Option<HashMap<&str, usize>> =
+                    (entries.len() > KVLIST_SCANNED).then(|| HashMap::with_capacity(entries.len()));
                 for (key, value) in entries {
-                    match order.iter_mut().find(|(seen, _)| seen == key) {
-                        Some(slot) => slot.1 = value.as_ref(),
+                    let seen = match positions.as_mut() {
+                        Some(positions) => {
+                            let next = order.len();
+                            let at = *positions.entry(key).or_insert(next);
+                            (at != next).then_some(at)
+                        }
+                        None => order.iter().position(|(seen, _)| seen == key),
+                    };
+                    match seen {
+                        Some(at) => order[at].1 = value.as_ref(),
                         None => order.push((key, value.as_ref())),
                     }
                 }
@@ -846,10 +859,11 @@ impl KeptTraceWriter {
 
         // The span's attributes: read, classified, removed or kept (`apply_with_values`).
         let mut read: Vec<(&str, Value, u8)> = Vec::with_capacity(attributes.len());
+        let mut distinct = DistinctKeys::default();
         let mut any_genai = 0u8;
         for &(_, s, e) in &attributes {
             let (key, value) = read_key_value(buf, s, e)?;
-            if read.iter().any(|(seen_key, _, _)| *seen_key == key) {
+            if !distinct.insert(key.as_bytes()) {
                 return Err(Decline); // a repeated key: the Python path's `apply_into`
             }
             let class = self.class_of(py, key)?;
@@ -977,7 +991,7 @@ struct ResourceGroup {
     resource: Vec<u8>,
     service_name: String,
     groups: Vec<Group>,
-    scopes: Vec<(usize, usize)>, // (scope object pointer, its group's index)
+    scopes: HashMap<usize, usize>, // scope object pointer -> its group's index
     synthesized: Option<usize>,
 }
 
@@ -1013,19 +1027,19 @@ impl KeptTraceWriter {
 impl KeptTraceWriter {
     fn write<'py>(&self, py: Python<'py>, spans: &Bound<'py, PyList>, records: &Bound<'py, PyList>, policy: &str,
                   threshold: &str) -> Step<Bound<'py, PyTuple>> {
+        // By key in maps, as `kept_trace`'s dicts: lists searched per span made a trace of many
+        // records, resources or scopes quadratic in its spans.
         let span_id_key = PyString::intern(py, "span_id");
-        let mut by_span: Vec<(Vec<u8>, Bound<'py, PyAny>)> = Vec::with_capacity(records.len());
+        let mut by_span: HashMap<Vec<u8>, Bound<'py, PyAny>> = HashMap::with_capacity(records.len());
         for record in records.iter() {
             let id = record.getattr(&span_id_key)?;
             let id = id.downcast_exact::<PyBytes>().map_err(|_| Decline)?.as_bytes().to_vec();
-            match by_span.iter_mut().find(|(seen, _)| *seen == id) {
-                Some(slot) => slot.1 = record, // the last record of a span id, as the dict keeps it
-                None => by_span.push((id, record)),
-            }
+            by_span.insert(id, record); // the last record of a span id, as the dict keeps it
         }
         let member = if threshold.is_empty() || threshold == "0" { String::new() } else { format!("ot=th:{threshold}") };
         let mut rules = Rules { allowlist: self.allowlist, counts: [0; 5] };
-        let mut resources: Vec<(usize, ResourceGroup)> = Vec::new();
+        let mut resources: Vec<ResourceGroup> = Vec::new();
+        let mut resource_positions: HashMap<usize, usize> = HashMap::new(); // resource object pointer -> index
         let mut count = 0usize;
         let (resource_key, scope_key) = (PyString::intern(py, "resource"), PyString::intern(py, "scope"));
         let serialize = PyString::intern(py, "SerializeToString");
@@ -1036,32 +1050,33 @@ impl KeptTraceWriter {
             };
             let resource = buffered.getattr(&resource_key)?;
             let scope = buffered.getattr(&scope_key)?;
-            let resource_at = match resources.iter().position(|(pointer, _)| *pointer == resource.as_ptr() as usize) {
-                Some(index) => index,
+            let resource_at = match resource_positions.get(&(resource.as_ptr() as usize)) {
+                Some(&index) => index,
                 None => {
                     let bytes = resource.call_method0(&serialize)?.downcast_exact::<PyBytes>().map_err(|_| Decline)?
                         .as_bytes().to_vec();
                     let service_name = service_name(&bytes)?;
-                    resources.push((resource.as_ptr() as usize, ResourceGroup {
-                        resource: bytes, service_name, groups: Vec::new(), scopes: Vec::new(), synthesized: None,
-                    }));
+                    resources.push(ResourceGroup {
+                        resource: bytes, service_name, groups: Vec::new(), scopes: HashMap::new(), synthesized: None,
+                    });
+                    resource_positions.insert(resource.as_ptr() as usize, resources.len() - 1);
                     resources.len() - 1
                 }
             };
-            let group = &mut resources[resource_at].1;
-            let group_at = match group.scopes.iter().find(|(pointer, _)| *pointer == scope.as_ptr() as usize) {
-                Some((_, index)) => *index,
+            let group = &mut resources[resource_at];
+            let group_at = match group.scopes.get(&(scope.as_ptr() as usize)) {
+                Some(&index) => index,
                 None => {
                     let bytes = scope.call_method0(&serialize)?.downcast_exact::<PyBytes>().map_err(|_| Decline)?
                         .as_bytes().to_vec();
                     group.groups.push(Group { scope: bytes, spans: Vec::new(), rows: Vec::new() });
-                    group.scopes.push((scope.as_ptr() as usize, group.groups.len() - 1));
+                    group.scopes.insert(scope.as_ptr() as usize, group.groups.len() - 1);
                     group.groups.len() - 1
                 }
             };
             // The record of this span, read by the span id as the payload has it.
             let payload_span_id = span_id_of(&payload)?;
-            let record = by_span.iter().find(|(id, _)| *id == payload_span_id).map(|(_, r)| r);
+            let record = by_span.get(&payload_span_id);
             let enrichment = match record {
                 Some(record) => Some(enrichment(py, record, policy, &self.client_side, &self.default_source)?),
                 None => None,
@@ -1151,10 +1166,10 @@ impl KeptTraceWriter {
             delimited_size(resource.resource.len())
                 + resource.groups.iter().map(|g| delimited_size(scope_spans_size(g))).sum::<usize>()
         };
-        let total: usize = resources.iter().map(|(_, r)| delimited_size(resource_spans_size(r))).sum();
+        let total: usize = resources.iter().map(|r| delimited_size(resource_spans_size(r))).sum();
         let mut request = Vec::with_capacity(total);
         let rows = PyList::empty(py);
-        for (_, resource) in &resources {
+        for resource in &resources {
             request.push(0x0a);
             push_varint(&mut request, resource_spans_size(resource) as u64);
             put_delimited(&mut request, 0x0a, &resource.resource);

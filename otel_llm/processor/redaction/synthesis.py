@@ -178,6 +178,30 @@ _GENAI = 0x8  # with this bit: a key that makes its span a GenAI span (GENAI_KEY
 _KEY_CACHE_LIMIT = 4096  # keys are the sender's: the cache must not grow with whatever they send
 
 
+# Removals from one repeated field deleted one by one (each shifts what follows it); more are
+# compacted in one pass, so removing most of 250 000 attributes is linear, not quadratic.
+_DELETED_ONE_BY_ONE = 16
+
+
+def delete_positions(repeated: Any, positions: list[int]) -> None:
+    """Remove the elements at ``positions`` (ascending) from a repeated message field."""
+    if len(positions) <= _DELETED_ONE_BY_ONE:
+        for position in reversed(positions):
+            del repeated[position]
+        return
+    kept_at = 0
+    removed = iter(positions)
+    next_removed = next(removed, -1)
+    for position in range(len(repeated)):
+        if position == next_removed:
+            next_removed = next(removed, -1)
+            continue
+        if kept_at != position:
+            repeated[kept_at].CopyFrom(repeated[position])
+        kept_at += 1
+    del repeated[kept_at:]
+
+
 def reduced_url(url: str) -> str:
     """A URL without what can carry content or secrets: userinfo, query and fragment."""
     cut = min((i for i in (url.find("?"), url.find("#")) if i >= 0), default=len(url))
@@ -284,8 +308,7 @@ class Redaction:
         remove = [position for position, kv in enumerate(attributes)
                   if self._removes(kv.value, kv.value.WhichOneof("value"), self._key_class(kv.key) & _CLASS,
                                    allowlist, limit, counts)]
-        for position in reversed(remove):
-            del attributes[position]
+        delete_positions(attributes, remove)
 
     def apply_with_values(self, span: Span, counts: RedactionCounts) -> dict[str, Any] | None:
         """``apply_into``, returning ``attribute_values`` of the span's attributes after it: each
@@ -318,8 +341,8 @@ class Redaction:
                 remove.append(position)
             elif key_class == _METADATA_URL and kind == "string_value":
                 values[key] = value.string_value  # as reduced
-        for position in reversed(remove):
-            del attributes[position]
+        delete_positions(attributes, remove)
+        for position in remove:
             del values[read[position][0]]
         if span.events or span.links:
             self._strip_events_and_links(span, genai, counts)
