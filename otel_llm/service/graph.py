@@ -223,8 +223,12 @@ class Pipeline:
                                               self.decision, self.redaction)
         self.digest_settings = digest_settings(metrics if isinstance(metrics, LlmMetricsProcessor)
                                                else LlmMetricsProcessor(), redaction)
-        # receivers.otlp.intake_log: content removed before a request is written (None: allow_content)
-        self.intake_redaction = intake_redaction_of(redaction, self.digest_settings.kept_attribute_keys)
+        # receivers.otlp.intake_log: content removed before a request is written (None: allow_content);
+        # what the pipeline reads of a replayed request (span and resource attributes) stays.
+        resource_keys = [rule.attribute for rule in metrics.model_name.from_resource] \
+            if isinstance(metrics, LlmMetricsProcessor) else []
+        self.intake_redaction = intake_redaction_of(redaction, (*self.digest_settings.kept_attribute_keys,
+                                                                *resource_keys))
         self._malformed = telemetry.spans_malformed
         self._matched = telemetry.spans_engine
         self._stop = threading.Event()

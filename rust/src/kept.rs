@@ -677,6 +677,8 @@ struct WrittenSpan {
 #[pyclass(frozen, module = "otel_llm._core")]
 pub struct KeptTraceWriter {
     key_class: PyObject, // `Redaction._key_class`
+    status_message_key: String, // `STATUS_MESSAGE_KEY`: the status message is judged as this key's text
+    error_type_key: String,     // `ERROR_TYPE_KEY`: what a removed status message is reduced to
     event_names: Vec<String>,
     max_free_text_bytes: usize,
     allowlist: bool,
@@ -719,8 +721,8 @@ impl KeptTraceWriter {
         Ok(())
     }
 
-    /// An event or link message rewritten: its attributes (field `attributes_field`) stripped, or all
-    /// removed for a content event; a singular field twice declines.
+    /// An event, link, resource or scope message rewritten: its attributes (field `attributes_field`)
+    /// stripped, or all removed for a content event; a singular field twice declines.
     fn rewrite_child(&self, py: Python<'_>, buf: &[u8], start: usize, end: usize, attributes_field: u32,
                      name_field: Option<u32>, limit: usize, rules: &mut Rules) -> Step<Vec<u8>> {
         let mut reader = Reader::new(buf, start, end);
@@ -778,6 +780,7 @@ impl KeptTraceWriter {
         let (mut status_code, mut status_message) = (0i32, "");
         // The output: the fields as received, the attributes (and a new trace state) after them.
         let mut pieces: Vec<std::result::Result<(usize, usize), usize>> = Vec::new(); // Ok: raw range, Err: child index
+        let mut status_piece: Option<usize> = None; // where in `pieces` the status is, rewritten if redacted
         while !reader.done() {
             let field_start = reader.pos;
             let (number, wire_type) = reader.tag()?;
@@ -834,6 +837,7 @@ impl KeptTraceWriter {
                 7 => start = reader.fixed(8)?,
                 8 => end = reader.fixed(8)?,
                 15 => {
+                    status_piece = Some(pieces.len());
                     let (s, e) = reader.delimited()?;
                     let mut status = Reader::new(buf, s, e);
                     let mut status_seen = 0u8;
@@ -883,6 +887,31 @@ impl KeptTraceWriter {
                 None => Attribute { key, shown: Shown::Read(index, &buf[field_start..end]) },
             });
         }
+        // `Status.message` as a text attribute under the status message's key (`_redact_status`):
+        // removed, it becomes the span's error.type text as kept, else empty.
+        let mut redacted_status: Option<(String, Vec<u8>)> = None; // the new message and Status bytes
+        if !status_message.is_empty() {
+            let class = self.class_of(py, &self.status_message_key)? & CLASS;
+            if rules.removes(&Value::Str(status_message), class, limit).0 {
+                let error_type = kept.iter().find(|a| a.key == self.error_type_key).and_then(|a| match &a.shown {
+                    Shown::Read(at, _) => match &read[*at].1 {
+                        Value::Str(text) => Some(text.to_string()),
+                        _ => None,
+                    },
+                    Shown::Url(url) => Some(url.clone()),
+                    Shown::Owned(_) => None,
+                }).unwrap_or_default();
+                let mut status = Vec::with_capacity(error_type.len() + 16);
+                if !error_type.is_empty() {
+                    put_delimited(&mut status, 0x12, error_type.as_bytes());
+                }
+                if status_code != 0 {
+                    status.push(0x18);
+                    push_varint(&mut status, i64::from(status_code) as u64);
+                }
+                redacted_status = Some((error_type, status));
+            }
+        }
         let mut child_bytes = Vec::with_capacity(children.len());
         for &(_, s, e, number) in &children {
             if number == 13 && !self.allowlist {
@@ -906,8 +935,12 @@ impl KeptTraceWriter {
             }
         }
 
-        for piece in &pieces {
+        for (at, piece) in pieces.iter().enumerate() {
             match piece {
+                Ok(_) if status_piece == Some(at) && redacted_status.is_some() => {
+                    let (_, status) = redacted_status.as_ref().expect("checked in the guard");
+                    put_delimited(&mut out, 0x7a, status); // field 15, the span's status
+                }
                 Ok((s, e)) => out.extend_from_slice(&buf[*s..*e]),
                 Err(index) => {
                     let (field_start, _, e, number) = children[*index];
@@ -945,7 +978,8 @@ impl KeptTraceWriter {
         attributes_json.push('}');
         Ok(WrittenSpan {
             bytes: out, trace_id: trace_id.to_vec(), span_id: span_id.to_vec(), parent_span_id: parent.to_vec(),
-            name: name.to_string(), kind, start, end, status_code, status_message: status_message.to_string(),
+            name: name.to_string(), kind, start, end, status_code,
+            status_message: redacted_status.map_or_else(|| status_message.to_string(), |(message, _)| message),
             attributes_json,
         })
     }
@@ -997,19 +1031,21 @@ struct ResourceGroup {
 
 #[pymethods]
 impl KeptTraceWriter {
-    /// `key_class`: the Python `Redaction._key_class`; then `Redaction`'s settings, and the values of
-    /// `Side.CLIENT` and `Source.DEFAULT` the bridge attributes depend on.
+    /// `key_class`: the Python `Redaction._key_class`; then `Redaction`'s settings, the values of
+    /// `Side.CLIENT` and `Source.DEFAULT` the bridge attributes depend on, and the keys the status
+    /// message is judged under and reduced to.
     /// `key_classes`: `synthesis.py`'s (`_ALLOWED`, `_BLOCKED`, `_NOT_METADATA`, `_METADATA_URL`,
     /// `_CLASS`, `_GENAI`), checked against this file's (a drift refuses to make the writer).
     #[new]
     #[allow(clippy::too_many_arguments)]
     fn new(key_class: PyObject, key_classes: (u8, u8, u8, u8, u8, u8), event_names: Vec<String>,
-           max_free_text_bytes: usize, allowlist: bool, client_side: String, default_source: String) -> PyResult<Self> {
+           max_free_text_bytes: usize, allowlist: bool, client_side: String, default_source: String,
+           status_message_key: String, error_type_key: String) -> PyResult<Self> {
         if key_classes != (ALLOWED, BLOCKED, NOT_METADATA, METADATA_URL, CLASS, GENAI) {
             return Err(pyo3::exceptions::PyValueError::new_err("synthesis.py's key classes differ from the core's"));
         }
-        Ok(KeptTraceWriter { key_class, event_names, max_free_text_bytes, allowlist, client_side, default_source,
-                             classes: Mutex::new(HashMap::new()) })
+        Ok(KeptTraceWriter { key_class, status_message_key, error_type_key, event_names, max_free_text_bytes,
+                             allowlist, client_side, default_source, classes: Mutex::new(HashMap::new()) })
     }
 
     /// `kept_trace(spans, records, policy, threshold, redaction)` as `(request bytes, span count, rows,
@@ -1056,8 +1092,10 @@ impl KeptTraceWriter {
                     let bytes = resource.call_method0(&serialize)?.downcast_exact::<PyBytes>().map_err(|_| Decline)?
                         .as_bytes().to_vec();
                     let service_name = service_name(&bytes)?;
+                    // Its attributes through the rules, as `strip_attributes` (a resource is no GenAI call).
+                    let stripped = self.rewrite_child(py, &bytes, 0, bytes.len(), 1, None, 0, &mut rules)?;
                     resources.push(ResourceGroup {
-                        resource: bytes, service_name, groups: Vec::new(), scopes: HashMap::new(), synthesized: None,
+                        resource: stripped, service_name, groups: Vec::new(), scopes: HashMap::new(), synthesized: None,
                     });
                     resource_positions.insert(resource.as_ptr() as usize, resources.len() - 1);
                     resources.len() - 1
@@ -1069,7 +1107,8 @@ impl KeptTraceWriter {
                 None => {
                     let bytes = scope.call_method0(&serialize)?.downcast_exact::<PyBytes>().map_err(|_| Decline)?
                         .as_bytes().to_vec();
-                    group.groups.push(Group { scope: bytes, spans: Vec::new(), rows: Vec::new() });
+                    let stripped = self.rewrite_child(py, &bytes, 0, bytes.len(), 3, None, 0, &mut rules)?;
+                    group.groups.push(Group { scope: stripped, spans: Vec::new(), rows: Vec::new() });
                     group.scopes.insert(scope.as_ptr() as usize, group.groups.len() - 1);
                     group.groups.len() - 1
                 }
