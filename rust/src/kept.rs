@@ -863,7 +863,7 @@ impl KeptTraceWriter {
 
         // The span's attributes: read, classified, removed or kept (`apply_with_values`).
         let mut read: Vec<(&str, Value, u8)> = Vec::with_capacity(attributes.len());
-        let mut distinct = DistinctKeys::default();
+        let mut distinct = DistinctKeys::with_capacity(attributes.len());
         let mut any_genai = 0u8;
         for &(_, s, e) in &attributes {
             let (key, value) = read_key_value(buf, s, e)?;

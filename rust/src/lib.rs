@@ -328,6 +328,11 @@ pub(crate) struct DistinctKeys<'a> {
 impl<'a> DistinctKeys<'a> {
     const FEW: usize = 32;
 
+    /// Room for `keys` keys up to `FEW`: one allocation for a span's usual keys.
+    pub(crate) fn with_capacity(keys: usize) -> Self {
+        DistinctKeys { few: Vec::with_capacity(keys.min(Self::FEW)), many: std::collections::HashSet::new() }
+    }
+
     pub(crate) fn clear(&mut self) {
         self.few.clear();
         if !self.many.is_empty() {
@@ -460,7 +465,7 @@ struct Origin {
 fn scan(buf: &[u8], validated: bool) -> Result<(Vec<Origin>, Vec<SpanRow>)> {
     let mut origins: Vec<Origin> = Vec::new();
     let mut spans: Vec<SpanRow> = Vec::with_capacity(buf.len() / 256);
-    let mut keys = DistinctKeys::default();
+    let mut keys = DistinctKeys::with_capacity(32);
     let mut request = Reader::new(buf, 0, buf.len());
     while !request.done() {
         let (number, wire_type) = request.tag()?;
