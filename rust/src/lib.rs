@@ -317,9 +317,8 @@ struct SpanRow {
 /// cost no hash each), a hash set past `DistinctKeys::FEW`, so a span of 250 000 keys costs its keys
 /// once each, not once per key before it (a list alone: ~50 s of stalled span processing for one
 /// 2.1 MB request). SipHash, Rust's default: the keys are the sender's, and a hash they could
-/// collide at will would be the quadratic walk again. The caller keeps one per request (or per
-/// trace), cleared per span, so neither allocation is made per span.
-#[derive(Default)]
+/// collide at will would be the quadratic walk again. `scan` keeps one per request, cleared per
+/// span, so neither allocation is made per span; the kept-trace writer one per span, sized for it.
 pub(crate) struct DistinctKeys<'a> {
     few: Vec<&'a [u8]>,
     many: std::collections::HashSet<&'a [u8]>,

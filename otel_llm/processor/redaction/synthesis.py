@@ -223,9 +223,9 @@ class Redaction:
     """Prompt and completion content removed from every span that leaves otel-llm.
 
     The allowlist first: on span, event, link, resource and scope attributes, a number or a boolean
-    is kept under any key; text (a string, an array, a map, bytes) only under a key of ``metadata_keys`` (what
-    otel-llm reads, the conventions' non-content keys) or ``allowed_keys`` (exact, or ``*`` globs);
-    a URL without its query and userinfo. So privacy does not depend on anyone having seen the
+    is kept under any key; text (a string, an array, a map, bytes) only under a key of
+    ``metadata_keys`` (what otel-llm reads, the conventions' non-content keys) or ``allowed_keys``
+    (exact, or ``*`` globs); a URL without its query and userinfo. So privacy does not depend on anyone having seen the
     instrumentation. Then, as extra layers, the block lists: keys of known content attributes
     (prefixes and ``*`` globs), attributes of content events, and any text longer than
     ``max_free_text_bytes`` on a GenAI span unless its key is allowed. A span's ``Status.message`` is
@@ -368,8 +368,8 @@ class Redaction:
             self._redact_status(span, genai, counts)
 
     def _redact_status(self, span: Span, genai: bool, counts: RedactionCounts) -> None:
-        """``Status.message`` through the rules as a text attribute under ``STATUS_MESSAGE_KEY`` (after the
-        span's attributes went through them); removed, it becomes the span's ``error.type`` string as
+        """``Status.message`` through the rules as a text attribute under ``STATUS_MESSAGE_KEY``, after the
+        span's attributes went through them; removed, it becomes the span's ``error.type`` string as
         kept (the last one, as ``attribute_values`` reads a repeated key), else empty."""
         value = AnyValue(string_value=span.status.message)
         limit = self.max_free_text_bytes if genai else 0
@@ -390,9 +390,9 @@ class Redaction:
         """Every resource, scope and span of an export request (the intake log's), in place."""
         counts = RedactionCounts()
         for resource_spans in request.resource_spans:
-            self._strip(resource_spans.resource.attributes, False, counts)
+            self.strip_attributes(resource_spans.resource.attributes, counts)
             for scope_spans in resource_spans.scope_spans:
-                self._strip(scope_spans.scope.attributes, False, counts)
+                self.strip_attributes(scope_spans.scope.attributes, counts)
                 for span in scope_spans.spans:
                     self.apply_into(span, counts)
         return counts

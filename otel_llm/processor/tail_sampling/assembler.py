@@ -273,9 +273,9 @@ class TraceAssembler:
 
     def _make_room(self, now: float) -> tuple[PendingTrace, str]:
         """At ``max_traces``: a trace whose grace is over is complete, not cut short, so the longest-due
-        one goes first ("ready", what the ticker, behind, would have done); when none is due, a trace
-        early ("memory_limit"): the one held longest for a call in flight, which has had its
-        ``decision_wait``, before any that is still inside it; the oldest when none is held."""
+        one goes first ("ready", what the ticker, behind, would have done); when none is due, one is
+        completed early ("memory_limit"): the one held longest for a call in flight, which has had
+        its ``decision_wait``, before any still inside it; the oldest when none is held."""
         trace = self._pop_due(now)
         if trace is not None:
             return self._leave(trace.trace_id), "ready"
