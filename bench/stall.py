@@ -27,6 +27,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from otel_llm.internal.wire import encode_varint
+
 COMPLETED = re.compile(r"^otel_llm_traces_completed_total\{[^}]*\} ([0-9.e+]+)$", re.M)
 
 
@@ -36,17 +38,8 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+    return encode_varint(number << 3 | 2) + encode_varint(len(payload)) + payload
 
 
 def hostile_request(keys: int) -> bytes:

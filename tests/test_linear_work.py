@@ -18,17 +18,18 @@ the core's duplicate-key scan took ~50 s for the 250 000 keys of a 2.1 MB reques
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otel_llm.internal import core as native_core
+from otel_llm.internal.wire import encode_varint
 from otel_llm.processor.redaction.config import METADATA_KEYS, RedactionProcessor
 from otel_llm.processor.redaction.stage import redaction_of
 from otel_llm.receiver.otlp import admission
+from tests.support.cores import implementation
 from tests.unit.service.test_chain import KEEP_ALL, Collecting, default_processors, pipeline
 
 # A step's time over the baseline's. Measured on 2 cores shared with a test run: at most 11 (the
@@ -38,17 +39,8 @@ from tests.unit.service.test_chain import KEEP_ALL, Collecting, default_processo
 FACTOR = 200
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+    return encode_varint(number << 3 | 2) + encode_varint(len(payload)) + payload
 
 
 def _key_value(key: bytes, value: bytes | None = None) -> bytes:
@@ -119,16 +111,6 @@ SHAPES: dict[str, Callable[[], bytes]] = {
     "scopes": lambda: _request((_field(1, _key_value(b"service.name", _field(1, b"svc"))),
                                 [(_field(1, b"s%d" % i), [_span(i, trace=1 + i % 2)]) for i in range(20_000)])),
 }
-
-
-@contextlib.contextmanager
-def implementation(name: str) -> Iterator[None]:
-    saved = native_core._selected
-    native_core._selected = native_core.select(name)
-    try:
-        yield
-    finally:
-        native_core._selected = saved
 
 
 def _best_of(runs: int, step: Callable[[], Callable[[], object]]) -> float:

@@ -14,7 +14,6 @@ attributes are compared as a mapping, never as an order.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import marshal
@@ -25,7 +24,6 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +39,7 @@ from otel_llm.pdata.otlp_view import DESCRIPTOR as VIEW_DESCRIPTOR, ExportTraceS
 from otel_llm.processor.llm_metrics import digest as digest_module
 from otel_llm.processor.llm_metrics.digest import AttributeLimits, DigestSettings
 from tests.support import engine_fixtures as F
+from tests.support.cores import implementation
 from tests.support.store_rows import store_rows
 
 TESTDATA = Path(__file__).parent / "testdata"
@@ -56,16 +55,6 @@ except ImportError as exc:  # pragma: no cover - only on a machine without Rust
 pytestmark = pytest.mark.skipif(
     extension is None, reason="the compiled core is not built (no cargo at install): only the Python path exists "
                               "here, nothing to compare it with")
-
-
-@contextlib.contextmanager
-def implementation(name: str) -> Iterator[None]:
-    saved = native_core._selected
-    native_core._selected = native_core.select(name)
-    try:
-        yield
-    finally:
-        native_core._selected = saved
 
 
 # --- the inputs -----------------------------------------------------------------------------------

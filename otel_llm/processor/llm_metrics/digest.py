@@ -96,7 +96,8 @@ class AttributeLimits:
     def enforce(self, span: Span) -> bool:
         changed = self._trim(span.attributes)
         # A link's attributes as an event's: a span with one link of 250 000 attributes was held whole.
-        for child in (*span.events, *span.links):
+        children: list[Any] = [*span.events, *span.links]
+        for child in children:
             if len(child.attributes) > self.max_attributes:
                 del child.attributes[self.max_attributes:]
                 changed = True

@@ -13,9 +13,6 @@ and a full buffer completes a held trace before any trace still inside its ``dec
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
@@ -23,6 +20,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from otel_llm.internal import core as native_core
 from otel_llm.pdata.records import Side
 from otel_llm.processor.tail_sampling.config import PolicyConfig, ProbabilisticPolicyConfig, TailSamplingProcessor
+from tests.support.cores import implementation
 from tests.support.engine_fixtures import make_span, resource_spans, span_id, trace_id
 from tests.unit.service.test_chain import Collecting, default_processors, pipeline, sample
 from tests.unit.service.test_long_calls import DECISION_WAIT, Call, Clock
@@ -34,16 +32,6 @@ OTHER_REQUESTS = 15
 CALLER_AFTER_S = 2.0  # the other client's caller spans, after its engine's span
 TICK_S = 0.1  # the pipeline's ticker
 CALL_EVERY_S = 0.01  # the held calls' arrival rate: 100 per second
-
-
-@contextlib.contextmanager
-def implementation(name: str) -> Iterator[None]:
-    saved = native_core._selected
-    native_core._selected = native_core.select(name)
-    try:
-        yield
-    finally:
-        native_core._selected = saved
 
 
 def held_calls(first: int, count: int, one_sender: bool) -> list[bytes]:
