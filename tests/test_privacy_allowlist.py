@@ -207,6 +207,7 @@ def test_no_marker_byte_on_any_disk_or_wire(make_server, tmp_path, caplog):
     assert _Sink.bodies
     found.update({str(p): _marker_hits(p.read_bytes()) for p in files})
     found.update({f"peer body {i}": _marker_hits(b) for i, b in enumerate(_Sink.bodies)})
+    assert caplog.text.count("kept trace ") >= CALLS  # the debug exporter logged every kept trace
     found["the log"] = _marker_hits(caplog.text.encode())
     assert not {where: hits for where, hits in found.items() if hits}
     # What stayed: the metadata a user needs, the reduced URL, and the status message as the error type.
