@@ -14,7 +14,6 @@ attributes are compared as a mapping, never as an order.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import marshal
@@ -25,7 +24,6 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +39,7 @@ from otel_llm.pdata.otlp_view import DESCRIPTOR as VIEW_DESCRIPTOR, ExportTraceS
 from otel_llm.processor.llm_metrics import digest as digest_module
 from otel_llm.processor.llm_metrics.digest import AttributeLimits, DigestSettings
 from tests.support import engine_fixtures as F
+from tests.support.cores import implementation
 from tests.support.store_rows import store_rows
 
 TESTDATA = Path(__file__).parent / "testdata"
@@ -56,16 +55,6 @@ except ImportError as exc:  # pragma: no cover - only on a machine without Rust
 pytestmark = pytest.mark.skipif(
     extension is None, reason="the compiled core is not built (no cargo at install): only the Python path exists "
                               "here, nothing to compare it with")
-
-
-@contextlib.contextmanager
-def implementation(name: str) -> Iterator[None]:
-    saved = native_core._selected
-    native_core._selected = native_core.select(name)
-    try:
-        yield
-    finally:
-        native_core._selected = saved
 
 
 # --- the inputs -----------------------------------------------------------------------------------
@@ -130,6 +119,8 @@ def _edge_requests() -> dict[str, bytes]:
     span.attributes.add(key="long", value=AnyValue(string_value="x" * 500))
     span.events.add(name="e", time_unix_nano=span.start_time_unix_nano,
                     attributes=[KeyValue(key=f"k{i}", value=AnyValue(int_value=i)) for i in range(20)])
+    span.links.add(trace_id=b"\x07" * 16, span_id=b"\x08" * 8,
+                   attributes=[KeyValue(key=f"l{i}", value=AnyValue(int_value=i)) for i in range(20)])
     out["edge:over_limits"] = big.SerializeToString()
     # Fields written twice: scalars take the last, messages (status, resource, scope) merge.
     twice = ExportTraceServiceRequest()
@@ -695,7 +686,8 @@ def test_a_limit_trims_the_same_attributes_on_both_paths() -> None:
     # The first 8 attributes in the order received (the Python path's rule), independently listed.
     received = ExportTraceServiceRequest.FromString(data).resource_spans[0].scope_spans[0].spans[0]
     assert sorted(kv.key for kv in kept.attributes) == sorted(kv.key for kv in received.attributes[:8])
-    assert all(len(kv.attributes) <= 8 for kv in kept.events)
+    assert all(len(event.attributes) <= 8 for event in kept.events) and len(kept.events[-1].attributes) == 8
+    assert [len(link.attributes) for link in kept.links] == [8]
 
 
 def test_a_span_no_adapter_can_claim_is_buffered_as_received() -> None:

@@ -561,6 +561,7 @@ def _literal(node: ast.AST) -> str | None:
 def scanned_reasons() -> dict[str, list[str]]:
     """Every reason the code can count, by counter, read from the code: a new reason is listed on the
     next ``make docs`` (and fails the check until ``docs/reasons.yaml`` explains it)."""
+    from otel_llm.processor.tail_sampling.assembler import COMPLETION_REASONS
     from otel_llm.receiver.otlp.admission import REQUEST_REFUSALS, SPAN_REFUSALS
 
     malformed: set[str] = set()
@@ -595,6 +596,7 @@ def scanned_reasons() -> dict[str, list[str]]:
         "otel_llm_values_rejected_total": sorted(rejected),
         "otel_llm_service_unmeasured_total": sorted(f"not_measurable_{i}" for i in not_measurable),
         "otel_llm_spans_dropped_total": sorted(dropped),
+        "otel_llm_traces_completed_total": list(COMPLETION_REASONS),
         "otel_llm_receiver_refused_requests_total": list(REQUEST_REFUSALS),
         "otel_llm_receiver_refused_spans_total": list(SPAN_REFUSALS),
     }

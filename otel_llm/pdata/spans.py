@@ -144,5 +144,3 @@ class PendingTrace:
         top = chain[-1] if chain else span
         return not top.parent_span_id
 
-
-# Why a trace was completed: "ready", "decision_wait", "memory_limit", "memory_pressure", "shutdown".

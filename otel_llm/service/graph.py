@@ -36,7 +36,7 @@ from otel_llm.processor.memory_limiter.limiter import MemoryLimiter
 from otel_llm.processor.redaction.config import RedactionProcessor
 from otel_llm.processor.redaction.stage import RedactionStage, intake_redaction_of
 from otel_llm.processor.tail_sampling.assembler import AssemblySettings, TraceAssembler, make_assembler
-from otel_llm.processor.tail_sampling.config import TailSamplingProcessor
+from otel_llm.processor.tail_sampling.config import TailSamplingProcessor, open_calls_per_sender
 from otel_llm.processor.tail_sampling.sampler import TailSampler
 from otel_llm.processor.tail_sampling.stage import DecisionStage
 from otel_llm.receiver.otlp.admission import SHUTTING_DOWN, check_ids
@@ -203,6 +203,7 @@ class Pipeline:
                 decision_wait_s=buffer_config.decision_wait,
                 grace_s=buffer_config.grace,
                 max_open_call_wait_s=buffer_config.max_open_call_wait,
+                max_open_calls_per_sender=open_calls_per_sender(buffer_config),
                 max_traces=buffer_config.num_traces,
                 max_spans_per_trace=buffer_config.max_spans_per_trace,
                 decided_cache_size=buffer_config.decision_cache_size,
@@ -225,8 +226,12 @@ class Pipeline:
                                               self.decision, self.redaction)
         self.digest_settings = digest_settings(metrics if isinstance(metrics, LlmMetricsProcessor)
                                                else LlmMetricsProcessor(), redaction)
-        # receivers.otlp.intake_log: content removed before a request is written (None: allow_content)
-        self.intake_redaction = intake_redaction_of(redaction, self.digest_settings.kept_attribute_keys)
+        # receivers.otlp.intake_log: content removed before a request is written (None: allow_content);
+        # what the pipeline reads of a replayed request (span and resource attributes) stays.
+        resource_keys = [rule.attribute for rule in metrics.model_name.from_resource] \
+            if isinstance(metrics, LlmMetricsProcessor) else []
+        self.intake_redaction = intake_redaction_of(redaction, (*self.digest_settings.kept_attribute_keys,
+                                                                *resource_keys))
         self._malformed = telemetry.spans_malformed
         self._matched = telemetry.spans_engine
         self._stop = threading.Event()

@@ -14,7 +14,7 @@
 //! `PendingTrace`'s. Keys are SipHash'ed (the standard library's default): trace and span ids come
 //! from senders, and a chosen-collision flood must not turn the buffer's lookups linear.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -191,8 +191,9 @@ impl Trace {
         self.unrooted -= 1;
     }
 
-    fn call_in_flight(&self, steps: &mut u64) -> bool {
-        self.spans.iter().any(|slot| {
+    /// `_call_in_flight`: the first CLIENT span whose parent is not here.
+    fn call_in_flight(&self, steps: &mut u64) -> Option<usize> {
+        self.spans.iter().position(|slot| {
             slot.kind == SPAN_KIND_CLIENT
                 && slot.parent.as_ref().is_some_and(|parent| self.find(parent, steps).is_none())
         })
@@ -508,11 +509,20 @@ impl CompletedSpans {
     }
 }
 
+/// A trace held past `decision_wait` for a call in flight: when it was first seen, its sender (the
+/// service.name of its CLIENT span in flight) and its place in the order traces were first held.
+struct Held {
+    first_seen: f64,
+    sender: String,
+    place: u64,
+}
+
 #[pyclass(module = "otel_llm._core")]
 pub struct TraceBuffer {
     grace_s: f64,
     decision_wait_s: f64,
     max_open_call_wait_s: f64,
+    max_open_calls_per_sender: usize, // 0: no bound of their own
     max_traces: usize,
     max_spans_per_trace: u64,
     decided_cache_size: usize,
@@ -522,7 +532,11 @@ pub struct TraceBuffer {
     decided: HashMap<TraceKey, Decided>,
     decided_order: VecDeque<TraceKey>,
     parked: HashMap<TraceKey, Vec<PyObject>>,
-    held: HashMap<TraceKey, f64>,
+    // `_held` and `_held_by_sender`: ordered by place (an `OrderedDict`'s order: first held first).
+    held: HashMap<TraceKey, Held>,
+    held_order: BTreeMap<u64, TraceKey>,
+    held_by_sender: HashMap<String, BTreeMap<u64, TraceKey>>,
+    holds: u64, // places given so far
     batches: u64,
     lookup_steps: u64, // spans looked at to find one by id, over the buffer's life
     remembered_class: Option<PyObject>, // `Remembered`, given with the completion lane's first decisions
@@ -615,11 +629,58 @@ impl TraceBuffer {
     /// Removes the trace at `at` (from the held ones too) and remembers it as completed, undecided.
     fn leave(&mut self, at: u32) -> (TraceKey, Box<Trace>) {
         let (key, trace) = self.pending.remove(at);
-        if !self.held.is_empty() {
-            self.held.remove(&key);
-        }
+        self.unhold(&key);
         self.remember(key.clone(), trace.spans.len() as u64);
         (key, trace)
+    }
+
+    /// `_hold`: the trace at `at` held for its call in flight (its span at `in_flight`), if not
+    /// already; its sender when that takes the sender past `max_open_calls_per_sender`.
+    fn hold(&mut self, py: Python<'_>, at: u32, in_flight: usize) -> PyResult<Option<String>> {
+        let key = &self.pending.nodes[at as usize].key;
+        if self.held.contains_key(key) {
+            return Ok(None);
+        }
+        let trace = self.pending.trace(at);
+        let sender: String = trace.spans[in_flight].span.bind(py).getattr(intern!(py, "service_name"))?.extract()?;
+        self.holds += 1;
+        let place = self.holds;
+        let key = key.clone();
+        self.held_order.insert(place, key.clone());
+        let of_sender = self.held_by_sender.entry(sender.clone()).or_default();
+        of_sender.insert(place, key.clone());
+        let over = self.max_open_calls_per_sender > 0 && of_sender.len() > self.max_open_calls_per_sender;
+        self.held.insert(key, Held { first_seen: trace.first_seen, sender: sender.clone(), place });
+        Ok(over.then_some(sender))
+    }
+
+    fn unhold(&mut self, key: &TraceKey) {
+        let Some(held) = self.held.remove(key) else { return };
+        self.held_order.remove(&held.place);
+        if let Some(of_sender) = self.held_by_sender.get_mut(&held.sender) {
+            of_sender.remove(&held.place);
+            if of_sender.is_empty() {
+                self.held_by_sender.remove(&held.sender);
+            }
+        }
+    }
+
+    /// `_past_sender_bound`: the longest-held traces of `senders` past `max_open_calls_per_sender`, completed.
+    fn past_sender_bound(&mut self, senders: &[String]) -> Vec<(TraceKey, Box<Trace>)> {
+        let mut completed = Vec::new();
+        for sender in senders {
+            loop {
+                let oldest = match self.held_by_sender.get(sender) {
+                    Some(of_sender) if of_sender.len() > self.max_open_calls_per_sender => {
+                        of_sender.first_key_value().map(|(_, key)| key.clone())
+                    }
+                    _ => None,
+                };
+                let Some(at) = oldest.and_then(|key| self.pending.get(&key)) else { break };
+                completed.push(self.leave(at));
+            }
+        }
+        completed
     }
 
     fn pop_oldest(&mut self) -> Option<(TraceKey, Box<Trace>)> {
@@ -627,10 +688,16 @@ impl TraceBuffer {
         (head != NIL).then(|| self.leave(head))
     }
 
+    /// `_make_room`: a due trace; else the one held longest for a call in flight; else the oldest.
     fn make_room(&mut self, now: f64) -> Option<(TraceKey, Box<Trace>, &'static str)> {
         if let Some(at) = self.pop_due(now) {
             let (key, trace) = self.leave(at);
             return Some((key, trace, "ready"));
+        }
+        let longest_held = self.held_order.first_key_value().and_then(|(_, key)| self.pending.get(key));
+        if let Some(at) = longest_held {
+            let (key, trace) = self.leave(at);
+            return Some((key, trace, "memory_limit"));
         }
         self.pop_oldest().map(|(key, trace)| (key, trace, "memory_limit"))
     }
@@ -661,13 +728,13 @@ impl TraceBuffer {
 impl TraceBuffer {
     #[new]
     #[allow(clippy::too_many_arguments)]
-    fn new(grace_s: f64, decision_wait_s: f64, max_open_call_wait_s: f64, max_traces: usize,
-           max_spans_per_trace: u64, decided_cache_size: usize) -> Self {
+    fn new(grace_s: f64, decision_wait_s: f64, max_open_call_wait_s: f64, max_open_calls_per_sender: usize,
+           max_traces: usize, max_spans_per_trace: u64, decided_cache_size: usize) -> Self {
         TraceBuffer {
-            grace_s, decision_wait_s, max_open_call_wait_s, max_traces, max_spans_per_trace,
+            grace_s, decision_wait_s, max_open_call_wait_s, max_open_calls_per_sender, max_traces, max_spans_per_trace,
             decided_cache_size, pending: Pending::new(), ready: VecDeque::new(), tokens: 0, decided: HashMap::new(),
-            decided_order: VecDeque::new(), parked: HashMap::new(), held: HashMap::new(), batches: 0, lookup_steps: 0,
-            remembered_class: None,
+            decided_order: VecDeque::new(), parked: HashMap::new(), held: HashMap::new(), held_order: BTreeMap::new(),
+            held_by_sender: HashMap::new(), holds: 0, batches: 0, lookup_steps: 0, remembered_class: None,
         }
     }
 
@@ -801,7 +868,7 @@ impl TraceBuffer {
         if !self.ready.is_empty() {
             while let Some(at) = self.pop_due(now) {
                 let (key, trace) = self.pending.remove(at);
-                self.held.remove(&key);
+                self.unhold(&key);
                 let known = self.decided.len(); // `remember`, the cache trimmed once below
                 self.decided.insert(key.clone(), Decided::Taken(trace.spans.len() as u64));
                 if self.decided.len() != known {
@@ -815,17 +882,22 @@ impl TraceBuffer {
         let open_deadline = now - self.max_open_call_wait_s;
         let holding = self.max_open_call_wait_s > 0.0;
         let mut examined_held = 0usize;
+        let mut over_bound: Vec<String> = Vec::new(); // senders taken past max_open_calls_per_sender
         while self.pending.head != NIL {
             let head = self.pending.head;
             let trace = self.pending.trace(head);
             if trace.first_seen > deadline {
                 break;
             }
-            let in_flight = holding && (trace.engine_seen_at == 0.0 || trace.engine_seen_at > deadline)
-                && trace.call_in_flight(&mut self.lookup_steps);
-            if in_flight && trace.first_seen > open_deadline {
-                let key = self.pending.nodes[head as usize].key.clone();
-                self.held.insert(key, trace.first_seen);
+            let in_flight = if holding && (trace.engine_seen_at == 0.0 || trace.engine_seen_at > deadline) {
+                trace.call_in_flight(&mut self.lookup_steps)
+            } else {
+                None
+            };
+            if let Some(span_at) = in_flight.filter(|_| trace.first_seen > open_deadline) {
+                if let Some(sender) = self.hold(py, head, span_at)? {
+                    over_bound.push(sender);
+                }
                 self.pending.move_to_end(head);
                 examined_held += 1;
                 if examined_held >= self.pending.len() {
@@ -834,8 +906,11 @@ impl TraceBuffer {
                 continue;
             }
             let (key, trace) = self.leave(head);
-            let reason = if in_flight { "max_open_call_wait" } else { "decision_wait" };
+            let reason = if in_flight.is_some() { "max_open_call_wait" } else { "decision_wait" };
             due.append((self.materialize(py, &key, trace)?, reason))?;
+        }
+        for (key, trace) in self.past_sender_bound(&over_bound) {
+            due.append((self.materialize(py, &key, trace)?, "open_call_limit"))?;
         }
         Ok(due)
     }
@@ -846,7 +921,7 @@ impl TraceBuffer {
     }
 
     fn held_since(&self) -> Option<f64> {
-        self.held.values().copied().reduce(f64::min)
+        self.held.values().map(|held| held.first_seen).reduce(f64::min)
     }
 
     /// Spans of the pending traces.
@@ -902,7 +977,7 @@ impl TraceBuffer {
             let key = Id::new(&trace_id);
             if let Some(at) = self.pending.get(&key) {
                 self.pending.remove(at);
-                self.held.remove(&key);
+                self.unhold(&key);
             }
         }
     }

@@ -19,7 +19,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 use crate::Row;
-use otel_llm_engine::wire::{entry_key, push_varint, utf8, validate, Msg, Reader};
+use otel_llm_engine::wire::{entry_key, push_varint, utf8, validate, DistinctKeys, Msg, Reader};
 
 // `synthesis.py`'s key classes (`_ALLOWED` ... `_METADATA_URL`), the class bits and the GenAI bit.
 const ALLOWED: u8 = 0;
@@ -32,6 +32,7 @@ const KEY_CACHE_LIMIT: usize = 4096; // as `_KEY_CACHE_LIMIT`: keys are the send
 const SEGMENT_ATTRIBUTE: &str = "otel_llm.segment";
 const SCOPE_NAME: &str = "otel-llm";
 const INT64_MAX: u64 = i64::MAX as u64;
+const KVLIST_SCANNED: usize = 16; // entries of a map value searched as a list; more go by a hash map
 
 /// Where the Python path reads something this builder does not: it writes the trace instead.
 struct Decline;
@@ -108,11 +109,23 @@ impl Value<'_> {
                 out.push(']');
             }
             Value::KvList(entries) => {
-                // A dict: a repeated key keeps its first position and its last value.
+                // A dict: a repeated key keeps its first position and its last value. Past a few
+                // entries the positions are found by key in a map: the list searched per entry was
+                // quadratic in a map's entries.
                 let mut order: Vec<(&str, Option<&Value>)> = Vec::with_capacity(entries.len());
+                let mut positions: Option<HashMap<&str, usize>> =
+                    (entries.len() > KVLIST_SCANNED).then(|| HashMap::with_capacity(entries.len()));
                 for (key, value) in entries {
-                    match order.iter_mut().find(|(seen, _)| seen == key) {
-                        Some(slot) => slot.1 = value.as_ref(),
+                    let seen = match positions.as_mut() {
+                        Some(positions) => {
+                            let next = order.len();
+                            let at = *positions.entry(key).or_insert(next);
+                            (at != next).then_some(at)
+                        }
+                        None => order.iter().position(|(seen, _)| seen == key),
+                    };
+                    match seen {
+                        Some(at) => order[at].1 = value.as_ref(),
                         None => order.push((key, value.as_ref())),
                     }
                 }
@@ -665,6 +678,8 @@ struct WrittenSpan {
 #[pyclass(frozen, module = "otel_llm._core")]
 pub struct KeptTraceWriter {
     key_class: PyObject, // `Redaction._key_class`
+    status_message_key: String, // `STATUS_MESSAGE_KEY`: the status message is judged as this key's text
+    error_type_key: String,     // `ERROR_TYPE_KEY`: what a removed status message is reduced to
     event_names: Vec<String>,
     max_free_text_bytes: usize,
     allowlist: bool,
@@ -707,8 +722,8 @@ impl KeptTraceWriter {
         Ok(())
     }
 
-    /// An event or link message rewritten: its attributes (field `attributes_field`) stripped, or all
-    /// removed for a content event; a singular field twice declines.
+    /// An event, link, resource or scope message rewritten: its attributes (field `attributes_field`)
+    /// stripped, or all removed for a content event; a singular field twice declines.
     fn rewrite_child(&self, py: Python<'_>, buf: &[u8], start: usize, end: usize, attributes_field: u32,
                      name_field: Option<u32>, limit: usize, rules: &mut Rules) -> Step<Vec<u8>> {
         let mut reader = Reader::new(buf, start, end);
@@ -766,6 +781,7 @@ impl KeptTraceWriter {
         let (mut status_code, mut status_message) = (0i32, "");
         // The output: the fields as received, the attributes (and a new trace state) after them.
         let mut pieces: Vec<std::result::Result<(usize, usize), usize>> = Vec::new(); // Ok: raw range, Err: child index
+        let mut status_piece: Option<usize> = None; // where in `pieces` the status is, rewritten if redacted
         while !reader.done() {
             let field_start = reader.pos;
             let (number, wire_type) = reader.tag()?;
@@ -822,6 +838,7 @@ impl KeptTraceWriter {
                 7 => start = reader.fixed(8)?,
                 8 => end = reader.fixed(8)?,
                 15 => {
+                    status_piece = Some(pieces.len());
                     let (s, e) = reader.delimited()?;
                     let mut status = Reader::new(buf, s, e);
                     let mut status_seen = 0u8;
@@ -847,10 +864,11 @@ impl KeptTraceWriter {
 
         // The span's attributes: read, classified, removed or kept (`apply_with_values`).
         let mut read: Vec<(&str, Value, u8)> = Vec::with_capacity(attributes.len());
+        let mut distinct = DistinctKeys::with_capacity(attributes.len());
         let mut any_genai = 0u8;
         for &(_, s, e) in &attributes {
             let (key, value) = read_key_value(buf, s, e)?;
-            if read.iter().any(|(seen_key, _, _)| *seen_key == key) {
+            if !distinct.insert(key.as_bytes()) {
                 return Err(Decline); // a repeated key: the Python path's `apply_into`
             }
             let class = self.class_of(py, key)?;
@@ -869,6 +887,31 @@ impl KeptTraceWriter {
                 Some(url) => Attribute { key, shown: Shown::Url(url) },
                 None => Attribute { key, shown: Shown::Read(index, &buf[field_start..end]) },
             });
+        }
+        // `Status.message` as a text attribute under the status message's key (`_redact_status`):
+        // removed, it becomes the span's error.type text as kept, else empty.
+        let mut redacted_status: Option<(String, Vec<u8>)> = None; // the new message and Status bytes
+        if !status_message.is_empty() {
+            let class = self.class_of(py, &self.status_message_key)? & CLASS;
+            if rules.removes(&Value::Str(status_message), class, limit).0 {
+                let error_type = kept.iter().find(|a| a.key == self.error_type_key).and_then(|a| match &a.shown {
+                    Shown::Read(at, _) => match &read[*at].1 {
+                        Value::Str(text) => Some(text.to_string()),
+                        _ => None,
+                    },
+                    Shown::Url(url) => Some(url.clone()),
+                    Shown::Owned(_) => None,
+                }).unwrap_or_default();
+                let mut status = Vec::with_capacity(error_type.len() + 16);
+                if !error_type.is_empty() {
+                    put_delimited(&mut status, 0x12, error_type.as_bytes());
+                }
+                if status_code != 0 {
+                    status.push(0x18);
+                    push_varint(&mut status, i64::from(status_code) as u64);
+                }
+                redacted_status = Some((error_type, status));
+            }
         }
         let mut child_bytes = Vec::with_capacity(children.len());
         for &(_, s, e, number) in &children {
@@ -893,8 +936,12 @@ impl KeptTraceWriter {
             }
         }
 
-        for piece in &pieces {
+        for (at, piece) in pieces.iter().enumerate() {
             match piece {
+                Ok(_) if status_piece == Some(at) && redacted_status.is_some() => {
+                    let (_, status) = redacted_status.as_ref().expect("checked in the guard");
+                    put_delimited(&mut out, 0x7a, status); // field 15, the span's status
+                }
                 Ok((s, e)) => out.extend_from_slice(&buf[*s..*e]),
                 Err(index) => {
                     let (field_start, _, e, number) = children[*index];
@@ -932,7 +979,8 @@ impl KeptTraceWriter {
         attributes_json.push('}');
         Ok(WrittenSpan {
             bytes: out, trace_id: trace_id.to_vec(), span_id: span_id.to_vec(), parent_span_id: parent.to_vec(),
-            name: name.to_string(), kind, start, end, status_code, status_message: status_message.to_string(),
+            name: name.to_string(), kind, start, end, status_code,
+            status_message: redacted_status.map_or_else(|| status_message.to_string(), |(message, _)| message),
             attributes_json,
         })
     }
@@ -978,25 +1026,27 @@ struct ResourceGroup {
     resource: Vec<u8>,
     service_name: String,
     groups: Vec<Group>,
-    scopes: Vec<(usize, usize)>, // (scope object pointer, its group's index)
+    scopes: HashMap<usize, usize>, // scope object pointer -> its group's index
     synthesized: Option<usize>,
 }
 
 #[pymethods]
 impl KeptTraceWriter {
-    /// `key_class`: the Python `Redaction._key_class`; then `Redaction`'s settings, and the values of
-    /// `Side.CLIENT` and `Source.DEFAULT` the bridge attributes depend on.
+    /// `key_class`: the Python `Redaction._key_class`; then `Redaction`'s settings, the values of
+    /// `Side.CLIENT` and `Source.DEFAULT` the bridge attributes depend on, and the keys the status
+    /// message is judged under and reduced to.
     /// `key_classes`: `synthesis.py`'s (`_ALLOWED`, `_BLOCKED`, `_NOT_METADATA`, `_METADATA_URL`,
     /// `_CLASS`, `_GENAI`), checked against this file's (a drift refuses to make the writer).
     #[new]
     #[allow(clippy::too_many_arguments)]
     fn new(key_class: PyObject, key_classes: (u8, u8, u8, u8, u8, u8), event_names: Vec<String>,
-           max_free_text_bytes: usize, allowlist: bool, client_side: String, default_source: String) -> PyResult<Self> {
+           max_free_text_bytes: usize, allowlist: bool, client_side: String, default_source: String,
+           status_message_key: String, error_type_key: String) -> PyResult<Self> {
         if key_classes != (ALLOWED, BLOCKED, NOT_METADATA, METADATA_URL, CLASS, GENAI) {
             return Err(pyo3::exceptions::PyValueError::new_err("synthesis.py's key classes differ from the core's"));
         }
-        Ok(KeptTraceWriter { key_class, event_names, max_free_text_bytes, allowlist, client_side, default_source,
-                             classes: Mutex::new(HashMap::new()) })
+        Ok(KeptTraceWriter { key_class, status_message_key, error_type_key, event_names, max_free_text_bytes,
+                             allowlist, client_side, default_source, classes: Mutex::new(HashMap::new()) })
     }
 
     /// `kept_trace(spans, records, policy, threshold, redaction)` as `(request bytes, span count, rows,
@@ -1014,19 +1064,19 @@ impl KeptTraceWriter {
 impl KeptTraceWriter {
     fn write<'py>(&self, py: Python<'py>, spans: &Bound<'py, PyList>, records: &Bound<'py, PyList>, policy: &str,
                   threshold: &str) -> Step<Bound<'py, PyTuple>> {
+        // By key in maps, as `kept_trace`'s dicts: lists searched per span made a trace of many
+        // records, resources or scopes quadratic in its spans.
         let span_id_key = PyString::intern(py, "span_id");
-        let mut by_span: Vec<(Vec<u8>, Bound<'py, PyAny>)> = Vec::with_capacity(records.len());
+        let mut by_span: HashMap<Vec<u8>, Bound<'py, PyAny>> = HashMap::with_capacity(records.len());
         for record in records.iter() {
             let id = record.getattr(&span_id_key)?;
             let id = id.downcast_exact::<PyBytes>().map_err(|_| Decline)?.as_bytes().to_vec();
-            match by_span.iter_mut().find(|(seen, _)| *seen == id) {
-                Some(slot) => slot.1 = record, // the last record of a span id, as the dict keeps it
-                None => by_span.push((id, record)),
-            }
+            by_span.insert(id, record); // the last record of a span id, as the dict keeps it
         }
         let member = if threshold.is_empty() || threshold == "0" { String::new() } else { format!("ot=th:{threshold}") };
         let mut rules = Rules { allowlist: self.allowlist, counts: [0; 5] };
-        let mut resources: Vec<(usize, ResourceGroup)> = Vec::new();
+        let mut resources: Vec<ResourceGroup> = Vec::new();
+        let mut resource_positions: HashMap<usize, usize> = HashMap::new(); // resource object pointer -> index
         let mut count = 0usize;
         let (resource_key, scope_key) = (PyString::intern(py, "resource"), PyString::intern(py, "scope"));
         let serialize = PyString::intern(py, "SerializeToString");
@@ -1037,32 +1087,36 @@ impl KeptTraceWriter {
             };
             let resource = buffered.getattr(&resource_key)?;
             let scope = buffered.getattr(&scope_key)?;
-            let resource_at = match resources.iter().position(|(pointer, _)| *pointer == resource.as_ptr() as usize) {
-                Some(index) => index,
+            let resource_at = match resource_positions.get(&(resource.as_ptr() as usize)) {
+                Some(&index) => index,
                 None => {
                     let bytes = resource.call_method0(&serialize)?.downcast_exact::<PyBytes>().map_err(|_| Decline)?
                         .as_bytes().to_vec();
                     let service_name = service_name(&bytes)?;
-                    resources.push((resource.as_ptr() as usize, ResourceGroup {
-                        resource: bytes, service_name, groups: Vec::new(), scopes: Vec::new(), synthesized: None,
-                    }));
+                    // Its attributes through the rules, as `strip_attributes` (a resource is no GenAI call).
+                    let stripped = self.rewrite_child(py, &bytes, 0, bytes.len(), 1, None, 0, &mut rules)?;
+                    resources.push(ResourceGroup {
+                        resource: stripped, service_name, groups: Vec::new(), scopes: HashMap::new(), synthesized: None,
+                    });
+                    resource_positions.insert(resource.as_ptr() as usize, resources.len() - 1);
                     resources.len() - 1
                 }
             };
-            let group = &mut resources[resource_at].1;
-            let group_at = match group.scopes.iter().find(|(pointer, _)| *pointer == scope.as_ptr() as usize) {
-                Some((_, index)) => *index,
+            let group = &mut resources[resource_at];
+            let group_at = match group.scopes.get(&(scope.as_ptr() as usize)) {
+                Some(&index) => index,
                 None => {
                     let bytes = scope.call_method0(&serialize)?.downcast_exact::<PyBytes>().map_err(|_| Decline)?
                         .as_bytes().to_vec();
-                    group.groups.push(Group { scope: bytes, spans: Vec::new(), rows: Vec::new() });
-                    group.scopes.push((scope.as_ptr() as usize, group.groups.len() - 1));
+                    let stripped = self.rewrite_child(py, &bytes, 0, bytes.len(), 3, None, 0, &mut rules)?;
+                    group.groups.push(Group { scope: stripped, spans: Vec::new(), rows: Vec::new() });
+                    group.scopes.insert(scope.as_ptr() as usize, group.groups.len() - 1);
                     group.groups.len() - 1
                 }
             };
             // The record of this span, read by the span id as the payload has it.
             let payload_span_id = span_id_of(&payload)?;
-            let record = by_span.iter().find(|(id, _)| *id == payload_span_id).map(|(_, r)| r);
+            let record = by_span.get(&payload_span_id);
             let enrichment = match record {
                 Some(record) => Some(enrichment(py, record, policy, &self.client_side, &self.default_source)?),
                 None => None,
@@ -1152,10 +1206,10 @@ impl KeptTraceWriter {
             delimited_size(resource.resource.len())
                 + resource.groups.iter().map(|g| delimited_size(scope_spans_size(g))).sum::<usize>()
         };
-        let total: usize = resources.iter().map(|(_, r)| delimited_size(resource_spans_size(r))).sum();
+        let total: usize = resources.iter().map(|r| delimited_size(resource_spans_size(r))).sum();
         let mut request = Vec::with_capacity(total);
         let rows = PyList::empty(py);
-        for (_, resource) in &resources {
+        for resource in &resources {
             request.push(0x0a);
             push_varint(&mut request, resource_spans_size(resource) as u64);
             put_delimited(&mut request, 0x0a, &resource.resource);

@@ -44,7 +44,9 @@ METADATA_KEYS_READ = [
 #    registry: gen-ai, http, url, server/client/network, rpc, error/exception, code, thread;
 #    /work/shared/research/genai-semconv.md). Content keys (gen_ai.input.messages, ...system_instructions,
 #    ...tool.definitions, ...tool.call.arguments/result, gen_ai.request.stop_sequences, url.query,
-#    http.*.header.*, user_agent.original) are not here.
+#    http.*.header.*, user_agent.original) are not here; nor is otel.status_description, the span
+#    status's message (STATUS_MESSAGE_KEY): GenAI instrumentations write str(error) there, which for a
+#    provider's error can quote the prompt.
 METADATA_KEYS_SEMCONV = [
     "gen_ai.response.id", "gen_ai.conversation.id", "gen_ai.output.type", "gen_ai.request.encoding_formats",
     "gen_ai.agent.id", "gen_ai.agent.name", "gen_ai.tool.name", "gen_ai.tool.call.id", "gen_ai.tool.type",
@@ -58,7 +60,7 @@ METADATA_KEYS_SEMCONV = [
     "network.peer.address", "network.local.address", "net.peer.name", "net.host.name", "net.transport",
     "rpc.system", "rpc.service", "rpc.method", "rpc.grpc.status_code",
     "exception.type", "exception.message", "exception.stacktrace", "exception.escaped",
-    "otel.status_code", "otel.status_description", "otel.scope.name", "otel.scope.version",
+    "otel.status_code", "otel.scope.name", "otel.scope.version",
     "code.function", "code.namespace", "code.filepath", "code.function.name", "code.file.path",
     "thread.name",
 ]
@@ -70,8 +72,37 @@ METADATA_KEYS_INSTRUMENTATIONS = [
     "traceloop.span.kind", "traceloop.entity.name", "traceloop.workflow.name", "llm.request.type",
     "gen_ai.openai.api_base", "litellm.call_id",
     "logfire.span_type", "logfire.level_name",  # not logfire.msg / msg_template: an f-string puts anything there
+    # Their resources' own keys: vLLM's (vllm/tracing/otel.py: the module, its process; workers add kind
+    # and name) and LiteLLM's model_id (its service name: tests/testdata/emitters/README.md, LiteLLM 1.110.2).
+    "vllm.instrumenting_module_name", "vllm.process_id", "vllm.process_kind", "vllm.process_name", "model_id",
 ]
-METADATA_KEYS = frozenset(METADATA_KEYS_READ + METADATA_KEYS_SEMCONV + METADATA_KEYS_INSTRUMENTATIONS)
+# 4. The OTel resource semantic conventions' attributes (service, telemetry SDK and distro, deployment,
+#    host, os, process, container, k8s, cloud, faas: https://opentelemetry.io/docs/specs/semconv/resource/),
+#    which resources and scopes carry: what the process is, not what it was asked. Not here: process.command,
+#    process.command_line and process.command_args (a command line can carry anything), environment
+#    variables, and k8s labels and annotations (anyone's text).
+METADATA_KEYS_RESOURCE = [
+    "service.name", "service.namespace", "service.version", "service.instance.id",
+    "telemetry.sdk.name", "telemetry.sdk.language", "telemetry.sdk.version", "telemetry.auto.version",
+    "telemetry.distro.name", "telemetry.distro.version", "deployment.environment", "deployment.environment.name",
+    "host.name", "host.id", "host.type", "host.arch", "host.image.name", "host.image.id", "host.image.version",
+    "os.type", "os.name", "os.version", "os.description", "os.build_id",
+    "process.pid", "process.parent_pid", "process.executable.name", "process.executable.path", "process.owner",
+    "process.runtime.name", "process.runtime.version", "process.runtime.description",
+    "container.id", "container.name", "container.runtime", "container.image.name", "container.image.id",
+    "container.image.tags",
+    "k8s.cluster.name", "k8s.cluster.uid", "k8s.node.name", "k8s.node.uid", "k8s.namespace.name", "k8s.pod.name",
+    "k8s.pod.uid", "k8s.container.name", "k8s.container.restart_count", "k8s.deployment.name", "k8s.deployment.uid",
+    "k8s.replicaset.name", "k8s.replicaset.uid", "k8s.statefulset.name", "k8s.statefulset.uid",
+    "k8s.daemonset.name", "k8s.daemonset.uid", "k8s.job.name", "k8s.job.uid", "k8s.cronjob.name", "k8s.cronjob.uid",
+    "cloud.provider", "cloud.platform", "cloud.region", "cloud.availability_zone", "cloud.account.id",
+    "cloud.resource_id", "faas.name", "faas.version", "faas.instance", "faas.max_memory",
+]
+METADATA_KEYS = frozenset(METADATA_KEYS_READ + METADATA_KEYS_SEMCONV + METADATA_KEYS_INSTRUMENTATIONS
+                          + METADATA_KEYS_RESOURCE)
+# The key a span's Status.message is judged under, as a text attribute (the name OTel's non-OTLP
+# exporters give it): not metadata, so by default it is reduced to the span's error.type or dropped.
+STATUS_MESSAGE_KEY = "otel.status_description"
 # The keys whose text is a URL: kept without its query, fragment and userinfo.
 URL_KEYS = frozenset({"url.full", "http.url", "http.target"})
 

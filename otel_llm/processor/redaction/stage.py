@@ -39,8 +39,8 @@ def redaction_of(config: RedactionProcessor) -> Redaction:
 def intake_redaction_of(config: RedactionProcessor, read_keys: Sequence[str]) -> Redaction | None:
     """The same rules for the intake log (``receivers.otlp.intake_log``), applied in the receiver
     process to every admitted request before it is written, so no content is ever on its disk; the
-    keys the pipeline reads from spans after intake (``read_keys``: dimensions, edge TTFT) are added
-    to the allowlist. ``None`` with ``allow_content``."""
+    keys the pipeline reads from spans and resources after intake (``read_keys``: dimensions, tenants,
+    edge TTFT, ``model_name.from_resource``) are added to the allowlist. ``None`` with ``allow_content``."""
     redaction = redaction_of(config)
     if redaction is NO_REDACTION:
         return None

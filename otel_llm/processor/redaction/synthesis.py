@@ -23,6 +23,7 @@ from otel_llm.pdata.records import RequestRecord, Segment, Side, Source
 from otel_llm.pdata.span_rows import (
     INT64_MAX, SpanRow, attribute_values, encode_json, service_name_of, span_row)
 from otel_llm.pdata.spans import BufferedSpan
+from otel_llm.processor.redaction.config import STATUS_MESSAGE_KEY
 
 SCOPE_NAME = "otel-llm"
 SEGMENT_ATTRIBUTE = "otel_llm.segment"
@@ -133,6 +134,7 @@ def with_trace_state(span: Span, threshold: str) -> None:
 
 
 GENAI_KEY_PREFIXES = ("gen_ai.", "llm.", "openinference.", "traceloop.")
+ERROR_TYPE_KEY = "error.type"  # what a status message the rules remove is reduced to
 
 
 def _is_free_text(value: AnyValue, limit: int, kind: str | None) -> bool:
@@ -178,6 +180,30 @@ _GENAI = 0x8  # with this bit: a key that makes its span a GenAI span (GENAI_KEY
 _KEY_CACHE_LIMIT = 4096  # keys are the sender's: the cache must not grow with whatever they send
 
 
+# Removals from one repeated field deleted one by one (each shifts what follows it); more are
+# compacted in one pass, so removing most of 250 000 attributes is linear, not quadratic.
+_DELETED_ONE_BY_ONE = 16
+
+
+def delete_positions(repeated: Any, positions: list[int]) -> None:
+    """Remove the elements at ``positions`` (ascending) from a repeated message field."""
+    if len(positions) <= _DELETED_ONE_BY_ONE:
+        for position in reversed(positions):
+            del repeated[position]
+        return
+    kept_at = 0
+    removed = iter(positions)
+    next_removed = next(removed, -1)
+    for position in range(len(repeated)):
+        if position == next_removed:
+            next_removed = next(removed, -1)
+            continue
+        if kept_at != position:
+            repeated[kept_at].CopyFrom(repeated[position])
+        kept_at += 1
+    del repeated[kept_at:]
+
+
 def reduced_url(url: str) -> str:
     """A URL without what can carry content or secrets: userinfo, query and fragment."""
     cut = min((i for i in (url.find("?"), url.find("#")) if i >= 0), default=len(url))
@@ -196,13 +222,15 @@ def reduced_url(url: str) -> str:
 class Redaction:
     """Prompt and completion content removed from every span that leaves otel-llm.
 
-    The allowlist first: on span, event and link attributes, a number or a boolean is kept under
-    any key; text (a string, an array, a map, bytes) only under a key of ``metadata_keys`` (what
-    otel-llm reads, the conventions' non-content keys) or ``allowed_keys`` (exact, or ``*`` globs);
-    a URL without its query and userinfo. So privacy does not depend on anyone having seen the
+    The allowlist first: on span, event, link, resource and scope attributes, a number or a boolean
+    is kept under any key; text (a string, an array, a map, bytes) only under a key of
+    ``metadata_keys`` (what otel-llm reads, the conventions' non-content keys) or ``allowed_keys``
+    (exact, or ``*`` globs); a URL without its query and userinfo. So privacy does not depend on anyone having seen the
     instrumentation. Then, as extra layers, the block lists: keys of known content attributes
     (prefixes and ``*`` globs), attributes of content events, and any text longer than
-    ``max_free_text_bytes`` on a GenAI span unless its key is allowed.
+    ``max_free_text_bytes`` on a GenAI span unless its key is allowed. A span's ``Status.message`` is
+    judged as a text attribute under ``STATUS_MESSAGE_KEY``; one the rules remove is reduced to the
+    span's ``error.type`` text (as kept), else emptied.
     """
 
     key_prefixes: tuple[str, ...] = ()
@@ -284,8 +312,7 @@ class Redaction:
         remove = [position for position, kv in enumerate(attributes)
                   if self._removes(kv.value, kv.value.WhichOneof("value"), self._key_class(kv.key) & _CLASS,
                                    allowlist, limit, counts)]
-        for position in reversed(remove):
-            del attributes[position]
+        delete_positions(attributes, remove)
 
     def apply_with_values(self, span: Span, counts: RedactionCounts) -> dict[str, Any] | None:
         """``apply_into``, returning ``attribute_values`` of the span's attributes after it: each
@@ -318,11 +345,13 @@ class Redaction:
                 remove.append(position)
             elif key_class == _METADATA_URL and kind == "string_value":
                 values[key] = value.string_value  # as reduced
-        for position in reversed(remove):
-            del attributes[position]
+        delete_positions(attributes, remove)
+        for position in remove:
             del values[read[position][0]]
         if span.events or span.links:
             self._strip_events_and_links(span, genai, counts)
+        if span.status.message:
+            self._redact_status(span, genai, counts)
         return values
 
     def apply(self, span: Span) -> RedactionCounts:
@@ -335,6 +364,38 @@ class Redaction:
         genai = bool(self.max_free_text_bytes) and any(kv.key.startswith(GENAI_KEY_PREFIXES) for kv in span.attributes)
         self._strip(span.attributes, genai, counts)
         self._strip_events_and_links(span, genai, counts)
+        if span.status.message:
+            self._redact_status(span, genai, counts)
+
+    def _redact_status(self, span: Span, genai: bool, counts: RedactionCounts) -> None:
+        """``Status.message`` through the rules as a text attribute under ``STATUS_MESSAGE_KEY``, after the
+        span's attributes went through them; removed, it becomes the span's ``error.type`` string as
+        kept (the last one, as ``attribute_values`` reads a repeated key), else empty."""
+        value = AnyValue(string_value=span.status.message)
+        limit = self.max_free_text_bytes if genai else 0
+        if self._removes(value, "string_value", self._key_class(STATUS_MESSAGE_KEY) & _CLASS,
+                         self.metadata_keys is not None, limit, counts):
+            error_type = ""
+            for kv in span.attributes:
+                if kv.key == ERROR_TYPE_KEY:
+                    error_type = kv.value.string_value if kv.value.WhichOneof("value") == "string_value" else ""
+            span.status.message = error_type
+
+    def strip_attributes(self, attributes: Any, counts: RedactionCounts) -> None:
+        """A resource's or a scope's attributes: the allowlist and the key rules, without the free-text
+        rule (they describe the process, never one call)."""
+        self._strip(attributes, False, counts)
+
+    def apply_to_request(self, request: Any) -> RedactionCounts:
+        """Every resource, scope and span of an export request (the intake log's), in place."""
+        counts = RedactionCounts()
+        for resource_spans in request.resource_spans:
+            self.strip_attributes(resource_spans.resource.attributes, counts)
+            for scope_spans in resource_spans.scope_spans:
+                self.strip_attributes(scope_spans.scope.attributes, counts)
+                for span in scope_spans.spans:
+                    self.apply_into(span, counts)
+        return counts
 
     def _strip_events_and_links(self, span: Span, genai: bool, counts: RedactionCounts) -> None:
         """A content event loses its attributes; other events', and links' under the allow-list, are stripped."""
@@ -361,7 +422,7 @@ def native_kept_trace_writer(redaction: Redaction, extension: Any) -> Any:
     classes = (_ALLOWED, _BLOCKED, _NOT_METADATA, _METADATA_URL, _CLASS, _GENAI)
     return extension.KeptTraceWriter(redaction._key_class, classes, sorted(redaction.event_names),
                                      redaction.max_free_text_bytes, redaction.metadata_keys is not None,
-                                     Side.CLIENT, Source.DEFAULT)
+                                     Side.CLIENT, Source.DEFAULT, STATUS_MESSAGE_KEY, ERROR_TYPE_KEY)
 
 
 def _varint(value: int) -> bytes:
@@ -434,6 +495,7 @@ def kept_trace(
         if resource is None:
             resource_spans = request.resource_spans.add()
             resource_spans.resource.CopyFrom(buffered.resource)
+            redaction.strip_attributes(resource_spans.resource.attributes, counts)
             resource = resources[resource_key] = (resource_spans, service_name_of(buffered.resource), [])
         resource_spans, service_name, resource_rows = resource
         group_key = (resource_key, id(buffered.scope))
@@ -441,6 +503,7 @@ def kept_trace(
         if group is None:
             scope_spans = resource_spans.scope_spans.add()
             scope_spans.scope.CopyFrom(buffered.scope)
+            redaction.strip_attributes(scope_spans.scope.attributes, counts)
             group = groups[group_key] = (scope_spans, [])
             resource_rows.append(group[1])
         scope_spans, rows = group

@@ -27,6 +27,9 @@ __all__ = ["FIRST_TOKEN_EVENT", "MAX_ANCESTRY", "AssemblySettings", "BufferedSpa
 
 
 CompletionReason = str
+# Why a trace was completed: ``otel_llm_traces_completed_total{reason}``, each explained in docs/reasons.yaml.
+COMPLETION_REASONS = ("ready", "decision_wait", "max_open_call_wait", "open_call_limit", "memory_limit",
+                      "memory_pressure", "shutdown")
 
 
 @dataclass(slots=True, frozen=True)
@@ -34,6 +37,9 @@ class AssemblySettings:
     decision_wait_s: float = 10.0
     grace_s: float = 1.0
     max_open_call_wait_s: float = 0.0  # a trace with a call in flight is held up to this long; 0: off
+    # Traces one sender (the service.name of the CLIENT span in flight) may have held for a call in
+    # flight; past it its longest-held one is completed ("open_call_limit"). 0: no bound of their own.
+    max_open_calls_per_sender: int = 0
     max_traces: int = 50_000
     max_spans_per_trace: int = 10_000
     decided_cache_size: int = 100_000
@@ -52,14 +58,14 @@ _SPAN_KIND_CLIENT = 3  # opentelemetry.proto.trace.v1.Span.SPAN_KIND_CLIENT
 COMPLETION_BATCH = 256
 
 
-def _call_in_flight(trace: PendingTrace) -> bool:
-    """A CLIENT span whose parent is not here: the caller's span (a GenAI client span over its HTTP
-    span, an application span over its call) is still open, and ends, and is exported, later."""
+def _call_in_flight(trace: PendingTrace) -> BufferedSpan | None:
+    """The first CLIENT span whose parent is not here: the caller's span (a GenAI client span over
+    its HTTP span, an application span over its call) is still open, and ends, and is exported, later."""
     spans = trace.spans
     for span in spans.values():
         if span.kind == _SPAN_KIND_CLIENT and span.parent_span_id and span.parent_span_id not in spans:
-            return True
-    return False
+            return span
+    return None
 
 
 class CompletionLane(Protocol):
@@ -104,8 +110,12 @@ class TraceAssembler:
         # trace id -> late spans that arrived while their trace was being completed (its decision not
         # yet made): handed on with that decision once the completion is done, never dropped for it.
         self._parked: dict[bytes, list[BufferedSpan]] = {}
-        # trace id -> first seen, of the traces held past decision_wait for a call in flight
-        self._held: dict[bytes, float] = {}
+        # The traces held past decision_wait for a call in flight, in the order they were first held:
+        # trace id -> (first seen, sender), and each sender's (the service.name of its CLIENT span in
+        # flight), so that one sender's calls whose caller never comes cannot crowd out the others'
+        # traces (``max_open_calls_per_sender``), and a full buffer completes them first.
+        self._held: OrderedDict[bytes, tuple[float, str]] = OrderedDict()
+        self._held_by_sender: dict[str, OrderedDict[bytes, None]] = {}
 
     def _init_common(self, settings: AssemblySettings, next: TraceConsumer,  # noqa: A002
                      clock: Callable[[], float], spans_dropped: Counted | None,
@@ -263,22 +273,58 @@ class TraceAssembler:
 
     def _make_room(self, now: float) -> tuple[PendingTrace, str]:
         """At ``max_traces``: a trace whose grace is over is complete, not cut short, so the longest-due
-        one goes first ("ready", what the ticker, behind, would have done); only when none is due is
-        the oldest trace completed early ("memory_limit")."""
+        one goes first ("ready", what the ticker, behind, would have done); when none is due, one is
+        completed early ("memory_limit"): the one held longest for a call in flight, which has had
+        its ``decision_wait``, before any still inside it; the oldest when none is held."""
         trace = self._pop_due(now)
         if trace is not None:
-            trace_id = trace.trace_id
-            del self._pending[trace_id]
-            self._held.pop(trace_id, None)
-            self._remember(trace_id, len(trace.spans))
-            return trace, "ready"
+            return self._leave(trace.trace_id), "ready"
+        if self._held:
+            return self._leave(next(iter(self._held))), "memory_limit"
         return self._pop_oldest(), "memory_limit"
 
-    def _pop_oldest(self) -> PendingTrace:
-        trace_id, trace = self._pending.popitem(last=False)
-        self._held.pop(trace_id, None)  # its readiness entry, if any, is dropped at the front
+    def _leave(self, trace_id: bytes) -> PendingTrace:
+        """Removes a pending trace (from the held ones too) and remembers it as completed, undecided."""
+        trace = self._pending.pop(trace_id)
+        self._unhold(trace_id)  # its readiness entry, if any, is dropped at the front
         self._remember(trace_id, len(trace.spans))
         return trace
+
+    def _pop_oldest(self) -> PendingTrace:
+        return self._leave(next(iter(self._pending)))
+
+    def _hold(self, trace: PendingTrace, in_flight: BufferedSpan) -> str | None:
+        """``trace`` held for its call in flight (if not already); its sender when that takes the
+        sender past ``max_open_calls_per_sender``."""
+        trace_id = trace.trace_id
+        if trace_id in self._held:
+            return None
+        sender = in_flight.service_name
+        self._held[trace_id] = (trace.first_seen, sender)
+        of_sender = self._held_by_sender.get(sender)
+        if of_sender is None:
+            of_sender = self._held_by_sender[sender] = OrderedDict()
+        of_sender[trace_id] = None
+        bound = self.settings.max_open_calls_per_sender
+        return sender if bound and len(of_sender) > bound else None
+
+    def _unhold(self, trace_id: bytes) -> None:
+        held = self._held.pop(trace_id, None)
+        if held is not None:
+            sender = held[1]
+            of_sender = self._held_by_sender[sender]
+            del of_sender[trace_id]
+            if not of_sender:
+                del self._held_by_sender[sender]
+
+    def _past_sender_bound(self, senders: list[str]) -> list[PendingTrace]:
+        """The longest-held traces of ``senders`` past ``max_open_calls_per_sender``, completed."""
+        bound = self.settings.max_open_calls_per_sender
+        completed = []
+        for sender in senders:
+            while len(of_sender := self._held_by_sender.get(sender, ())) > bound:
+                completed.append(self._leave(next(iter(of_sender))))
+        return completed
 
     def _remember(self, trace_id: bytes, spans: int) -> None:
         """``trace_id`` completed with ``spans`` spans, not decided yet (under the lock)."""
@@ -343,7 +389,7 @@ class TraceAssembler:
                     trace_id = trace.trace_id
                     del pending[trace_id]
                     if held:
-                        held.pop(trace_id, None)
+                        self._unhold(trace_id)
                     known = len(decided)  # ``_remember``, inlined: the cache is trimmed once below
                     decided[trace_id] = len(trace.spans)
                     if len(decided) != known:
@@ -354,24 +400,28 @@ class TraceAssembler:
             open_deadline = now - self.settings.max_open_call_wait_s
             holding = self.settings.max_open_call_wait_s > 0
             examined_held = 0
+            over_bound: list[str] = []  # senders taken past max_open_calls_per_sender
             while self._pending:
                 trace = next(iter(self._pending.values()))
                 if trace.first_seen > deadline:
                     break
                 # Held while nothing was measured yet (the engine's request is in flight too), or
                 # for decision_wait after its engine span came (its caller's span follows it).
-                in_flight = holding and (not trace.engine_seen_at or trace.engine_seen_at > deadline) \
-                    and _call_in_flight(trace)
-                if in_flight and trace.first_seen > open_deadline:
+                in_flight = _call_in_flight(trace) if holding and (
+                    not trace.engine_seen_at or trace.engine_seen_at > deadline) else None
+                if in_flight is not None and trace.first_seen > open_deadline:
                     # Its caller's span has not arrived: held, looked at again once the traces
                     # seen after it are due (so at most decision_wait past the limit).
-                    self._held[trace.trace_id] = trace.first_seen
+                    sender = self._hold(trace, in_flight)
+                    if sender is not None:
+                        over_bound.append(sender)
                     self._pending.move_to_end(trace.trace_id)
                     examined_held += 1
                     if examined_held >= len(self._pending):
                         break
                     continue
-                due.append((self._pop_oldest(), "max_open_call_wait" if in_flight else "decision_wait"))
+                due.append((self._pop_oldest(), "max_open_call_wait" if in_flight is not None else "decision_wait"))
+            due += [(trace, "open_call_limit") for trace in self._past_sender_bound(over_bound)]
         if due:
             self._complete(due)
         return len(due)
@@ -390,7 +440,7 @@ class TraceAssembler:
         """When the oldest trace held past ``decision_wait`` for a call in flight was first seen
         (the intake log keeps every request from then on); None when none is held."""
         with self._lock:
-            return min(self._held.values()) if self._held else None
+            return min(first_seen for first_seen, _ in self._held.values()) if self._held else None
 
     @property
     def held_traces(self) -> int:
@@ -419,7 +469,7 @@ class TraceAssembler:
             taken = [trace for trace in self._pending.values() if wanted(trace)]
             for trace in taken:
                 del self._pending[trace.trace_id]
-                self._held.pop(trace.trace_id, None)
+                self._unhold(trace.trace_id)
         return taken
 
     def complete_now(self, traces: list[PendingTrace], reason: CompletionReason = "shutdown") -> None:
@@ -497,7 +547,8 @@ class NativeTraceAssembler(TraceAssembler):
         self._init_common(settings, next, clock, spans_dropped, spans_duplicate)
         self._buffer = extension.TraceBuffer(
             settings.grace_s, settings.decision_wait_s, settings.max_open_call_wait_s,
-            settings.max_traces, settings.max_spans_per_trace, settings.decided_cache_size)
+            settings.max_open_calls_per_sender, settings.max_traces, settings.max_spans_per_trace,
+            settings.decided_cache_size)
 
     def _locked(self, method: Callable[..., Any], *args: Any) -> Any:
         """``method(*args)`` under the lock: no two calls into the core's buffer overlap."""

@@ -72,6 +72,10 @@ class TailSamplingProcessor:
     # decision_wait until that parent comes: while no engine span came, and decision_wait after one
     # did; at most this long after it was first seen. 0: off.
     max_open_call_wait: Duration = 600.0
+    # The share of num_traces one sender's held traces may take (the sender: the service.name of the
+    # CLIENT span in flight); past it that sender's longest-held trace is completed (open_call_limit).
+    # 0: no bound of their own (a full buffer still completes held traces first).
+    max_open_call_share: float = 0.25
     num_traces: PositiveInt = 50_000
     max_spans_per_trace: PositiveInt = 10_000
     decision_cache_size: PositiveInt = 100_000
@@ -82,6 +86,7 @@ class TailSamplingProcessor:
         "decision_wait": (0.0, 86400.0),
         "grace": (0.0, 86400.0),
         "max_open_call_wait": (0.0, 86400.0),
+        "max_open_call_share": (0.0, 1.0),
         "num_traces": (1, 10_000_000),
         "max_spans_per_trace": (1, 10_000_000),
         "decision_cache_size": (1, 100_000_000),
@@ -125,3 +130,9 @@ class TailSamplingProcessor:
             raise ConfigError(f"{path}.rate_limit", "rates must not be negative")
         if self.grace > self.decision_wait:
             raise ConfigError(f"{path}.grace", "must not exceed decision_wait")
+
+
+def open_calls_per_sender(config: TailSamplingProcessor) -> int:
+    """``max_open_call_share`` as a count of traces (at least one); 0 when off."""
+    share = config.max_open_call_share
+    return max(1, int(share * config.num_traces)) if share > 0 else 0

@@ -254,16 +254,11 @@ class IntakeLogWriter:
         redaction = self._settings.redaction
         if redaction is None:
             return False
-        removed: dict[str, int] = {}
-        for resource_spans in request.resource_spans:
-            for scope_spans in resource_spans.scope_spans:
-                for span in scope_spans.spans:
-                    for reason, count in redaction.apply(span).by_reason():
-                        if count:
-                            removed[reason] = removed.get(reason, 0) + count
-        for reason, count in removed.items():
-            self._shared.add(IntakeLogShared.REDACTED + IntakeLogShared.REDACTION_REASONS.index(reason), count)
-        changed = bool(removed)
+        changed = False
+        for reason, count in redaction.apply_to_request(request).by_reason():
+            if count:
+                self._shared.add(IntakeLogShared.REDACTED + IntakeLogShared.REDACTION_REASONS.index(reason), count)
+                changed = True
         return changed
 
     def _open_segment(self) -> None:

@@ -146,3 +146,66 @@ def test_no_content_key_is_on_the_metadata_allowlist():
 ])
 def test_reduced_url(url, reduced):
     assert reduced_url(url) == reduced
+
+
+def _kept_status_and_resource(path: str, redaction_config: RedactionProcessor, status: str,
+                              attributes: dict[str, object]) -> tuple[str, dict[str, str], dict[str, str], list[int]]:
+    """A kept trace of one span with this status message and attributes, from a resource and a scope
+    carrying metadata and a marker each, written by ``path`` ("python": ``kept_trace``; "native": the
+    core's writer): (its status message, its resource's and its scope's string attributes, the counts)."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
+    from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+
+    from otel_llm.internal import core as native_core
+    from otel_llm.pdata.spans import BufferedSpan, Origin
+    from otel_llm.processor.redaction.synthesis import RedactionCounts, kept_trace, native_kept_trace_writer
+
+    redaction = redaction_of(redaction_config)
+    span = Span(trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="chat m", kind=Span.SPAN_KIND_CLIENT)
+    span.attributes.extend(_kv(key, value) for key, value in attributes.items())
+    span.status.code = span.status.STATUS_CODE_ERROR
+    span.status.message = status
+    resource = Resource(attributes=[_kv("service.name", "app"), _kv("host.name", "h1"), _kv("acme.note", MARK)])
+    scope = InstrumentationScope(name="acme", version="1", attributes=[_kv("acme.scope", MARK)])
+    buffered = [BufferedSpan(span.trace_id, span.span_id, b"", span.kind, 2, 0, 1, "", span.SerializeToString(),
+                             Origin(resource, scope, "app", {}), ())]
+    if path == "native":
+        extension = native_core.select("auto")[0]
+        if extension is None:
+            pytest.skip("the compiled core is not built")
+        built = native_kept_trace_writer(redaction, extension).build(buffered, [], "p", "")
+        assert built is not None, "the core declined a plain trace"
+        request, counts = ExportTraceServiceRequest.FromString(built[0]), list(built[3])
+    else:
+        redacted = RedactionCounts()
+        request = kept_trace(buffered, [], "p", "", redaction, redacted)[0]
+        counts = [count for _, count in redacted.by_reason()]
+    (resource_spans,) = request.resource_spans
+    (scope_spans,) = resource_spans.scope_spans
+    (written,) = scope_spans.spans
+
+    def strings(message: object) -> dict[str, str]:
+        return {kv.key: kv.value.string_value for kv in message.attributes}  # type: ignore[attr-defined]
+
+    return written.status.message, strings(resource_spans.resource), strings(scope_spans.scope), counts
+
+
+PROVIDER_ERROR = f"Error code: 400 - {{'error': {{'message': 'the prompt was: {MARK}'}}}}"
+
+
+@pytest.mark.parametrize("path", ["python", "native"])
+def test_a_status_message_is_reduced_to_the_error_type_and_resources_and_scopes_pass_the_allowlist(path: str) -> None:
+    status, resource, scope, counts = _kept_status_and_resource(
+        path, RedactionProcessor(), PROVIDER_ERROR, {"error.type": "BadRequestError", "gen_ai.system": "openai"})
+    assert status == "BadRequestError"
+    assert resource == {"service.name": "app", "host.name": "h1"} and scope == {}
+    assert counts == [0, 0, 0, 3, 0]  # not_allowed: the status message, the resource's and the scope's note
+    # Without an error.type (or with one that is not text) the message is dropped.
+    assert _kept_status_and_resource(path, RedactionProcessor(), PROVIDER_ERROR, {"error.type": 5})[0] == ""
+    # Kept where the user allows its key, and with allow_content.
+    allowed = RedactionProcessor(allowed_keys=["otel.status_description", "acme.*"])
+    assert _kept_status_and_resource(path, allowed, PROVIDER_ERROR, {})[:3] == (
+        PROVIDER_ERROR, {"service.name": "app", "host.name": "h1", "acme.note": MARK}, {"acme.scope": MARK})
+    assert _kept_status_and_resource(path, RedactionProcessor(allow_content=True), PROVIDER_ERROR, {})[0] == \
+        PROVIDER_ERROR

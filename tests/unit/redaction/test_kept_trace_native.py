@@ -12,8 +12,10 @@ have declined. Three sources:
 - every engine fixture and capture under ``tests/testdata``, their records made by ``records_of_trace``;
 - 4 000 random traces of hostile spans (every attribute value type, nested arrays and maps with
   repeated keys, non-ASCII and astral text, URLs with userinfo, the float notations, events and links,
-  trace states, unknown and repeated fields, records with values Python converts or refuses), as the
-  Python ``BufferedSpan`` and as the core's: each rule, each decline and each JSON notation is met.
+  trace states, status messages with and without an ``error.type`` to reduce them to, resources and
+  scopes with attributes of any key, unknown and repeated fields, records with values Python converts
+  or refuses), as the Python ``BufferedSpan`` and as the core's: each rule, each decline and each JSON
+  notation is met.
 """
 
 from __future__ import annotations
@@ -133,8 +135,10 @@ KEYS = [
     "gen_ai.prompt", "gen_ai.prompt.0", "gen_ai.completion.0.content", "llm.input_messages", "input.value",
     "url.full", "http.url", "url.path", "http.route", "server.address", "exception.stacktrace",
     "custom.note", "custom.count", "note.text", "x.secret", "", "ключ", "🔑.key", "otel_llm.outcome",
-    "gen_ai.usage.output_tokens", "otel_llm.time_per_output_token", "traceloop.entity.input",
+    "gen_ai.usage.output_tokens", "otel_llm.time_per_output_token", "traceloop.entity.input", "error.type",
+    "service.name", "host.name", "process.command_line",
 ]
+STATUS_MESSAGES = ["", "boom", "é", "Error code: 400 - {'messages': [{'content': 'a prompt, quoted'}]}"]
 FLOATS = [0.0, -0.0, 1.0, 1.5, 1e16, 1e15, 123456789012345678.0, 1e-4, 1e-5, 0.00012345, 5e-324,
           1.7976931348623157e308, -2.5e-7, 0.1, 100.0, math.nan, math.inf, -math.inf, 1e22, 9.999999999999999e15]
 TEXTS = ["", "m", "Qwen/Qwen2-7B", "é", "日本語", "🦙 emoji", 'quote " and \\ back', "tab\tnew\nline\r\x00\x1f\x7f",
@@ -189,8 +193,8 @@ def _span(rng: random.Random, trace_id: bytes, span_id: bytes) -> Span:
     if rng.random() < 0.3:
         span.parent_span_id = rng.randbytes(8)
     if rng.random() < 0.5:
-        span.status.code = rng.choice([0, 1, 2])
-        span.status.message = rng.choice(["", "boom", "é"])
+        span.status.code = rng.choice([0, 1, 2, -3])
+        span.status.message = rng.choice(STATUS_MESSAGES)
     for key in rng.sample(KEYS, rng.randrange(0, 12)):
         span.attributes.append(_key_value(rng, key))
     for _ in range(rng.choice([0, 0, 1, 3])):
@@ -279,6 +283,13 @@ def test_random_hostile_traces_are_written_as_python_writes_them_or_declined() -
                for name, scope in (("vllm", "a"), ("gateway", "b"), ("é", "a"))]
     origins.append(Origin(Resource(attributes=[KeyValue(key="service.name", value=AnyValue(int_value=3))]),
                           InstrumentationScope(), "", {}))
+    for _ in range(6):  # resources and scopes with attributes of any key and value, a repeated key at times
+        resource = Resource(attributes=[_key_value(rng, key) for key in rng.sample(KEYS, rng.randrange(1, 6))])
+        scope = InstrumentationScope(name="s", version=rng.choice(["", "1.0"]),
+                                     attributes=[_key_value(rng, key) for key in rng.sample(KEYS, rng.randrange(0, 4))])
+        if rng.random() < 0.5:
+            resource.attributes.append(_key_value(rng, resource.attributes[0].key))
+        origins.append(Origin(resource, scope, "", {}))
     tally: dict[str, list[int]] = {}  # way -> [written, declined]
     reasons = [0] * 5
     notations: set[str] = set()
@@ -422,4 +433,5 @@ def test_mutated_span_bytes_are_declined_or_written_as_python_writes_them(comple
 
 def test_the_core_refuses_key_classes_it_does_not_number_as_python_does() -> None:
     with pytest.raises(ValueError, match="key classes"):
-        EXTENSION.KeptTraceWriter(lambda key: 0, (0, 1, 2, 3, 7, 8), [], 0, True, "client", "default")
+        EXTENSION.KeptTraceWriter(lambda key: 0, (0, 1, 2, 3, 7, 8), [], 0, True, "client", "default",
+                                  "otel.status_description", "error.type")

@@ -1,8 +1,9 @@
 """The kept-trace path builds each span once: redaction reads every attribute once for both the
 exported span and its store row, segment spans are written as bytes, and the store rows travel with
 the kept trace. Each of these must give exactly what the protobuf path gives: the span parsed,
-``Redaction.apply``, ``with_trace_state``, ``enrich``, ``add_segment_span``, and the store's rows
-read back from the finished request (``sqlite._span_rows``)."""
+``Redaction.apply``, ``with_trace_state``, ``enrich``, ``add_segment_span``, each resource and scope
+through ``Redaction.strip_attributes``, and the store's rows read back from the finished request
+(``sqlite._span_rows``)."""
 
 from __future__ import annotations
 
@@ -84,6 +85,15 @@ def test_kept_trace_is_the_protobuf_path(completed_traces: list[Any], threshold:
         # each engine span: parsed, redacted, stamped and enriched as protobuf messages
         by_span = {r.span_id: r for r in completed.records}
         expected_counts = RedactionCounts()
+        origins: dict[int, Any] = {}
+        for buffered in completed.spans:
+            for message in (buffered.resource, buffered.scope):
+                if id(message) not in origins:
+                    origins[id(message)] = copy = type(message)()
+                    copy.CopyFrom(message)
+                    redaction.strip_attributes(copy.attributes, expected_counts)
+        resources = {id(b.resource): b.resource for b in completed.spans}  # in the order first met
+        assert [r.resource for r in request.resource_spans] == [origins[key] for key in resources]
         originals = []
         for buffered in completed.spans:
             span = Span.FromString(buffered.payload)

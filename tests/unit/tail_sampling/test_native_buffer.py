@@ -4,7 +4,8 @@ same traces completed (ids, reasons, spans and which copy of each, readiness), t
 with the same decisions, the same counts and the same decision cache, over seeded random workloads
 that reach every path: parents late, missing, cyclic or deeper than the walk's bound; resent spans and
 conflicting copies; ``max_traces``, ``max_spans_per_trace`` and ``decision_cache_size`` at small
-values; calls in flight held past ``decision_wait``; spans arriving while their trace is completed
+values; calls in flight held past ``decision_wait``, from three senders, under a bound of their own
+(``max_open_calls_per_sender``) or none; spans arriving while their trace is completed
 and after its decision; memory pressure, hand-overs and restored decisions; ids of unusual lengths
 (as a pipeline fed without receivers may see) next to the core's own ``BufferedSpan``."""
 
@@ -33,6 +34,7 @@ extension = native_core.select("auto")[0]
 pytestmark = pytest.mark.skipif(extension is None, reason="the compiled core is not installed")
 
 ORIGIN = Origin(Resource(), InstrumentationScope(), "svc", {})
+SENDERS = [Origin(Resource(), InstrumentationScope(), name, {}) for name in ("svc", "app-a", "app-b")]
 CLIENT, SERVER, INTERNAL = 3, 2, 1
 
 
@@ -83,7 +85,7 @@ def observation(rng: random.Random) -> EngineObservation | None:
 
 def make_span(rng: random.Random, trace_id: bytes, span_number: int, parent: bytes, kind: int) -> Any:
     span_id = span_number.to_bytes(8, "big")
-    fields = (trace_id, span_id, parent, kind, 0, 1, 2, "", b"\x0a\x00", ORIGIN, (), observation(rng))
+    fields = (trace_id, span_id, parent, kind, 0, 1, 2, "", b"\x0a\x00", rng.choice(SENDERS), (), observation(rng))
     if extension is not None and len(trace_id) == 16 and rng.random() < 0.5:
         return extension.BufferedSpan(*fields)  # the core's own, as its digest makes them
     if len(trace_id) != 16 and rng.random() < 0.5:
@@ -98,7 +100,9 @@ def trace_ids(rng: random.Random) -> list[bytes]:
     return ids
 
 
-def batch(rng: random.Random, ids: list[bytes], sent: list[Any], numbers: dict[int, int]) -> list[Any]:
+def batch(rng: random.Random, ids: list[bytes], sent: list[Any], numbers: dict[int, int],
+          open_calls: float = 0.05) -> list[Any]:
+    """``open_calls``: how many spans have a parent that never arrives (a CLIENT one is a call in flight)."""
     spans = []
     for _ in range(rng.randint(1, 8)):
         if sent and rng.random() < 0.15:
@@ -109,7 +113,7 @@ def batch(rng: random.Random, ids: list[bytes], sent: list[Any], numbers: dict[i
         roll = rng.random()
         if roll < 0.2:
             parent = b""
-        elif roll < 0.25:
+        elif roll < 0.2 + open_calls:
             parent = (1000 + number).to_bytes(8, "big")  # never arrives
         else:
             parent = rng.randint(1, 40).to_bytes(8, "big")  # any: late, early, cyclic
@@ -138,8 +142,10 @@ def state(buffer: TraceAssembler, chain: Chain) -> tuple[Any, ...]:
 def run(seed: int, native: bool) -> list[tuple[Any, ...]]:
     rng = random.Random(seed)
     settings = AssemblySettings(decision_wait_s=rng.choice((1.0, 3.0)), grace_s=rng.choice((0.0, 0.5, 1.0)),
-                                max_open_call_wait_s=rng.choice((0.0, 0.0, 6.0)), max_traces=rng.randint(1, 12),
+                                max_open_call_wait_s=rng.choice((0.0, 0.0, 6.0, 6.0)),
+                                max_open_calls_per_sender=rng.choice((0, 1, 2, 4)), max_traces=rng.randint(1, 12),
                                 max_spans_per_trace=rng.randint(2, 30), decided_cache_size=rng.randint(0, 8))
+    open_calls = rng.choice((0.05, 0.05, 0.4))
     clock, chain = Clock(), Chain()
     buffer: TraceAssembler = (NativeTraceAssembler(settings, chain, extension, clock=clock) if native
                               else TraceAssembler(settings, chain, clock=clock))
@@ -150,7 +156,7 @@ def run(seed: int, native: bool) -> list[tuple[Any, ...]]:
     for step in range(rng.randint(20, 120)):
         roll = rng.random()
         if roll < 0.55:
-            spans = batch(rng, ids, sent, chain.numbers)
+            spans = batch(rng, ids, sent, chain.numbers, open_calls)
             while spans:  # a deep chain arrives over several requests
                 size = rng.randint(1, 40)
                 buffer.add_batch(spans[:size])
