@@ -4,4 +4,5 @@
 
 pub mod model;
 pub mod record;
+pub mod records;
 pub mod wire;
