@@ -345,7 +345,8 @@ impl<'t> TraceView<'t> {
         let weight = if trace_state.is_empty() { 1.0 } else { adjusted_count(trace_state)? };
         let server = side == Side::Server;
         let timings = derive_timings(&self.numbers(&obs)).map_err(Fail::Malformed)?;
-        let segments = if server {
+        // Kept as Python's unbounded ints until the record is made: one past `i64` declines it then.
+        let mut bounds = if server {
             build_segments(i128::from(slot.start_unix_ns), &timings).ok_or(Decline::TimeRange)?
         } else {
             Vec::new()
@@ -363,7 +364,6 @@ impl<'t> TraceView<'t> {
         record.error_type = Cow::Borrowed(text(&obs, f.error_type));
         record.server_address = Cow::Borrowed(text(&obs, f.server_address));
         record.server_port = Cow::Borrowed(text(&obs, f.server_port));
-        record.start_unix_ns = i64::try_from(slot.start_unix_ns).map_err(|_| Decline::TimeRange)?;
         record.ttft_s = timings.ttft_s;
         record.tpot_s = timings.tpot_s;
         record.e2e_s = timings.e2e_s;
@@ -373,7 +373,6 @@ impl<'t> TraceView<'t> {
         record.inference_s = timings.inference_s;
         record.prompt_tokens = obs.int(f.prompt);
         record.completion_tokens = obs.int(f.completion);
-        record.segments = segments_of(segments)?;
         record.dimensions = dimensions;
         record.weight = weight;
         record.not_measurable = timings.not_measurable.iter().map(|name| Cow::Borrowed(*name)).collect();
@@ -387,7 +386,7 @@ impl<'t> TraceView<'t> {
         record.tenant = tenant;
         let mut rejected: Vec<Text<'t>> = Vec::new();
         if server && with_trace && shape.engine_kind == SGLANG {
-            self.sglang(&mut record, at, &obs)?;
+            self.sglang(&mut record, at, &obs, &mut bounds)?;
         }
         self.read_cache_and_spec(&mut record, &obs, if server { lookup } else { &[] }, &mut rejected);
         if record.e2e_s.is_none() {
@@ -406,6 +405,8 @@ impl<'t> TraceView<'t> {
             self.name_adapter(&mut record);
         }
         record.rejected = rejected;
+        record.start_unix_ns = i64::try_from(slot.start_unix_ns).map_err(|_| Decline::TimeRange)?;
+        record.segments = segments_of(bounds)?;
         for &(field, to) in &b.carried {
             if let Some(value) = obs.get(field, b.kinds[field.0 as usize]) {
                 record.extra.push((to, value.to_owned()));

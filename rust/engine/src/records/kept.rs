@@ -8,7 +8,8 @@
 //! span's bytes, so it asks these rules first: a span they say Python kept nothing of reads as
 //! having no attribute, as it does in Python.
 
-use crate::model::{array_first, span_attribute, AnyValue, SPAN_KIND_CLIENT, SPAN_KIND_INTERNAL, SPAN_KIND_SERVER};
+use crate::model::{array_first, span_attribute, AnyValue, SPAN_KIND_CLIENT, SPAN_KIND_INTERNAL, SPAN_KIND_SERVER,
+                   STATUS_CODE_ERROR};
 
 /// `adapters.engines.SGLANG_STAGES`.
 pub(super) const SGLANG_STAGES: [&str; 18] = [
@@ -61,10 +62,23 @@ fn str_is(value: Option<AnyValue<'_>>, text: &str) -> bool {
     }
 }
 
+/// `attributes.get_str(attrs, key) is None`: nothing, no value, a map, bytes, an empty array, or
+/// an array whose first element reads so.
+fn no_str(value: Option<AnyValue<'_>>) -> bool {
+    let mut value = value;
+    loop {
+        match value {
+            None | Some(AnyValue::Empty) | Some(AnyValue::KvList(_)) | Some(AnyValue::Bytes(_)) => return true,
+            Some(AnyValue::Array(array)) => value = array_first(array),
+            Some(_) => return false,
+        }
+    }
+}
+
 /// Whether Python keeps the attributes of a span no adapter's observation came with: `classify`
 /// read it (`may_be_llm`) and no adapter claimed it (`classify`'s branches that return an
 /// observation, in its order; a claimed span without an observation was refused at intake).
-pub(super) fn unobserved_keeps(kind: i32, name: &str, body: &[u8]) -> bool {
+pub(super) fn unobserved_keeps(kind: i32, status_code: i32, name: &str, body: &[u8]) -> bool {
     if !may_be_llm(kind, name) {
         return false;
     }
@@ -72,8 +86,15 @@ pub(super) fn unobserved_keeps(kind: i32, name: &str, body: &[u8]) -> bool {
         return false; // a stage: `classify` reads no attribute of it
     }
     let has = |key: &str| span_attribute(body, key).is_some();
-    if (name == VLLM_SPAN_NAME && kind == SPAN_KIND_SERVER) || TGI_HANDLER_SPANS.contains(&name)
-        || has("gen_ai.latency.e2e") || str_is(span_attribute(body, "module"), "sglang::request") {
+    if name == VLLM_SPAN_NAME && kind == SPAN_KIND_SERVER {
+        return false;
+    }
+    if TGI_HANDLER_SPANS.contains(&name) && !has("gen_ai.latency.e2e") {
+        // `_tgi` makes no observation of a handler span without a total time that did not fail
+        // (TGI's inner spans share the names): unclaimed. Any other it reads or refuses.
+        return no_str(span_attribute(body, "total_time")) && status_code != STATUS_CODE_ERROR;
+    }
+    if has("gen_ai.latency.e2e") || str_is(span_attribute(body, "module"), "sglang::request") {
         return false;
     }
     if kind == SPAN_KIND_SERVER {
@@ -133,31 +154,37 @@ mod tests {
     #[test]
     fn a_claimed_span_without_an_observation_kept_nothing() {
         let route = body(&[("http.route", STR_X)]);
-        assert!(unobserved_keeps(SPAN_KIND_SERVER, "POST /v1/chat/completions", &route));
-        assert!(!unobserved_keeps(SPAN_KIND_INTERNAL, "handler", &route));
-        assert!(!unobserved_keeps(SPAN_KIND_INTERNAL, "prefill_forward", &route));
-        assert!(!unobserved_keeps(SPAN_KIND_SERVER, "llm_request", &route));
-        assert!(unobserved_keeps(SPAN_KIND_INTERNAL, "llm_request", &route)); // vLLM's name, not its kind
-        assert!(!unobserved_keeps(SPAN_KIND_CLIENT, "generate", &route));
-        assert!(!unobserved_keeps(SPAN_KIND_SERVER, "x", &body(&[("gen_ai.latency.e2e", STR_X)])));
-        assert!(!unobserved_keeps(SPAN_KIND_SERVER, "x", &body(&[("gen_ai.request.model", STR_X)])));
-        assert!(!unobserved_keeps(SPAN_KIND_CLIENT, "x", &body(&[("gen_ai.operation.name", b"")])));
+        assert!(unobserved_keeps(SPAN_KIND_SERVER, 0, "POST /v1/chat/completions", &route));
+        assert!(!unobserved_keeps(SPAN_KIND_INTERNAL, 0, "handler", &route));
+        assert!(!unobserved_keeps(SPAN_KIND_INTERNAL, 0, "prefill_forward", &route));
+        assert!(!unobserved_keeps(SPAN_KIND_SERVER, 0, "llm_request", &route));
+        assert!(unobserved_keeps(SPAN_KIND_INTERNAL, 0, "llm_request", &route)); // vLLM's name, not its kind
+        // TGI's handler names: its inner spans (no total time, not failed) are no request.
+        assert!(unobserved_keeps(SPAN_KIND_CLIENT, 0, "generate", &route));
+        assert!(!unobserved_keeps(SPAN_KIND_CLIENT, STATUS_CODE_ERROR, "generate", &route));
+        assert!(!unobserved_keeps(SPAN_KIND_SERVER, 0, "generate", &body(&[("total_time", STR_X)])));
+        assert!(unobserved_keeps(SPAN_KIND_SERVER, 0, "generate", &body(&[("total_time", b"\x3a\x01x")])));
+        assert!(!unobserved_keeps(SPAN_KIND_SERVER, 0, "generate", &body(&[("total_time", b"\x18\x01")])));
+        assert!(!unobserved_keeps(SPAN_KIND_SERVER, 0, "generate", &body(&[("gen_ai.latency.e2e", STR_X)])));
+        assert!(!unobserved_keeps(SPAN_KIND_SERVER, 0, "x", &body(&[("gen_ai.latency.e2e", STR_X)])));
+        assert!(!unobserved_keeps(SPAN_KIND_SERVER, 0, "x", &body(&[("gen_ai.request.model", STR_X)])));
+        assert!(!unobserved_keeps(SPAN_KIND_CLIENT, 0, "x", &body(&[("gen_ai.operation.name", b"")])));
         // SGLang's module, as a string or an array's first string.
-        assert!(!unobserved_keeps(SPAN_KIND_SERVER, "x", &body(&[("module", b"\x0a\x0fsglang::request")])));
+        assert!(!unobserved_keeps(SPAN_KIND_SERVER, 0, "x", &body(&[("module", b"\x0a\x0fsglang::request")])));
         let array = [0x2a, 19, 0x0a, 17, 0x0a, 15, b's', b'g', b'l', b'a', b'n', b'g', b':', b':', b'r', b'e', b'q',
                      b'u', b'e', b's', b't'];
-        assert!(!unobserved_keeps(SPAN_KIND_SERVER, "x", &body(&[("module", &array)])));
-        assert!(unobserved_keeps(SPAN_KIND_SERVER, "x", &body(&[("module", STR_X)])));
+        assert!(!unobserved_keeps(SPAN_KIND_SERVER, 0, "x", &body(&[("module", &array)])));
+        assert!(unobserved_keeps(SPAN_KIND_SERVER, 0, "x", &body(&[("module", STR_X)])));
         // Composite engines' spans by kind and name.
-        assert!(!unobserved_keeps(SPAN_KIND_SERVER, "y", &body(&[("triton.model_name", STR_X)])));
-        assert!(!unobserved_keeps(SPAN_KIND_SERVER, "InferRequest", &route));
-        assert!(!unobserved_keeps(SPAN_KIND_SERVER, "forward_request",
+        assert!(!unobserved_keeps(SPAN_KIND_SERVER, 0, "y", &body(&[("triton.model_name", STR_X)])));
+        assert!(!unobserved_keeps(SPAN_KIND_SERVER, 0, "InferRequest", &route));
+        assert!(!unobserved_keeps(SPAN_KIND_SERVER, 0, "forward_request",
                                   &body(&[("llm_d.pd_proxy.disaggregation_used", b"\x10\x01")])));
-        assert!(unobserved_keeps(SPAN_KIND_SERVER, "forward_request",
+        assert!(unobserved_keeps(SPAN_KIND_SERVER, 0, "forward_request",
                                  &body(&[("llm_d.pd_proxy.disaggregation_used", b"\x0a\x05false")])));
-        assert!(!unobserved_keeps(SPAN_KIND_INTERNAL, "http-request", &body(&[("ttft_ms", b"\x18\x05")])));
-        assert!(unobserved_keeps(SPAN_KIND_SERVER, "http-request", &body(&[("ttft_ms", b"\x18\x05")])));
-        assert!(!unobserved_keeps(SPAN_KIND_INTERNAL, "engine.generate", &body(&[("disagg_role", STR_X)])));
-        assert!(!unobserved_keeps(SPAN_KIND_INTERNAL, "prefill", &body(&[("llm_d.pd_proxy.connector", STR_X)])));
+        assert!(!unobserved_keeps(SPAN_KIND_INTERNAL, 0, "http-request", &body(&[("ttft_ms", b"\x18\x05")])));
+        assert!(unobserved_keeps(SPAN_KIND_SERVER, 0, "http-request", &body(&[("ttft_ms", b"\x18\x05")])));
+        assert!(!unobserved_keeps(SPAN_KIND_INTERNAL, 0, "engine.generate", &body(&[("disagg_role", STR_X)])));
+        assert!(!unobserved_keeps(SPAN_KIND_INTERNAL, 0, "prefill", &body(&[("llm_d.pd_proxy.connector", STR_X)])));
     }
 }

@@ -355,7 +355,7 @@ impl<'t> TraceView<'t> {
             Some(shape) => shape.part != sglang::STAGE_PART,
             None => {
                 let slot = self.slot(at);
-                kept::unobserved_keeps(slot.kind, self.data.name(at), self.data.body(at))
+                kept::unobserved_keeps(slot.kind, slot.status_code, self.data.name(at), self.data.body(at))
             }
         };
         if keeps {

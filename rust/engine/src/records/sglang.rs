@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use crate::model::{ObsView, SpanId, STATUS_CODE_ERROR};
 use crate::record::{outcome, Record};
 
-use super::build::{segments_of, ABORTED};
+use super::build::ABORTED;
 use super::timings::{ns, python_sum, Bounds};
 use super::{Decline, Fail, TraceView};
 
@@ -81,7 +81,9 @@ impl<'t> TraceView<'t> {
 
     /// `composite.sglang(record, root, trace)`: what the root's stage spans say of its request,
     /// on the record `build_record` made of the root's observation.
-    pub(super) fn sglang(&self, record: &mut Record<'t>, root: usize, obs: &ObsView<'t>) -> Result<(), Fail> {
+    /// `bounds`: the request's segments, which this lays again.
+    pub(super) fn sglang(&self, record: &mut Record<'t>, root: usize, obs: &ObsView<'t>, bounds: &mut Vec<Bounds>)
+                         -> Result<(), Fail> {
         let below = self.descendants(root);
         if record.outcome == outcome::UNKNOWN && below.iter().any(|&span| self.slot(span).status_code == STATUS_CODE_ERROR) {
             // Aborted in the queue: the root has no finish reason; the scheduler's thread span is
@@ -174,7 +176,7 @@ impl<'t> TraceView<'t> {
                 segments.push(("postprocess", last, end));
             }
         }
-        record.segments = segments_of(segments)?;
+        *bounds = segments;
         record.segments_missing = missing.into_iter().map(Cow::Borrowed).collect();
         Ok(())
     }

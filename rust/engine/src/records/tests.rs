@@ -63,7 +63,7 @@ fn shapes() -> Vec<ShapeInfo> {
 }
 
 /// An attribute value as OTLP's `AnyValue` bytes.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 enum V {
     S(&'static str),
     I(i64),
@@ -121,7 +121,7 @@ fn push_message(out: &mut Vec<u8>, tag: u8, data: &[u8]) {
 }
 
 /// A span to put in a test trace.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 struct S {
     id: u8,
     parent: Option<u8>,
@@ -872,4 +872,117 @@ fn tgi_requests_lay_validation_queue_and_inference() {
                                     ..RecordSettings::default() };
     let r = one_with(&builder(settings), &[engine(2).attr("tenant.id", V::Bytes(&[0xab, 0x01]))]);
     assert_eq!(&*r.tenant, "ab01");
+}
+
+// --- properties on random traces ------------------------------------------------------------------
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    const NAMES: [&str; 8] = ["llm_request", " Req 1", "prefill_forward", "decode_forward", "chat m", "POST /x",
+                              "handler", "prefill_waiting"];
+    const TEXTS: [&str; 5] = ["", "m", "stop", "chat", "acompletion"];
+
+    fn value_strategy() -> impl Strategy<Value = V> {
+        prop_oneof![
+            prop::sample::select(vec!["/v1/chat/completions", "/generate", "", "x", "0.5"]).prop_map(V::S),
+            any::<i64>().prop_map(V::I),
+            prop::sample::select(vec![0.25, -1.0, f64::NAN, f64::INFINITY, 1e300]).prop_map(V::D),
+            any::<bool>().prop_map(V::B),
+        ]
+    }
+
+    fn float_strategy() -> impl Strategy<Value = Option<f64>> {
+        prop::option::of(prop::sample::select(vec![0.0, 0.001, 0.25, 1.0, 3.5, -0.5, f64::NAN, f64::INFINITY, 1e300]))
+    }
+
+    prop_compose! {
+        fn span_strategy()(id in 1u8..9, parent in prop::option::of(0u8..10), kind in 0i32..4, name in 0usize..8,
+                           start in prop::sample::select(vec![0u64, BASE, BASE + 7 * MS, u64::MAX - 1]),
+                           length in prop::sample::select(vec![0i64, 1_000_000, 900_000_000, -5, 1 << 62]),
+                           failed in any::<bool>(), shape in prop::option::of(0u16..7),
+                           floats in prop::collection::vec(float_strategy(), 9),
+                           ints in prop::collection::vec(prop::option::of(-2i64..30), 6),
+                           texts in prop::collection::vec(prop::option::of(0usize..5), 5),
+                           attrs in prop::collection::vec((0usize..5, value_strategy()), 0..3),
+                           state in prop::sample::select(vec!["", "ot=th:8", "ot=th:zz", "ot=th:ffffff"]))
+                          -> S {
+            let keys = ["http.route", "url.path", "error.type", "gen_ai.server.time_to_first_token", "tenant.id"];
+            let float_names = ["ttft_s", "e2e_s", "queue_s", "prefill_s", "decode_s", "inference_s", "preprocess_s",
+                               "tpot_s", "dispatch_to_first_token_s"];
+            let int_names = ["prompt_tokens", "completion_tokens", "max_tokens", "cached_tokens", "cache_write_tokens",
+                             "spec_steps"];
+            let text_names = ["request_model", "response_model", "finish_reason", "operation_name", "error_type"];
+            let mut s = span(id).kind(kind).name(NAMES[name]).times(start, start.wrapping_add_signed(length)).state(state);
+            s.parent = parent;
+            if failed {
+                s = s.failed();
+            }
+            for (key, value) in attrs {
+                s = s.attr(keys[key], value);
+            }
+            if let Some(shape) = shape {
+                let mut values = Vec::new();
+                for (name, value) in float_names.iter().zip(floats) {
+                    if let Some(value) = value {
+                        values.push((*name, f(value)));
+                    }
+                }
+                for (name, value) in int_names.iter().zip(ints) {
+                    if let Some(value) = value {
+                        values.push((*name, i(value)));
+                    }
+                }
+                for (name, value) in text_names.iter().zip(texts) {
+                    if let Some(value) = value {
+                        values.push((*name, t(TEXTS[value])));
+                    }
+                }
+                s = s.obs(if shape == TRITON { TGI } else { shape }, values);
+            }
+            s
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(600))]
+
+        /// Whatever the trace, the builder answers (no panic), the same every time; each record is a
+        /// request of one of its observed spans (server records of engine or GenAI SERVER spans,
+        /// client records of outermost GenAI client spans), and where the simple reading takes the
+        /// trace, the general joining reads it the same.
+        #[test]
+        fn every_trace_is_built_or_declined_and_every_record_is_a_request(spans in prop::collection::vec(span_strategy(), 1..10)) {
+            let data = trace(&spans);
+            let shapes = shapes();
+            let b = builder(RecordSettings { model_from_service_name: true, ..RecordSettings::default() });
+            let first = b.build(&data, &shapes);
+            prop_assert_eq!(&first, &b.build(&data, &shapes));
+            let view = TraceView { builder: &b, data: &data, shapes: &shapes };
+            if view.simple_request().is_some() {
+                prop_assert_eq!(view.records_of_any_trace(), view.records_of_trace());
+            }
+            if let Built::Records(records, malformed) = first {
+                let requests = (0..data.len()).filter(|&at| view.shape(at).is_some_and(|s| s.part.is_empty())).count();
+                prop_assert!(records.len() + malformed.len() <= requests);
+                for record in &records {
+                    let at = data.find(&record.span_id).unwrap();
+                    let shape = view.shape(at).unwrap();
+                    prop_assert!(shape.part.is_empty());
+                    match record.side {
+                        Side::Client => {
+                            prop_assert!(shape.may_be_gateway && data.span(at).kind != SERVER);
+                            prop_assert!(record.segments.is_empty() && record.edge_span_id.is_none());
+                        }
+                        Side::Server => prop_assert!(!shape.may_be_gateway || data.span(at).kind == SERVER),
+                    }
+                    prop_assert!(record.e2e_s.is_none_or(|e2e| e2e >= 0.0));
+                    prop_assert!(record.weight >= 1.0 && record.weight <= 1_048_576.0);
+                    prop_assert!(record.segments.windows(2).all(|w| w[0].start_unix_ns <= w[1].start_unix_ns)
+                                 || shape.engine_kind != "sglang");
+                }
+            }
+        }
+    }
 }
