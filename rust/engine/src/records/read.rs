@@ -170,44 +170,37 @@ fn plain_decimal(text: &str) -> Option<f64> {
     text.parse().ok()
 }
 
+/// The `KeyValue`s in field `field` of a message (a resource's attributes are its field 1, a
+/// span's its field 9) as (key, value), in order; they end at bytes that are not a message (the
+/// receivers validated them).
+fn key_values(message: &[u8], field: u32) -> impl Iterator<Item = (&[u8], AnyValue<'_>)> {
+    let mut reader = Reader::new(message, 0, message.len());
+    std::iter::from_fn(move || {
+        while !reader.done() {
+            let (number, wire_type) = reader.tag().ok()?;
+            if number != field || wire_type != 2 {
+                reader.skip(number, wire_type, 0).ok()?;
+                continue;
+            }
+            let (s, e) = reader.delimited().ok()?;
+            return Some((entry_key(message, s, e).ok()?, entry_value(&message[s..e])));
+        }
+        None
+    })
+}
+
 /// `digest._strings_of(resource)[0].get(key)`: the resource's string attribute `key` (of several
 /// entries with that key, the last that holds a string, as the dict comprehension keeps it).
 pub(super) fn resource_string<'t>(resource: &'t [u8], key: &str) -> Option<&'t str> {
-    let mut reader = Reader::new(resource, 0, resource.len());
-    let mut found = None;
-    while !reader.done() {
-        let (number, wire_type) = reader.tag().ok()?;
-        if number != 1 || wire_type != 2 {
-            reader.skip(number, wire_type, 0).ok()?;
-            continue;
-        }
-        let (s, e) = reader.delimited().ok()?;
-        if entry_key(resource, s, e).ok()? != key.as_bytes() {
-            continue;
-        }
-        if let AnyValue::Str(text) = entry_value(&resource[s..e]) {
-            found = Some(text);
-        }
-    }
-    found
+    key_values(resource, 1).filter(|(k, _)| *k == key.as_bytes())
+        .filter_map(|(_, value)| if let AnyValue::Str(text) = value { Some(text) } else { None })
+        .last()
 }
 
-/// The first `KeyValue` named `key` among a span's attributes (field 9), as a loop over
-/// `Span.attributes` meets it (`_pair_sglang_pd`'s `next(...)`).
+/// The first `KeyValue` named `key` among a span's attributes, as a loop over `Span.attributes`
+/// meets it (`_pair_sglang_pd`'s `next(...)`).
 pub(super) fn first_attribute<'a>(span: &'a [u8], key: &str) -> Option<AnyValue<'a>> {
-    let mut reader = Reader::new(span, 0, span.len());
-    while !reader.done() {
-        let (number, wire_type) = reader.tag().ok()?;
-        if number != 9 || wire_type != 2 {
-            reader.skip(number, wire_type, 0).ok()?;
-            continue;
-        }
-        let (s, e) = reader.delimited().ok()?;
-        if entry_key(span, s, e).ok()? == key.as_bytes() {
-            return Some(entry_value(&span[s..e]));
-        }
-    }
-    None
+    key_values(span, 9).find(|(k, _)| *k == key.as_bytes()).map(|(_, value)| value)
 }
 
 // --- upstream sampling ---------------------------------------------------------------------
