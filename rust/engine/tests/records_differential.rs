@@ -333,3 +333,40 @@ fn the_engine_builds_pythons_records_or_declines_where_its_rules_say() {
         assert!(tallies.iter().any(|(_, t)| t.declined.contains_key(reason.as_str())), "no trace declined for {reason:?}");
     }
 }
+
+/// A benchmark, not a test of speed (`cargo test --release -p otel-llm-engine --test records_differential
+/// -- --ignored --nocapture`): the time to build the records of the bench workload's traces (a
+/// gateway and a vLLM span, SGLang and TGI trees), and of the random corpus (every join).
+#[test]
+#[ignore]
+fn benchmark_building_the_corpus() {
+    let shapes = shapes();
+    for file in ["bench", "random"] {
+        let mut text = String::new();
+        GzDecoder::new(fs::File::open(data_dir().join(format!("{file}.json.gz"))).unwrap())
+            .read_to_string(&mut text).unwrap();
+        let json: Json = serde_json::from_str(&text).unwrap();
+        let schema = schema_of(&json["schema"]);
+        let origins: Origins = json["origins"].as_array().unwrap().iter()
+            .map(|o| (base64(string(&o[0])), base64(string(&o[1])), string(&o[2]).to_owned())).collect();
+        let builders: HashMap<&str, RecordBuilder> = json["settings"].as_object().unwrap().iter()
+            .map(|(name, s)| (name.as_str(), RecordBuilder::new(&schema, settings_of(s), Vec::new()).unwrap())).collect();
+        let traces: Vec<(&str, TraceData)> = json["cases"].as_array().unwrap().iter()
+            .map(|case| (string(&case["settings"]), trace_of(&schema, &origins, case))).collect();
+        let spans: usize = traces.iter().map(|(_, t)| t.len()).sum();
+        let rounds: usize = std::env::var("RECORDS_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(200);
+        let started = std::time::Instant::now();
+        let mut records = 0;
+        for _ in 0..rounds {
+            for (settings, trace) in &traces {
+                if let Built::Records(built, _) = builders[settings].build(trace, &shapes) {
+                    records += built.len();
+                }
+            }
+        }
+        let elapsed = started.elapsed().as_nanos() as f64;
+        eprintln!("{file}: {} traces, {spans} spans: {:.0} ns per trace, {:.0} ns per span, {:.0} ns per record",
+                  traces.len(), elapsed / (rounds * traces.len()) as f64, elapsed / (rounds * spans) as f64,
+                  elapsed / records.max(1) as f64);
+    }
+}

@@ -21,9 +21,10 @@ mod read;
 mod sglang;
 mod timings;
 
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 
-use crate::model::{AnyValue, FieldId, Kind, ObsView, Schema, ShapeInfo, SpanSlot, TraceData, SPAN_KIND_SERVER};
+use crate::model::{entry_value, AnyValue, FieldId, Kind, ObsView, Schema, ShapeInfo, SpanSlot, TraceData, SPAN_KIND_SERVER};
 use crate::record::{Record, Side};
 
 pub use timings::{build_segments, derive_timings, python_sum, ObservedNumbers, Timings};
@@ -253,6 +254,9 @@ pub struct RecordBuilder {
     resource_sources: Vec<String>,
     /// `"engine:" + source` for every model source a server record can have but `none`/`default`.
     engine_sources: Vec<(String, String)>,
+    /// The attributes the rules read of a span (`digest_settings`' kept keys): a span's are read
+    /// in one pass.
+    attribute_keys: Vec<String>,
 }
 
 impl RecordBuilder {
@@ -270,7 +274,18 @@ impl RecordBuilder {
         for source in &resource_sources {
             engine_sources.push((source.clone(), format!("engine:{source}")));
         }
+        let mut attribute_keys: Vec<String> = Vec::new();
+        let read = ["gen_ai.request.model", "gen_ai.response.model", "http.route", "url.path", "error.type"];
+        let configured = settings.edge_ttft_attributes.iter()
+            .chain(settings.dimensions.iter().map(|dimension| &dimension.attribute))
+            .chain(settings.tenant.iter().flat_map(|tenant| tenant.attributes.iter()));
+        for key in read.iter().copied().chain(configured.map(String::as_str)) {
+            if !attribute_keys.iter().any(|known| known == key) {
+                attribute_keys.push(key.to_owned());
+            }
+        }
         Ok(RecordBuilder {
+            attribute_keys,
             kinds: schema.ids().map(|id| schema.kind(id)).collect(),
             settings,
             fields,
@@ -287,7 +302,7 @@ impl RecordBuilder {
     /// `requests.records_of_trace(trace, settings, malformed)`: `shapes` is the shape table the
     /// trace's observations index.
     pub fn build<'t>(&'t self, trace: &'t TraceData, shapes: &'t [ShapeInfo]) -> Built<'t> {
-        let view = TraceView { builder: self, data: trace, shapes };
+        let view = TraceView::new(self, trace, shapes);
         match view.checked().and_then(|()| view.records_of_trace()) {
             Ok((records, malformed)) => Built::Records(records, malformed),
             Err(decline) => Built::Declined(decline),
@@ -301,7 +316,7 @@ impl RecordBuilder {
         if trace.len() != 1 {
             return Built::Declined(Decline::LateShape); // Python's `(span,) = ...` raises
         }
-        let view = TraceView { builder: self, data: trace, shapes };
+        let view = TraceView::new(self, trace, shapes);
         if let Err(decline) = view.checked() {
             return Built::Declined(decline);
         }
@@ -325,15 +340,29 @@ impl RecordBuilder {
     }
 }
 
-/// A trace as the rules read it: its spans, their shapes, the builder's settings.
-#[derive(Clone, Copy)]
+/// A trace as the rules read it: its spans, their shapes, the builder's settings, and the
+/// attributes read so far.
 pub(crate) struct TraceView<'t> {
     builder: &'t RecordBuilder,
     data: &'t TraceData,
     shapes: &'t [ShapeInfo],
+    attributes: RefCell<Attributes<'t>>,
+}
+
+/// The attributes of the spans read so far, `attribute_keys`' values of each (allocated only when
+/// a rule reads one: most traces' records need none).
+#[derive(Default)]
+struct Attributes<'t> {
+    /// Per span: 0 until read, `u32::MAX` when Python kept none, else 1 + where its values start.
+    at: Vec<u32>,
+    values: Vec<Option<AnyValue<'t>>>,
 }
 
 impl<'t> TraceView<'t> {
+    fn new(builder: &'t RecordBuilder, data: &'t TraceData, shapes: &'t [ShapeInfo]) -> TraceView<'t> {
+        TraceView { builder, data, shapes, attributes: RefCell::new(Attributes::default()) }
+    }
+
     fn slot(&self, at: usize) -> &'t SpanSlot {
         self.data.span(at)
     }
@@ -348,21 +377,49 @@ impl<'t> TraceView<'t> {
         self.data.obs(at).and_then(|obs| self.shapes.get(obs.shape() as usize))
     }
 
-    /// The span's attribute `key` as Python's records see it (`BufferedSpan.attr` of its kept
-    /// attributes): none of a span Python kept no attributes of (`kept`).
-    fn attr(&self, at: usize, key: &str) -> Option<AnyValue<'t>> {
-        let keeps = match self.shape(at) {
+    /// Whether Python kept the span's attributes (`kept`): an SGLang stage's it never reads.
+    fn keeps(&self, at: usize) -> bool {
+        match self.shape(at) {
             Some(shape) => shape.part != sglang::STAGE_PART,
             None => {
                 let slot = self.slot(at);
                 kept::unobserved_keeps(slot.kind, slot.status_code, self.data.name(at), self.data.body(at))
             }
-        };
-        if keeps {
-            self.data.attr(at, key)
-        } else {
-            None
         }
+    }
+
+    /// The span's attribute `key` as Python's records see it (`BufferedSpan.attr` of its kept
+    /// attributes): none of a span Python kept no attributes of. The keys the rules read are
+    /// read from a span's bytes in one pass, the first time one is asked for.
+    fn attr(&self, at: usize, key: &str) -> Option<AnyValue<'t>> {
+        let keys = &self.builder.attribute_keys;
+        let Some(wanted) = keys.iter().position(|known| known == key) else {
+            return if self.keeps(at) { self.data.attr(at, key) } else { None };
+        };
+        let mut read = self.attributes.borrow_mut();
+        if read.at.is_empty() {
+            read.at = vec![0; self.data.len()];
+        }
+        let start = match read.at[at] {
+            0 => {
+                if !self.keeps(at) {
+                    read.at[at] = u32::MAX;
+                    return None;
+                }
+                let start = read.values.len();
+                read.values.resize(start + keys.len(), None);
+                for (name, entry) in read::entries(self.data.body(at), 9) {
+                    if let Some(index) = keys.iter().position(|known| known.as_bytes() == name) {
+                        read.values[start + index] = Some(entry_value(entry)); // the last occurrence wins
+                    }
+                }
+                read.at[at] = start as u32 + 1;
+                start
+            }
+            u32::MAX => return None,
+            slot => slot as usize - 1,
+        };
+        read.values[start + wanted]
     }
 
     /// `requests.is_genai`.

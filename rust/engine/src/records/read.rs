@@ -171,9 +171,9 @@ fn plain_decimal(text: &str) -> Option<f64> {
 }
 
 /// The `KeyValue`s in field `field` of a message (a resource's attributes are its field 1, a
-/// span's its field 9) as (key, value), in order; they end at bytes that are not a message (the
-/// receivers validated them).
-fn key_values(message: &[u8], field: u32) -> impl Iterator<Item = (&[u8], AnyValue<'_>)> {
+/// span's its field 9) as (key, the entry's bytes: `entry_value` reads its value), in order; they
+/// end at bytes that are not a message (the receivers validated them).
+pub(super) fn entries(message: &[u8], field: u32) -> impl Iterator<Item = (&[u8], &[u8])> {
     let mut reader = Reader::new(message, 0, message.len());
     std::iter::from_fn(move || {
         while !reader.done() {
@@ -183,7 +183,7 @@ fn key_values(message: &[u8], field: u32) -> impl Iterator<Item = (&[u8], AnyVal
                 continue;
             }
             let (s, e) = reader.delimited().ok()?;
-            return Some((entry_key(message, s, e).ok()?, entry_value(&message[s..e])));
+            return Some((entry_key(message, s, e).ok()?, &message[s..e]));
         }
         None
     })
@@ -192,15 +192,15 @@ fn key_values(message: &[u8], field: u32) -> impl Iterator<Item = (&[u8], AnyVal
 /// `digest._strings_of(resource)[0].get(key)`: the resource's string attribute `key` (of several
 /// entries with that key, the last that holds a string, as the dict comprehension keeps it).
 pub(super) fn resource_string<'t>(resource: &'t [u8], key: &str) -> Option<&'t str> {
-    key_values(resource, 1).filter(|(k, _)| *k == key.as_bytes())
-        .filter_map(|(_, value)| if let AnyValue::Str(text) = value { Some(text) } else { None })
+    entries(resource, 1).filter(|(k, _)| *k == key.as_bytes())
+        .filter_map(|(_, entry)| if let AnyValue::Str(text) = entry_value(entry) { Some(text) } else { None })
         .last()
 }
 
 /// The first `KeyValue` named `key` among a span's attributes, as a loop over `Span.attributes`
 /// meets it (`_pair_sglang_pd`'s `next(...)`).
 pub(super) fn first_attribute<'a>(span: &'a [u8], key: &str) -> Option<AnyValue<'a>> {
-    key_values(span, 9).find(|(k, _)| *k == key.as_bytes()).map(|(_, value)| value)
+    entries(span, 9).find(|(k, _)| *k == key.as_bytes()).map(|(_, entry)| entry_value(entry))
 }
 
 // --- upstream sampling ---------------------------------------------------------------------

@@ -378,7 +378,7 @@ fn an_engine_under_its_gateway_takes_the_gateways_model_operation_outcome_and_ti
     // The general joining reads this shape the same (`_simple_request`'s claim).
     let data = trace(&[gateway, engine(2).parent(1)]);
     let (b, shapes) = (builder(RecordSettings::default()), shapes());
-    let view = TraceView { builder: &b, data: &data, shapes: &shapes };
+    let view = TraceView::new(&b, &data, &shapes);
     assert!(view.simple_request().is_some());
     assert_eq!(view.records_of_any_trace().unwrap(), view.records_of_trace().unwrap());
 }
@@ -845,7 +845,7 @@ fn the_general_joining_agrees_with_the_simple_shapes() {
     ];
     for spans in cases {
         let data = trace(&spans);
-        let view = TraceView { builder: &b, data: &data, shapes: &shapes };
+        let view = TraceView::new(&b, &data, &shapes);
         assert!(view.simple_request().is_some());
         assert_eq!(view.records_of_any_trace().unwrap(), view.records_of_trace().unwrap());
     }
@@ -853,7 +853,7 @@ fn the_general_joining_agrees_with_the_simple_shapes() {
     for spans in [vec![engine(2).parent(2)], vec![engine(2), engine(3)], vec![genai(1, CLIENT, &[]), engine(2).parent(1)],
                   vec![span(8), genai(1, SERVER, &[]).parent(8), engine(2).parent(1)]] {
         let data = trace(&spans);
-        assert!(TraceView { builder: &b, data: &data, shapes: &shapes }.simple_request().is_none());
+        assert!(TraceView::new(&b, &data, &shapes).simple_request().is_none());
     }
 }
 
@@ -959,7 +959,7 @@ mod properties {
             let b = builder(RecordSettings { model_from_service_name: true, ..RecordSettings::default() });
             let first = b.build(&data, &shapes);
             prop_assert_eq!(&first, &b.build(&data, &shapes));
-            let view = TraceView { builder: &b, data: &data, shapes: &shapes };
+            let view = TraceView::new(&b, &data, &shapes);
             if view.simple_request().is_some() {
                 prop_assert_eq!(view.records_of_any_trace(), view.records_of_trace());
             }
