@@ -3,7 +3,7 @@
 //! client called it, and where a missing model or operation is looked for. Spans are their slots
 //! in the trace (`TraceData`'s arrival order, Python's `trace.spans` order).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::model::{SpanId, SPAN_KIND_SERVER};
 
@@ -24,28 +24,15 @@ pub(super) struct Joined {
     pub client: Option<usize>,
 }
 
-/// `requests._TraceIndex`: the trace's spans by parent, made once per trace and only where a join
-/// needs it, with what the joins ask of it memoised.
+/// `requests._TraceIndex`: what the joins ask of the trace's spans by parent (`TraceView::children`),
+/// memoised, made once per trace and only where a join needs it.
+#[derive(Default)]
 pub(super) struct TraceIndex {
-    children: HashMap<SpanId, Vec<usize>>,
     below: HashMap<usize, Vec<usize>>,
     candidates: HashMap<SpanId, Vec<usize>>,
 }
 
 impl TraceIndex {
-    pub(super) fn new(t: &TraceView<'_>) -> TraceIndex {
-        let mut children: HashMap<SpanId, Vec<usize>> = HashMap::new();
-        for at in 0..t.data.len() {
-            if let Some(parent) = t.data.span(at).parent() {
-                children.entry(*parent).or_default().push(at);
-            }
-        }
-        TraceIndex { children, below: HashMap::new(), candidates: HashMap::new() }
-    }
-
-    pub(super) fn children(&self, parent: &SpanId) -> &[usize] {
-        self.children.get(parent).map_or(&[], Vec::as_slice)
-    }
 
     /// `_TraceIndex.genai_below`: GenAI spans under `top`, breadth first, among its first
     /// `MAX_BELOW` descendants (counted with repeats: a cycle ends there too).
@@ -57,7 +44,7 @@ impl TraceIndex {
             'levels: while !frontier.is_empty() && seen < MAX_BELOW {
                 let mut next = Vec::new();
                 for &span in &frontier {
-                    for &child in self.children(&t.data.span(span).span_id) {
+                    for &child in t.children(&t.data.span(span).span_id) {
                         seen += 1;
                         if seen > MAX_BELOW {
                             // Python breaks this span's loop; every later one breaks at its first child.
@@ -80,7 +67,7 @@ impl TraceIndex {
     /// an engine's gateway (SERVER spans no adapter claimed, and GenAI spans), shortest first.
     fn sibling_candidates(&mut self, t: &TraceView<'_>, parent: &SpanId) -> &[usize] {
         if !self.candidates.contains_key(parent) {
-            let mut found: Vec<usize> = self.children(parent).iter().copied()
+            let mut found: Vec<usize> = t.children(parent).iter().copied()
                 .filter(|&span| (t.data.span(span).kind == SPAN_KIND_SERVER && t.data.obs(span).is_none())
                     || t.is_genai(span))
                 .collect();
@@ -143,7 +130,7 @@ pub(super) fn join_engine(t: &TraceView<'_>, engine: usize, index: &mut Option<T
     let slot = t.data.span(engine);
     let mut siblings = Vec::new();
     if slot.has_parent && ancestors.first().is_none_or(|&parent| t.data.span(parent).kind != SPAN_KIND_SERVER) {
-        siblings = index.get_or_insert_with(|| TraceIndex::new(t)).containing_siblings(t, engine);
+        siblings = index.get_or_insert_with(TraceIndex::default).containing_siblings(t, engine);
     }
     let (mut servers, mut client) = split(t, &ancestors);
     if !siblings.is_empty() {
@@ -159,13 +146,12 @@ pub(super) fn join_engine(t: &TraceView<'_>, engine: usize, index: &mut Option<T
     }
     // A gateway's own GenAI spans (LiteLLM's litellm_request under its proxy span) are not above
     // the engine span but beside it: they name the model and are the gateway's call out.
-    let index = index.get_or_insert_with(|| TraceIndex::new(t));
+    let index = index.get_or_insert_with(TraceIndex::default);
     let mut below: Vec<usize> = Vec::new();
-    let mut seen = vec![false; t.data.len()];
+    let mut seen: HashSet<usize> = HashSet::new(); // at most 64 below each of 68 tops: not the trace's size
     for &top in siblings.iter().chain(servers.iter()) {
         for &span in index.genai_below(t, top) {
-            if !seen[span] {
-                seen[span] = true;
+            if seen.insert(span) {
                 below.push(span);
             }
         }

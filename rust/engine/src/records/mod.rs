@@ -21,10 +21,11 @@ mod read;
 mod sglang;
 mod timings;
 
-use std::cell::RefCell;
+use std::cell::{OnceCell, RefCell};
 use std::collections::{HashMap, HashSet};
 
-use crate::model::{entry_value, AnyValue, FieldId, Kind, ObsView, Schema, ShapeInfo, SpanSlot, TraceData, SPAN_KIND_SERVER};
+use crate::model::{entry_value, AnyValue, FieldId, Kind, ObsView, Schema, ShapeInfo, SpanId, SpanSlot, TraceData,
+                   SPAN_KIND_SERVER};
 use crate::record::{Record, Side};
 
 pub use timings::{build_segments, derive_timings, python_sum, ObservedNumbers, Timings};
@@ -347,6 +348,8 @@ pub(crate) struct TraceView<'t> {
     data: &'t TraceData,
     shapes: &'t [ShapeInfo],
     attributes: RefCell<Attributes<'t>>,
+    /// The trace's spans by parent, made the first time a join or an SGLang request asks.
+    children: OnceCell<HashMap<SpanId, Vec<usize>>>,
 }
 
 /// The attributes of the spans read so far, `attribute_keys`' values of each (allocated only when
@@ -360,7 +363,21 @@ struct Attributes<'t> {
 
 impl<'t> TraceView<'t> {
     fn new(builder: &'t RecordBuilder, data: &'t TraceData, shapes: &'t [ShapeInfo]) -> TraceView<'t> {
-        TraceView { builder, data, shapes, attributes: RefCell::new(Attributes::default()) }
+        TraceView { builder, data, shapes, attributes: RefCell::new(Attributes::default()), children: OnceCell::new() }
+    }
+
+    /// The spans whose parent is `parent`, in the trace's order.
+    fn children(&self, parent: &SpanId) -> &[usize] {
+        let children = self.children.get_or_init(|| {
+            let mut children: HashMap<SpanId, Vec<usize>> = HashMap::new();
+            for at in 0..self.data.len() {
+                if let Some(parent) = self.data.span(at).parent() {
+                    children.entry(*parent).or_default().push(at);
+                }
+            }
+            children
+        });
+        children.get(parent).map_or(&[], Vec::as_slice)
     }
 
     fn slot(&self, at: usize) -> &'t SpanSlot {

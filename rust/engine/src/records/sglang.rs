@@ -5,9 +5,9 @@
 //! A stage span's stage is its name (the adapter's `mark("stage")`).
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
-use crate::model::{ObsView, SpanId, STATUS_CODE_ERROR};
+use crate::model::{ObsView, STATUS_CODE_ERROR};
 use crate::record::{outcome, Record};
 
 use super::build::ABORTED;
@@ -28,22 +28,15 @@ impl<'t> TraceView<'t> {
     /// `composite.descendants`: the spans below `root`, breadth first (each span's children in
     /// the trace's order), at most `MAX_PARTS`.
     fn descendants(&self, root: usize) -> Vec<usize> {
-        let mut children: HashMap<SpanId, Vec<usize>> = HashMap::new();
-        for at in 0..self.data.len() {
-            if let Some(parent) = self.slot(at).parent() {
-                children.entry(*parent).or_default().push(at);
-            }
-        }
         let mut found = Vec::new();
-        let mut seen = vec![false; self.data.len()];
-        seen[root] = true;
+        // The spans of this request's tree, not of the trace: a trace of many roots costs each its own.
+        let mut seen: HashSet<usize> = HashSet::from([root]);
         let mut frontier = vec![root];
         while !frontier.is_empty() && found.len() < MAX_PARTS {
             let mut following = Vec::new();
             for span in frontier {
-                for &child in children.get(&self.slot(span).span_id).map_or(&[][..], Vec::as_slice) {
-                    if !seen[child] {
-                        seen[child] = true;
+                for &child in self.children(&self.slot(span).span_id) {
+                    if seen.insert(child) {
                         found.push(child);
                         following.push(child);
                     }
