@@ -37,7 +37,7 @@ impl TraceIndex {
     /// `_TraceIndex.genai_below`: GenAI spans under `top`, breadth first, among its first
     /// `MAX_BELOW` descendants (counted with repeats: a cycle ends there too).
     pub(super) fn genai_below(&mut self, t: &TraceView<'_>, top: usize) -> &[usize] {
-        if !self.below.contains_key(&top) {
+        self.below.entry(top).or_insert_with(|| {
             let mut found = Vec::new();
             let mut frontier = vec![top];
             let mut seen = 0;
@@ -58,15 +58,14 @@ impl TraceIndex {
                 }
                 frontier = next;
             }
-            self.below.insert(top, found);
-        }
-        self.below.get(&top).map_or(&[], Vec::as_slice)
+            found
+        })
     }
 
     /// `_TraceIndex.sibling_candidates`: the children of `parent` a forwarded traceparent can make
     /// an engine's gateway (SERVER spans no adapter claimed, and GenAI spans), shortest first.
     fn sibling_candidates(&mut self, t: &TraceView<'_>, parent: &SpanId) -> &[usize] {
-        if !self.candidates.contains_key(parent) {
+        self.candidates.entry(*parent).or_insert_with(|| {
             let mut found: Vec<usize> = t.children(parent).iter().copied()
                 .filter(|&span| (t.data.span(span).kind == SPAN_KIND_SERVER && t.data.obs(span).is_none())
                     || t.is_genai(span))
@@ -75,9 +74,8 @@ impl TraceIndex {
                 let slot = t.data.span(span);
                 i128::from(slot.end_unix_ns) - i128::from(slot.start_unix_ns)
             });
-            self.candidates.insert(*parent, found);
-        }
-        self.candidates.get(parent).map_or(&[], Vec::as_slice)
+            found
+        })
     }
 
     /// `requests._containing_siblings`: gateway or GenAI spans sharing the engine span's parent
