@@ -317,17 +317,19 @@ impl RecordBuilder {
         if trace.len() != 1 {
             return Built::Declined(Decline::LateShape); // Python's `(span,) = ...` raises
         }
-        let view = TraceView::new(self, trace, shapes);
-        if let Err(decline) = view.checked() {
-            return Built::Declined(decline);
-        }
-        let shape = view.shape(0);
+        let shape = match trace.obs(0) {
+            None => None,
+            Some(obs) => match shapes.get(obs.shape() as usize) {
+                Some(shape) => Some(shape),
+                None => return Built::Declined(Decline::UnknownShape),
+            },
+        };
         let engine = shape.is_some_and(ShapeInfo::is_engine);
         // `_is_client_call`: a GenAI span that is not a SERVER span.
         let client = !engine
             && shape.is_some_and(|s| s.engine_kind == build::GENAI) && trace.span(0).kind != SPAN_KIND_SERVER;
         if !engine && !client {
-            return Built::Records(Vec::new(), Vec::new());
+            return Built::Records(Vec::new(), Vec::new()); // Python reads nothing of it
         }
         match self.build(trace, shapes) {
             Built::Records(mut records, malformed) => {

@@ -45,6 +45,7 @@ const GENAI_SHAPE: u16 = 3;
 const TGI: u16 = 4;
 const TRITON: u16 = 5;
 const TRTLLM_SHAPE: u16 = 6;
+const TRITON_MODEL: u16 = 7;
 
 fn shapes() -> Vec<ShapeInfo> {
     let shape = |adapter: &str, kind: &str, part: &str, gateway: bool, python: bool| ShapeInfo {
@@ -59,6 +60,7 @@ fn shapes() -> Vec<ShapeInfo> {
         shape("tgi", "tgi", "", false, false),
         shape("triton_root", "triton", "", false, true),
         shape("trtllm", "trtllm", "", false, false),
+        shape("triton_model", "triton", "triton_model", false, true),
     ]
 }
 
@@ -813,6 +815,9 @@ fn a_late_span_is_measured_alone_and_a_late_client_call_on_its_client_side() {
     assert_eq!(late(&[genai(3, SERVER, &[("request_model", t("m"))])]), Ok(vec![]));
     assert_eq!(late(&[span(3).parent(1)]), Ok(vec![]));
     assert_eq!(late(&[engine(2), engine(3)]), Err(Decline::LateShape));
+    // A span only Python reads: declined where Python would read it, nothing where it reads nothing.
+    assert_eq!(late(&[span(4).name("InferRequest").obs(TRITON, vec![])]), Err(Decline::PythonShape));
+    assert_eq!(late(&[span(4).parent(3).obs(TRITON_MODEL, vec![])]), Ok(vec![]));
 }
 
 #[test]

@@ -2,9 +2,10 @@
 ``rust/engine/tests/records_differential.rs`` to compare the engine's ``RecordBuilder`` with.
 
 Regenerate from the repository's root, with a virtualenv that has otel-llm installed for tests
-(``make .venv/.installed-test``; the reference is the Python code, so the compiled core is not used):
+(``make .venv/.installed-test``); the script runs the Python reference (it sets ``OTEL_LLM_CORE=python``
+itself: the compiled core is not used) and writes the same bytes each time it runs:
 
-    OTEL_LLM_CORE=python PYTHONPATH=. .venv/bin/python rust/engine/tests/data/records/generate.py
+    .venv/bin/python rust/engine/tests/data/records/generate.py
 
 Each trace is sent through the real adapter stage (``digest.digest_in_process``: the adapters read
 its spans, intake refuses what it refuses, only the configured attributes are kept) and then through
@@ -15,10 +16,10 @@ seeded random traces composed from those engines' spans under gateways, clients,
 SERVER spans and LiteLLM's forwarded traceparent, with hostile attribute values, clocks, upstream
 thresholds and statuses, some with their observations' numbers redrawn after intake.
 
-The corpus is written as gzipped JSON (``*.json.gz``, ``shapes.json``). A case holds its spans as
-the engine buffers them (the span's bytes as kept, ids, kind, status,
-times, trace state, its resource and scope bytes and service name, its observation by native field
-name with its shape) and either Python's records (every field) and malformed requests, or
+The corpus is written as gzipped JSON (``*.json.gz``; the shape table in ``shapes.json``). A case
+holds its spans as the engine buffers them (the span's bytes as kept, ids, kind, status, times,
+trace state, its resource and scope bytes and service name, its observation by native field name
+with its shape) and either Python's records (every field) and malformed requests, or
 ``declined``: the reasons the engine's rules leave this trace to Python, observed while Python read
 it (a text it rendered with ``repr``, a string ``float()`` read by its own rules, a finish reason
 lowercased beyond ASCII, a non-ASCII upstream trace state, a disaggregated pair, a shape only Python
@@ -378,18 +379,26 @@ def expected(trace: PendingTrace, settings: RecordSettings, late: bool) -> dict[
         if obs is not None and isinstance(obs.finish_reason, str) and not obs.finish_reason.isascii():
             obs.finish_reason = Tracked(obs.finish_reason)
     EVENTS.clear()
-    if any(s.observation is not None and SHAPES.table[SHAPES.of(s.observation)]["python_records"]
-           for s in trace.spans.values()):
-        EVENTS.append("python_shape")
+
+    def python_shapes() -> None:
+        """Python reads the trace with a span of a shape only it reads: the engine declines it."""
+        if any(s.observation is not None and SHAPES.table[SHAPES.of(s.observation)]["python_records"]
+               for s in trace.spans.values()):
+            EVENTS.append("python_shape")
+
     malformed: list[tuple[str, str]] = []
     try:
         if late:  # LlmMetricsStage._records for completed.late
             (span,) = trace.spans.values()
             client = not span.is_engine and _is_client_call(span)
-            records = records_of_trace(trace, settings, malformed) if span.is_engine or client else []
+            records = []
+            if span.is_engine or client:
+                python_shapes()
+                records = records_of_trace(trace, settings, malformed)
             if client:
                 records = [r for r in records if r.side == Side.CLIENT]
         else:
+            python_shapes()
             records = records_of_trace(trace, settings, malformed)
     except MalformedSpan:
         EVENTS.append("uncaught")
