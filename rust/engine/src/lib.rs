@@ -8,6 +8,7 @@ pub mod decide;
 pub mod ingest;
 pub mod model;
 pub mod record;
+pub mod records;
 pub mod series;
 pub mod shapes;
 pub mod wire;
