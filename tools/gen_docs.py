@@ -561,10 +561,12 @@ def _literal(node: ast.AST) -> str | None:
 def scanned_reasons() -> dict[str, list[str]]:
     """Every reason the code can count, by counter, read from the code: a new reason is listed on the
     next ``make docs`` (and fails the check until ``docs/reasons.yaml`` explains it)."""
+    from otel_llm.processor.llm_metrics.adapters.shapes import RULES
     from otel_llm.processor.tail_sampling.assembler import COMPLETION_REASONS
     from otel_llm.receiver.otlp.admission import REQUEST_REFUSALS, SPAN_REFUSALS
 
-    malformed: set[str] = set()
+    # The shape table's refusals are data (a rule's ``malformed``), the rest raised in the code.
+    malformed: set[str] = {rule.malformed[0] for rule in RULES if rule.malformed is not None}
     rejected: set[str] = set()
     dropped: set[str] = set()
     not_measurable: set[str] = set()
