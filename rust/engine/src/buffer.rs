@@ -54,6 +54,11 @@ pub struct AssemblySettings {
     pub grace_s: f64,
     /// A trace with a call in flight is held up to this long; 0: off.
     pub max_open_call_wait_s: f64,
+    /// Traces one sender (the service.name of the CLIENT span in flight) may have held for a call
+    /// in flight; past it its longest-held one is completed (`OpenCallLimit`). 0: no bound of their
+    /// own. A count, as Python's `AssemblySettings` has it: the configuration's
+    /// `max_open_call_share` of `num_traces` is turned into it by `config.open_calls_per_sender`.
+    pub max_open_calls_per_sender: usize,
     pub max_traces: usize,
     pub max_spans_per_trace: u32,
     pub decided_cache_size: usize,
@@ -65,6 +70,7 @@ impl Default for AssemblySettings {
             decision_wait_s: 10.0,
             grace_s: 1.0,
             max_open_call_wait_s: 0.0,
+            max_open_calls_per_sender: 0,
             max_traces: 50_000,
             max_spans_per_trace: 10_000,
             decided_cache_size: 100_000,
@@ -81,6 +87,8 @@ pub enum Reason {
     DecisionWait,
     /// Held for a call in flight, `max_open_call_wait` after it was first seen (`tick`).
     MaxOpenCallWait,
+    /// The longest-held trace of a sender past `max_open_calls_per_sender` (`tick`, `_past_sender_bound`).
+    OpenCallLimit,
     /// Completed early to make room at `max_traces` (`_make_room`).
     MemoryLimit,
     /// Completed early for the memory limiter (`shed`).
@@ -92,14 +100,16 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Reason; 7] = [Reason::Ready, Reason::DecisionWait, Reason::MaxOpenCallWait, Reason::MemoryLimit,
-                                  Reason::MemoryPressure, Reason::Shutdown, Reason::Late];
+    /// `assembler.COMPLETION_REASONS` in its order, then `Late`.
+    pub const ALL: [Reason; 8] = [Reason::Ready, Reason::DecisionWait, Reason::MaxOpenCallWait, Reason::OpenCallLimit,
+                                  Reason::MemoryLimit, Reason::MemoryPressure, Reason::Shutdown, Reason::Late];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::Ready => "ready",
             Reason::DecisionWait => "decision_wait",
             Reason::MaxOpenCallWait => "max_open_call_wait",
+            Reason::OpenCallLimit => "open_call_limit",
             Reason::MemoryLimit => "memory_limit",
             Reason::MemoryPressure => "memory_pressure",
             Reason::Shutdown => "shutdown",
@@ -351,8 +361,8 @@ struct Pending {
     /// The last `add_batch` that gave it a span, and its place in that call's `touched`.
     batch: u64,
     touched_at: u32,
-    /// Its place in `Held::slots` while held for a call in flight.
-    held_at: Option<u32>,
+    /// Its places among the traces held for a call in flight (`Held`), while it is one of them.
+    held: HeldLinks,
 }
 
 /// `TraceAssembler._walk`: continue an engine span's ancestor walk from the span at `top`, its
@@ -380,10 +390,13 @@ fn walk(data: &TraceData, waiters: &mut Waiters, unrooted: &mut u32, top: usize,
     *unrooted = unrooted.saturating_sub(1);
 }
 
-/// `assembler._call_in_flight`: a CLIENT span whose parent is not here: the caller's span (a GenAI
-/// client span over its HTTP span, an application span over its call) is still open.
-fn call_in_flight(data: &TraceData) -> bool {
-    data.spans.iter().any(|span| span.kind == SPAN_KIND_CLIENT && span.parent().is_some_and(|p| data.find(p).is_none()))
+/// `assembler._call_in_flight`: the first CLIENT span whose parent is not here (its slot): the
+/// caller's span (a GenAI client span over its HTTP span, an application span over its call) is
+/// still open. Its service.name is the trace's sender while it is held.
+fn call_in_flight(data: &TraceData) -> Option<usize> {
+    data.spans.iter().position(|span| {
+        span.kind == SPAN_KIND_CLIENT && span.parent().is_some_and(|p| data.find(p).is_none())
+    })
 }
 
 // --- the pending traces in the order they came -------------------------------------------------------
@@ -508,39 +521,202 @@ impl Traces {
     }
 }
 
-/// The traces held past `decision_wait` for a call in flight (`TraceAssembler._held`: trace id ->
-/// first seen, which is its trace's `first_seen`): a subset of the pending traces, each left when
-/// its trace leaves. All of the held traces' bookkeeping is here (issue 50 bounds them apart).
-#[derive(Debug, Default)]
-struct Held {
-    slots: Vec<u32>,
+/// A held trace's two orders (`HeldLinks`' `prev` and `next` by index): all held traces', and its sender's.
+const ALL: usize = 0;
+const OF_SENDER: usize = 1;
+
+/// A pending trace's places among the held ones (`Held`): its neighbours in the order all of them
+/// were first held and in its sender's (`ALL`, `OF_SENDER`); `sender` is `NIL` while it is not held.
+#[derive(Clone, Copy, Debug)]
+struct HeldLinks {
+    sender: u32,
+    prev: [u32; 2],
+    next: [u32; 2],
 }
 
-impl Held {
-    fn hold(&mut self, traces: &mut Traces, at: u32) {
-        let trace = traces.trace_mut(at);
-        if trace.held_at.is_none() {
-            trace.held_at = Some(self.slots.len() as u32);
-            self.slots.push(at);
+impl Default for HeldLinks {
+    fn default() -> Self {
+        HeldLinks { sender: NIL, prev: [NIL; 2], next: [NIL; 2] }
+    }
+}
+
+impl HeldLinks {
+    fn is_held(&self) -> bool {
+        self.sender != NIL
+    }
+}
+
+/// The first and last held traces of one order.
+#[derive(Clone, Copy, Debug)]
+struct Ends {
+    head: u32,
+    tail: u32,
+}
+
+impl Ends {
+    const EMPTY: Ends = Ends { head: NIL, tail: NIL };
+
+    /// The trace at `at` linked last in `order`.
+    fn push_back(&mut self, traces: &mut Traces, at: u32, order: usize) {
+        let links = &mut traces.trace_mut(at).held;
+        links.prev[order] = self.tail;
+        links.next[order] = NIL;
+        if self.tail == NIL {
+            self.head = at;
+        } else {
+            traces.trace_mut(self.tail).held.next[order] = at;
         }
+        self.tail = at;
     }
 
-    /// `_held.pop(trace_id, None)`, for a trace about to leave.
+    /// A trace whose links were `links` unlinked from `order`.
+    fn unlink(&mut self, traces: &mut Traces, links: &HeldLinks, order: usize) {
+        let (prev, next) = (links.prev[order], links.next[order]);
+        if prev == NIL {
+            self.head = next;
+        } else {
+            traces.trace_mut(prev).held.next[order] = next;
+        }
+        if next == NIL {
+            self.tail = prev;
+        } else {
+            traces.trace_mut(next).held.prev[order] = prev;
+        }
+    }
+}
+
+/// One sender's held traces, first held first (`_held_by_sender[sender]`).
+#[derive(Debug)]
+struct SenderHeld {
+    name: Box<str>,
+    ends: Ends,
+    len: usize,
+}
+
+/// The traces held past `decision_wait` for a call in flight (`TraceAssembler._held`: trace id ->
+/// (first seen, sender), and `_held_by_sender`, both `OrderedDict`s in the order first held): a
+/// subset of the pending traces, each left when its trace leaves. Linked through their
+/// `HeldLinks` both ways, all of them and each sender's, so that holding one, letting one go and
+/// finding the longest-held (of all, of a sender) take constant time and no allocation but a new
+/// sender's name. A held trace's first seen is its trace's `first_seen`.
+#[derive(Debug)]
+struct Held {
+    all: Ends,
+    len: usize,
+    /// Sender name -> its slot in `senders`. A sender leaves with its last held trace (Python
+    /// deletes its entry), so senders (names a sender chose) never outnumber held traces.
+    by_name: HashMap<Box<str>, u32, IdHasher>,
+    senders: Vec<SenderHeld>,
+    free: Vec<u32>,
+}
+
+/// Sender slots kept when no trace is held; past it a burst's memory goes back.
+const KEPT_SENDER_SLOTS: usize = 64;
+
+impl Held {
+    fn new() -> Held {
+        Held { all: Ends::EMPTY, len: 0, by_name: HashMap::default(), senders: Vec::new(), free: Vec::new() }
+    }
+
+    /// `_hold`: the trace at `at` held for its call in flight (the span at `in_flight`, whose
+    /// service.name is the sender), if it is not held already; its sender's name when that takes
+    /// the sender past `bound` (0: no bound).
+    fn hold(&mut self, traces: &mut Traces, at: u32, in_flight: usize, bound: usize) -> Option<Box<str>> {
+        let trace = traces.trace(at);
+        if trace.held.is_held() {
+            return None;
+        }
+        let name = trace.data.service_name(in_flight);
+        let sender = match self.by_name.get(name) {
+            Some(&sender) => sender,
+            None => {
+                let list = SenderHeld { name: name.into(), ends: Ends::EMPTY, len: 0 };
+                let sender = match self.free.pop() {
+                    Some(sender) => {
+                        self.senders[sender as usize] = list;
+                        sender
+                    }
+                    None => {
+                        self.senders.push(list);
+                        (self.senders.len() - 1) as u32
+                    }
+                };
+                self.by_name.insert(name.into(), sender);
+                sender
+            }
+        };
+        traces.trace_mut(at).held.sender = sender;
+        self.all.push_back(traces, at, ALL);
+        self.len += 1;
+        let list = &mut self.senders[sender as usize];
+        list.ends.push_back(traces, at, OF_SENDER);
+        list.len += 1;
+        (bound > 0 && list.len > bound).then(|| list.name.clone())
+    }
+
+    /// `_unhold`, for a trace about to leave (nothing when it is not held).
     fn release(&mut self, traces: &mut Traces, at: u32) {
-        let Some(place) = traces.trace_mut(at).held_at.take() else { return };
-        self.slots.swap_remove(place as usize);
-        if let Some(&moved) = self.slots.get(place as usize) {
-            traces.trace_mut(moved).held_at = Some(place);
+        let links = std::mem::take(&mut traces.trace_mut(at).held);
+        if !links.is_held() {
+            return;
+        }
+        self.all.unlink(traces, &links, ALL);
+        self.len -= 1;
+        let list = &mut self.senders[links.sender as usize];
+        list.ends.unlink(traces, &links, OF_SENDER);
+        list.len -= 1;
+        if list.len == 0 {
+            self.by_name.remove(&std::mem::take(&mut list.name));
+            self.free.push(links.sender);
+        }
+        if self.len == 0 {
+            if self.senders.capacity() > KEPT_SENDER_SLOTS {
+                *self = Held::new();
+            } else {
+                self.senders.clear();
+                self.free.clear();
+            }
         }
     }
 
     fn len(&self) -> usize {
-        self.slots.len()
+        self.len
     }
 
-    /// `held_since`: the earliest first seen of the held traces (`min` over them).
+    /// The trace held longest (`next(iter(_held))`).
+    fn first(&self) -> Option<u32> {
+        (self.all.head != NIL).then_some(self.all.head)
+    }
+
+    /// The longest-held trace of sender `name` while it has more than `bound` held (`_past_sender_bound`'s test).
+    fn first_past_bound(&self, name: &str, bound: usize) -> Option<u32> {
+        let list = &self.senders[*self.by_name.get(name)? as usize];
+        (list.len > bound).then_some(list.ends.head)
+    }
+
+    /// The held traces, first held first.
+    fn order<'a>(&self, traces: &'a Traces) -> impl Iterator<Item = u32> + 'a {
+        let mut at = self.all.head;
+        std::iter::from_fn(move || {
+            (at != NIL).then(|| {
+                let this = at;
+                at = traces.trace(at).held.next[ALL];
+                this
+            })
+        })
+    }
+
+    /// `held_since`: the earliest first seen of the held traces (Python's `min` over them in the
+    /// order they were held: a later one replaces the least so far only when less than it).
     fn since(&self, traces: &Traces) -> Option<f64> {
-        self.slots.iter().map(|&at| traces.trace(at).first_seen).reduce(|a, b| if b < a { b } else { a })
+        self.order(traces).map(|at| traces.trace(at).first_seen).reduce(|a, b| if b < a { b } else { a })
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.by_name.capacity() * (std::mem::size_of::<(Box<str>, u32)>() + 1)
+            + self.senders.capacity() * std::mem::size_of::<SenderHeld>()
+            + self.senders.iter().map(|list| 2 * list.name.len()).sum::<usize>()
+            + self.free.capacity() * 4
     }
 }
 
@@ -655,7 +831,7 @@ pub struct TraceBuffer {
     // Counters (`TraceAssembler`'s):
     spans_dropped_over_trace_limit: u64,
     spans_duplicate: u64,
-    completions: [u64; 7],
+    completions: [u64; Reason::ALL.len()],
     /// A copy whose engine-ness differs from its first copy's replaced it: neither a duplicate nor
     /// dropped in Python's counts, the first copy gone (not a Python counter; for the accounting).
     spans_replaced: u64,
@@ -673,7 +849,7 @@ impl TraceBuffer {
             traces: Traces::new(),
             ready: VecDeque::new(),
             tokens: 0,
-            held: Held::default(),
+            held: Held::new(),
             cache: DecisionCache {
                 decided: HashMap::default(),
                 order: VecDeque::new(),
@@ -686,7 +862,7 @@ impl TraceBuffer {
             spans_held: 0,
             spans_dropped_over_trace_limit: 0,
             spans_duplicate: 0,
-            completions: [0; 7],
+            completions: [0; Reason::ALL.len()],
             spans_replaced: 0,
         })
     }
@@ -783,7 +959,7 @@ impl TraceBuffer {
                 .sum::<usize>();
         slab + parked + outbox
             + self.ready.capacity() * std::mem::size_of::<(u32, u64, f64)>()
-            + self.held.slots.capacity() * 4
+            + self.held.heap_bytes()
             + self.touched.capacity() * 4
             + self.cache.heap_bytes()
     }
@@ -981,14 +1157,16 @@ impl TraceBuffer {
 
     /// `TraceAssembler._make_room`: at `max_traces`, a trace whose grace is over is complete, not cut
     /// short, so the longest-due one goes first ("ready", what the ticker, behind, would have done);
-    /// only when none is due is the oldest trace completed early ("memory_limit"). Called with the
-    /// new trace pending past `max_traces` (at least 1), so there is an older one.
+    /// when none is due, one is completed early ("memory_limit"): the one held longest for a call in
+    /// flight, which has had its `decision_wait`, before any still inside it; the oldest when none
+    /// is held. Called with the new trace pending past `max_traces` (at least 1), so there is an
+    /// older one.
     fn make_room(&mut self, now: f64) -> (Pending, Reason) {
         if let Some(at) = self.pop_due(now) {
             return (self.leave(at).1, Reason::Ready);
         }
-        let head = self.traces.head;
-        (self.leave(head).1, Reason::MemoryLimit)
+        let at = self.held.first().unwrap_or(self.traces.head);
+        (self.leave(at).1, Reason::MemoryLimit)
     }
 
     // --- completing ---
@@ -1014,7 +1192,8 @@ impl TraceBuffer {
     /// in the order Python completes them: the ready traces due (in due order), then from the
     /// oldest, every trace `decision_wait` old, except one with a call in flight (`_call_in_flight`,
     /// while `max_open_call_wait` is on) that is held until `max_open_call_wait`, moved behind the
-    /// others and looked at again once the traces seen after it are due.
+    /// others and looked at again once the traces seen after it are due; then, for each sender this
+    /// tick took past `max_open_calls_per_sender`, its longest-held traces past it ("open_call_limit").
     pub fn tick(&mut self, now: f64) -> Vec<Completion> {
         let mut out = Vec::new();
         self.tick_into(now, &mut out);
@@ -1044,7 +1223,9 @@ impl TraceBuffer {
         let deadline = now - self.settings.decision_wait_s;
         let open_deadline = now - self.settings.max_open_call_wait_s;
         let holding = self.settings.max_open_call_wait_s > 0.0;
+        let bound = self.settings.max_open_calls_per_sender;
         let mut examined_held = 0usize;
+        let mut over_bound: Vec<Box<str>> = Vec::new(); // senders taken past max_open_calls_per_sender
         while self.traces.head != NIL {
             let head = self.traces.head;
             let trace = self.traces.trace(head);
@@ -1053,11 +1234,17 @@ impl TraceBuffer {
             }
             // Held while nothing was measured yet (the engine's request is in flight too), or for
             // decision_wait after its engine span came (its caller's span follows it).
-            let in_flight = holding
-                && (trace.engine_seen_at == 0.0 || trace.engine_seen_at > deadline)
-                && call_in_flight(&trace.data);
-            if in_flight && trace.first_seen > open_deadline {
-                self.held.hold(&mut self.traces, head);
+            let in_flight = if holding && (trace.engine_seen_at == 0.0 || trace.engine_seen_at > deadline) {
+                call_in_flight(&trace.data)
+            } else {
+                None
+            };
+            if let Some(span_at) = in_flight.filter(|_| trace.first_seen > open_deadline) {
+                // Its caller's span has not arrived: held, looked at again once the traces seen
+                // after it are due (so at most decision_wait past the limit).
+                if let Some(sender) = self.held.hold(&mut self.traces, head, span_at, bound) {
+                    over_bound.push(sender);
+                }
                 self.traces.move_to_end(head);
                 examined_held += 1;
                 if examined_held >= self.traces.len() {
@@ -1065,9 +1252,23 @@ impl TraceBuffer {
                 }
                 continue;
             }
-            let reason = if in_flight { Reason::MaxOpenCallWait } else { Reason::DecisionWait };
+            let reason = if in_flight.is_some() { Reason::MaxOpenCallWait } else { Reason::DecisionWait };
             if let Some(trace) = self.pop_oldest() {
                 self.complete(trace.data, reason);
+            }
+        }
+        self.past_sender_bound(&over_bound);
+    }
+
+    /// `TraceAssembler._past_sender_bound`: the longest-held traces of `senders` (by name, in the
+    /// order the tick took them past it, as Python's list) past `max_open_calls_per_sender`,
+    /// completed ("open_call_limit").
+    fn past_sender_bound(&mut self, senders: &[Box<str>]) {
+        let bound = self.settings.max_open_calls_per_sender;
+        for sender in senders {
+            while let Some(at) = self.held.first_past_bound(sender, bound) {
+                let trace = self.leave(at).1;
+                self.complete(trace.data, Reason::OpenCallLimit);
             }
         }
     }
@@ -1084,6 +1285,18 @@ impl TraceBuffer {
             }
         }
         count
+    }
+
+    /// `TraceAssembler.overdue`: the pending traces first seen at or before `seen_before` (still
+    /// pending past `decision_wait`: held for a call in flight) and those `carried` picks by id, in
+    /// the pending order (held ones behind those they were moved behind), left in place: what the
+    /// intake log carries past its checkpoint. Python's are copies (its `PendingTrace`s are handed
+    /// out of the lock); here they are borrowed until the caller has taken what it needs of them.
+    pub fn overdue<'a>(&'a self, seen_before: f64, mut carried: impl FnMut(&TraceId) -> bool + 'a)
+        -> impl Iterator<Item = &'a TraceData> + 'a {
+        self.traces.order().map(|at| self.traces.trace(at)).filter_map(move |trace| {
+            (trace.first_seen <= seen_before || carried(&trace.data.trace_id)).then_some(&trace.data)
+        })
     }
 
     /// `TraceAssembler.take_pending`: the pending traces `pick` picks, oldest first, removed

@@ -2,7 +2,9 @@
 //! `tests/data/buffer/generate.py` ran on Python, replayed here operation by operation, must hand
 //! on the same completions in the same calls of the next stage, in the same order (trace, reason,
 //! late, the spans and which copy of each, the prior decision), and leave the same state (pending
-//! traces and spans, counters, held traces, lag, the decision cache) after every operation.
+//! traces and spans, counters, held traces, lag, the decision cache) after every operation, and
+//! `overdue` must give the traces Python's gave. Spans come from three senders: each sender's spans
+//! carry a resource of their own, as a real sender's do (its service.name is a resource attribute).
 //!
 //! The next stage is played here as the generator's plays it: it decides every trace it is handed
 //! (not late) whose id's byte sum is not a multiple of 3, and the buffer's completions are handed
@@ -16,6 +18,8 @@ use otel_llm_engine::model::{Decision, NameId, NewSpan, SpanId, TraceData, Trace
 use serde_json::{json, Value};
 
 const POLICIES: [&str; 3] = ["", "p", "restored"];
+/// The generator's `SENDERS`, by index.
+const SENDERS: [&str; 3] = ["svc", "app-a", "app-b"];
 
 fn policy(name: &str) -> NameId {
     NameId(POLICIES.iter().position(|p| *p == name).unwrap_or_else(|| panic!("policy {name:?}")) as u16)
@@ -146,6 +150,7 @@ fn replay(workload: &Value, which: usize) {
         decision_wait_s: f64_of(&s["decision_wait_s"]),
         grace_s: f64_of(&s["grace_s"]),
         max_open_call_wait_s: f64_of(&s["max_open_call_wait_s"]),
+        max_open_calls_per_sender: u64_of(&s["max_open_calls_per_sender"]) as usize,
         max_traces: u64_of(&s["max_traces"]) as usize,
         max_spans_per_trace: u64_of(&s["max_spans_per_trace"]) as u32,
         decided_cache_size: u64_of(&s["decided_cache_size"]) as usize,
@@ -165,6 +170,7 @@ fn replay(workload: &Value, which: usize) {
                 let incoming = spans.iter().map(|s| {
                     let copy = u64_of(&s[5]);
                     let is_engine = s[4].as_bool().unwrap();
+                    let sender = SENDERS[u64_of(&s[6]) as usize];
                     r.engine.insert(copy, is_engine);
                     otel_llm_engine::buffer::Incoming {
                         trace_id: r.traces[u64_of(&s[0]) as usize],
@@ -172,7 +178,8 @@ fn replay(workload: &Value, which: usize) {
                             span_id: span_id(u64_of(&s[1])), parent_span_id: s[2].as_u64().map(span_id),
                             kind: s[3].as_i64().unwrap_or(i64::from(SPAN_KIND_SERVER)) as i32, status_code: 0,
                             start_unix_ns: copy, end_unix_ns: copy + 1, payload: b"", trace_state: "",
-                            resource: b"", scope: b"", service_name: "svc", observation: None, attrs_kept: true,
+                            resource: sender.as_bytes(), scope: b"", service_name: sender, observation: None,
+                            attrs_kept: true,
                         },
                         is_engine,
                     }
@@ -202,6 +209,14 @@ fn replay(workload: &Value, which: usize) {
                     Decision { keep: true, rate_limited: false, policy: policy("restored"), threshold: NameId(0) };
                 r.buffer.restore_decisions([(trace_id, Remembered::new(decision, &measured))]);
             }
+            "overdue" => {
+                let carried: Vec<TraceId> =
+                    op["carried"].as_array().unwrap().iter().map(|t| r.traces[u64_of(t) as usize]).collect();
+                let seen: Value = r.buffer.overdue(f64_of(&op["seen_before"]), |id| carried.contains(id))
+                    .map(|t| json!([r.index[&t.trace_id], r.spans(t)]))
+                    .collect();
+                assert_eq!(seen, op["overdue"], "workload {which} op {at}: overdue traces");
+            }
             "wait" => {}
             "drain" => {
                 r.buffer.drain();
@@ -225,10 +240,15 @@ fn the_buffer_hands_on_what_the_python_buffer_hands_on() {
     let data: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let workloads = data["workloads"].as_array().unwrap();
     assert!(workloads.len() >= 100, "{} workloads", workloads.len());
-    let (mut seen, mut full_batches, mut parked_handed_on) = ([0usize; 7], 0, 0);
+    let (mut seen, mut full_batches, mut parked_handed_on) = ([0usize; Reason::ALL.len()], 0, 0);
+    // `add`s that let held traces go without completing a ready one (`_make_room` took held traces);
+    // `overdue` answers with traces, and with carried traces only (a cutoff before every first seen).
+    let (mut room_from_held, mut overdue, mut carried_only) = (0, 0, 0);
     for (which, workload) in workloads.iter().enumerate() {
         replay(workload, which);
+        let mut held = 0;
         for op in workload["ops"].as_array().unwrap() {
+            let mut ready = false;
             for call in op["handed"].as_array().unwrap() {
                 let call = call.as_array().unwrap();
                 full_batches += usize::from(call.len() == COMPLETION_BATCH);
@@ -237,7 +257,15 @@ fn the_buffer_hands_on_what_the_python_buffer_hands_on() {
                 for completion in call {
                     let reason = Reason::parse(completion[0].as_str().unwrap()).unwrap();
                     seen[Reason::ALL.iter().position(|r| *r == reason).unwrap()] += 1;
+                    ready |= reason == Reason::Ready;
                 }
+            }
+            let held_after = u64_of(&op["state"]["held_traces"]);
+            room_from_held += usize::from(op["op"] == "add" && held_after < held && !ready);
+            held = held_after;
+            if op["op"] == "overdue" && !op["overdue"].as_array().unwrap().is_empty() {
+                overdue += 1;
+                carried_only += usize::from(f64_of(&op["seen_before"]) < f64_of(&op["now"]) - 1e8);
             }
         }
     }
@@ -246,4 +274,6 @@ fn the_buffer_hands_on_what_the_python_buffer_hands_on() {
         assert!(count > 0, "no {} completion in the workloads", reason.as_str());
     }
     assert!(full_batches > 0 && parked_handed_on > 0, "{full_batches} full batches, {parked_handed_on} parked");
+    assert!(room_from_held > 0, "no held trace completed to make room");
+    assert!(overdue > 0 && carried_only > 0, "{overdue} overdue answers, {carried_only} of carried traces only");
 }

@@ -62,8 +62,8 @@ fn decision(keep: bool) -> Decision {
 #[test]
 fn reasons_are_pythons_strings() {
     let strings: Vec<&str> = Reason::ALL.iter().map(|r| r.as_str()).collect();
-    assert_eq!(strings, ["ready", "decision_wait", "max_open_call_wait", "memory_limit", "memory_pressure", "shutdown",
-                         "late"]);
+    assert_eq!(strings, ["ready", "decision_wait", "max_open_call_wait", "open_call_limit", "memory_limit",
+                         "memory_pressure", "shutdown", "late"]);
     for reason in Reason::ALL {
         assert_eq!(Reason::parse(reason.as_str()), Some(reason));
     }
@@ -428,6 +428,124 @@ fn held_traces_leave_with_their_traces_and_the_loop_stops_when_all_are_held() {
     assert_eq!(b.held_traces(), 0);
 }
 
+/// `incoming` sent by `sender`: its resource's service.name (each sender's resource its own).
+fn by(sender: &'static str, mut incoming: Incoming<'static>) -> Incoming<'static> {
+    incoming.span.service_name = sender;
+    incoming.span.resource = sender.as_bytes();
+    incoming
+}
+
+fn holding(max_open_calls_per_sender: usize) -> AssemblySettings {
+    AssemblySettings { max_open_call_wait_s: 30.0, max_open_calls_per_sender, ..settings() }
+}
+
+#[test]
+fn a_sender_past_its_bound_has_its_longest_held_trace_completed_as_open_call_limit() {
+    let mut b = buffer(holding(2));
+    b.add_batch([by("a", client(1, 2, Some(1))), by("a", client(2, 2, Some(1))), by("b", client(3, 2, Some(1))),
+                 by("a", client(4, 2, Some(1))), other(5, 1, None)], 100.0);
+    // Held in the order examined: 1, 2 (a), 3 (b), 4 takes a to 3 held; after the tick's other
+    // completions, a's longest-held goes. b's trace does not count against a.
+    assert_eq!(seen(&b.tick(111.0)), [(5, "decision_wait", false), (1, "open_call_limit", false)]);
+    assert_eq!((b.held_traces(), b.completions(Reason::OpenCallLimit)), (3, 1));
+    b.add_batch([by("a", client(6, 2, Some(1)))], 112.0);
+    // 6 takes a past its bound again: its longest-held now is 2, though b's 3 was held before 4.
+    assert_eq!(seen(&b.tick(122.5)), [(2, "open_call_limit", false)]);
+    assert_eq!(b.held_traces(), 3);
+    assert_eq!(b.held_since(), Some(100.0));
+    // The rest leave at max_open_call_wait, as without a bound.
+    assert_eq!(seen(&b.tick(130.0)), [(3, "max_open_call_wait", false), (4, "max_open_call_wait", false)]);
+    assert_eq!(seen(&b.tick(142.0)), [(6, "max_open_call_wait", false)]);
+    assert_eq!(b.held_traces(), 0);
+}
+
+#[test]
+fn a_held_trace_counts_against_the_sender_of_its_first_call_in_flight_when_first_held() {
+    let mut b = buffer(holding(1));
+    // Trace 1's first call in flight (span 2) is a's, its second (span 4) b's: it is a's.
+    b.add_batch([by("a", client(1, 2, Some(1))), by("b", client(1, 4, Some(3)))], 100.0);
+    b.add_batch([by("b", client(2, 2, Some(1)))], 100.0);
+    assert!(b.tick(110.0).is_empty()); // were trace 1 b's, b would be past its bound here
+    assert_eq!(b.held_traces(), 2);
+    // a's call gets its caller: trace 1 is still in flight through b's span, and still a's.
+    b.add_batch([by("a", other(1, 1, None))], 111.0);
+    b.add_batch([by("a", client(3, 2, Some(1)))], 111.0);
+    assert_eq!(seen(&b.tick(121.0)), [(1, "open_call_limit", false)]);
+    assert_eq!(b.held_traces(), 2); // 2 (b) and 3 (a)
+}
+
+#[test]
+fn an_empty_service_name_is_a_sender_like_any_other() {
+    let mut b = buffer(holding(1));
+    b.add_batch([by("", client(1, 2, Some(1))), by("", client(2, 2, Some(1))), by("x", client(3, 2, Some(1)))],
+                100.0);
+    assert_eq!(seen(&b.tick(110.0)), [(1, "open_call_limit", false)]);
+    assert_eq!(b.held_traces(), 2);
+}
+
+#[test]
+fn a_sender_back_within_its_bound_by_the_end_of_the_tick_loses_nothing_more() {
+    let mut b = buffer(holding(1));
+    b.add_batch([by("a", client(1, 2, Some(1)))], 100.0);
+    b.add_batch([by("a", client(2, 2, Some(1)))], 101.0);
+    assert!(b.tick(110.0).is_empty()); // 1 held; 2 not due: pending 2, then 1
+    // 2 is held (a: 2 held, past 1), then 1 leaves at max_open_call_wait: a is back at 1.
+    assert_eq!(seen(&b.tick(130.0)), [(1, "max_open_call_wait", false)]);
+    assert_eq!((b.held_traces(), b.completions(Reason::OpenCallLimit)), (1, 0));
+}
+
+#[test]
+fn with_no_bound_of_their_own_one_senders_held_traces_wait_for_max_open_call_wait() {
+    let mut b = buffer(holding(0));
+    b.add_batch((1..=20).map(|trace| by("a", client(trace, 2, Some(1)))), 100.0);
+    assert!(b.tick(110.0).is_empty());
+    assert_eq!(b.held_traces(), 20);
+    let done = b.tick(130.0);
+    assert_eq!(done.len(), 20);
+    assert!(done.iter().all(|c| c.reason == Reason::MaxOpenCallWait));
+    assert_eq!(b.completions(Reason::OpenCallLimit), 0);
+}
+
+#[test]
+fn a_full_buffer_completes_a_due_trace_then_the_longest_held_then_the_oldest() {
+    let mut b = buffer(AssemblySettings { max_traces: 3, ..holding(0) });
+    b.add_batch([by("a", client(1, 2, Some(1)))], 100.0);
+    b.add_batch([by("b", client(2, 2, Some(1)))], 100.0);
+    b.add_batch([other(3, 1, None)], 105.0);
+    assert!(b.tick(110.0).is_empty()); // 1 and 2 held, behind 3: the oldest is 3
+    b.add_batch([engine(4, 1, None)], 110.0); // none due: the longest-held, 1, not the oldest
+    assert_eq!(seen(&b.take_completions()), [(1, "memory_limit", false)]);
+    b.add_batch([other(5, 1, None)], 111.5); // 4 due since 111
+    assert_eq!(seen(&b.take_completions()), [(4, "ready", false)]);
+    b.add_batch([other(6, 1, None)], 111.5);
+    assert_eq!(seen(&b.take_completions()), [(2, "memory_limit", false)]);
+    assert_eq!(b.held_traces(), 0);
+    b.add_batch([other(7, 1, None)], 111.5); // none held: the oldest
+    assert_eq!(seen(&b.take_completions()), [(3, "memory_limit", false)]);
+    assert_eq!(b.completions(Reason::MemoryLimit), 3);
+}
+
+#[test]
+fn overdue_gives_the_traces_past_the_cutoff_and_the_carried_ones_in_pending_order_and_leaves_them() {
+    let mut b = buffer(holding(0));
+    b.add_batch([client(1, 2, Some(1))], 100.0);
+    b.add_batch([other(2, 1, None)], 104.0);
+    b.add_batch([other(3, 1, None), other(3, 2, Some(1))], 108.0);
+    assert!(b.tick(111.0).is_empty()); // 1 held, moved behind 2 and 3
+    let ids = |traces: Vec<&TraceData>| traces.iter().map(|t| t.trace_id[0]).collect::<Vec<_>>();
+    let none = |_: &TraceId| false;
+    // At or before the cutoff (`<=`), in the pending order.
+    assert_eq!(ids(b.overdue(101.0, none).collect()), [1]);
+    assert_eq!(ids(b.overdue(104.0, none).collect()), [2, 1]);
+    assert_eq!(ids(b.overdue(103.999, |id: &TraceId| id[0] == 3).collect()), [3, 1]);
+    assert_eq!(ids(b.overdue(f64::NEG_INFINITY, |id: &TraceId| id[0] != 2).collect()), [3, 1]);
+    assert_eq!(ids(b.overdue(f64::NAN, none).collect()), Vec::<u8>::new());
+    assert_eq!(b.overdue(f64::INFINITY, none).map(|t| t.len()).collect::<Vec<_>>(), [1, 2, 1]);
+    // Left in place: nothing completed, nothing counted.
+    assert_eq!((b.len(), b.held_spans(), b.held_traces()), (3, 4, 1));
+    assert!(b.take_completions().is_empty());
+}
+
 #[test]
 fn with_max_open_call_wait_off_a_call_in_flight_is_not_held() {
     let mut b = buffer(settings());
@@ -572,8 +690,8 @@ mod properties {
 
     #[derive(Clone, Debug)]
     enum Op {
-        /// (trace, span, parent, engine, client) of each span; `hostile`: each copy draws its own.
-        Add(Vec<(u8, u8, Option<u8>, bool, bool)>),
+        /// (trace, span, parent, engine, client, sender) of each span; `hostile`: each copy draws its own.
+        Add(Vec<(u8, u8, Option<u8>, bool, bool, u8)>),
         Tick(f64),
         /// Decide the completions seen so far whose trace id is odd.
         Decide,
@@ -584,7 +702,7 @@ mod properties {
     }
 
     fn op() -> impl Strategy<Value = Op> {
-        let span = (0u8..5, 0u8..8, prop::option::of(0u8..10), any::<bool>(), any::<bool>());
+        let span = (0u8..5, 0u8..8, prop::option::of(0u8..10), any::<bool>(), any::<bool>(), 0u8..3);
         prop_oneof![
             6 => prop::collection::vec(span, 1..8).prop_map(Op::Add),
             3 => prop_oneof![Just(0.0), Just(0.3), Just(1.0), Just(2.5), Just(11.0)].prop_map(Op::Tick),
@@ -596,12 +714,77 @@ mod properties {
         ]
     }
 
+    /// Mostly calls in flight (CLIENT spans whose parent, 8 or more, never comes) from three
+    /// senders, and time passing: held traces pile up against their senders' bounds and `max_traces`.
+    fn calls() -> impl Strategy<Value = Op> {
+        let span = (0u8..8, 0u8..4, prop::option::of(0u8..12), prop::bool::weighted(0.2), prop::bool::weighted(0.8),
+                    0u8..3);
+        prop_oneof![
+            6 => prop::collection::vec(span, 1..6).prop_map(Op::Add),
+            4 => prop_oneof![Just(0.5), Just(1.0), Just(2.5), Just(4.0)].prop_map(Op::Tick),
+            1 => Just(Op::Decide),
+            1 => (0u8..8).prop_map(Op::Take),
+        ]
+    }
+
+    fn holding_settings() -> impl Strategy<Value = AssemblySettings> {
+        (1usize..4, 2usize..9).prop_map(|(max_open_calls_per_sender, max_traces)| AssemblySettings {
+            decision_wait_s: 3.0, grace_s: 1.0, max_open_call_wait_s: 60.0, max_open_calls_per_sender, max_traces,
+            max_spans_per_trace: 4, decided_cache_size: 4,
+        })
+    }
+
     fn settings() -> impl Strategy<Value = AssemblySettings> {
-        (prop_oneof![Just(0.0), Just(1.0)], prop_oneof![Just(0.0), Just(5.0)], 1usize..4, 1u32..5, 0usize..4)
-            .prop_map(|(grace_s, max_open_call_wait_s, max_traces, max_spans_per_trace, decided_cache_size)| {
-                AssemblySettings { decision_wait_s: 3.0, grace_s, max_open_call_wait_s, max_traces,
-                                   max_spans_per_trace, decided_cache_size }
+        // A long max_open_call_wait lets held traces pile up against their senders' bounds.
+        (prop_oneof![Just(0.0), Just(1.0)], prop_oneof![Just(0.0), Just(5.0), Just(60.0)], 0usize..3, 1usize..7,
+         1u32..5, 0usize..4)
+            .prop_map(|(grace_s, max_open_call_wait_s, max_open_calls_per_sender, max_traces, max_spans_per_trace,
+                        decided_cache_size)| {
+                AssemblySettings { decision_wait_s: 3.0, grace_s, max_open_call_wait_s, max_open_calls_per_sender,
+                                   max_traces, max_spans_per_trace, decided_cache_size }
             })
+    }
+
+    const SENDERS: [&str; 3] = ["svc", "a", "b"];
+
+    /// The held traces' links agree with each other and with the pending traces, each sender's
+    /// traces are in the order all were held, and no sender has more held than its bound.
+    fn check_held(b: &TraceBuffer) {
+        let held = &b.held;
+        let order: Vec<u32> = held.order(&b.traces).collect();
+        assert_eq!(order.len(), held.len());
+        let pending: Vec<u32> = b.traces.order().collect();
+        let mut prev = NIL;
+        for &at in &order {
+            let links = b.traces.trace(at).held;
+            assert!(links.is_held() && pending.contains(&at));
+            assert_eq!(links.prev[ALL], prev);
+            prev = at;
+        }
+        assert_eq!(held.all.tail, prev);
+        assert_eq!(pending.iter().filter(|&&at| b.traces.trace(at).held.is_held()).count(), held.len());
+        let mut of_senders = 0;
+        for (name, &sender) in &held.by_name {
+            let list = &held.senders[sender as usize];
+            assert_eq!(&list.name, name);
+            let (mut at, mut prev, mut walked) = (list.ends.head, NIL, Vec::new());
+            while at != NIL {
+                let links = b.traces.trace(at).held;
+                assert_eq!((links.sender, links.prev[OF_SENDER]), (sender, prev));
+                walked.push(at);
+                prev = at;
+                at = links.next[OF_SENDER];
+            }
+            assert_eq!((list.ends.tail, list.len), (prev, walked.len()));
+            assert!(list.len > 0);
+            let places: Vec<usize> = walked.iter().map(|at| order.iter().position(|o| o == at).unwrap()).collect();
+            assert!(places.windows(2).all(|pair| pair[0] < pair[1]));
+            let bound = b.settings.max_open_calls_per_sender;
+            assert!(bound == 0 || list.len <= bound, "{name:?}: {} held, bound {bound}", list.len);
+            of_senders += list.len;
+        }
+        assert_eq!(of_senders, held.len());
+        assert_eq!(held.by_name.len() + held.free.len(), held.senders.len());
     }
 
     /// Every span is in exactly one place; the bounds hold; the buffer's own structures agree.
@@ -645,9 +828,6 @@ mod properties {
                 assert!(trace.data.len() <= s.max_spans_per_trace as usize);
                 assert_eq!(b.traces.get(&trace.data.trace_id), Some(at));
                 spans += trace.data.len();
-                if let Some(place) = trace.held_at {
-                    assert_eq!(b.held.slots[place as usize], at);
-                }
                 if trace.ready_token != 0 {
                     ready += 1;
                     let entries = b.ready.iter().filter(|(a, t, _)| *a == at && *t == trace.ready_token).count();
@@ -670,7 +850,7 @@ mod properties {
             assert!(ready <= b.ready.len());
             assert_eq!(b.traces.len(), b.traces.order().count());
             assert_eq!(spans, b.held_spans());
-            assert!(b.held.slots.len() <= b.len());
+            check_held(b);
             let accounted = b.held_spans() as u64 + self.completed_spans + self.late + self.taken_spans
                 + b.parked_spans() as u64 + b.spans_dropped_over_trace_limit() + b.spans_duplicate()
                 + b.spans_replaced();
@@ -688,17 +868,18 @@ mod properties {
             match op {
                 Op::Add(spans) => {
                     let incoming: Vec<Incoming<'static>> = spans.into_iter().map(|(trace, span, parent, engine,
-                                                                                     client)| {
+                                                                                     client, sender)| {
                         // Consistent copies: a span's parent, kind and engine-ness follow from its ids.
-                        let (parent, engine, client) = if consistent_copies {
+                        let (parent, engine, client, sender) = if consistent_copies {
                             let parent = (span > 0).then(|| (span * 7 + trace) % 10);
-                            (parent, span % 3 == 1, span % 4 == 2)
+                            (parent, span % 3 == 1, span % 4 == 2, (span + trace) % 3)
                         } else {
-                            (parent, engine, client)
+                            (parent, engine, client, sender)
                         };
                         copies += 1;
                         let kind = if client { SPAN_KIND_CLIENT } else { SPAN_KIND_SERVER };
-                        Incoming { trace_id: tid(trace), span: new_span(span, parent, kind, copies), is_engine: engine }
+                        let span = new_span(span, parent, kind, copies);
+                        by(SENDERS[sender as usize], Incoming { trace_id: tid(trace), span, is_engine: engine })
                     }).collect();
                     ledger.added += incoming.len() as u64;
                     b.add_batch(incoming, now);
@@ -750,6 +931,12 @@ mod properties {
         #[test]
         fn bounds_hold_and_every_span_is_accounted_once_whatever_the_copies(
             settings in settings(), ops in prop::collection::vec(op(), 1..60)) {
+            run(settings, ops, false);
+        }
+
+        #[test]
+        fn no_sender_holds_more_than_its_bound_and_every_span_is_accounted_once(
+            settings in holding_settings(), ops in prop::collection::vec(calls(), 1..60)) {
             run(settings, ops, false);
         }
 

@@ -3,6 +3,10 @@ seeded random workloads run on ``TraceAssembler`` (``otel_llm/processor/tail_sam
 each operation written with everything the buffer handed on during it (each ``consume_batch`` call
 of the next stage, in order: reason, late, trace, spans and which copy of each, the prior decision)
 and its state after it (pending traces and spans, counters, held traces, lag, the decision cache).
+As ``tests/unit/tail_sampling/test_native_buffer.py`` varies them: spans come from three senders
+(the ``service.name`` a held call counts against), calls in flight are held under a bound per
+sender (``max_open_calls_per_sender``) or none, and in some runs many spans have a parent that never
+arrives (a CLIENT one is a call in flight); ``overdue`` is asked what the intake log would carry.
 ``rust/engine/tests/buffer_python.rs`` replays the operations on ``TraceBuffer`` and must get the same;
 ``tests/unit/tail_sampling/test_engine_buffer_reference.py`` fails while this file is stale.
 
@@ -27,15 +31,17 @@ from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from otel_llm.pdata.observation import EngineObservation
-from otel_llm.pdata.spans import MAX_ANCESTRY, BufferedSpan, Origin
+from otel_llm.pdata.spans import MAX_ANCESTRY, BufferedSpan, Origin, PendingTrace
 from otel_llm.pdata.traces import CompletedTrace, Decision, Remembered
 from otel_llm.processor.tail_sampling.assembler import AssemblySettings, TraceAssembler
 
 OUT = Path(__file__).with_name("workloads.json")
-ORIGIN = Origin(Resource(), InstrumentationScope(), "svc", {})
+SENDERS = ("svc", "app-a", "app-b")
+ORIGINS = [Origin(Resource(), InstrumentationScope(), name, {}) for name in SENDERS]
 CLIENT, SERVER, INTERNAL = 3, 2, 1
 SEEDS = 160
 BULK_SEEDS = 6  # traces by the hundred: completions past COMPLETION_BATCH in one call
+HELD_SEEDS = 40  # many calls in flight held, from the three senders, in a buffer that fills up
 
 
 class Clock:
@@ -53,19 +59,30 @@ def number(span_id: bytes) -> int:
 class Run:
     """One workload: the buffer, its next stage, and what is written of it."""
 
-    def __init__(self, seed: int, bulk: bool) -> None:
+    def __init__(self, seed: int, bulk: bool = False, held: bool = False) -> None:
         self.rng = rng = random.Random(seed)
         self.bulk = bulk
+        self.held = held
         if bulk:
             self.settings = AssemblySettings(
                 decision_wait_s=rng.choice((1.0, 3.0)), grace_s=rng.choice((0.0, 0.5)),
-                max_open_call_wait_s=rng.choice((0.0, 6.0)), max_traces=rng.randint(200, 700),
-                max_spans_per_trace=rng.randint(2, 30), decided_cache_size=rng.randint(20, 600))
+                max_open_call_wait_s=rng.choice((0.0, 6.0)), max_open_calls_per_sender=rng.choice((0, 10, 40)),
+                max_traces=rng.randint(200, 700), max_spans_per_trace=rng.randint(2, 30),
+                decided_cache_size=rng.randint(20, 600))
+        elif held:
+            self.settings = AssemblySettings(
+                decision_wait_s=rng.choice((1.0, 3.0)), grace_s=rng.choice((0.0, 0.5, 1.0)),
+                max_open_call_wait_s=rng.choice((6.0, 20.0)), max_open_calls_per_sender=rng.choice((0, 1, 2, 4)),
+                max_traces=rng.randint(6, 30), max_spans_per_trace=rng.randint(2, 30),
+                decided_cache_size=rng.randint(0, 8))
         else:
             self.settings = AssemblySettings(
                 decision_wait_s=rng.choice((1.0, 3.0)), grace_s=rng.choice((0.0, 0.5, 1.0)),
-                max_open_call_wait_s=rng.choice((0.0, 0.0, 6.0)), max_traces=rng.randint(1, 12),
+                max_open_call_wait_s=rng.choice((0.0, 0.0, 6.0, 6.0)),
+                max_open_calls_per_sender=rng.choice((0, 1, 2, 4)), max_traces=rng.randint(1, 12),
                 max_spans_per_trace=rng.randint(2, 30), decided_cache_size=rng.randint(0, 8))
+        # How many spans have a parent that never arrives (a CLIENT one is a call in flight).
+        self.open_calls = 0.4 if held else rng.choice((0.05, 0.05, 0.4))
         self.clock = Clock()
         self.buffer = TraceAssembler(self.settings, self, clock=self.clock)
         self.traces: list[str] = []  # every trace id, hex, in the order first made
@@ -100,7 +117,8 @@ class Run:
     # --- what is sent ---
 
     def trace_ids(self) -> list[bytes]:
-        count = self.rng.randint(300, 900) if self.bulk else self.rng.randint(3, 12)
+        count = self.rng.randint(300, 900) if self.bulk else self.rng.randint(10, 40) if self.held \
+            else self.rng.randint(3, 12)
         ids = [self.rng.randbytes(16) for _ in range(count)]
         for trace_id in ids:
             if trace_id not in self.index:
@@ -119,7 +137,7 @@ class Run:
     def span(self, trace_id: bytes, span_number: int, parent: bytes, kind: int) -> BufferedSpan:
         self.copies += 1  # which copy a trace holds: its start time
         return BufferedSpan(trace_id, span_number.to_bytes(8, "big"), parent, kind, 0, self.copies,
-                            self.copies + 1, "", b"", ORIGIN, (), self.observation())
+                            self.copies + 1, "", b"", self.rng.choice(ORIGINS), (), self.observation())
 
     def batch(self) -> list[BufferedSpan]:
         rng = self.rng
@@ -133,7 +151,7 @@ class Run:
             roll = rng.random()
             if roll < 0.2:
                 parent = b""
-            elif roll < 0.25:
+            elif roll < 0.2 + self.open_calls:
                 parent = (1000 + span_number).to_bytes(8, "big")  # never arrives
             else:
                 parent = rng.randint(1, 40).to_bytes(8, "big")  # any: late, early, cyclic
@@ -161,6 +179,10 @@ class Run:
                            sorted(number(m) for m in r.measured), r.taken] for trace_id, r in buffer.decisions()],
         }
 
+    def written(self, traces: list[PendingTrace]) -> list[Any]:
+        """Pending traces handed out (taken, overdue): each one's trace and its spans' ids and copies."""
+        return [[self.index[t.trace_id], [[number(k), s.start_unix_ns] for k, s in t.spans.items()]] for t in traces]
+
     def record(self, ops: list[dict[str, Any]], op: dict[str, Any]) -> None:
         op["now"] = self.clock.now
         op["handed"] = self.handed
@@ -181,7 +203,7 @@ class Run:
                     buffer.add_batch(part)
                     self.record(ops, {"op": "add", "spans": [
                         [self.index[s.trace_id], number(s.span_id), number(s.parent_span_id) if s.parent_span_id else None,
-                         s.kind, s.is_engine, s.start_unix_ns] for s in part]})
+                         s.kind, s.is_engine, s.start_unix_ns, SENDERS.index(s.service_name)] for s in part]})
             elif roll < 0.75:
                 clock.now += rng.choice((0.1, 0.4, 1.1, 2.5))
                 buffer.tick()
@@ -196,15 +218,21 @@ class Run:
                 complete = bool(taken) and rng.random() < 0.5
                 if complete:
                     buffer.complete_now(taken, "shutdown")  # a hand-over that could not be written
-                self.record(ops, {"op": "take", "keep": keep, "complete": complete, "taken": [
-                    [self.index[t.trace_id], [[number(k), s.start_unix_ns] for k, s in t.spans.items()]]
-                    for t in taken]})
+                self.record(ops, {"op": "take", "keep": keep, "complete": complete, "taken": self.written(taken)})
             elif roll < 0.9:
                 restored = rng.choice(self.ids)
                 buffer.restore_decisions([(restored, Remembered(Decision(True, "restored"), ((5).to_bytes(8, "big"),)))])
                 self.record(ops, {"op": "restore", "trace": self.index[restored], "measured": [5]})
             elif roll < 0.93:
                 self.ids = self.trace_ids() + self.ids[:3]  # new traces, and some old ones coming back
+            elif roll < 0.96:
+                # The intake log's question after a tick: traces pending past a cutoff, and carried ones.
+                seen_before = clock.now - rng.choice((0.0, self.settings.decision_wait_s, 1e9))
+                carried = [self.ids[i] for i in sorted(rng.sample(range(len(self.ids)), min(2, len(self.ids))))]
+                overdue = buffer.overdue(seen_before, carried)
+                self.record(ops, {"op": "overdue", "seen_before": seen_before,
+                                  "carried": [self.index[trace_id] for trace_id in carried],
+                                  "overdue": self.written(overdue)})
             else:
                 clock.now += 0.05
                 self.record(ops, {"op": "wait"})
@@ -212,7 +240,8 @@ class Run:
         self.record(ops, {"op": "drain"})
         s = self.settings
         return {"settings": {"decision_wait_s": s.decision_wait_s, "grace_s": s.grace_s,
-                             "max_open_call_wait_s": s.max_open_call_wait_s, "max_traces": s.max_traces,
+                             "max_open_call_wait_s": s.max_open_call_wait_s,
+                             "max_open_calls_per_sender": s.max_open_calls_per_sender, "max_traces": s.max_traces,
                              "max_spans_per_trace": s.max_spans_per_trace,
                              "decided_cache_size": s.decided_cache_size},
                 "traces": self.traces, "ops": ops}
@@ -220,8 +249,9 @@ class Run:
 
 def workloads() -> dict[str, Any]:
     """Every workload run on the reference, as written to ``workloads.json``."""
-    runs = [Run(seed, bulk=False).run() for seed in range(SEEDS)]
+    runs = [Run(seed).run() for seed in range(SEEDS)]
     runs += [Run(10_000 + seed, bulk=True).run() for seed in range(BULK_SEEDS)]
+    runs += [Run(20_000 + seed, held=True).run() for seed in range(HELD_SEEDS)]
     return {"generator": "rust/engine/tests/data/buffer/generate.py", "workloads": runs}
 
 
