@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from otel_llm import __version__
-from otel_llm.config import ConfigError, check_certificates, load_config, parse_duration
+from otel_llm.config import ConfigError, check_certificates, config_warnings, load_config, parse_duration
 from otel_llm.internal.runtime import raise_fd_limit, tune_gc
 
 EXIT_CONFIG = 2  # the config cannot run (also what `validate` rejects)
@@ -26,6 +26,8 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"otel-llm: invalid config: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    for warning in config_warnings(config):
+        logging.getLogger("otel_llm").warning("%s", warning)
     before, after = raise_fd_limit()  # before anything opens a socket; the receiver processes inherit it
     if after != before:
         logging.getLogger("otel_llm").info("open file limit raised from %d to %d", before, after)
@@ -93,10 +95,13 @@ def _validate(args: argparse.Namespace) -> int:
         print("otel-llm validate: give a config file, or --explain [--url URL] for a running instance", file=sys.stderr)
         return EXIT_CONFIG
     try:
-        check_certificates(load_config(args.config))
+        config = load_config(args.config)
+        check_certificates(config)
     except ConfigError as exc:
         print(f"{args.config}: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    for warning in config_warnings(config):
+        print(f"{args.config}: warning: {warning}", file=sys.stderr)
     print(f"{args.config}: ok")
     return 0
 
