@@ -345,7 +345,8 @@ def _proxied(server, alias: str, service_name: str | None, n: int) -> None:
         provider.shutdown()
 
 
-KEEP_EVERY_TRACE = {"policies": [{"name": "all", "type": "probabilistic", "probabilistic": {"sampling_percentage": 100}}]}
+KEEP_EVERY_TRACE = {"policies": [
+    {"name": "all", "type": "probabilistic", "probabilistic": {"sampling_percentage": 100}}]}
 
 
 def test_behind_a_gateway_the_engine_names_the_model_it_served(make_server):
