@@ -65,7 +65,8 @@ def test_validate_warns_when_decision_wait_is_below_the_engine_export_delay(tmp_
     unused = tmp_path / "unused.yaml"
     unused.write_text("processors:\n  tail_sampling: {decision_wait: 1s, grace: 100ms}\n"
                       "exporters:\n  prometheus: {endpoint: '127.0.0.1:0'}\n"
-                      "service:\n  pipelines:\n    traces: {processors: [llm_metrics, redaction], exporters: [prometheus]}\n")
+                      "service:\n  pipelines:\n    traces: {processors: [llm_metrics, redaction], "
+                      "exporters: [prometheus]}\n")
     result = run_cli("validate", str(unused))
     assert result.returncode == 0 and result.stderr == "", result.stderr
 
