@@ -167,6 +167,7 @@ def test_the_readme_openai_v2_snippet_joins_its_calls_to_a_live_vllm(chain, tmp_
     calls, served, since = 6, vllm.served_model, time.time_ns()
     before = (vllm.scrape(), otel.scrape())
     seen = _application(otel, vllm.base_url + "/v1", served, calls, tmp_path)
+    assert {s["model"] for s in seen if not s["stream"]} == {served}  # what vLLM answers
     theirs, ours = _served(vllm, otel, before, calls)
     _assert_counted_as_vllm_counts(theirs, ours, served, calls)
     assert ours.value("vllm:generation_tokens_total") == sum(s["completion_tokens"] for s in seen)
@@ -212,7 +213,8 @@ def test_the_readme_litellm_proxy_between_the_client_and_a_live_vllm(chain, tmp_
         assert sockets and all(is_loopback(s) for s in sockets), sockets  # --host 127.0.0.1, as shown
         calls, since = 6, time.time_ns()
         before = (vllm.scrape(), otel.scrape())
-        _application(otel, f"http://127.0.0.1:{port}/v1", alias, calls, tmp_path, key)
+        seen = _application(otel, f"http://127.0.0.1:{port}/v1", alias, calls, tmp_path, key)
+        assert {s["model"] for s in seen if not s["stream"]} == {alias}  # LiteLLM answers with the alias
         theirs, ours = _served(vllm, otel, before, calls)
         _assert_counted_as_vllm_counts(theirs, ours, served, calls)
         assert ours.value("vllm:e2e_request_latency_seconds_count", model_name=alias) == 0

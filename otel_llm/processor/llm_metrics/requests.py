@@ -371,15 +371,16 @@ def _models(obs: EngineObservation | None, span: BufferedSpan) -> tuple[str | No
 
 def _resolve_model(own: EngineObservation, lookup: list[BufferedSpan], resource_attr: dict[str, str],
                    settings: RecordSettings) -> tuple[str, str, str, str, str, str]:
-    """(model, its source, request model, response model, heard, its source), in DESIGN.md §3 order:
-    the span, the resource mapping, the spans joined with it, the configured default (metric label and
-    store row only: never written into a span); "" where nothing says.
+    """(model, its source, request model, response model, heard, its source): DESIGN.md §3's rules
+    (the span, the spans joined with it, the resource mapping, the configured default: metric label and
+    store row only, never written into a span), ordered by whose span it is; "" where nothing says.
 
-    An engine's own span comes before its callers' (``_CALLER_FIRST_KINDS`` aside): a gateway's span
-    names the model its caller asked for (LiteLLM's alias), the engine serves its own, which its
-    resource names (a mapping, or in ``_fallback_model`` its service name) and which its own
-    ``/metrics`` labels. So for an engine, what the joined spans name (``heard``) is the request model
-    here and the model label only in ``_fallback_model``, when the engine's side names none."""
+    An engine's own span and resource come before its callers' spans (``_CALLER_FIRST_KINDS`` keep
+    §3's order): a gateway names the model its caller asked for (LiteLLM's alias, which it also reports
+    as the response's model), the engine serves its own, which its resource names (a mapping, or in
+    ``_fallback_model`` its service name) and its own ``/metrics`` label. So for an engine, what the
+    joined spans name (``heard``) is the request model here and the model label only in
+    ``_fallback_model``, when the engine's side names none (docs/concepts/segments.md)."""
     response, request = own.response_model or "", own.request_model or ""
     if response:
         model, source = response, "span:gen_ai.response.model"
