@@ -11,7 +11,8 @@ import time
 from typing import Any
 
 from otel_llm import __version__
-from otel_llm.config import ConfigError, check_certificates, load_config, parse_duration, running_extensions
+from otel_llm.config import (ConfigError, check_certificates, config_warnings, load_config, parse_duration,
+                             running_extensions)
 from otel_llm.internal.runtime import raise_fd_limit, tune_gc
 
 EXIT_CONFIG = 2  # the config cannot run (also what `validate` rejects)
@@ -26,6 +27,8 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"otel-llm: invalid config: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    for warning in config_warnings(config):
+        logging.getLogger("otel_llm").warning("%s", warning)
     before, after = raise_fd_limit()  # before anything opens a socket; the receiver processes inherit it
     if after != before:
         logging.getLogger("otel_llm").info("open file limit raised from %d to %d", before, after)
@@ -108,6 +111,8 @@ def _validate(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"{args.config}: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    for warning in config_warnings(config):
+        print(f"{args.config}: warning: {warning}", file=sys.stderr)
     print(f"{args.config}: ok; extensions: {running_extensions(config)}")
     return 0
 

@@ -184,6 +184,18 @@ class Config:
 # --- checks across components ------------------------------------------------------------------
 
 
+def config_warnings(config: Config) -> list[str]:
+    """What the running components' settings likely lose (their ``warnings``): ``validate`` prints
+    them and ``serve`` logs them; a config is never refused for them."""
+    found: list[str] = []
+    for kind in Kind:
+        for name, settings in config.configured(kind).items():
+            warnings = getattr(settings, "warnings", None)
+            if warnings is not None and config.runs(kind, name):
+                found.extend(warnings(f"{kind.value}.{name}"))
+    return found
+
+
 def _validate(config: Config) -> None:
     for kind in Kind:
         for name, settings in config.configured(kind).items():

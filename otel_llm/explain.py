@@ -63,6 +63,14 @@ def _by_reason(samples: Samples, name: str) -> dict[str, float]:
     return out
 
 
+# An OTLP gRPC exporter treats any scheme but http:// as TLS (opentelemetry-exporter-otlp-proto-grpc
+# exporter.py: insecure = scheme == "http" unless OTEL_EXPORTER_OTLP[_TRACES]_INSECURE says otherwise): its
+# handshake with a plaintext receiver fails, and only the sender's log shows it.
+NO_SPANS_HINT = ("is the engine exporting (--otlp-traces-endpoint), to this host and port, on a non-loopback "
+                 "listener? A gRPC exporter given grpc:// or https:// (any scheme but http://) speaks TLS, which a "
+                 "plaintext receiver never answers, and only the sender's log says so: set "
+                 "OTEL_EXPORTER_OTLP_TRACES_INSECURE=true on the sender, or give it http://")
+
 _HINTS = {
     "otel_llm_spans_malformed_total": "engine spans with unusable values: passed through, not measured",
     "otel_llm_values_rejected_total": "durations read at assembly that failed validation: the request is counted without them",
@@ -82,9 +90,7 @@ def diagnose(exposition: str) -> list[Finding]:
     findings: list[Finding] = []
     if accepted == 0 and refused == 0:
         # Nothing else can be wrong yet: this one goes first whatever the counts.
-        findings.append(Finding(float("inf"), "no spans have arrived at all",
-                                "is the engine exporting (--otlp-traces-endpoint), to this host and port, on a "
-                                "non-loopback listener?", "no-spans"))
+        findings.append(Finding(float("inf"), "no spans have arrived at all", NO_SPANS_HINT, "no-spans"))
     matched = _total(samples, "otel_llm_spans_matched_total")
     passed = _total(samples, "otel_llm_spans_passed_through_total")
     if accepted > 0 and matched == 0 and passed > 0:

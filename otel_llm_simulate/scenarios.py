@@ -158,19 +158,23 @@ SUB_MEMBERS: Final[dict[str, tuple[tuple[str, str, str], ...]]] = {
 DISAGGREGATED: Final = frozenset({"dynamo", "llm-d"})
 KV_TRANSFER_S: Final = (0.002, 0.012)  # a disaggregated request's KV cache transfer (s)
 
-# vLLM 0.33, TGI and trtllm-serve spans carry no model name, so those models are always reached through the
-# gateway (whose gen_ai.request.model names it), as in a real fleet; SGLang, vLLM's coming span, Triton
-# (triton.model_name), Dynamo (model) and llm-d (target_model) name their model themselves. Those without
-# traceparent handling in their emitter (Triton, Dynamo, llm-d: the EPP is the edge) are called directly.
+# vLLM 0.33, TGI and trtllm-serve spans carry no model name, so those processes run with their service
+# name set to the model they serve (docs/engines/vllm.md: the model label, as their own /metrics name it)
+# and are reached through the gateway (its gen_ai.request.model is the request model), as in a real
+# fleet; SGLang, vLLM's coming span, Triton (triton.model_name), Dynamo (model) and llm-d (target_model)
+# name their model themselves. Those without traceparent handling in their emitter (Triton, Dynamo, llm-d:
+# the EPP is the edge) are called directly.
 DEFAULT_MODELS: Final[tuple[ModelProfile, ...]] = (
     ModelProfile(
-        name="llama-3.1-8b-instruct", engine="vllm-v1", service_name="vllm-llama-8b", process_id=101, weight=0.4,
+        name="llama-3.1-8b-instruct", engine="vllm-v1", service_name="llama-3.1-8b-instruct", process_id=101,
+        weight=0.4,
         prompt_median=700, prompt_sigma=0.9, output_median=220, output_sigma=0.8, max_tokens=1024,
         max_model_len=32768, prefill_tokens_per_s=14000.0, prefill_overhead_s=0.008, tpot_s=0.011,
         gateway_share=1.0, stream_share=0.8,
     ),
     ModelProfile(
-        name="llama-3.1-70b-instruct", engine="vllm-v1", service_name="vllm-llama-70b", process_id=102, weight=0.2,
+        name="llama-3.1-70b-instruct", engine="vllm-v1", service_name="llama-3.1-70b-instruct", process_id=102,
+        weight=0.2,
         prompt_median=900, prompt_sigma=0.9, output_median=260, output_sigma=0.8, max_tokens=1024,
         max_model_len=32768, prefill_tokens_per_s=3500.0, prefill_overhead_s=0.02, tpot_s=0.032,
         gateway_share=1.0, stream_share=0.8,
@@ -182,7 +186,7 @@ DEFAULT_MODELS: Final[tuple[ModelProfile, ...]] = (
         gateway_share=0.5, stream_share=0.5,
     ),
     ModelProfile(
-        name="mistral-7b-instruct", engine="tgi", service_name="tgi-mistral-7b", process_id=104, weight=0.15,
+        name="mistral-7b-instruct", engine="tgi", service_name="mistral-7b-instruct", process_id=104, weight=0.15,
         prompt_median=400, prompt_sigma=0.8, output_median=120, output_sigma=0.8, max_tokens=512,
         max_model_len=8192, prefill_tokens_per_s=10000.0, prefill_overhead_s=0.01, tpot_s=0.014,
         gateway_share=1.0, stream_share=0.6,
@@ -207,7 +211,7 @@ DEFAULT_MODELS: Final[tuple[ModelProfile, ...]] = (
         gateway_share=0.0, stream_share=1.0,
     ),
     ModelProfile(
-        name="llama-3.1-8b-trtllm", engine="trtllm", service_name="trtllm-llama-8b", process_id=108, weight=0.06,
+        name="llama-3.1-8b-trtllm", engine="trtllm", service_name="llama-3.1-8b-trtllm", process_id=108, weight=0.06,
         prompt_median=700, prompt_sigma=0.9, output_median=200, output_sigma=0.8, max_tokens=1024,
         max_model_len=32768, prefill_tokens_per_s=18000.0, prefill_overhead_s=0.006, tpot_s=0.009,
         gateway_share=1.0, stream_share=0.8,

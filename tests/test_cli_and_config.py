@@ -50,6 +50,38 @@ def test_minimal_config_validates_exactly_as_written():
     assert config.exporters.store.path == "/some/dir"
 
 
+
+def test_validate_warns_when_decision_wait_is_below_the_engine_export_delay(tmp_path):
+    """vLLM's BatchSpanProcessor sends every 5 s: a decision_wait of 3 s loses joins (7 of 12, live). The config
+    still runs: validate says so, exit 0, and serve logs the same line."""
+    short = tmp_path / "short.yaml"
+    short.write_text("processors:\n  tail_sampling: {decision_wait: 3s, grace: 100ms}\n")
+    result = run_cli("validate", str(short))
+    assert result.returncode == 0 and result.stdout.startswith(f"{short}: ok;"), result.stderr
+    assert result.stderr.count("warning:") == 1
+    assert "processors.tail_sampling.decision_wait: 3s is below the usual engine export delay (5s" in result.stderr
+    enough = tmp_path / "enough.yaml"
+    enough.write_text("processors:\n  tail_sampling: {decision_wait: 5s}\n")
+    result = run_cli("validate", str(enough))
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    # A pipeline that does not run tail_sampling has no decision to wait for.
+    unused = tmp_path / "unused.yaml"
+    unused.write_text("processors:\n  tail_sampling: {decision_wait: 1s, grace: 100ms}\n"
+                      "exporters:\n  prometheus: {endpoint: '127.0.0.1:0'}\n"
+                      "service:\n  pipelines:\n    traces: {processors: [llm_metrics, redaction], "
+                      "exporters: [prometheus]}\n")
+    result = run_cli("validate", str(unused))
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+
+    from tests.support.otelllm import ServerProcess
+
+    server = ServerProcess(tmp_path, {"processors": {"tail_sampling": {"decision_wait": "3s", "grace": "100ms"}}})
+    try:
+        server.start(timeout_s=60)
+    finally:
+        server.ensure_stopped()
+    assert "WARNING otel_llm: processors.tail_sampling.decision_wait: 3s is below" in server.log_path.read_text()
+
 @pytest.mark.parametrize(
     "text,path",
     [

@@ -481,7 +481,8 @@ def send_round(exporter: SpanExporter, round_no: int) -> None:
     now = time.time_ns()
     seed = 1000 * round_no
     gateway = engine_tracer_provider("gateway", exporter, seed=seed + 1)
-    llama = engine_tracer_provider("vllm-v1", exporter, service_name="vllm-llama", seed=seed + 2)
+    # llama's vLLM started as docs/engines/vllm.md says: its service name is the model it serves.
+    llama = engine_tracer_provider("vllm-v1", exporter, service_name=MODEL, seed=seed + 2)
     direct = engine_tracer_provider("vllm-v1", exporter, service_name="vllm-llama-70b", seed=seed + 3)
     sglang = engine_tracer_provider("sglang", exporter, seed=seed + 4)
     app = engine_tracer_provider("app", exporter, seed=seed + 5)
@@ -502,7 +503,7 @@ def send_round(exporter: SpanExporter, round_no: int) -> None:
         emit_vllm_v1(llama, timing, request_id=f"llama-{round_no}-{i}", traceparent_headers=headers,
                      params=SamplingParams(max_tokens=512))
         span.end(end_time=timing.end_unix_ns + 9_000_000)
-    for i in range(2):  # a LoRA adapter on llama's engine, slow (no goodput), named by the gateway
+    for i in range(2):  # a LoRA adapter on llama's engine, slow (no goodput), the gateway's request model
         timing = _timing(now, i, ttft=1.6 + 0.1 * i, tpot=0.02)
         span = tracer.start_span("POST /v1/chat/completions", kind=SpanKind.SERVER,
                                  start_time=timing.arrival_unix_ns - 3_000_000,
@@ -654,7 +655,9 @@ def test_dashboard_and_rules_on_a_real_prometheus_over_sharded_replicas(make_ser
 
         # -- source label: span-derived and engine-native vllm: series never mix.
         spans_count = prom.query(f'sum(vllm:e2e_request_latency_seconds_count{{source="spans", model_name="{MODEL}"}})')
-        assert _values(spans_count) == [48 + 4]  # 24 llama + 2 gateway errors per round
+        # 24 llama, 2 on its LoRA adapter (labelled with the model llama's vLLM serves, as its own /metrics
+        # labels them) and 2 gateway errors per round
+        assert _values(spans_count) == [48 + 4 + 4]
         everything = prom.query(f'sum(vllm:e2e_request_latency_seconds_count{{model_name="{MODEL}"}})')
         assert _values(everything)[0] > 1000, "the engine's own series should be there too"
 

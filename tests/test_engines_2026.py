@@ -616,6 +616,18 @@ def test_triton_reports_compute_whole():
     assert [s.name for s in record.segments] == ["preprocess", "queue", "compute", "postprocess"]
 
 
+def test_triton_behind_a_gateway_is_labelled_with_the_model_it_ran():
+    """A gateway names the model its caller asked for; the record's label is what Triton ran
+    (``triton.model_name``), the gateway's name its request model."""
+    trace, gateway_sid = F.trace_id("triton-gw"), F.span_id("triton-gw")
+    gateway = F.request(F.resource_spans({"service.name": "llm-gateway"}, "gateway", [F.make_span(
+        "POST /v2/models/generate", trace=trace, sid=gateway_sid, parent=None, kind=F.SERVER,
+        start_ns=F.T0_NS - 1_000_000, end_ns=F.T0_NS + 2_000_000_000,
+        attrs={"gen_ai.operation.name": "chat", "gen_ai.request.model": "chat-default"})]))
+    _, (record,) = _records([gateway, F.triton_request(parent=(trace, gateway_sid))])
+    assert (record.model, record.model_source, record.request_model) == \
+        ("tensorrt_llm", "span:triton.model_name", "chat-default")
+
 def test_trtllm_marks_derived_segments():
     _, (record,) = _records([F.trtllm_serve_span()])
     assert record.segments_derived == ("prefill", "decode")

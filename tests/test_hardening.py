@@ -342,7 +342,7 @@ def test_prompts_never_reach_the_store(make_server):
     server = make_server({"processors": KEEP_ALL})
     exporter = server.exporter("grpc")
     gateway = engine_tracer_provider("gateway", exporter)
-    engine = engine_tracer_provider("vllm-v1", exporter, service_name="pii")
+    engine = engine_tracer_provider("vllm-v1", exporter, service_name="pii-model")  # its served model name
     tracer = gateway.get_tracer("litellm")
     secret = "my social security number is 078-05-1120"
     t = RequestTiming(time.time_ns(), 0.01, 0.1, 0.2, 1.0)

@@ -133,9 +133,13 @@ def test_engine_behind_an_instrumented_client_is_one_request_per_side(make_serve
     assert scrape.value("vllm:request_success_total") == len(engines)
     assert scrape.value("vllm:request_success_total", engine_kind="vllm") == len(engines)
     assert scrape.value("gen_ai_server_request_duration_seconds_count") == len(engines)
-    # ... with the model the client's span observed (vLLM V1 reports none).
-    response_model = attribute(next(iter(clients.values())), "gen_ai.response.model")
-    assert scrape.value("vllm:e2e_request_latency_seconds_count", model_name=response_model) == len(engines)
+    # ... labelled with what the engine's side names (vLLM V1's span names no model: its service name),
+    # not what its caller names; the model the client asked for is the request model.
+    assert scrape.value("vllm:e2e_request_latency_seconds_count", model_name="vllm-behind-client") == len(engines)
+    request_model = attribute(next(iter(clients.values())), "gen_ai.request.model")
+    assert scrape.value("gen_ai_server_request_duration_seconds_count", gen_ai_request_model=request_model,
+                        gen_ai_response_model=attribute(next(iter(clients.values())), "gen_ai.response.model")) \
+        == len(engines)
     # Client side: every call, the failed one included.
     assert scrape.value("gen_ai_client_operation_duration_seconds_count") == len(clients)
     # Client-observed overhead: the client span's duration minus the engine's e2e, per joined request.

@@ -126,8 +126,9 @@ def _run_client(tmp_path: Path, server, upstream_port: int, models: list[str]) -
 
 
 def _engine_spans(server, calls: list[dict[str, Any]], first: int) -> None:
-    """vLLM behind the upstream: one engine span per call, under the call's traceparent."""
-    provider = engine_tracer_provider("vllm-v1", server.exporter("http"), service_name="vllm-qwen")
+    """vLLM behind the upstream, serving BASE (its service name, as docs/engines/vllm.md says): one engine
+    span per call, under the call's traceparent."""
+    provider = engine_tracer_provider("vllm-v1", server.exporter("http"), service_name=BASE)
     for index, call in enumerate(calls):
         assert call["traceparent"], "the client span's context reached the upstream"
         emit_vllm_v1(provider, RequestTiming(time.time_ns() - 50_000_000, 0.001, 0.001, 0.002, 0.004,
@@ -161,14 +162,16 @@ def test_cache_reads_and_adapters_from_openllmetry_and_vllm_reach_prometheus(mak
         "static_configs": [{"targets": [server.metrics_url.removeprefix("http://")], "labels": {"source": "spans"}}]}])
     prometheus.start()
     try:
-        # Phase 1: one request (8 of 10 cached), so the base model's counters exist before phase 2
-        # grows them. Its ratio is phase 2's, so the two counters stay proportional and the rule's
-        # rate() extrapolates both alike: the ratio is exact whatever the scrape times.
-        _Upstream.plan, _Upstream.seen = [(10, 8)], []
+        # Phase 1: one request (12 of 23 cached), so the base model's counters exist before phase 2
+        # grows them. Its ratio is phase 2's for the base model (96 of 120 and the adapter's 0 of 64:
+        # vLLM serves both, and labels both with its served model name), so the two counters stay
+        # proportional and the rule's rate() extrapolates both alike: the ratio is exact whatever the
+        # scrape times.
+        _Upstream.plan, _Upstream.seen = [(23, 12)], []
         _run_client(tmp_path, server, upstream.server_address[1], [BASE])
         _engine_spans(server, list(_Upstream.seen), 0)
         prometheus.wait_for('sum(otel_llm_prompt_tokens_cached_total{model_name="%s"})' % BASE,
-                            lambda r: bool(r) and float(r[0]["value"][1]) == 8)
+                            lambda r: bool(r) and float(r[0]["value"][1]) == 12)
         # Phase 2: 96 of 120 cached; a LoRA request with nothing cached; a response without details
         # (vLLM without --enable-prompt-tokens-details): that one reports nothing, so it is in no cache number.
         _Upstream.plan += [(120, 96), (64, 0), (50, None)]
@@ -179,20 +182,20 @@ def test_cache_reads_and_adapters_from_openllmetry_and_vllm_reach_prometheus(mak
                                    what="four engine requests recorded")
         assert [c["model"] for c in _Upstream.seen] == [BASE, BASE, ADAPTER, BASE]
 
-        # Counters: reporting requests only (phase 1: 8 of 10; phase 2: 96 of 120, 0 of 64).
-        assert scrape.value("otel_llm_prompt_tokens_cached_total") == 8 + 96 + 0
-        assert scrape.value("otel_llm_prompt_tokens_computed_total") == 2 + 24 + 64
-        assert scrape.value("vllm:prompt_tokens_cached_total") == 104
-        assert scrape.value("vllm:prompt_tokens_total") == 10 + 120 + 64 + 50  # every request, as before
+        # Counters: reporting requests only (phase 1: 12 of 23; phase 2: 96 of 120, 0 of 64).
+        assert scrape.value("otel_llm_prompt_tokens_cached_total") == 12 + 96 + 0
+        assert scrape.value("otel_llm_prompt_tokens_computed_total") == 11 + 24 + 64
+        assert scrape.value("vllm:prompt_tokens_cached_total") == 108
+        assert scrape.value("vllm:prompt_tokens_total") == 23 + 120 + 64 + 50  # every request, as before
         assert scrape.value("otel_llm_prompt_tokens_cache_write_total") == 0  # nobody reported a write
         assert "otel_llm_prompt_tokens_cache_write_total{" not in scrape.text
-        # vLLM's per-request computed-prefill histogram: 2, 24, 64.
+        # vLLM's per-request computed-prefill histogram: 11, 24, 64.
         assert scrape.value("vllm:request_prefill_kv_computed_tokens_count") == 3
-        assert scrape.value("vllm:request_prefill_kv_computed_tokens_sum") == 90
-        # Hit ratio per request: 0.8, 0.8, 0.0 (the request without details is not a zero).
+        assert scrape.value("vllm:request_prefill_kv_computed_tokens_sum") == 99
+        # Hit ratio per request: 12/23, 0.8, 0.0 (the request without details is not a zero).
         ratio = scrape.buckets("otel_llm_request_prefix_cache_hit_ratio")
-        assert (ratio["0.0"], ratio["0.7"], ratio["0.8"], ratio["+Inf"]) == (1, 1, 3, 3)
-        assert scrape.value("otel_llm_request_prefix_cache_hit_ratio_sum") == pytest.approx(1.6)
+        assert (ratio["0.0"], ratio["0.5"], ratio["0.6"], ratio["0.8"], ratio["+Inf"]) == (1, 1, 2, 3, 3)
+        assert scrape.value("otel_llm_request_prefix_cache_hit_ratio_sum") == pytest.approx(12 / 23 + 0.8)
         # No speculative decoding was reported: no series.
         assert "vllm:spec_decode_num_drafts_total{" not in scrape.text
         assert "otel_llm_request_spec_decode_acceptance_length_count{" not in scrape.text
@@ -207,14 +210,14 @@ def test_cache_reads_and_adapters_from_openllmetry_and_vllm_reach_prometheus(mak
         assert all("adapter" not in labels for labels in scrape.label_sets("vllm:request_success_total"))
 
         # Through the real Prometheus, once it has scraped phase 2: the recording rule's expression for the
-        # base model, 104 cached of 104 + 26; counted as a zero, the request without details would make
-        # it 104 / 180.
+        # base model, 108 cached of 108 + 99; counted as a zero, the request without details would make
+        # it 108 / 257.
         prometheus.wait_for('sum(otel_llm_prompt_tokens_cached_total{model_name="%s"})' % BASE,
-                            lambda r: bool(r) and float(r[0]["value"][1]) == 104)
+                            lambda r: bool(r) and float(r[0]["value"][1]) == 108)
         prometheus.wait_for('sum(otel_llm_adapter_requests_total{source="spans"})', lambda r: bool(r))
         expr = _rule_expr("llm:prompt_cache_hit_ratio:ratio_rate5m").replace("[5m]", "[1m]")
         result = prometheus.wait_for(expr, lambda r: _value(r, model_name=BASE) is not None)
-        assert _value(result, model_name=BASE) == pytest.approx(0.8)
+        assert _value(result, model_name=BASE) == pytest.approx(12 / 23)
         quantile = prometheus.query(
             'histogram_quantile(1, sum by (le) (otel_llm_request_prefix_cache_hit_ratio_bucket{source="spans"}))')
         assert float(quantile[0]["value"][1]) == pytest.approx(0.8)  # the highest request's bucket bound
@@ -406,7 +409,7 @@ def test_a_gateway_span_gives_the_engine_request_its_cache_reads_and_writes(make
 
     server = make_server(CONFIG)
     gateway = engine_tracer_provider("gateway", server.exporter("http"))
-    engine = engine_tracer_provider("vllm-v1", server.exporter("http"), service_name="vllm-qwen")
+    engine = engine_tracer_provider("vllm-v1", server.exporter("http"), service_name=BASE)
     timing = RequestTiming(time.time_ns() - 2_000_000_000, 0.001, 0.01, 0.05, 0.2, prompt_tokens=400,
                            completion_tokens=20)
     span = gateway.get_tracer("litellm").start_span(

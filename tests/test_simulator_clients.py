@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from otel_llm.exporter.store.sqlite import StoreReader
 from otel_llm_simulate.clients import (
     APP_GENAI_SCOPE,
     APP_HTTPX_SCOPE,
@@ -291,11 +292,12 @@ def test_client_and_server_sides_of_the_fleet(make_server):
 
 def test_proxy_names_the_model_of_a_request_it_forwarded(make_server):
     """The capture's own shape: a caller that sent a traceparent (and exported nothing), the proxy's
-    spans and vLLM's span siblings under it. The model can only come from litellm_request."""
+    spans and vLLM's span siblings under it. vLLM runs without OTEL_SERVICE_NAME (its service name is the
+    SDK's placeholder, no model label): the model can only come from litellm_request."""
     server = make_server(FAST_DECISIONS)
     exporter = server.exporter("grpc")
     proxy = engine_tracer_provider("litellm-proxy", exporter, seed=21)
-    engine = engine_tracer_provider("vllm-v1", exporter, service_name="vllm-anon", seed=22)
+    engine = engine_tracer_provider("vllm-v1", exporter, seed=22)
     now = time.time_ns() - 30 * 10**9
     n, model = 6, "proxy-only-model"
     edges: list[float] = []
@@ -321,6 +323,64 @@ def test_proxy_names_the_model_of_a_request_it_forwarded(make_server):
     assert scrape.buckets("otel_llm_gateway_overhead_seconds", model_name=model) == \
         expected_cumulative(edges, GENAI_DURATION_BUCKETS)
 
+
+
+def _proxied(server, alias: str, service_name: str | None, n: int) -> None:
+    """``n`` calls to the LiteLLM proxy's model group ``alias``, each forwarded to a vLLM started with
+    ``OTEL_SERVICE_NAME=service_name`` (``None``: without it), the caller's traceparent carried through."""
+    exporter = server.exporter("grpc")
+    proxy = engine_tracer_provider("litellm-proxy", exporter, seed=31)
+    engine = engine_tracer_provider("vllm-v1", exporter, service_name=service_name, seed=32)
+    now = time.time_ns() - 30 * 10**9
+    for i in range(n):
+        times = proxy_times(now + i * 10**9)
+        timing = engine_timing(times.self_call[0] + MS)
+        emit_litellm_proxy(
+            proxy, times, model=alias, caller_headers={"traceparent": f"00-{i + 1:032x}-{i + 1:016x}-01"},
+            upstream_call=lambda h, t=timing, i=i: emit_vllm_v1(engine, t, request_id=f"chatcmpl-{i}",
+                                                               traceparent_headers=h),
+            params=SamplingParams(max_tokens=64), response_id=f"chatcmpl-{i}", input_tokens=23, output_tokens=7,
+            finish_reason="stop")
+    for provider in (proxy, engine):
+        provider.shutdown()
+
+
+KEEP_EVERY_TRACE = {"policies": [
+    {"name": "all", "type": "probabilistic", "probabilistic": {"sampling_percentage": 100}}]}
+
+
+def test_behind_a_gateway_the_engine_names_the_model_it_served(make_server):
+    """A model group ``llama-3.1-8b-instruct`` routed to a vLLM serving ``tiny-chat`` with
+    ``OTEL_SERVICE_NAME=tiny-chat`` (as docs/engines/vllm.md says): vLLM's own /metrics label those
+    requests ``model_name="tiny-chat"``, and so does otel-llm, not with the gateway's alias, which stays
+    the request model; the served model's ``max_model_len_by_model`` gives its token histograms vLLM's
+    buckets. With ``from_service_name: false`` the alias is the label again."""
+    alias, served, n = "llama-3.1-8b-instruct", "tiny-chat", 4
+    server = make_server({"processors": {
+        "tail_sampling": {**FAST_DECISIONS["processors"]["tail_sampling"], **KEEP_EVERY_TRACE},
+        "llm_metrics": {"max_model_len_by_model": {served: 2048}}}})
+    _proxied(server, alias, served, n)
+    scrape = server.wait_until(
+        lambda s: s.value("vllm:request_success_total") >= n and s.value("otel_llm_traces_in_memory") == 0,
+        what=f"{n} engine requests")
+    assert scrape.value("vllm:request_success_total", engine_kind="vllm", model_name=served) == n
+    assert scrape.value("vllm:request_success_total", model_name=alias) == 0
+    assert scrape.value("gen_ai_server_request_duration_seconds_count", gen_ai_request_model=alias) == n
+    # vLLM's token buckets for --max-model-len 2048 (vllm/v1/metrics/loggers.py build_1_2_5_buckets): 1 ... 2000.
+    bounds = set(scrape.buckets("vllm:request_prompt_tokens", model_name=served))
+    assert {"2000.0", "+Inf"} <= bounds and "5000.0" not in bounds
+    server.service.store.flush()
+    rows = StoreReader(server.service.store.path).list_requests(engine="vllm", limit=100)
+    assert [(r["model"], r["model_source"]) for r in rows] == [(served, "resource:service.name")] * n
+
+    # The rule turned off: what the gateway names.
+    off = make_server({"processors": {"tail_sampling": FAST_DECISIONS["processors"]["tail_sampling"],
+                                      "llm_metrics": {"model_name": {"from_service_name": False}}}})
+    _proxied(off, alias, served, n)
+    scrape = off.wait_until(
+        lambda s: s.value("vllm:request_success_total") >= n and s.value("otel_llm_traces_in_memory") == 0,
+        what=f"{n} engine requests")
+    assert scrape.value("vllm:request_success_total", engine_kind="vllm", model_name=alias) == n
 
 def test_realtime_run_with_clients_sends_nothing_early():
     p = plan("steady", seed=8, rate=8.0, duration_s=1.5, start_ns=time.time_ns())

@@ -227,3 +227,46 @@ def test_explain_gives_up_at_its_total_deadline(metrics_server: Callable[[str], 
                              metrics_server("trickle"), "--timeout", "2"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert "no complete answer within 2s (--timeout)" in result.stderr, result.stderr
+
+
+# A sender as an OpenTelemetry SDK app builds one from an endpoint (vLLM releases that do not pass
+# insecure=True too): the OTLP gRPC exporter of the project's own environment, its env read as users set it.
+SENDER = r'''
+import sys
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+memory = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(memory))
+provider.get_tracer("scheme-pitfall").start_span("one span").end()
+print(OTLPSpanExporter(endpoint=sys.argv[1]).export(memory.get_finished_spans()).name)
+'''
+
+
+def send_one_span(endpoint: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    return subprocess.run([sys.executable, "-c", SENDER, endpoint], capture_output=True, text=True, timeout=60,
+                          env={**clean, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "3", **env})
+
+
+def test_a_grpc_scheme_without_insecure_never_arrives_and_explain_names_it(server: ServerProcess) -> None:
+    """``grpc://host:4317`` (what vLLM's page showed) to an SDK's OTLP gRPC exporter: TLS against the plaintext
+    receiver, the failure in the sender's log only, nothing counted; with OTEL_EXPORTER_OTLP_TRACES_INSECURE=true
+    (vLLM's own OpenTelemetry example, our vLLM lines) the same endpoint delivers."""
+    endpoint = f"grpc://127.0.0.1:{server.grpc_port}"
+    tls = send_one_span(endpoint)
+    assert tls.stdout.strip() == "FAILURE", tls.stdout + tls.stderr
+    assert "StatusCode.UNAVAILABLE" in tls.stderr and "Tls handshake failed" in tls.stderr, tls.stderr[-3000:]
+    assert server.scrape().value("otel_llm_receiver_accepted_spans_total") == 0
+    anchors, out = explain(server)
+    assert anchors == ["no-spans"], out
+    assert "OTEL_EXPORTER_OTLP_TRACES_INSECURE=true" in out and "grpc://" in out
+    section = TROUBLESHOOTING.split("{ #no-spans }", 1)[1].split("\n## ", 1)[0]
+    assert "OTEL_EXPORTER_OTLP_TRACES_INSECURE=true" in section and "grpc://" in section
+
+    plaintext = send_one_span(endpoint, OTEL_EXPORTER_OTLP_TRACES_INSECURE="true")
+    assert plaintext.stdout.strip() == "SUCCESS", plaintext.stdout + plaintext.stderr
+    server.wait_until(lambda s: s.value("otel_llm_receiver_accepted_spans_total") == 1, what="the span accepted")

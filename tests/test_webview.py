@@ -69,12 +69,13 @@ def _api(server: RunningServer, path: str) -> Any:
 
 
 def _hostile_trace(server: RunningServer) -> str:
-    """A gateway (model name hostile) in front of vLLM, with an app span whose name and attribute
-    values carry markup that would run if it were ever parsed as HTML."""
+    """A gateway (model name hostile) in front of vLLM (without OTEL_SERVICE_NAME: the gateway's model is
+    its label), with an app span whose name and attribute values carry markup that would run if it
+    were ever parsed as HTML."""
     exporter = server.exporter("http")
     provider = TracerProvider(resource=Resource.create({"service.name": "gw<svg onload=window.__pwned=4>"}))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    engine = engine_tracer_provider("vllm-v1", server.exporter("grpc"), service_name="vllm-xss")
+    engine = engine_tracer_provider("vllm-v1", server.exporter("grpc"))
     start = time.time_ns() - 3 * 10**9
     timing = RequestTiming(start + 10**7, 0.01, 0.05, 0.1, decode_s=0.5, prompt_tokens=10, completion_tokens=20)
     holder: dict[str, str] = {}

@@ -726,6 +726,10 @@ def tests_md() -> str:
         relative = path.relative_to(ROOT).as_posix()
         docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
         docstring = re.sub(r"``([^`]+)``", r"`\1`", docstring)
+        # A test file a docstring names is a link to its section of this page.
+        docstring = re.sub(r"(?<!\[)`(tests/(?:\w+/)*test_\w+\.py)`(?!\])",
+                           lambda m: f"[`{m[1]}`](#{test_anchor(m[1])})" if (ROOT / m[1]).exists() else m[0],
+                           docstring)
         lines += [f"## {relative} {{ #{test_anchor(relative)} }}", "", docstring.strip(), ""]
     return "\n".join(lines)
 

@@ -281,18 +281,30 @@ impl RecordBuilder {
     }
 
     /// `requests._resolve_model` and, where it names no model, `_fallback_model` (the engine's
-    /// service name, the configured default): (model, model source, request model, response model).
+    /// service name, what the gateway named, the configured default): (model, model source, request
+    /// model, response model). An engine's own span and resource come before its gateway's (`genai`:
+    /// an app's span, whose gateway comes first).
     fn model<'py>(&self, py: Python<'py>, own: &Row, obs: &Observation, gateway: Option<(&Row, &Observation)>,
                   genai: bool) -> PyResult<Read<Model<'py>>> {
-        match observed_model(py, obs, gateway) {
-            Ok(Some(found)) => return Ok(Ok(found)),
-            Ok(None) => {}
+        let seen = match observed_model(py, obs, gateway) {
+            Ok(seen) => seen,
             Err(declined) => return Ok(Err(declined)),
-        }
+        };
         let empty = || PyString::new(py, "").into_any();
+        let response = seen.response.clone().unwrap_or_else(empty);
+        if let Some((model, source)) = seen.own {
+            let request = seen.request.unwrap_or_else(|| model.clone());
+            return Ok(Ok((model, source, request, response)));
+        }
+        // What was asked for, whichever rule names the label: `request or heard` in Python.
+        let asked = seen.request.clone().or_else(|| seen.heard.as_ref().map(|(model, _)| model.clone()));
+        if genai {
+            if let Some((model, source)) = seen.heard {
+                return Ok(Ok((model, source, asked.unwrap_or_else(empty), response)));
+            }
+        }
         let resource = own.origin.bind(py).getattr(pyo3::intern!(py, "resource_strings"))?;
         let Ok(resource) = resource.downcast_exact::<PyDict>() else { return Ok(Err(Declined)) };
-        let mut found: Option<Model<'py>> = None;
         for (attribute, source, values) in &self.resource_model_rules {
             let Some(raw) = resource.get_item(attribute.bind(py))? else { continue };
             if raw.is_none() {
@@ -305,15 +317,13 @@ impl RecordBuilder {
                     None => continue,
                 },
             };
-            found = Some((model.clone(), source.bind(py).clone().into_any(), model, empty()));
-            break;
+            if !model.is_truthy()? {
+                break; // Python returns it, and `build_record` then takes `_fallback_model`'s
+            }
+            let request = asked.unwrap_or_else(|| model.clone());
+            return Ok(Ok((model, source.bind(py).clone().into_any(), request, response)));
         }
-        let (model, source, request, response) = found.unwrap_or_else(|| {
-            (empty(), pyo3::intern!(py, "none").clone().into_any(), empty(), empty())
-        });
-        if model.is_truthy()? {
-            return Ok(Ok((model, source, request, response)));
-        }
+        let request = asked.unwrap_or_else(empty);
         if self.model_from_service_name && !genai {
             if let Some(service) = resource.get_item(pyo3::intern!(py, "service.name"))? {
                 let Ok(name) = service.downcast_exact::<PyString>() else { return Ok(Err(Declined)) };
@@ -324,11 +334,14 @@ impl RecordBuilder {
                 }
             }
         }
+        if let Some((model, source)) = seen.heard {
+            return Ok(Ok((model, source, request, response)));
+        }
         if !self.default_model.bind(py).to_cow()?.is_empty() {
             return Ok(Ok((self.default_model.bind(py).clone().into_any(),
                           self.constants.default_source.bind(py).clone(), request, response)));
         }
-        Ok(Ok((model, pyo3::intern!(py, "none").clone().into_any(), request, response)))
+        Ok(Ok((empty(), pyo3::intern!(py, "none").clone().into_any(), request, response)))
     }
 
     fn route_operation(&self, py: Python<'_>, row: &Row) -> Read<Option<PyObject>> {
@@ -430,38 +443,43 @@ impl RecordBuilder {
 
 type Model<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>);
 
-/// `requests._resolve_model`'s first part: (model, source, request model, response model) from the
-/// request's spans, `None` when none names the model.
+/// What `requests._resolve_model` reads from the request's spans: the model its own span names and
+/// the one its gateway names (`heard`), each with its source, and the request and response models
+/// either says.
+struct SeenModels<'py> {
+    own: Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+    heard: Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+    request: Option<Bound<'py, PyAny>>,
+    response: Option<Bound<'py, PyAny>>,
+}
+
 fn observed_model<'py>(py: Python<'py>, obs: &Observation, gateway: Option<(&Row, &Observation)>)
-                       -> Read<Option<Model<'py>>> {
+                       -> Read<SeenModels<'py>> {
     let mut response = present(py, &obs.response_model)?;
     let mut request = present(py, &obs.request_model)?;
-    let (mut model, mut source) = match (&response, &request) {
-        (Some(response), _) => (Some(response.clone()), Some(pyo3::intern!(py, "span:gen_ai.response.model").clone())),
-        (None, Some(request)) => (Some(request.clone()), Some(pyo3::intern!(py, "span:gen_ai.request.model").clone())),
-        _ => (None, None),
+    let own = match (&response, &request) {
+        (Some(response), _) => Some((response.clone(), pyo3::intern!(py, "span:gen_ai.response.model").clone().into_any())),
+        (None, Some(request)) => Some((request.clone(), pyo3::intern!(py, "span:gen_ai.request.model").clone().into_any())),
+        _ => None,
     };
+    let mut heard = None;
     if let Some((_, observed)) = gateway {
         if response.is_none() || request.is_none() {
             let span_response = present(py, &observed.response_model)?;
             let span_request = present(py, &observed.request_model)?;
-            if model.is_none() && (span_response.is_some() || span_request.is_some()) {
-                model = span_response.clone().or_else(|| span_request.clone());
+            if own.is_none() {
                 // The shape's gateway is a SERVER span: requests.py words its side "gateway".
-                source = Some(if span_response.is_some() {
-                    pyo3::intern!(py, "gateway:gen_ai.response.model").clone()
-                } else {
-                    pyo3::intern!(py, "gateway:gen_ai.request.model").clone()
-                });
+                heard = match (&span_response, &span_request) {
+                    (Some(model), _) => Some((model.clone(), pyo3::intern!(py, "gateway:gen_ai.response.model").clone().into_any())),
+                    (None, Some(model)) => Some((model.clone(), pyo3::intern!(py, "gateway:gen_ai.request.model").clone().into_any())),
+                    _ => None,
+                };
             }
             response = response.or(span_response);
             request = request.or(span_request);
         }
     }
-    let empty = || PyString::new(py, "").into_any();
-    let (Some(model), Some(source)) = (model, source) else { return Ok(None) };
-    let request = request.unwrap_or_else(|| model.clone());
-    Ok(Some((model, source.into_any(), request, response.unwrap_or_else(empty))))
+    Ok(SeenModels { own, heard, request, response })
 }
 
 /// `requests.adjusted_count`: 1 / the sampling probability of an OTel `ot=th:` threshold, 1.0 without

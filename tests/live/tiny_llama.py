@@ -20,6 +20,9 @@ CORPUS = [
     "system user assistant: hello, how are you? fine, thanks.",
     "queue prefill decode time to first token time per output token",
 ] * 50
+# The pages' vLLM lines serve --max-model-len 8192 (docs/engines/vllm.md); vLLM refuses more than the
+# model's positions.
+MAX_POSITIONS = 8192
 
 
 def write(out: Path) -> None:
@@ -35,12 +38,12 @@ def write(out: Path) -> None:
     tokenizer.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-        "unk_token": "<unk>", "model_max_length": 1024, "chat_template": CHAT_TEMPLATE}, indent=1))
+        "unk_token": "<unk>", "model_max_length": MAX_POSITIONS, "chat_template": CHAT_TEMPLATE}, indent=1))
     # head_dim 64: vLLM's CPU attention kernels refuse 16 ("Unsupported CPU attention configuration").
     (out / "config.json").write_text(json.dumps({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
         "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
-        "head_dim": 64, "vocab_size": tokenizer.get_vocab_size(), "max_position_embeddings": 1024,
+        "head_dim": 64, "vocab_size": tokenizer.get_vocab_size(), "max_position_embeddings": MAX_POSITIONS,
         "rms_norm_eps": 1e-5, "bos_token_id": tokenizer.token_to_id("<s>"),
         "eos_token_id": tokenizer.token_to_id("</s>"), "tie_word_embeddings": False,
         "torch_dtype": "float32"}, indent=1))

@@ -36,7 +36,8 @@ def send_sampling_workload(exporter: SpanExporter, requests: int, seed: int = 11
     """``requests`` gateway+vLLM requests over three models; 0.5 % outliers, 1 % errors, 1 % aborts."""
     rng = random.Random(seed)
     gateway = engine_tracer_provider("gateway", exporter, simple=False, seed=seed)
-    engines = {m: engine_tracer_provider("vllm-v1", exporter, service_name=f"vllm-{m}", simple=False, seed=seed + i + 1)
+    # Each vLLM started as docs/engines/vllm.md says: its service name is the model it serves.
+    engines = {m: engine_tracer_provider("vllm-v1", exporter, service_name=m, simple=False, seed=seed + i + 1)
                for i, m in enumerate(MODELS)}
     sent = Sent()
     now = time.time_ns()

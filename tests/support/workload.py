@@ -91,16 +91,18 @@ def send_mixed_fleet(server: RunningServer, seed: int = 7, scale: int = 1) -> di
     rng = random.Random(seed)
     now = time.time_ns()
     groups = {
-        "vllm_gw": Group("vllm_gw", "vllm", "vllm", "llama-3-8b", "vllm-llama"),
+        "vllm_gw": Group("vllm_gw", "vllm", "vllm", "llama-3-8b", "llama-3-8b"),
         "vllm_res": Group("vllm_res", "vllm", "vllm", "qwen2.5-7b", "vllm-qwen"),
         "vllm_v0": Group("vllm_v0", "vllm", "vllm", "mistral-7b", "vllm-mistral"),
         "sglang": Group("sglang", "sglang", "sglang", "deepseek-r1", "sglang"),
         "tgi": Group("tgi", "tgi", "tgi", "falcon-7b", "text-generation-inference.router"),
     }
 
-    # vLLM V1 behind a gateway over gRPC: the model comes from the gateway's gen_ai.request.model.
+    # vLLM V1 behind a gateway over gRPC, started as docs/engines/vllm.md says (OTEL_SERVICE_NAME = its
+    # served model name): its service name is the model label, the gateway's gen_ai.request.model the
+    # request model (the same name here).
     grpc_exporter = server.exporter("grpc")
-    engine = engine_tracer_provider("vllm-v1", grpc_exporter, service_name="vllm-llama")
+    engine = engine_tracer_provider("vllm-v1", grpc_exporter, service_name="llama-3-8b")
     gateway = engine_tracer_provider("gateway", grpc_exporter)
     g = groups["vllm_gw"]
     for i in range(30 * scale):

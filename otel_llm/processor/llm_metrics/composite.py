@@ -308,8 +308,10 @@ def triton(record: RequestRecord, root: BufferedSpan, trace: PendingTrace) -> No
     record.prefill_s = record.decode_s = record.inference_s = record.tpot_s = None
     assert top.observation is not None
     name = top.observation.mark("model")
-    if isinstance(name, str) and name and not record.request_model:
-        record.request_model = name
+    if isinstance(name, str) and name:
+        # Behind a gateway the request model is the gateway's; the label is still what Triton ran.
+        if not record.request_model:
+            record.request_model = name
         if not record.model:
             record.model, record.model_source = name, "span:triton.model_name"
     segments = []

@@ -371,10 +371,17 @@ def _models(obs: EngineObservation | None, span: BufferedSpan) -> tuple[str | No
 
 
 def _resolve_model(own: EngineObservation, lookup: list[BufferedSpan], resource_attr: dict[str, str],
-                   settings: RecordSettings) -> tuple[str, str, str, str]:
-    """(model, its source, request model, response model), in DESIGN.md §3 order: the span, the spans
-    joined with it, the resource mapping, the configured default (metric label and store row only:
-    never written into a span); "" where nothing says."""
+                   settings: RecordSettings) -> tuple[str, str, str, str, str, str]:
+    """(model, its source, request model, response model, heard, its source): DESIGN.md §3's rules
+    (the span, the spans joined with it, the resource mapping, the configured default: metric label and
+    store row only, never written into a span), ordered by whose span it is; "" where nothing says.
+
+    An engine's own span and resource come before its callers' spans (``_CALLER_FIRST_KINDS`` keep
+    §3's order): a gateway names the model its caller asked for (LiteLLM's alias, which it also reports
+    as the response's model), the engine serves its own, which its resource names (a mapping, or in
+    ``_fallback_model`` its service name) and its own ``/metrics`` label. So for an engine, what the
+    joined spans name (``heard``) is the request model here and the model label only in
+    ``_fallback_model``, when the engine's side names none (docs/concepts/segments.md)."""
     response, request = own.response_model or "", own.request_model or ""
     if response:
         model, source = response, "span:gen_ai.response.model"
@@ -382,6 +389,7 @@ def _resolve_model(own: EngineObservation, lookup: list[BufferedSpan], resource_
         model, source = request, "span:gen_ai.request.model"
     else:
         model = source = ""
+    heard = heard_source = ""
     for span in lookup:  # a loop, and the side word and _models inlined, on this per-request path
         if response and request:
             break
@@ -390,33 +398,39 @@ def _resolve_model(own: EngineObservation, lookup: list[BufferedSpan], resource_
             span_response, span_request = observed.response_model, observed.request_model
         else:
             span_response, span_request = _models(observed, span)
-        if not model and (span_response or span_request):
+        if not model and not heard and (span_response or span_request):
             side = "client" if span.kind != _SERVER and observed is not None and observed.may_be_gateway else "gateway"
-            model = span_response or span_request or ""
-            source = side + (":gen_ai.response.model" if span_response else ":gen_ai.request.model")
+            heard = span_response or span_request or ""
+            heard_source = side + (":gen_ai.response.model" if span_response else ":gen_ai.request.model")
         response = response or span_response or ""
         request = request or span_request or ""
     if model:
-        return model, source, request or model, response
+        return model, source, request or model, response, "", ""
+    if heard and own.engine_kind in _CALLER_FIRST_KINDS:
+        return heard, heard_source, request or heard, response, "", ""
     for rule in settings.resource_model_rules:
         raw = resource_attr.get(rule.attribute)
         if raw is None:
             continue
         if not rule.values:
-            return raw, f"resource:{rule.attribute}", raw, ""
+            return raw, f"resource:{rule.attribute}", request or heard or raw, response, heard, heard_source
         if raw in rule.values:
-            return rule.values[raw], f"resource:{rule.attribute}", rule.values[raw], ""
-    return "", NO_MODEL_SOURCE, "", ""
+            mapped = rule.values[raw]
+            return mapped, f"resource:{rule.attribute}", request or heard or mapped, response, heard, heard_source
+    return "", NO_MODEL_SOURCE, request or heard, response, heard, heard_source
 
 
-def _fallback_model(own: EngineObservation, resource_attr: dict[str, str], settings: RecordSettings) -> tuple[str, str]:
-    """When nothing observed names the model (after the request's other parts were read): the
-    engine's service name, then the configured default. The model label only: not a request model
-    anything said, so never written into a span."""
+def _fallback_model(own: EngineObservation, resource_attr: dict[str, str], settings: RecordSettings,
+                    heard: str, heard_source: str) -> tuple[str, str]:
+    """When the request's own spans and resource name no model (after its other parts were read): the
+    engine's service name, then what a joined gateway or client span named, then the configured
+    default. The model label only: not a request model anything said, so never written into a span."""
     if settings.model_from_service_name and own.engine_kind != EngineKind.GENAI:  # an engine's span, not an app's
         service = resource_attr.get("service.name")
         if service and not service.startswith("unknown_service"):
             return service, "resource:service.name"
+    if heard:
+        return heard, heard_source
     if settings.default_model:
         return settings.default_model, Source.DEFAULT
     return "", NO_MODEL_SOURCE
@@ -524,7 +538,7 @@ def build_record(buffered: BufferedSpan, joined: Joined, settings: RecordSetting
     obs = buffered.observation
     assert obs is not None
     lookup = joined.lookup
-    model, source, request_model, response_model = _resolve_model(
+    model, source, request_model, response_model, heard, heard_source = _resolve_model(
         obs, lookup, buffered.origin.resource_strings, settings)
     operation, operation_source = _operation(obs, buffered, lookup, settings)
     dimensions = _dimensions(buffered, lookup, settings) if settings.dimensions else ()
@@ -558,7 +572,8 @@ def build_record(buffered: BufferedSpan, joined: Joined, settings: RecordSetting
     if server:
         _join_server_side(record, obs, joined, settings, rejected)
     if not record.model:
-        record.model, record.model_source = _fallback_model(obs, buffered.origin.resource_strings, settings)
+        record.model, record.model_source = _fallback_model(obs, buffered.origin.resource_strings, settings, heard,
+                                                            heard_source)
     if settings.lora_adapters:
         _name_adapter(record, settings.lora_adapters)
     for name in CARRIED:
@@ -678,6 +693,9 @@ def _pair_sglang_pd(engines: list[BufferedSpan]) -> dict[bytes, BufferedSpan]:
 
 
 _HOLDING_KINDS = frozenset({EngineKind.DYNAMO, EngineKind.LLM_D})
+# The kinds whose span is a caller's (an app's GenAI span) or a frontend's holding the engines' requests
+# (Dynamo, llm-d): what the spans joined with it name comes before their resource (_resolve_model).
+_CALLER_FIRST_KINDS = frozenset({EngineKind.GENAI, *_HOLDING_KINDS})
 
 
 def _join_server_side(record: RequestRecord, obs: EngineObservation, joined: Joined, settings: RecordSettings,

@@ -63,6 +63,14 @@ class RateLimitConfig:
     }
 
 
+# How long an engine usually holds a finished request's span before sending it: vLLM (0.32
+# vllm/tracing/otel.py:85) exports through the OpenTelemetry SDK's BatchSpanProcessor, which sends
+# every OTEL_BSP_SCHEDULE_DELAY, 5000 ms unless set (opentelemetry-sdk 1.45 sdk/trace/export/__init__.py:41).
+# A trace decided before its engine's span comes loses the join: with decision_wait 3 s, 7 of 12
+# requests of the real openai client -> LiteLLM proxy -> vLLM 0.32 chain lost theirs.
+ENGINE_EXPORT_DELAY_S = 5.0
+
+
 @dataclass(frozen=True)
 class TailSamplingProcessor:
     decision_wait: Duration = 10.0
@@ -130,6 +138,14 @@ class TailSamplingProcessor:
             raise ConfigError(f"{path}.rate_limit", "rates must not be negative")
         if self.grace > self.decision_wait:
             raise ConfigError(f"{path}.grace", "must not exceed decision_wait")
+
+    def warnings(self, path: str) -> list[str]:
+        """What this config runs but likely loses; said, never refused."""
+        if self.decision_wait < ENGINE_EXPORT_DELAY_S:
+            return [f"{path}.decision_wait: {self.decision_wait:g}s is below the usual engine export delay "
+                    f"({ENGINE_EXPORT_DELAY_S:g}s: vLLM's BatchSpanProcessor exports every 5 s): a trace decided "
+                    "before its engine's span arrives loses the join of gateway, client and engine"]
+        return []
 
 
 def open_calls_per_sender(config: TailSamplingProcessor) -> int:
