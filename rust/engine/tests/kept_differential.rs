@@ -16,6 +16,7 @@ use otel_llm_engine::model::{NewSpan, TraceData};
 use otel_llm_engine::record::{Record, Segment, Side};
 use serde_json::Value as Json;
 
+#[allow(dead_code)] // `corpus` reads the plain `corpus.json` files; this corpus is gzipped
 mod common;
 
 fn load(name: &str) -> Json {

@@ -139,6 +139,11 @@ impl Rules {
         class
     }
 
+    #[cfg(test)]
+    pub fn cached(&self) -> usize {
+        self.classes.len()
+    }
+
     fn decide(&self, key: &str) -> u8 {
         let allowed = self.allowed_keys.contains(key) || self.allowed_patterns.iter().any(|g| g.matches(key));
         let blocked = || self.prefixes.iter().any(|p| key.starts_with(p.as_str())) || self.patterns.iter().any(|g| g.matches(key));

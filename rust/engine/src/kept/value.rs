@@ -428,7 +428,7 @@ fn halfway_even(magnitude: f64, length: usize) -> Option<(u128, i32)> {
     let zeros = significand.trailing_zeros();
     significand >>= zeros;
     exponent += zeros as i32;
-    if exponent >= 0 || exponent < -26 {
+    if !(-26..0).contains(&exponent) {
         return None;
     }
     let scale = -exponent; // magnitude = exact * 10^-scale
@@ -438,7 +438,7 @@ fn halfway_even(magnitude: f64, length: usize) -> Option<(u128, i32)> {
     }
     // Odd times a power of 5: the exact expansion ends in the 5 a tie needs.
     let below = exact / 10;
-    let even = if below % 2 == 0 { below } else { below + 1 };
+    let even = if below.is_multiple_of(2) { below } else { below + 1 };
     // even * 10^(1 - scale): its digits' count plus that exponent is the point.
     Some((even, (even.ilog10() as i32 + 1) + 1 - scale))
 }
