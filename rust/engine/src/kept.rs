@@ -110,6 +110,14 @@ pub struct RedactionCounts {
 }
 
 impl RedactionCounts {
+    fn add(&mut self, other: &RedactionCounts) {
+        self.content_keys += other.content_keys;
+        self.free_text += other.free_text;
+        self.content_events += other.content_events;
+        self.not_allowed += other.not_allowed;
+        self.url_reduced += other.url_reduced;
+    }
+
     /// `RedactionCounts.by_reason`.
     pub fn by_reason(&self) -> [(&'static str, u64); 5] {
         let counts = [self.content_keys, self.free_text, self.content_events, self.not_allowed, self.url_reduced];
@@ -230,6 +238,32 @@ impl ResourceGroup {
     }
 }
 
+/// The last record of each span id, as `kept_trace`'s dict keeps it: a trace's few records searched
+/// from the last, more by a map.
+enum BySpan<'r, 't> {
+    Few(&'r [Record<'t>]),
+    Many(HashMap<SpanId, &'r Record<'t>>),
+}
+
+impl<'r, 't> BySpan<'r, 't> {
+    const FEW: usize = 16;
+
+    fn new(records: &'r [Record<'t>]) -> BySpan<'r, 't> {
+        if records.len() <= Self::FEW {
+            BySpan::Few(records)
+        } else {
+            BySpan::Many(records.iter().map(|r| (r.span_id, r)).collect())
+        }
+    }
+
+    fn get(&self, span_id: &SpanId) -> Option<&'r Record<'t>> {
+        match self {
+            BySpan::Few(records) => records.iter().rev().find(|r| r.span_id == *span_id),
+            BySpan::Many(records) => records.get(span_id).copied(),
+        }
+    }
+}
+
 /// What writing a span leaves for its segment spans: its ids as the span says them.
 struct Written<'p> {
     trace_id: &'p [u8],
@@ -241,13 +275,67 @@ struct Written<'p> {
 #[derive(Debug)]
 pub struct KeptWriter {
     rules: Rules,
+    origins: Origins,
+}
+
+/// A resource or a scope through the rules (`strip_attributes`): its new bytes, its service name
+/// (a resource's), and what the rules removed of it.
+#[derive(Debug)]
+struct Stripped {
+    bytes: Vec<u8>,
+    service_name: String,
+    counts: RedactionCounts,
+}
+
+/// The resources and scopes stripped lately, by their bytes: a process's resource is the same in
+/// every trace it sends, and stripping it is a pure function of its bytes and the settings, so each
+/// is stripped once (its counts added to every trace it is in, as Python strips it per trace).
+/// Bounded: cleared when full (resources are the sender's).
+#[derive(Debug, Default)]
+struct Origins {
+    resources: HashMap<Vec<u8>, Stripped, foldhash::fast::RandomState>,
+    scopes: HashMap<Vec<u8>, Stripped, foldhash::fast::RandomState>,
+}
+
+impl Origins {
+    const LIMIT: usize = 256;
+
+    fn resource(&mut self, rules: &mut Rules, bytes: &[u8]) -> Result<&Stripped, Decline> {
+        Self::stripped(&mut self.resources, bytes, || {
+            validate(bytes, 0, bytes.len(), Msg::Resource, 1)?;
+            let mut counts = RedactionCounts::default();
+            let stripped = span::rewrite_resource(rules, bytes, &mut counts)?;
+            Ok(Stripped { bytes: stripped, service_name: span::service_name(bytes)?, counts })
+        })
+    }
+
+    fn scope(&mut self, rules: &mut Rules, bytes: &[u8]) -> Result<&Stripped, Decline> {
+        Self::stripped(&mut self.scopes, bytes, || {
+            validate(bytes, 0, bytes.len(), Msg::Scope, 1)?;
+            let mut counts = RedactionCounts::default();
+            let stripped = span::rewrite_scope(rules, bytes, &mut counts)?;
+            Ok(Stripped { bytes: stripped, service_name: String::new(), counts })
+        })
+    }
+
+    fn stripped<'c>(cache: &'c mut HashMap<Vec<u8>, Stripped, foldhash::fast::RandomState>, bytes: &[u8],
+                    strip: impl FnOnce() -> Result<Stripped, Decline>) -> Result<&'c Stripped, Decline> {
+        if !cache.contains_key(bytes) {
+            let stripped = strip()?;
+            if cache.len() >= Self::LIMIT {
+                cache.clear();
+            }
+            cache.insert(bytes.to_vec(), stripped);
+        }
+        cache.get(bytes).ok_or(Decline::Malformed)
+    }
 }
 
 impl KeptWriter {
     /// The writer for `redaction`; an error for a setting it does not match Python on (a glob
     /// with a character class): the binding then keeps Python's writer.
     pub fn new(redaction: &Redaction) -> Result<KeptWriter, String> {
-        Ok(KeptWriter { rules: Rules::new(redaction)? })
+        Ok(KeptWriter { rules: Rules::new(redaction)?, origins: Origins::default() })
     }
 
     /// `kept_trace(spans, records, policy, threshold, redaction)`: `policy` is the decision's
@@ -257,8 +345,7 @@ impl KeptWriter {
         if trace.origins.len() >= u16::MAX as usize {
             return Err(Decline::Origins);
         }
-        // The last record of a span id, as `kept_trace`'s dict keeps it.
-        let by_span: HashMap<SpanId, &Record<'_>> = records.iter().map(|r| (r.span_id, r)).collect();
+        let by_span = BySpan::new(records);
         let member = if threshold.is_empty() || threshold == "0" { String::new() } else { format!("ot=th:{threshold}") };
         let mut counts = RedactionCounts::default();
         let mut resources: Vec<ResourceGroup> = Vec::new();
@@ -276,10 +363,11 @@ impl KeptWriter {
                     let resource_at = match resource_of.get(resource_bytes) {
                         Some(&index) => index,
                         None => {
-                            validate(resource_bytes, 0, resource_bytes.len(), Msg::Resource, 1)?;
+                            let stripped = self.origins.resource(&mut self.rules, resource_bytes)?;
+                            counts.add(&stripped.counts);
                             resources.push(ResourceGroup {
-                                resource: span::rewrite_resource(&mut self.rules, resource_bytes, &mut counts)?,
-                                service_name: span::service_name(resource_bytes)?,
+                                resource: stripped.bytes.clone(),
+                                service_name: stripped.service_name.clone(),
                                 groups: Vec::new(),
                                 synthesized: None,
                             });
@@ -287,9 +375,9 @@ impl KeptWriter {
                             resources.len() - 1
                         }
                     };
-                    let scope_bytes = trace.scope(at);
-                    validate(scope_bytes, 0, scope_bytes.len(), Msg::Scope, 1)?;
-                    let scope = span::rewrite_scope(&mut self.rules, scope_bytes, &mut counts)?;
+                    let stripped = self.origins.scope(&mut self.rules, trace.scope(at))?;
+                    counts.add(&stripped.counts);
+                    let scope = stripped.bytes.clone();
                     let groups = &mut resources[resource_at].groups;
                     groups.push(Group { scope, spans: Vec::new(), rows: Vec::new() });
                     let known = (resource_at, groups.len() - 1);
@@ -373,7 +461,7 @@ impl KeptWriter {
     /// stamped (`with_trace_state`), enriched (`enrich`) and written to `out` as a `ScopeSpans.spans`
     /// field; its row, its ids, and its record.
     #[allow(clippy::too_many_arguments)]
-    fn write_span<'p, 'r, 't>(&mut self, payload: &'p [u8], member: &str, by_span: &HashMap<SpanId, &'r Record<'t>>,
+    fn write_span<'p, 'r, 't>(&mut self, payload: &'p [u8], member: &str, by_span: &BySpan<'r, 't>,
                               policy: &str, service_name: &str, counts: &mut RedactionCounts, out: &mut Vec<u8>)
                               -> Result<(SpanRowOut, Written<'p>, Option<&'r Record<'t>>), Decline> {
         validate(payload, 0, payload.len(), Msg::Span, 1)?;
@@ -418,7 +506,7 @@ impl KeptWriter {
             }
             parts.trace_state = Cow::Owned(stamped);
         }
-        let record = <[u8; 8]>::try_from(parts.span_id).ok().and_then(|id| by_span.get(&id).copied());
+        let record = <[u8; 8]>::try_from(parts.span_id).ok().and_then(|id| by_span.get(&id));
         if let Some(record) = record {
             enrich(&mut attrs, record, policy);
         }

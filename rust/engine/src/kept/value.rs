@@ -294,10 +294,22 @@ pub(crate) fn read_entry(buf: &[u8], start: usize, end: usize, depth: u32) -> Re
 // --- JSON as `json.dumps` writes it ------------------------------------------------------------------
 
 /// `json.dumps`'s string: ASCII only (`ensure_ascii`), `\uXXXX` for the rest (DEL included), UTF-16
-/// pairs past the BMP.
+/// pairs past the BMP. Runs of printable ASCII are copied whole.
 pub(crate) fn json_string(text: &str, out: &mut String) {
+    out.reserve(text.len() + 2);
     out.push('"');
-    for ch in text.chars() {
+    let bytes = text.as_bytes();
+    let (mut at, mut plain_from) = (0, 0);
+    while at < bytes.len() {
+        let byte = bytes[at];
+        if (b' '..=b'~').contains(&byte) && byte != b'"' && byte != b'\\' {
+            at += 1;
+            continue;
+        }
+        out.push_str(&text[plain_from..at]);
+        let ch = text[at..].chars().next().unwrap_or('\u{fffd}');
+        at += ch.len_utf8();
+        plain_from = at;
         match ch {
             '"' => out.push_str("\\\""),
             '\\' => out.push_str("\\\\"),
@@ -306,7 +318,6 @@ pub(crate) fn json_string(text: &str, out: &mut String) {
             '\t' => out.push_str("\\t"),
             '\u{8}' => out.push_str("\\b"),
             '\u{c}' => out.push_str("\\f"),
-            ' '..='~' => out.push(ch),
             _ => {
                 let mut units = [0u16; 2];
                 for unit in ch.encode_utf16(&mut units) {
@@ -316,6 +327,7 @@ pub(crate) fn json_string(text: &str, out: &mut String) {
             }
         }
     }
+    out.push_str(&text[plain_from..]);
     out.push('"');
 }
 
@@ -433,14 +445,14 @@ fn halfway_even(magnitude: f64, length: usize) -> Option<(u128, i32)> {
     }
     let scale = -exponent; // magnitude = exact * 10^-scale
     let exact = u128::from(significand) * 5u128.pow(scale as u32);
-    if exact.ilog10() as usize + 1 != length + 1 {
+    if exact.checked_ilog10()? as usize + 1 != length + 1 {
         return None; // the shortest digits are not one shorter than the exact expansion: no tie
     }
     // Odd times a power of 5: the exact expansion ends in the 5 a tie needs.
     let below = exact / 10;
     let even = if below.is_multiple_of(2) { below } else { below + 1 };
     // even * 10^(1 - scale): its digits' count plus that exponent is the point.
-    Some((even, (even.ilog10() as i32 + 1) + 1 - scale))
+    Some((even, (even.checked_ilog10()? as i32 + 1) + 1 - scale))
 }
 
 const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
