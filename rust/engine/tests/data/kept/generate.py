@@ -587,7 +587,24 @@ def hostile_origins(rng: random.Random) -> list[tuple[bytes, bytes]]:
             resource_bytes = reordered(resource_bytes + b"\xa8\x06\x07")
             scope_bytes = reordered(scope_bytes) + field(0x2A, b"unknown")
         origins.append((resource_bytes, scope_bytes))
+    # A resource sent as two occurrences of its field, kept as their bytes one after the other: upb
+    # parses them as their merge (attributes of both, the second's dropped count).
+    first = Resource(attributes=[key_value(rng, "service.name")], dropped_attributes_count=1).SerializeToString()
+    second = Resource(attributes=[key_value(rng, "host.name"), key_value(rng, "custom.note")],
+                      dropped_attributes_count=4).SerializeToString()
+    origins.append((first + second, InstrumentationScope(name="merged").SerializeToString()))
     return origins
+
+
+def nested(levels: int) -> bytes:
+    """A span whose one attribute's value is arrays nested `levels` deep: upb refuses a message more
+    than 100 levels below the one it parses (each array is two: its ArrayValue and its AnyValue).
+    Written as bytes: upb would refuse to copy such a message too."""
+    value = field(0x0A, b"deep")  # AnyValue.string_value
+    for _ in range(levels):
+        value = field(0x2A, field(0x0A, value))  # AnyValue.array_value: ArrayValue.values
+    span = Span(trace_id=b"\x05" * 16, span_id=b"\x06" * 8, name="deep").SerializeToString()
+    return span + field(0x4A, field(0x0A, b"gen_ai.request.model") + field(0x12, value))
 
 
 def random_corpus(count: int) -> Corpus:
@@ -612,6 +629,9 @@ def random_corpus(count: int) -> Corpus:
         trace = Trace(trace_id, spans, records, oddities)
         corpus.add(f"random#{number}", trace, [(names[number % len(names)], rng.choice(POLICIES),
                                                 rng.choice(THRESHOLDS))])
+    for levels in range(44, 52):  # around the depth Python's parse refuses
+        trace = Trace(b"\x05" * 16, [(nested(levels), *origins[0])], [], set())
+        corpus.add(f"nested#{levels}", trace, [("default", "", "")])
     return corpus
 
 
