@@ -35,7 +35,6 @@ use rules::{Rules, Verdict, GENAI};
 use span::{Attr, Children, Shown};
 use value::{delimited_size, hex, json_string, put_delimited, put_header};
 
-
 /// `synthesis.SCOPE_NAME`: the scope of the synthesized segment spans.
 pub const SCOPE_NAME: &str = "otel-llm";
 /// `synthesis.SEGMENT_ATTRIBUTE`: a segment span's one attribute, its segment's name.
@@ -227,7 +226,62 @@ struct ResourceGroup {
     synthesized: Option<usize>,
 }
 
+/// The request's resources as they are made: spans of equal resource bytes are one resource, as
+/// the spans of one request's resource share its message in Python (its binding must make them so
+/// for the traces it writes itself); each origin (resource and scope) is one scope group of it.
+struct Groups<'d> {
+    resources: Vec<ResourceGroup>,
+    by_bytes: HashMap<&'d [u8], usize>,
+    by_origin: Vec<Option<(usize, usize)>>,
+}
+
 impl ResourceGroup {
+    /// The record's segments as spans of the resource's `otel-llm` scope (made when first needed,
+    /// after the scopes met so far), with their rows; how many. A segment time out of the uint64
+    /// range declines: Python raises `ValueError`.
+    fn write_segments(&mut self, record: &Record<'_>, written: &Written<'_>, member: &str, trace_hex: &str,
+                      span_hex: &str) -> Result<usize, Decline> {
+        let synthesized = match self.synthesized {
+            Some(index) => index,
+            None => {
+                let mut scope = Vec::new();
+                put_delimited(&mut scope, 0x0a, SCOPE_NAME.as_bytes());
+                self.groups.push(Group { scope, spans: Vec::new(), rows: Vec::new() });
+                self.synthesized = Some(self.groups.len() - 1);
+                self.groups.len() - 1
+            }
+        };
+        let group = &mut self.groups[synthesized];
+        for segment in &record.segments {
+            let (Ok(start), Ok(end)) = (u64::try_from(segment.start_unix_ns), u64::try_from(segment.end_unix_ns))
+            else {
+                return Err(Decline::SegmentTime);
+            };
+            let segment_id = segment_span_id(written.trace_id, written.span_id, &segment.name);
+            put_segment_span(&mut group.spans, written, member, &segment_id, &segment.name, start, end);
+            let mut attributes_json = String::with_capacity(24 + segment.name.len());
+            attributes_json.push('{');
+            json_string(SEGMENT_ATTRIBUTE, &mut attributes_json);
+            attributes_json.push_str(": ");
+            json_string(&segment.name, &mut attributes_json);
+            attributes_json.push('}');
+            group.rows.push(SpanRowOut {
+                trace_id: trace_hex.to_owned(),
+                span_id: hex(&segment_id),
+                parent_span_id: span_hex.to_owned(),
+                name: segment.name.to_string(),
+                kind: SPAN_KIND_INTERNAL,
+                service_name: self.service_name.clone(),
+                start_unix_ns: start.min(INT64_MAX) as i64,
+                end_unix_ns: end.min(INT64_MAX) as i64,
+                status_code: 0,
+                status_message: String::new(),
+                attributes_json,
+            });
+        }
+        Ok(record.segments.len())
+    }
+
     fn scope_spans_size(group: &Group) -> usize {
         delimited_size(group.scope.len()) + group.spans.len()
     }
@@ -275,7 +329,7 @@ struct Written<'p> {
 #[derive(Debug)]
 pub struct KeptWriter {
     rules: Rules,
-    origins: Origins,
+    origins: OriginCache,
 }
 
 /// A resource or a scope through the rules (`strip_attributes`): its new bytes, its service name
@@ -292,12 +346,12 @@ struct Stripped {
 /// is stripped once (its counts added to every trace it is in, as Python strips it per trace).
 /// Bounded: cleared when full (resources are the sender's).
 #[derive(Debug, Default)]
-struct Origins {
+struct OriginCache {
     resources: HashMap<Vec<u8>, Stripped, foldhash::fast::RandomState>,
     scopes: HashMap<Vec<u8>, Stripped, foldhash::fast::RandomState>,
 }
 
-impl Origins {
+impl OriginCache {
     const LIMIT: usize = 256;
 
     fn resource(&mut self, rules: &mut Rules, bytes: &[u8]) -> Result<&Stripped, Decline> {
@@ -335,7 +389,7 @@ impl KeptWriter {
     /// The writer for `redaction`; an error for a setting it does not match Python on (a glob
     /// with a character class): the binding then keeps Python's writer.
     pub fn new(redaction: &Redaction) -> Result<KeptWriter, String> {
-        Ok(KeptWriter { rules: Rules::new(redaction)?, origins: Origins::default() })
+        Ok(KeptWriter { rules: Rules::new(redaction)?, origins: OriginCache::default() })
     }
 
     /// `kept_trace(spans, records, policy, threshold, redaction)`: `policy` is the decision's
@@ -348,102 +402,26 @@ impl KeptWriter {
         let by_span = BySpan::new(records);
         let member = if threshold.is_empty() || threshold == "0" { String::new() } else { format!("ot=th:{threshold}") };
         let mut counts = RedactionCounts::default();
-        let mut resources: Vec<ResourceGroup> = Vec::new();
-        // Spans of equal resource bytes are one resource, as the spans of one request's resource
-        // share its message in Python; each origin (resource and scope) is one scope of it.
-        let mut resource_of: HashMap<&[u8], usize> = HashMap::new();
-        let mut group_of: Vec<Option<(usize, usize)>> = vec![None; trace.origins.len()];
+        let mut groups = Groups { resources: Vec::new(), by_bytes: HashMap::new(), by_origin: vec![None; trace.origins.len()] };
         let mut spans = 0usize;
         for at in 0..trace.len() {
-            let origin = trace.span(at).origin as usize;
-            let (resource_at, group_at) = match group_of.get(origin).copied().flatten() {
-                Some(known) => known,
-                None => {
-                    let resource_bytes = trace.resource(at);
-                    let resource_at = match resource_of.get(resource_bytes) {
-                        Some(&index) => index,
-                        None => {
-                            let stripped = self.origins.resource(&mut self.rules, resource_bytes)?;
-                            counts.add(&stripped.counts);
-                            resources.push(ResourceGroup {
-                                resource: stripped.bytes.clone(),
-                                service_name: stripped.service_name.clone(),
-                                groups: Vec::new(),
-                                synthesized: None,
-                            });
-                            resource_of.insert(resource_bytes, resources.len() - 1);
-                            resources.len() - 1
-                        }
-                    };
-                    let stripped = self.origins.scope(&mut self.rules, trace.scope(at))?;
-                    counts.add(&stripped.counts);
-                    let scope = stripped.bytes.clone();
-                    let groups = &mut resources[resource_at].groups;
-                    groups.push(Group { scope, spans: Vec::new(), rows: Vec::new() });
-                    let known = (resource_at, groups.len() - 1);
-                    if let Some(slot) = group_of.get_mut(origin) {
-                        *slot = Some(known);
-                    }
-                    known
-                }
-            };
+            let (resource_at, group_at) = self.group_of(trace, at, &mut groups, &mut counts)?;
             let payload = trace.payload(at);
-            let resource = &mut resources[resource_at];
-            let (row, written, record) = {
-                let group = &mut resource.groups[group_at];
-                let (row, written, record) = self.write_span(&payload, &member, &by_span, policy,
-                                                             &resource.service_name, &mut counts, &mut group.spans)?;
-                (row, written, record)
-            };
+            let resource = &mut groups.resources[resource_at];
+            let (row, written, record) = self.write_span(&payload, &member, &by_span, policy, &resource.service_name,
+                                                         &mut counts, &mut resource.groups[group_at].spans)?;
             spans += 1;
             let (trace_hex, span_hex) = (row.trace_id.clone(), row.span_id.clone());
             resource.groups[group_at].rows.push(row);
-            let Some(record) = record.filter(|r| !r.segments.is_empty()) else { continue };
-            let synthesized = match resource.synthesized {
-                Some(index) => index,
-                None => {
-                    let mut scope = Vec::new();
-                    put_delimited(&mut scope, 0x0a, SCOPE_NAME.as_bytes());
-                    resource.groups.push(Group { scope, spans: Vec::new(), rows: Vec::new() });
-                    resource.synthesized = Some(resource.groups.len() - 1);
-                    resource.groups.len() - 1
-                }
-            };
-            let group = &mut resource.groups[synthesized];
-            for segment in &record.segments {
-                let (Ok(start), Ok(end)) = (u64::try_from(segment.start_unix_ns), u64::try_from(segment.end_unix_ns))
-                else {
-                    return Err(Decline::SegmentTime); // Python raises ValueError
-                };
-                let segment_id = segment_span_id(written.trace_id, written.span_id, &segment.name);
-                put_segment_span(&mut group.spans, &written, &member, &segment_id, &segment.name, start, end);
-                let mut attributes_json = String::with_capacity(24 + segment.name.len());
-                attributes_json.push('{');
-                json_string(SEGMENT_ATTRIBUTE, &mut attributes_json);
-                attributes_json.push_str(": ");
-                json_string(&segment.name, &mut attributes_json);
-                attributes_json.push('}');
-                group.rows.push(SpanRowOut {
-                    trace_id: trace_hex.clone(),
-                    span_id: hex(&segment_id),
-                    parent_span_id: span_hex.clone(),
-                    name: segment.name.to_string(),
-                    kind: SPAN_KIND_INTERNAL,
-                    service_name: resource.service_name.clone(),
-                    start_unix_ns: start.min(INT64_MAX) as i64,
-                    end_unix_ns: end.min(INT64_MAX) as i64,
-                    status_code: 0,
-                    status_message: String::new(),
-                    attributes_json,
-                });
-                spans += 1;
+            if let Some(record) = record.filter(|r| !r.segments.is_empty()) {
+                spans += resource.write_segments(record, &written, &member, &trace_hex, &span_hex)?;
             }
         }
         // The request written once, each message's length known before it.
-        let total: usize = resources.iter().map(|r| delimited_size(r.size())).sum();
+        let total: usize = groups.resources.iter().map(|r| delimited_size(r.size())).sum();
         let mut request = Vec::with_capacity(total);
         let mut rows = Vec::with_capacity(spans);
-        for resource in resources {
+        for resource in groups.resources {
             put_header(&mut request, 0x0a, resource.size());
             put_delimited(&mut request, 0x0a, &resource.resource);
             for group in resource.groups {
@@ -455,6 +433,41 @@ impl KeptWriter {
         }
         debug_assert_eq!(request.len(), total);
         Ok(KeptOut { request, rows, spans, redacted: counts })
+    }
+
+    /// The resource and the scope group span `at` is written in, made (stripped, `strip_attributes`)
+    /// where its origin is first met, in the order `kept_trace` adds them.
+    fn group_of<'d>(&mut self, trace: &'d TraceData, at: usize, groups: &mut Groups<'d>, counts: &mut RedactionCounts)
+                    -> Result<(usize, usize), Decline> {
+        let origin = trace.span(at).origin as usize;
+        if let Some(known) = groups.by_origin.get(origin).copied().flatten() {
+            return Ok(known);
+        }
+        let resource_bytes = trace.resource(at);
+        let resource_at = match groups.by_bytes.get(resource_bytes) {
+            Some(&index) => index,
+            None => {
+                let stripped = self.origins.resource(&mut self.rules, resource_bytes)?;
+                counts.add(&stripped.counts);
+                groups.resources.push(ResourceGroup {
+                    resource: stripped.bytes.clone(),
+                    service_name: stripped.service_name.clone(),
+                    groups: Vec::new(),
+                    synthesized: None,
+                });
+                groups.by_bytes.insert(resource_bytes, groups.resources.len() - 1);
+                groups.resources.len() - 1
+            }
+        };
+        let stripped = self.origins.scope(&mut self.rules, trace.scope(at))?;
+        counts.add(&stripped.counts);
+        let scope_groups = &mut groups.resources[resource_at].groups;
+        scope_groups.push(Group { scope: stripped.bytes.clone(), spans: Vec::new(), rows: Vec::new() });
+        let known = (resource_at, scope_groups.len() - 1);
+        if let Some(slot) = groups.by_origin.get_mut(origin) {
+            *slot = Some(known);
+        }
+        Ok(known)
     }
 
     /// One span of the trace: parsed, redacted (`Redaction.apply_with_values`), its trace state

@@ -525,6 +525,40 @@ fn segments_become_child_spans_with_deterministic_ids_in_the_otel_llm_scope() {
 }
 
 #[test]
+fn among_many_records_the_last_of_a_span_counts_too() {
+    // Past a few records they are looked up by a map: the same answer, the last record of a span id.
+    let spans: Vec<Vec<u8>> = (1..=20).map(|id| span_bytes(id, &[], &[])).collect();
+    let mut records: Vec<Record> = (1..=20).map(|id| {
+        let mut record = Record::new(TRACE, [id; 8]);
+        record.outcome = Cow::Owned(format!("outcome {id}"));
+        record
+    }).collect();
+    let mut last = Record::new(TRACE, [3; 8]);
+    last.outcome = Cow::Borrowed("the last");
+    records.push(last);
+    let out = write(&Redaction::default(), &trace_of(&spans), &records, "", "");
+    assert!(out.rows[2].attributes_json.starts_with("{\"otel_llm.outcome\": \"the last\""), "{}", out.rows[2].attributes_json);
+    assert!(out.rows[19].attributes_json.starts_with("{\"otel_llm.outcome\": \"outcome 20\""));
+}
+
+#[test]
+fn a_resource_stripped_once_counts_in_every_trace_it_is_in_and_the_cache_stays_bounded() {
+    let mut writer = KeptWriter::new(&default_redaction()).unwrap();
+    let with_resource = |resource_bytes: Vec<u8>| trace_with_origins(vec![(span_bytes(1, &[], &[]), resource_bytes, Vec::new())]);
+    let secret = [resource("svc"), field(0x0a, &kv("process.command_line", &string_value("serve --key=x")))].concat();
+    let first = writer.write(&with_resource(secret.clone()), &[], "", "").unwrap();
+    // More distinct resources than the cache holds, then the first again: the same request and counts.
+    for index in 0..300 {
+        let other = [resource(&format!("svc-{index}")), field(0x0a, &kv("custom", &string_value("c")))].concat();
+        assert_eq!(writer.write(&with_resource(other), &[], "", "").unwrap().redacted, counts(0, 0, 0, 1, 0));
+    }
+    assert!(writer.origins.resources.len() <= 256);
+    let again = writer.write(&with_resource(secret), &[], "", "").unwrap();
+    assert_eq!(again, first);
+    assert_eq!(again.redacted, counts(0, 0, 0, 1, 0));
+}
+
+#[test]
 fn a_negative_segment_time_is_declined_as_python_raises() {
     let mut record = server_record([1; 8]);
     record.segments = vec![Segment { name: Cow::Borrowed("queue"), start_unix_ns: -1, end_unix_ns: 5 }];
