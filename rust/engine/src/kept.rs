@@ -33,7 +33,7 @@ use crate::wire::{validate, DistinctKeys, Malformed, Msg};
 
 use rules::{Rules, Verdict, GENAI};
 use span::{Attr, Children, Shown};
-use value::{delimited_size, hex, json_string, put_delimited, put_header};
+use value::{delimited_size, hex, json_string, put_delimited, put_header, Value};
 
 /// `synthesis.SCOPE_NAME`: the scope of the synthesized segment spans.
 pub const SCOPE_NAME: &str = "otel-llm";
@@ -505,7 +505,7 @@ impl KeptWriter {
         // it is the span's `error.type` text as kept, else "". A metadata URL's reduction is counted
         // but, as in Python, reduces only the value it judged, never the message.
         if let Some(status) = parts.status.as_mut().filter(|s| !s.message.is_empty()) {
-            let message = value::Value::Str(&status.message);
+            let message = Value::Str(&status.message);
             if self.rules.removes(Some(&message), self.rules.status_class, limit, counts) == Verdict::Remove {
                 let error_type = attrs.iter().find(|a| a.key == self.rules.error_type_key).map_or("", Attr::text);
                 status.message = Cow::Owned(error_type.to_owned());
@@ -574,10 +574,10 @@ fn enrich<'a>(attrs: &mut Vec<Attr<'a>>, record: &'a Record<'_>, policy: &'a str
         return; // a client span already carries its own gen_ai attributes
     }
     if let Some(tokens) = record.prompt_tokens {
-        set("gen_ai.usage.input_tokens", Shown::Int(tokens));
+        set("gen_ai.usage.input_tokens", Shown::Read(Some(Value::Int(tokens))));
     }
     if let Some(tokens) = record.completion_tokens {
-        set("gen_ai.usage.output_tokens", Shown::Int(tokens));
+        set("gen_ai.usage.output_tokens", Shown::Read(Some(Value::Int(tokens))));
     }
     if !record.provider_name.is_empty() {
         set("gen_ai.provider.name", text(&record.provider_name));
@@ -589,7 +589,7 @@ fn enrich<'a>(attrs: &mut Vec<Attr<'a>>, record: &'a Record<'_>, policy: &'a str
         set("gen_ai.request.model", text(&record.request_model));
     }
     if let Some(tpot) = record.tpot_s {
-        set("otel_llm.time_per_output_token", Shown::Double(tpot));
+        set("otel_llm.time_per_output_token", Shown::Read(Some(Value::Double(tpot))));
     }
     // What the engine did not measure for this request, and what was derived rather than measured.
     for (key, names) in [("otel_llm.segments_missing", &record.segments_missing),
@@ -600,10 +600,10 @@ fn enrich<'a>(attrs: &mut Vec<Attr<'a>>, record: &'a Record<'_>, policy: &'a str
         }
     }
     if let Some(overhead) = record.gateway_overhead_s {
-        set("otel_llm.gateway_overhead", Shown::Double(overhead));
+        set("otel_llm.gateway_overhead", Shown::Read(Some(Value::Double(overhead))));
     }
     if let Some(overhead) = record.client_overhead_s {
-        set("otel_llm.client_overhead", Shown::Double(overhead));
+        set("otel_llm.client_overhead", Shown::Read(Some(Value::Double(overhead))));
     }
 }
 

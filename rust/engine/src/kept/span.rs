@@ -26,11 +26,10 @@ pub(crate) struct Attr<'a> {
 
 #[derive(Debug)]
 pub(crate) enum Shown<'a> {
-    /// As read (`None`: the `KeyValue` had no value field).
+    /// As read (`None`: the `KeyValue` had no value field), or a number the writer set.
     Read(Option<Value<'a>>),
+    /// Text the writer set (a reduced URL, a bridge attribute).
     Text(Cow<'a, str>),
-    Int(i64),
-    Double(f64),
 }
 
 impl Attr<'_> {
@@ -39,8 +38,6 @@ impl Attr<'_> {
         match &self.shown {
             Shown::Read(value) => value.as_ref().map(Value::size),
             Shown::Text(text) => Some(delimited_size(text.len())),
-            Shown::Int(number) => Some(1 + varint_size(*number as u64)),
-            Shown::Double(_) => Some(9),
         }
     }
 
@@ -61,14 +58,6 @@ impl Attr<'_> {
         match &self.shown {
             Shown::Read(value) => value.as_ref().map_or((), |value| value.encode(out)),
             Shown::Text(text) => put_delimited(out, 0x0a, text.as_bytes()),
-            Shown::Int(number) => {
-                out.push(0x18);
-                push_varint(out, *number as u64);
-            }
-            Shown::Double(number) => {
-                out.push(0x21);
-                out.extend_from_slice(&number.to_le_bytes());
-            }
         }
     }
 
@@ -78,8 +67,6 @@ impl Attr<'_> {
             Shown::Read(None) => out.push_str("null"),
             Shown::Read(Some(value)) => value.json(out),
             Shown::Text(text) => super::value::json_string(text, out),
-            Shown::Int(number) => super::value::push_int(*number, out),
-            Shown::Double(number) => super::value::json_float(*number, out),
         }
     }
 

@@ -223,38 +223,12 @@ pub(crate) fn read_value(buf: &[u8], start: usize, end: usize, depth: u32) -> Re
             (4, 1) => Value::Double(f64::from_bits(reader.fixed(8)?)),
             (5, 2) => {
                 let (s, e) = reader.delimited()?;
-                let mut values = Vec::new();
-                let mut size = 0;
-                let mut inner = Reader::new(buf, s, e);
-                while !inner.done() {
-                    match inner.tag()? {
-                        (1, 2) => {
-                            let (vs, ve) = inner.delimited()?;
-                            let value = read_value(buf, vs, ve, depth + 2)?;
-                            size += delimited_size(value.size());
-                            values.push(value);
-                        }
-                        _ => return Err(Decline::ValueShape),
-                    }
-                }
+                let (values, size) = read_elements(buf, s, e, |vs, ve| read_value(buf, vs, ve, depth + 2), Value::size)?;
                 Value::Array(values, size)
             }
             (6, 2) => {
                 let (s, e) = reader.delimited()?;
-                let mut entries = Vec::new();
-                let mut size = 0;
-                let mut inner = Reader::new(buf, s, e);
-                while !inner.done() {
-                    match inner.tag()? {
-                        (1, 2) => {
-                            let (ks, ke) = inner.delimited()?;
-                            let entry = read_entry(buf, ks, ke, depth + 2)?;
-                            size += delimited_size(entry.size());
-                            entries.push(entry);
-                        }
-                        _ => return Err(Decline::ValueShape),
-                    }
-                }
+                let (entries, size) = read_elements(buf, s, e, |ks, ke| read_entry(buf, ks, ke, depth + 2), Entry::size)?;
                 Value::KvList(entries, size)
             }
             (7, 2) => {
@@ -265,6 +239,27 @@ pub(crate) fn read_value(buf: &[u8], start: usize, end: usize, depth: u32) -> Re
         };
     }
     Ok(value)
+}
+
+/// The elements of an `ArrayValue` or a `KeyValueList` (field 1, repeated, and nothing else) and the
+/// message's size as upb writes it.
+fn read_elements<T>(buf: &[u8], start: usize, end: usize,
+                    mut read: impl FnMut(usize, usize) -> Result<T, Decline>, size_of: impl Fn(&T) -> usize)
+                    -> Result<(Vec<T>, usize), Decline> {
+    let (mut elements, mut size) = (Vec::new(), 0);
+    let mut reader = Reader::new(buf, start, end);
+    while !reader.done() {
+        match reader.tag()? {
+            (1, 2) => {
+                let (s, e) = reader.delimited()?;
+                let element = read(s, e)?;
+                size += delimited_size(size_of(&element));
+                elements.push(element);
+            }
+            _ => return Err(Decline::ValueShape),
+        }
+    }
+    Ok((elements, size))
 }
 
 /// A `KeyValue` of a key and a value, each at most once, and nothing else (see `read_value`).

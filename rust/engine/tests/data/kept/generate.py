@@ -36,7 +36,6 @@ mutation): a case without it must be written exactly; one where Python raised mu
 
 from __future__ import annotations
 
-import base64
 import gzip
 import importlib.util
 import json
@@ -66,6 +65,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationSc
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource  # noqa: E402
 from opentelemetry.proto.trace.v1.trace_pb2 import Span  # noqa: E402
 
+from otel_llm.internal.wire import decode_varint, encode_varint  # noqa: E402
 from otel_llm.pdata.records import RequestRecord, Segment  # noqa: E402
 from otel_llm.pdata.spans import BufferedSpan, Origin  # noqa: E402
 from otel_llm.processor.llm_metrics.requests import records_of_trace  # noqa: E402
@@ -108,42 +108,31 @@ def redaction_json(redaction: Redaction) -> dict[str, Any]:
             "error_type_key": ERROR_TYPE_KEY}
 
 
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
 # --- the request's bytes as the engine keeps them --------------------------------------------------------
 
-def _varint(data: bytes, at: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if byte < 0x80:
-            return value, at
+def pieces(data: bytes) -> list[tuple[int, int, bytes, bytes]]:
+    """(number, wire type, the field's bytes, a length-delimited field's value) of a message's fields."""
+    out, at = [], 0
+    while at < len(data):
+        start = at
+        tag, at = decode_varint(data, at)
+        number, wire_type, value = tag >> 3, tag & 7, b""
+        if wire_type == 2:
+            length, at = decode_varint(data, at)
+            value = data[at:at + length]
+            at += length
+        elif wire_type == 0:
+            _, at = decode_varint(data, at)
+        elif wire_type in (1, 5):
+            at += 8 if wire_type == 1 else 4
+        else:
+            raise ValueError("a group: not in this corpus")
+        out.append((number, wire_type, data[start:at], value))
+    return out
 
 
 def _fields(data: bytes) -> list[tuple[int, int, bytes]]:
-    """(number, wire type, value bytes) of a message's fields, lengths only for delimited ones."""
-    out, at = [], 0
-    while at < len(data):
-        tag, at = _varint(data, at)
-        number, wire_type = tag >> 3, tag & 7
-        if wire_type == 2:
-            length, at = _varint(data, at)
-            out.append((number, wire_type, data[at:at + length]))
-            at += length
-        elif wire_type == 0:
-            _, at = _varint(data, at)
-        elif wire_type == 1:
-            at += 8
-        elif wire_type == 5:
-            at += 4
-        else:
-            raise ValueError("a group in a request: not in this corpus")
-    return out
+    return [(number, wire_type, value) for number, wire_type, _, value in pieces(data)]
 
 
 def received(data: bytes) -> dict[tuple[bytes, bytes], tuple[bytes, bytes, bytes]]:
@@ -266,7 +255,7 @@ class Trace:
             if len(span_id) != 8 or span_id in seen:
                 span_id = struct.pack(">Q", 0xFEED000000000000 + index)  # the engine's slot id: unique in the trace
             seen.add(span_id)
-            spans.append({"payload": b64(payload), "origin": origins.setdefault((resource, scope), len(origins)),
+            spans.append({"payload": payload.hex(), "origin": origins.setdefault((resource, scope), len(origins)),
                           "span_id": span_id.hex(), "parent": parent.hex() if len(parent) == 8 else None,
                           "kind": kind, "start": start, "end": end, "trace_state": trace_state})
         return {"trace_id": self.trace_id.hex(), "spans": spans, "records": [record_json(r) for r in self.records]}
@@ -310,7 +299,7 @@ class Corpus:
         raised = sum("raises" in c["expected"] for c in self.cases)
         body = {"generated_by": "rust/engine/tests/data/kept/generate.py",
                 "redactions": {name: redaction_json(r) for name, r in REDACTIONS.items()},
-                "origins": [[b64(r), b64(s)] for r, s in self.origins], "traces": self.traces, "cases": self.cases}
+                "origins": [[r.hex(), s.hex()] for r, s in self.origins], "traces": self.traces, "cases": self.cases}
         text = json.dumps(body, separators=(",", ":"), ensure_ascii=False) + "\n"
         path = HERE / f"{self.name}.json.gz"
         # No time in the gzip header: the same corpus, the same bytes.
@@ -461,35 +450,14 @@ def hostile_span(rng: random.Random, trace_id: bytes, span_id: bytes) -> Span:
 
 
 def field(tag: int, data: bytes) -> bytes:
-    return bytes([tag]) + varint(len(data)) + data
-
-
-def varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+    return bytes([tag]) + encode_varint(len(data)) + data
 
 
 def reordered(data: bytes) -> bytes:
-    """The span's top-level fields in reverse order (repeated fields keep their own order among them)."""
-    pieces, at = [], 0
-    while at < len(data):
-        start = at
-        tag, at = _varint(data, at)
-        wire_type = tag & 7
-        if wire_type == 2:
-            length, at = _varint(data, at)
-            at += length
-        elif wire_type == 0:
-            _, at = _varint(data, at)
-        else:
-            at += 8 if wire_type == 1 else 4
-        pieces.append((tag >> 3, data[start:at]))
-    numbers = sorted({n for n, _ in pieces}, reverse=True)
-    return b"".join(p for n in numbers for m, p in pieces if m == n)
+    """The message's top-level fields in reverse order of number (a repeated field's in its own order)."""
+    fields = pieces(data)
+    numbers = sorted({number for number, _, _, _ in fields}, reverse=True)
+    return b"".join(raw for n in numbers for number, _, raw, _ in fields if number == n)
 
 
 # How a span's bytes are sent: as upb writes them, or as no serializer does. The ways with an
@@ -519,7 +487,7 @@ def payload_of(rng: random.Random, span: Span) -> tuple[bytes, str, str | None]:
         extra += field(0x7A, b"\x08\x02\xa0\x01\x01")  # the status's old field 1 and field 20
         return payload + extra, way, None
     if way == "wide varints":  # an int32 kind and a uint32 count past 32 bits: upb keeps the low 32 bits
-        return payload + b"\x30" + varint(2**32 + 3) + b"\x60" + varint(2**35 + 9) + b"\x30" + varint(2**64 - 2), way, None
+        return payload + b"\x30" + encode_varint(2**32 + 3) + b"\x60" + encode_varint(2**35 + 9) + b"\x30" + encode_varint(2**64 - 2), way, None
     if way == "wrong wire type":  # a known field number with another wire type: an unknown field
         return payload + b"\x28\x05" + b"\x49" + b"\x00" * 8, way, None
     if way == "repeated key" and span.attributes:
