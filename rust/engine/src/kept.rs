@@ -27,7 +27,7 @@ use std::collections::HashMap;
 use blake2::digest::{Update, VariableOutput};
 use blake2::Blake2bVar;
 
-use crate::model::{SpanId, TraceData, SPAN_KIND_INTERNAL};
+use crate::model::{Decision, Names, SpanId, TraceData, SPAN_KIND_INTERNAL};
 use crate::record::{Record, Side};
 use crate::wire::{validate, DistinctKeys, Malformed, Msg};
 
@@ -433,6 +433,12 @@ impl KeptWriter {
         }
         debug_assert_eq!(request.len(), total);
         Ok(KeptOut { request, rows, spans, redacted: counts })
+    }
+
+    /// `write` for the engine's decision: its policy and threshold are the names `names` holds for them.
+    pub fn write_decision(&mut self, trace: &TraceData, records: &[Record<'_>], decision: &Decision, names: &Names)
+                          -> Result<KeptOut, Decline> {
+        self.write(trace, records, names.name(decision.policy), names.name(decision.threshold))
     }
 
     /// The resource and the scope group span `at` is written in, made (stripped, `strip_attributes`)

@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use super::rules::{Glob, Rules, Verdict, ALLOWED, BLOCKED, CLASS, GENAI, METADATA, METADATA_URL, NOT_METADATA};
 use super::value::{json_float, json_string, Value};
 use super::*;
-use crate::model::NewSpan;
+use crate::model::{Decision, NewSpan, Names};
 use crate::record::Segment;
 use crate::wire::push_varint;
 
@@ -475,6 +475,19 @@ fn a_records_span_gets_the_bridge_attributes_in_place_or_appended() {
         "\"gen_ai.usage.output_tokens\": 5, \"gen_ai.provider.name\": \"vllm\", \"gen_ai.operation.name\": \"chat\", ",
         "\"gen_ai.request.model\": \"m\", \"otel_llm.time_per_output_token\": 0.0125, ",
         "\"otel_llm.segments_missing\": \"queue,prefill\", \"otel_llm.gateway_overhead\": 0.002}"));
+}
+
+#[test]
+fn a_decision_is_written_with_its_policy_and_threshold_by_name() {
+    let mut names = Names::default();
+    let decision = Decision { keep: true, rate_limited: false, policy: names.intern("errors"), threshold: names.intern("c") };
+    let data = trace_of(&[span_bytes(1, &[], &field(0x1a, b"a=b"))]);
+    let records = [server_record([1; 8])];
+    let mut writer = KeptWriter::new(&Redaction::default()).unwrap();
+    assert_eq!(writer.write_decision(&data, &records, &decision, &names), writer.write(&data, &records, "errors", "c"));
+    let out = writer.write_decision(&data, &records, &decision, &names).unwrap();
+    assert!(out.rows[0].attributes_json.contains("\"otel_llm.sampling.policy\": \"errors\""));
+    assert!(out.request.windows(13).any(|w| w == b"\x1a\x0bot=th:c,a=b")); // the trace state, field 3
 }
 
 #[test]
