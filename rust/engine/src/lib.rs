@@ -6,6 +6,7 @@ pub mod accounting;
 pub mod buffer;
 pub mod decide;
 pub mod ingest;
+pub mod kept;
 pub mod model;
 pub mod record;
 pub mod records;
