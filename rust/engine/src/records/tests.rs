@@ -556,6 +556,66 @@ fn the_model_is_resolved_in_its_order_and_named_by_its_source() {
 }
 
 #[test]
+fn an_engines_record_names_the_model_it_served_before_what_its_callers_named() {
+    let settings = |rules: Vec<ResourceModelRule>, from_service: bool, default: &str| RecordSettings {
+        resource_model_rules: rules, model_from_service_name: from_service, default_model: default.into(),
+        ..RecordSettings::default()
+    };
+    let model = |records: Vec<Record<'static>>, side: Side| {
+        let r = records.into_iter().find(|r| r.side == side).expect("a record of that side");
+        (r.model.into_owned(), r.model_source.into_owned(), r.request_model.into_owned(), r.response_model.into_owned())
+    };
+    let strings = |a: &str, b: &str, c: &str, d: &str| (a.to_owned(), b.to_owned(), c.to_owned(), d.to_owned());
+    let served = |b: &RecordBuilder, gateway: &S, engine: S| model(run(b, &[gateway.clone(), engine.parent(1)]).0, Side::Server);
+    // A gateway naming its caller's alias (request model), and the model it answered with.
+    let alias = genai(1, SERVER, &[("request_model", t("alias"))]).at(-10, 1050);
+    let answered = genai(1, SERVER, &[("request_model", t("alias")), ("response_model", t("alias-resp"))]).at(-10, 1050);
+    let mapped = builder(settings(vec![
+        ResourceModelRule { attribute: "service.name".into(), values: HashMap::from([("vllm-qwen-0".into(), "Qwen".into())]) },
+        ResourceModelRule { attribute: "model.id".into(), values: HashMap::new() },
+    ], false, ""));
+    // The engine's resource rule names the label; what the gateway named is the request model, and
+    // its response model is the response's.
+    assert_eq!(served(&mapped, &alias, engine(2).service("vllm-qwen-0")), strings("Qwen", "resource:service.name", "alias", ""));
+    assert_eq!(served(&mapped, &answered, engine(2).service("vllm-qwen-0")),
+               strings("Qwen", "resource:service.name", "alias", "alias-resp"));
+    assert_eq!(served(&mapped, &alias, engine(2).resource("model.id", V::S("from-resource"))),
+               strings("from-resource", "resource:model.id", "alias", ""));
+    // A response model alone is what was asked for too (`request or heard`).
+    let response_only = genai(1, SERVER, &[("response_model", t("gw-resp"))]).at(-10, 1050);
+    assert_eq!(served(&mapped, &response_only, engine(2).service("vllm-qwen-0")),
+               strings("Qwen", "resource:service.name", "gw-resp", "gw-resp"));
+    // A rule finding an empty string names nothing: the label falls back to what the gateway named.
+    assert_eq!(served(&mapped, &alias, engine(2).resource("model.id", V::S(""))),
+               strings("alias", "gateway:gen_ai.request.model", "alias", ""));
+    // The engine's service name before the gateway's model; never the SDK's placeholder.
+    let from_service = builder(settings(vec![], true, "configured"));
+    assert_eq!(served(&from_service, &alias, engine(2).service("engine-a")),
+               strings("engine-a", "resource:service.name", "alias", ""));
+    for placeholder in ["unknown_service", "unknown_service:python", "unknown_servicex", ""] {
+        assert_eq!(served(&from_service, &alias, engine(2).service(placeholder)),
+                   strings("alias", "gateway:gen_ai.request.model", "alias", ""), "{placeholder:?}");
+    }
+    // Opted out of service names: the gateway's model, and the default only where nothing names one.
+    let opt_out = builder(settings(vec![], false, "configured"));
+    assert_eq!(served(&opt_out, &alias, engine(2).service("engine-a")),
+               strings("alias", "gateway:gen_ai.request.model", "alias", ""));
+    assert_eq!(model(run(&opt_out, &[engine(2).service("engine-a")]).0, Side::Server),
+               strings("configured", "default", "", ""));
+    // The engine's own span still comes first.
+    let own = engine(2).obs(VLLM, with(vllm_values(), &[("response_model", t("served"))])).service("vllm-qwen-0");
+    assert_eq!(served(&mapped, &alias, own), strings("served", "span:gen_ai.response.model", "alias", "served"));
+    // A caller's span (a GenAI client's call through a gateway of its own) keeps §3's order: what
+    // its joined spans name comes before its resource.
+    let caller = genai(1, CLIENT, &[("request_model", t("asked"))]).at(-20, 1100);
+    let gateway = genai(2, SERVER, &[("completion_tokens", i(3))]).parent(1).service("vllm-qwen-0");
+    let (records, _) = run(&mapped, &[caller.clone(), gateway.clone()]);
+    assert_eq!(model(records, Side::Server), strings("asked", "client:gen_ai.request.model", "asked", ""));
+    let (records, _) = run(&builder(settings(vec![], true, "")), &[caller, gateway]);
+    assert_eq!(model(records, Side::Server), strings("asked", "client:gen_ai.request.model", "asked", ""));
+}
+
+#[test]
 fn operations_come_from_spans_routes_and_the_default() {
     let operation = |b: &RecordBuilder, spans: &[S]| {
         let r = one_with(b, spans);

@@ -14,7 +14,10 @@ The traces: every engine fixture (``tests/support/engine_fixtures.py``), every e
 (``tests/testdata/emitters``, ``tests/testdata/engines/sglang``), the bench's fleet workload, and
 seeded random traces composed from those engines' spans under gateways, clients, applications'
 SERVER spans and LiteLLM's forwarded traceparent, with hostile attribute values, clocks, upstream
-thresholds and statuses, some with their observations' numbers redrawn after intake.
+thresholds and statuses, some with their observations' numbers redrawn after intake. The settings
+cover each rule naming an engine's model behind its callers: resource rules (mapped, as is, finding
+nothing), the service name (and the SDK's ``unknown_service`` placeholders), the opt-out
+(``from_service_name: false``) and the default.
 
 The corpus is written as gzipped JSON (``*.json.gz``; the shape table in ``shapes.json``). A case
 holds its spans as the engine buffers them (the span's bytes as kept, ids, kind, status, times,
@@ -100,6 +103,12 @@ SETTINGS: dict[str, RecordSettings] = {
                                                  ResourceModelRule("service.name", {"sglang": "sglang-model"})),
         edge_ttft_attributes=("x-edge-ttft", "gen_ai.server.time_to_first_token"), model_from_service_name=True,
         default_model="fallback"),
+    # The opt-out (`model_name.from_service_name: false`) beside resource rules: an engine's record
+    # named by neither its span nor a rule takes what its gateway or client named, then the default.
+    "opt_out": RecordSettings(
+        resource_model_rules=(ResourceModelRule("service.name", {"vllm-qwen-0": "Qwen/Qwen2.5", "sglang": "sg"}),
+                              ResourceModelRule("model.id")),
+        model_from_service_name=False, default_model="configured"),
 }
 
 
@@ -505,7 +514,8 @@ FINISH = ("stop", "STOP", "length", "Length", "abort", "cancelled", "eos", "end_
 TRACE_STATES = ("ot=th:8", "ot=th:0", "ot=th:fffff", "ot=th:ffffff", "ot=th:4", "vendor=a", "ot=th:zz", "ot=p:3",
                 "ot=th:", "ot=th:123456789abcdef", " ot=th:c;rv:abcdef01234567 ", "x=y,ot=th:C", "ot=th:8\u2003",
                 "ot=th:78e5107311d8a4", "ot=rv:ab;th:c0", "\x1cot=th:8")
-SERVICES = ("gateway", "vllm-qwen-0", "vllm-llama-1", "sglang", "tgi", "unknown_service:python", "", "app")
+SERVICES = ("gateway", "vllm-qwen-0", "vllm-llama-1", "sglang", "tgi", "unknown_service:python", "", "app",
+            "unknown_service", "unknown_service:java")
 # Values an attribute the records read may hold: texts, numbers of every type, lists, maps, bytes.
 HOSTILE: tuple[Any, ...] = (
     "/v1/chat/completions", "/generate", "", "x", "Timeout", "team-a", "gold", "0.25", " 0.5", "1_0", "inf", "junk",
@@ -645,6 +655,10 @@ class Composer:
             service = rng.choice(SERVICES)
             for p in donor:
                 p.resource = tuple((k, service if k == "service.name" else v) for k, v in p.resource)
+        if rng.random() < 0.15:  # the engine's resource names its model (a from_resource rule's)
+            model_id = ("model.id", rng.choice(("served-by-resource", "", 7)))
+            for p in donor:
+                p.resource = (*p.resource, model_id)
         present = {bytes(p.span.span_id) for p in donor}
         tops = [p for p in donor if bytes(p.span.parent_span_id) not in present]
         start = min(p.span.start_time_unix_nano for p in tops)
