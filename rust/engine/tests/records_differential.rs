@@ -161,7 +161,8 @@ fn trace_of(schema: &Schema, origins: &Origins, case: &Json) -> TraceData {
             span_id, parent_span_id: parent, kind: span["kind"].as_i64().unwrap() as i32,
             status_code: span["status"].as_i64().unwrap() as i32, start_unix_ns: span["start"].as_u64().unwrap(),
             end_unix_ns: span["end"].as_u64().unwrap(), payload: &payload, trace_state: string(&span["trace_state"]),
-            resource: &origin.0, scope: &origin.1, service_name: &origin.2, observation: observation.as_ref(), attrs_kept: true,
+            resource: &origin.0, scope: &origin.1, service_name: &origin.2, observation: observation.as_ref(),
+            attrs_kept: span["attrs_kept"].as_bool().unwrap(),
         });
     }
     data

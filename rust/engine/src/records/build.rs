@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use crate::model::{AnyValue, ObsView, SpanId, SPAN_KIND_SERVER, STATUS_CODE_ERROR};
 use crate::record::{outcome, Record, Segment, Side, Text};
 
-use super::kept::GENAI_OPERATIONS;
 use super::join::{join_ancestors, join_engine, Joined, TraceIndex};
 use super::read::{adjusted_count, attr_text, first_attribute, number, resource_string, route_operation,
                   Number};
@@ -20,6 +19,9 @@ pub(super) const SGLANG: &str = "sglang";
 const TRTLLM: &str = "trtllm";
 /// `_COMPOSITE_KINDS` but SGLang: their requests are read from other spans by Python only.
 pub(super) const PYTHON_COMPOSITES: [&str; 3] = ["triton", "dynamo", "llm-d"];
+/// `adapters.shapes.GENAI_OPERATIONS`: the conventions' well-known operation names.
+const GENAI_OPERATIONS: [&str; 9] = ["chat", "text_completion", "embeddings", "generate_content", "execute_tool",
+                                     "invoke_agent", "create_agent", "invoke_workflow", "retrieval"];
 /// `requests._CALLER_FIRST_KINDS`: an app's GenAI span and the frontends holding the engines'
 /// requests (Dynamo, llm-d, declined here but kept for the rule's sake), whose joined spans name
 /// the model before their resource does.

@@ -138,11 +138,14 @@ struct S {
     service: &'static str,
     resource: Vec<(&'static str, V)>,
     obs: Option<(u16, Vec<(&'static str, Value)>)>,
+    /// `SpanSlot::attrs_kept`, as ingest sets it.
+    attrs_kept: bool,
 }
 
 fn span(id: u8) -> S {
     S { id, parent: None, kind: SERVER, name: "span", start: BASE, end: BASE + 1000 * MS, status: 0, trace_state: "",
-        attrs: Vec::new(), events: Vec::new(), service: "svc", resource: vec![("service.name", V::S("svc"))], obs: None }
+        attrs: Vec::new(), events: Vec::new(), service: "svc", resource: vec![("service.name", V::S("svc"))], obs: None,
+        attrs_kept: true }
 }
 
 impl S {
@@ -196,6 +199,12 @@ impl S {
     }
     fn obs(mut self, shape: u16, values: Vec<(&'static str, Value)>) -> S {
         self.obs = Some((shape, values));
+        self.attrs_kept = shape != STAGE; // the table's stage shape reads no attribute: ingest keeps none
+        self
+    }
+    /// A span ingest keeps no attributes of for assembly: no candidate of `classify`'s, or refused.
+    fn unkept(mut self) -> S {
+        self.attrs_kept = false;
         self
     }
 
@@ -256,7 +265,8 @@ fn trace(spans: &[S]) -> TraceData {
         data.put(&NewSpan {
             span_id: [s.id; 8], parent_span_id: s.parent.map(|p| [p; 8]), kind: s.kind, status_code: s.status,
             start_unix_ns: s.start, end_unix_ns: s.end, payload: &payload, trace_state: s.trace_state,
-            resource: &resource, scope: b"", service_name: s.service, observation: observation.as_ref(), attrs_kept: true,
+            resource: &resource, scope: b"", service_name: s.service, observation: observation.as_ref(),
+            attrs_kept: s.attrs_kept,
         });
     }
     data
@@ -529,10 +539,12 @@ fn the_model_is_resolved_in_its_order_and_named_by_its_source() {
                strings("req", "span:gen_ai.request.model", "req", "gw-resp"));
     assert_eq!(model(&plain, &[gateway, own(&[]).parent(1)]),
                strings("gw-resp", "gateway:gen_ai.response.model", "gw-resp", "gw-resp"));
-    // A SERVER parent no adapter's observation came with, whose model attribute intake refused
-    // (a claimed span without an observation): Python kept none of its attributes.
-    let refused = span(1).at(-10, 1050).attr("gen_ai.request.model", V::S("refused"));
-    assert_eq!(model(&plain, &[refused, own(&[]).parent(1)]), strings("", "none", "", ""));
+    // A parent no adapter's observation came with: its model attribute is read where ingest kept
+    // its attributes (TGI's handler name on a span `_tgi` makes nothing of), not where it refused it.
+    let unclaimed = span(1).name("generate").at(-10, 1050).attr("gen_ai.request.model", V::S("unclaimed"));
+    assert_eq!(model(&plain, &[unclaimed.clone(), own(&[]).parent(1)]),
+               strings("unclaimed", "gateway:gen_ai.request.model", "unclaimed", ""));
+    assert_eq!(model(&plain, &[unclaimed.unkept(), own(&[]).parent(1)]), strings("", "none", "", ""));
     // The resource: mapped, taken as is, a rule that maps nothing passes to the next.
     let mapped = builder(settings(vec![
         ResourceModelRule { attribute: "service.name".into(), values: HashMap::from([("other".into(), "x".into())]) },
@@ -966,7 +978,7 @@ mod properties {
         fn span_strategy()(id in 1u8..9, parent in prop::option::of(0u8..10), kind in 0i32..4, name in 0usize..8,
                            start in prop::sample::select(vec![0u64, BASE, BASE + 7 * MS, u64::MAX - 1]),
                            length in prop::sample::select(vec![0i64, 1_000_000, 900_000_000, -5, 1 << 62]),
-                           failed in any::<bool>(), shape in prop::option::of(0u16..7),
+                           failed in any::<bool>(), shape in prop::option::of(0u16..7), kept in any::<bool>(),
                            floats in prop::collection::vec(float_strategy(), 9),
                            ints in prop::collection::vec(prop::option::of(-2i64..30), 6),
                            texts in prop::collection::vec(prop::option::of(0usize..5), 5),
@@ -986,6 +998,9 @@ mod properties {
             }
             for (key, value) in attrs {
                 s = s.attr(keys[key], value);
+            }
+            if !kept {
+                s = s.unkept(); // no candidate, or refused (an observed span's is reset by its shape)
             }
             if let Some(shape) = shape {
                 let mut values = Vec::new();
