@@ -161,7 +161,8 @@ fn trace_of(schema: &Schema, origins: &Origins, case: &Json) -> TraceData {
             span_id, parent_span_id: parent, kind: span["kind"].as_i64().unwrap() as i32,
             status_code: span["status"].as_i64().unwrap() as i32, start_unix_ns: span["start"].as_u64().unwrap(),
             end_unix_ns: span["end"].as_u64().unwrap(), payload: &payload, trace_state: string(&span["trace_state"]),
-            resource: &origin.0, scope: &origin.1, service_name: &origin.2, observation: observation.as_ref(), attrs_kept: true,
+            resource: &origin.0, scope: &origin.1, service_name: &origin.2, observation: observation.as_ref(),
+            attrs_kept: span["attrs_kept"].as_bool().unwrap(),
         });
     }
     data
@@ -241,6 +242,33 @@ struct Tally {
     malformed: usize,
     declined: HashMap<&'static str, usize>,
     late: usize,
+    /// Python's engine records behind a gateway or client, by the rule that named their model.
+    engine_models: HashMap<&'static str, usize>,
+}
+
+/// Which of `_resolve_model`'s and `_fallback_model`'s rules for an engine behind its callers
+/// named the model of Python's record `expected` (under `settings`), if one did.
+fn engine_model_rule(expected: &Json, settings: &Json) -> Option<&'static str> {
+    if string(&expected["side"]) != "server" || ["genai", "client"].contains(&string(&expected["engine_kind"])) {
+        return None;
+    }
+    let source = string(&expected["model_source"]);
+    let caller_named = !string(&expected["request_model"]).is_empty();
+    let from_service_name = settings["model_from_service_name"].as_bool().unwrap();
+    if source.starts_with("gateway:") || source.starts_with("client:") {
+        if !from_service_name && !settings["resource_model_rules"].as_array().unwrap().is_empty() {
+            return Some("callers_model_opted_out_past_rules");
+        }
+        if from_service_name && string(&expected["service_name"]).starts_with("unknown_service") {
+            return Some("callers_model_past_placeholder_service");
+        }
+        return Some("callers_model");
+    }
+    match source {
+        "resource:model.id" if caller_named => Some("resource_rule_over_callers"),
+        "resource:service.name" if caller_named => Some("service_name_over_callers"),
+        _ => None,
+    }
 }
 
 fn run_file(path: &Path, shapes: &[ShapeInfo], tally: &mut Tally, failures: &mut Vec<String>) {
@@ -260,6 +288,7 @@ fn run_file(path: &Path, shapes: &[ShapeInfo], tally: &mut Tally, failures: &mut
         .collect();
     for case in json["cases"].as_array().unwrap() {
         let name = string(&case["name"]);
+        let settings = &json["settings"][string(&case["settings"])];
         let builder = &builders[string(&case["settings"])];
         let data = trace_of(&schema, &origins, case);
         let late = case["late"].as_bool().unwrap();
@@ -288,7 +317,11 @@ fn run_file(path: &Path, shapes: &[ShapeInfo], tally: &mut Tally, failures: &mut
                     continue;
                 }
                 for (index, (want, record)) in wanted.iter().zip(&records).enumerate() {
-                    let differ = differences(&as_object(want), record);
+                    let want = as_object(want);
+                    if let Some(rule) = engine_model_rule(&want, settings) {
+                        *tally.engine_models.entry(rule).or_default() += 1;
+                    }
+                    let differ = differences(&want, record);
                     if !differ.is_empty() {
                         failures.push(format!("{name} record {index}: {differ:?}\n  built: {record:?}"));
                     }
@@ -328,6 +361,13 @@ fn the_engine_builds_pythons_records_or_declines_where_its_rules_say() {
     let random = by_file["random"];
     assert!(random.traces > 2000 && random.records > 1500 && random.client_records > 200, "{random:?}");
     assert!(random.malformed > 20 && random.late > 50, "{random:?}");
+    // An engine's record behind a gateway names what the engine served (its resource rule, its
+    // service name) before what the gateway named, which is then its request model; or, where its
+    // side names none (a placeholder service name, the opt-out), what the gateway named.
+    for rule in ["resource_rule_over_callers", "service_name_over_callers", "callers_model",
+                 "callers_model_past_placeholder_service", "callers_model_opted_out_past_rules"] {
+        assert!(tallies.iter().any(|(_, t)| t.engine_models.get(rule).is_some_and(|n| *n >= 5)), "{rule}: {tallies:?}");
+    }
     for reason in [Decline::ReprText, Decline::NumberText, Decline::UnicodeCase, Decline::TraceState,
                    Decline::DisaggregatedPair, Decline::PythonShape, Decline::TimeRange, Decline::Uncaught] {
         assert!(tallies.iter().any(|(_, t)| t.declined.contains_key(reason.as_str())), "no trace declined for {reason:?}");

@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use crate::model::{AnyValue, ObsView, SpanId, SPAN_KIND_SERVER, STATUS_CODE_ERROR};
 use crate::record::{outcome, Record, Segment, Side, Text};
 
-use super::kept::GENAI_OPERATIONS;
 use super::join::{join_ancestors, join_engine, Joined, TraceIndex};
 use super::read::{adjusted_count, attr_text, first_attribute, number, resource_string, route_operation,
                   Number};
@@ -20,6 +19,13 @@ pub(super) const SGLANG: &str = "sglang";
 const TRTLLM: &str = "trtllm";
 /// `_COMPOSITE_KINDS` but SGLang: their requests are read from other spans by Python only.
 pub(super) const PYTHON_COMPOSITES: [&str; 3] = ["triton", "dynamo", "llm-d"];
+/// `adapters.shapes.GENAI_OPERATIONS`: the conventions' well-known operation names.
+const GENAI_OPERATIONS: [&str; 9] = ["chat", "text_completion", "embeddings", "generate_content", "execute_tool",
+                                     "invoke_agent", "create_agent", "invoke_workflow", "retrieval"];
+/// `requests._CALLER_FIRST_KINDS`: an app's GenAI span and the frontends holding the engines'
+/// requests (Dynamo, llm-d, declined here but kept for the rule's sake), whose joined spans name
+/// the model before their resource does.
+const CALLER_FIRST_KINDS: [&str; 3] = [GENAI, "dynamo", "llm-d"];
 
 /// `requests.CLIENT_ENGINE_KIND`, `NO_MODEL_SOURCE`, `Source.DEFAULT`, `_OTHER_ERROR`.
 const CLIENT_ENGINE_KIND: &str = "client";
@@ -78,6 +84,18 @@ fn client_side(t: &TraceView<'_>, at: usize) -> bool {
 }
 
 type Malformed = Vec<(&'static str, String)>;
+
+/// What `requests._resolve_model` returns: the model and its source ("" and "" where nothing
+/// names it yet), the request and response models, and what the spans joined with an engine's
+/// request named (`heard`, its source), which `_fallback_model` takes after the service name.
+struct Resolved<'t> {
+    model: Text<'t>,
+    source: &'t str,
+    request: Text<'t>,
+    response: Text<'t>,
+    heard: Text<'t>,
+    heard_source: &'t str,
+}
 
 impl<'t> TraceView<'t> {
     /// `requests.records_of_trace` (without a compiled builder).
@@ -334,7 +352,7 @@ impl<'t> TraceView<'t> {
         let (Some(obs), Some(shape)) = (self.obs(at), self.shape(at)) else { return Err(Fail::Decline(Decline::UnknownShape)) };
         let slot = self.slot(at);
         let lookup = joined.lookup.as_slice();
-        let (model, source, request_model, response_model) = self.resolve_model(at, &obs, lookup)?;
+        let resolved = self.resolve_model(at, &obs, &shape.engine_kind, lookup)?;
         let (operation, operation_source) = self.operation(at, &obs, lookup)?;
         let dimensions = if b.settings.dimensions.is_empty() { Vec::new() } else { self.dimensions(at, lookup)? };
         let tenant = match &b.settings.tenant {
@@ -356,7 +374,7 @@ impl<'t> TraceView<'t> {
         record.adapter = Cow::Borrowed(&shape.adapter);
         record.service_name = Cow::Borrowed(self.data.service_name(at));
         (record.model, record.model_source, record.request_model, record.response_model) =
-            (model, Cow::Borrowed(source), request_model, response_model);
+            (resolved.model, Cow::Borrowed(resolved.source), resolved.request, resolved.response);
         (record.operation_name, record.operation_source) = (operation, Cow::Borrowed(operation_source));
         record.provider_name = Cow::Borrowed(text(&obs, f.provider_name));
         record.outcome = Cow::Borrowed(self.outcome(&obs)?);
@@ -398,8 +416,8 @@ impl<'t> TraceView<'t> {
             self.join_server_side(&mut record, &obs, shape.engine_kind == GENAI, joined, &mut rejected)?;
         }
         if record.model.is_empty() {
-            let (model, source) = self.fallback_model(at, shape.engine_kind == GENAI);
-            (record.model, record.model_source) = (Cow::Borrowed(model), Cow::Borrowed(source));
+            let (model, source) = self.fallback_model(at, shape.engine_kind == GENAI, resolved.heard, resolved.heard_source);
+            (record.model, record.model_source) = (model, Cow::Borrowed(source));
         }
         if !b.settings.lora_adapters.is_empty() {
             self.name_adapter(&mut record);
@@ -415,22 +433,24 @@ impl<'t> TraceView<'t> {
         Ok(record)
     }
 
-    /// `requests._resolve_model`: (model, its source, request model, response model) in
-    /// DESIGN.md §3's order: the span, the spans joined with it, the resource mapping; "" where
-    /// nothing says (`_fallback_model` comes after the request's other parts were read).
-    #[allow(clippy::type_complexity)]
-    fn resolve_model(&self, at: usize, own: &ObsView<'t>, lookup: &[usize])
-                     -> Result<(Text<'t>, &'t str, Text<'t>, Text<'t>), Decline> {
+    /// `requests._resolve_model`: DESIGN.md §3's rules (the span, the spans joined with it, the
+    /// resource mapping), ordered by whose span it is; "" where nothing says (`_fallback_model`
+    /// comes after the request's other parts were read). An engine's own span and resource come
+    /// before what its callers' spans name (`heard`: its request model here, its model label only
+    /// in `_fallback_model`); `CALLER_FIRST_KINDS` keep §3's order.
+    fn resolve_model(&self, at: usize, own: &ObsView<'t>, engine_kind: &str, lookup: &[usize])
+                     -> Result<Resolved<'t>, Decline> {
         let f = &self.builder.fields;
         let mut response: Text<'t> = Cow::Borrowed(text(own, f.response_model));
         let mut request: Text<'t> = Cow::Borrowed(text(own, f.request_model));
-        let (mut model, mut source): (Text<'t>, &'t str) = if !response.is_empty() {
+        let (model, source): (Text<'t>, &'t str) = if !response.is_empty() {
             (response.clone(), "span:gen_ai.response.model")
         } else if !request.is_empty() {
             (request.clone(), "span:gen_ai.request.model")
         } else {
             (Cow::Borrowed(""), "")
         };
+        let (mut heard, mut heard_source): (Text<'t>, &'t str) = (Cow::Borrowed(""), "");
         for &span in lookup {
             if !response.is_empty() && !request.is_empty() {
                 break;
@@ -445,15 +465,15 @@ impl<'t> TraceView<'t> {
                     (response.filter(|t| !t.is_empty()), request.filter(|t| !t.is_empty()))
                 }
             };
-            if model.is_empty() && (span_response.is_some() || span_request.is_some()) {
+            if model.is_empty() && heard.is_empty() && (span_response.is_some() || span_request.is_some()) {
                 let client = client_side(self, span);
-                source = match (client, span_response.is_some()) {
+                heard_source = match (client, span_response.is_some()) {
                     (true, true) => "client:gen_ai.response.model",
                     (true, false) => "client:gen_ai.request.model",
                     (false, true) => "gateway:gen_ai.response.model",
                     (false, false) => "gateway:gen_ai.request.model",
                 };
-                model = span_response.clone().or_else(|| span_request.clone()).unwrap_or_default();
+                heard = span_response.clone().or_else(|| span_request.clone()).unwrap_or_default();
             }
             if response.is_empty() {
                 response = span_response.unwrap_or_default();
@@ -464,36 +484,54 @@ impl<'t> TraceView<'t> {
         }
         if !model.is_empty() {
             let request = if request.is_empty() { model.clone() } else { request };
-            return Ok((model, source, request, response));
+            return Ok(Resolved { model, source, request, response, heard: Cow::Borrowed(""), heard_source: "" });
+        }
+        // `request or heard`: what was asked for, whichever rule names the label.
+        let asked = if request.is_empty() { heard.clone() } else { request };
+        if !heard.is_empty() && CALLER_FIRST_KINDS.contains(&engine_kind) {
+            return Ok(Resolved { model: heard, source: heard_source, request: asked, response,
+                                 heard: Cow::Borrowed(""), heard_source: "" });
         }
         let resource = self.data.resource(at);
+        let mut named: Option<(&'t str, &'t str)> = None;
         for (rule, rule_source) in self.builder.settings.resource_model_rules.iter().zip(&self.builder.resource_sources) {
             let Some(raw) = resource_string(resource, &rule.attribute) else { continue };
             if rule.values.is_empty() {
-                return Ok((Cow::Borrowed(raw), rule_source, Cow::Borrowed(raw), Cow::Borrowed("")));
+                named = Some((raw, rule_source));
+                break;
             }
             if let Some(mapped) = rule.values.get(raw) {
-                return Ok((Cow::Borrowed(mapped), rule_source, Cow::Borrowed(mapped), Cow::Borrowed("")));
+                named = Some((mapped, rule_source));
+                break;
             }
         }
-        Ok((Cow::Borrowed(""), NO_MODEL_SOURCE, Cow::Borrowed(""), Cow::Borrowed("")))
+        let (model, source, request) = match named {
+            Some((model, source)) => {
+                (Cow::Borrowed(model), source, if asked.is_empty() { Cow::Borrowed(model) } else { asked })
+            }
+            None => (Cow::Borrowed(""), NO_MODEL_SOURCE, asked),
+        };
+        Ok(Resolved { model, source, request, response, heard, heard_source })
     }
 
-    /// `requests._fallback_model`: the engine's service name, then the configured default; the
-    /// model label only.
-    fn fallback_model(&self, at: usize, genai: bool) -> (&'t str, &'t str) {
+    /// `requests._fallback_model`: the engine's service name, then what a joined gateway or client
+    /// span named (`heard`, from `resolve_model`), then the configured default; the model label only.
+    fn fallback_model(&self, at: usize, genai: bool, heard: Text<'t>, heard_source: &'t str) -> (Text<'t>, &'t str) {
         let settings = &self.builder.settings;
         if settings.model_from_service_name && !genai {
             if let Some(service) = resource_string(self.data.resource(at), "service.name") {
                 if !service.is_empty() && !service.starts_with("unknown_service") {
-                    return (service, "resource:service.name");
+                    return (Cow::Borrowed(service), "resource:service.name");
                 }
             }
         }
-        if !settings.default_model.is_empty() {
-            return (&settings.default_model, DEFAULT_SOURCE);
+        if !heard.is_empty() {
+            return (heard, heard_source);
         }
-        ("", NO_MODEL_SOURCE)
+        if !settings.default_model.is_empty() {
+            return (Cow::Borrowed(&settings.default_model), DEFAULT_SOURCE);
+        }
+        (Cow::Borrowed(""), NO_MODEL_SOURCE)
     }
 
     /// `requests._outcome`.

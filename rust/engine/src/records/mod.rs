@@ -16,7 +16,6 @@
 
 mod build;
 mod join;
-mod kept;
 mod read;
 mod sglang;
 mod timings;
@@ -396,24 +395,14 @@ impl<'t> TraceView<'t> {
         self.data.obs(at).and_then(|obs| self.shapes.get(obs.shape() as usize))
     }
 
-    /// Whether Python kept the span's attributes (`kept`): an SGLang stage's it never reads.
-    fn keeps(&self, at: usize) -> bool {
-        match self.shape(at) {
-            Some(shape) => shape.part != sglang::STAGE_PART,
-            None => {
-                let slot = self.slot(at);
-                kept::unobserved_keeps(slot.kind, slot.status_code, self.data.name(at), self.data.body(at))
-            }
-        }
-    }
-
     /// The span's attribute `key` as Python's records see it (`BufferedSpan.attr` of its kept
-    /// attributes): none of a span Python kept no attributes of. The keys the rules read are
-    /// read from a span's bytes in one pass, the first time one is asked for.
+    /// attributes): none of a span Python kept no attributes of (`SpanSlot::attrs_kept`, which
+    /// ingest sets from the shape table's reading: not a candidate, an SGLang stage, refused). The
+    /// keys the rules read are read from a span's bytes in one pass, the first time one is asked for.
     fn attr(&self, at: usize, key: &str) -> Option<AnyValue<'t>> {
         let keys = &self.builder.attribute_keys;
         let Some(wanted) = keys.iter().position(|known| known == key) else {
-            return if self.keeps(at) { self.data.attr(at, key) } else { None };
+            return self.data.attr(at, key);
         };
         let mut read = self.attributes.borrow_mut();
         if read.at.is_empty() {
@@ -421,7 +410,7 @@ impl<'t> TraceView<'t> {
         }
         let start = match read.at[at] {
             0 => {
-                if !self.keeps(at) {
+                if !self.slot(at).attrs_kept {
                     read.at[at] = u32::MAX;
                     return None;
                 }

@@ -138,11 +138,14 @@ struct S {
     service: &'static str,
     resource: Vec<(&'static str, V)>,
     obs: Option<(u16, Vec<(&'static str, Value)>)>,
+    /// `SpanSlot::attrs_kept`, as ingest sets it.
+    attrs_kept: bool,
 }
 
 fn span(id: u8) -> S {
     S { id, parent: None, kind: SERVER, name: "span", start: BASE, end: BASE + 1000 * MS, status: 0, trace_state: "",
-        attrs: Vec::new(), events: Vec::new(), service: "svc", resource: vec![("service.name", V::S("svc"))], obs: None }
+        attrs: Vec::new(), events: Vec::new(), service: "svc", resource: vec![("service.name", V::S("svc"))], obs: None,
+        attrs_kept: true }
 }
 
 impl S {
@@ -196,6 +199,12 @@ impl S {
     }
     fn obs(mut self, shape: u16, values: Vec<(&'static str, Value)>) -> S {
         self.obs = Some((shape, values));
+        self.attrs_kept = shape != STAGE; // the table's stage shape reads no attribute: ingest keeps none
+        self
+    }
+    /// A span ingest keeps no attributes of for assembly: no candidate of `classify`'s, or refused.
+    fn unkept(mut self) -> S {
+        self.attrs_kept = false;
         self
     }
 
@@ -256,7 +265,8 @@ fn trace(spans: &[S]) -> TraceData {
         data.put(&NewSpan {
             span_id: [s.id; 8], parent_span_id: s.parent.map(|p| [p; 8]), kind: s.kind, status_code: s.status,
             start_unix_ns: s.start, end_unix_ns: s.end, payload: &payload, trace_state: s.trace_state,
-            resource: &resource, scope: b"", service_name: s.service, observation: observation.as_ref(), attrs_kept: true,
+            resource: &resource, scope: b"", service_name: s.service, observation: observation.as_ref(),
+            attrs_kept: s.attrs_kept,
         });
     }
     data
@@ -529,10 +539,12 @@ fn the_model_is_resolved_in_its_order_and_named_by_its_source() {
                strings("req", "span:gen_ai.request.model", "req", "gw-resp"));
     assert_eq!(model(&plain, &[gateway, own(&[]).parent(1)]),
                strings("gw-resp", "gateway:gen_ai.response.model", "gw-resp", "gw-resp"));
-    // A SERVER parent no adapter's observation came with, whose model attribute intake refused
-    // (a claimed span without an observation): Python kept none of its attributes.
-    let refused = span(1).at(-10, 1050).attr("gen_ai.request.model", V::S("refused"));
-    assert_eq!(model(&plain, &[refused, own(&[]).parent(1)]), strings("", "none", "", ""));
+    // A parent no adapter's observation came with: its model attribute is read where ingest kept
+    // its attributes (TGI's handler name on a span `_tgi` makes nothing of), not where it refused it.
+    let unclaimed = span(1).name("generate").at(-10, 1050).attr("gen_ai.request.model", V::S("unclaimed"));
+    assert_eq!(model(&plain, &[unclaimed.clone(), own(&[]).parent(1)]),
+               strings("unclaimed", "gateway:gen_ai.request.model", "unclaimed", ""));
+    assert_eq!(model(&plain, &[unclaimed.unkept(), own(&[]).parent(1)]), strings("", "none", "", ""));
     // The resource: mapped, taken as is, a rule that maps nothing passes to the next.
     let mapped = builder(settings(vec![
         ResourceModelRule { attribute: "service.name".into(), values: HashMap::from([("other".into(), "x".into())]) },
@@ -553,6 +565,66 @@ fn the_model_is_resolved_in_its_order_and_named_by_its_source() {
     assert_eq!(model(&fallback, &[genai(1, SERVER, &[("completion_tokens", i(1))]).service("app")]),
                strings("configured", "default", "", ""));
     assert_eq!(model(&plain, &[own(&[])]), strings("", "none", "", ""));
+}
+
+#[test]
+fn an_engines_record_names_the_model_it_served_before_what_its_callers_named() {
+    let settings = |rules: Vec<ResourceModelRule>, from_service: bool, default: &str| RecordSettings {
+        resource_model_rules: rules, model_from_service_name: from_service, default_model: default.into(),
+        ..RecordSettings::default()
+    };
+    let model = |records: Vec<Record<'static>>, side: Side| {
+        let r = records.into_iter().find(|r| r.side == side).expect("a record of that side");
+        (r.model.into_owned(), r.model_source.into_owned(), r.request_model.into_owned(), r.response_model.into_owned())
+    };
+    let strings = |a: &str, b: &str, c: &str, d: &str| (a.to_owned(), b.to_owned(), c.to_owned(), d.to_owned());
+    let served = |b: &RecordBuilder, gateway: &S, engine: S| model(run(b, &[gateway.clone(), engine.parent(1)]).0, Side::Server);
+    // A gateway naming its caller's alias (request model), and the model it answered with.
+    let alias = genai(1, SERVER, &[("request_model", t("alias"))]).at(-10, 1050);
+    let answered = genai(1, SERVER, &[("request_model", t("alias")), ("response_model", t("alias-resp"))]).at(-10, 1050);
+    let mapped = builder(settings(vec![
+        ResourceModelRule { attribute: "service.name".into(), values: HashMap::from([("vllm-qwen-0".into(), "Qwen".into())]) },
+        ResourceModelRule { attribute: "model.id".into(), values: HashMap::new() },
+    ], false, ""));
+    // The engine's resource rule names the label; what the gateway named is the request model, and
+    // its response model is the response's.
+    assert_eq!(served(&mapped, &alias, engine(2).service("vllm-qwen-0")), strings("Qwen", "resource:service.name", "alias", ""));
+    assert_eq!(served(&mapped, &answered, engine(2).service("vllm-qwen-0")),
+               strings("Qwen", "resource:service.name", "alias", "alias-resp"));
+    assert_eq!(served(&mapped, &alias, engine(2).resource("model.id", V::S("from-resource"))),
+               strings("from-resource", "resource:model.id", "alias", ""));
+    // A response model alone is what was asked for too (`request or heard`).
+    let response_only = genai(1, SERVER, &[("response_model", t("gw-resp"))]).at(-10, 1050);
+    assert_eq!(served(&mapped, &response_only, engine(2).service("vllm-qwen-0")),
+               strings("Qwen", "resource:service.name", "gw-resp", "gw-resp"));
+    // A rule finding an empty string names nothing: the label falls back to what the gateway named.
+    assert_eq!(served(&mapped, &alias, engine(2).resource("model.id", V::S(""))),
+               strings("alias", "gateway:gen_ai.request.model", "alias", ""));
+    // The engine's service name before the gateway's model; never the SDK's placeholder.
+    let from_service = builder(settings(vec![], true, "configured"));
+    assert_eq!(served(&from_service, &alias, engine(2).service("engine-a")),
+               strings("engine-a", "resource:service.name", "alias", ""));
+    for placeholder in ["unknown_service", "unknown_service:python", "unknown_servicex", ""] {
+        assert_eq!(served(&from_service, &alias, engine(2).service(placeholder)),
+                   strings("alias", "gateway:gen_ai.request.model", "alias", ""), "{placeholder:?}");
+    }
+    // Opted out of service names: the gateway's model, and the default only where nothing names one.
+    let opt_out = builder(settings(vec![], false, "configured"));
+    assert_eq!(served(&opt_out, &alias, engine(2).service("engine-a")),
+               strings("alias", "gateway:gen_ai.request.model", "alias", ""));
+    assert_eq!(model(run(&opt_out, &[engine(2).service("engine-a")]).0, Side::Server),
+               strings("configured", "default", "", ""));
+    // The engine's own span still comes first.
+    let own = engine(2).obs(VLLM, with(vllm_values(), &[("response_model", t("served"))])).service("vllm-qwen-0");
+    assert_eq!(served(&mapped, &alias, own), strings("served", "span:gen_ai.response.model", "alias", "served"));
+    // A caller's span (a GenAI client's call through a gateway of its own) keeps §3's order: what
+    // its joined spans name comes before its resource.
+    let caller = genai(1, CLIENT, &[("request_model", t("asked"))]).at(-20, 1100);
+    let gateway = genai(2, SERVER, &[("completion_tokens", i(3))]).parent(1).service("vllm-qwen-0");
+    let (records, _) = run(&mapped, &[caller.clone(), gateway.clone()]);
+    assert_eq!(model(records, Side::Server), strings("asked", "client:gen_ai.request.model", "asked", ""));
+    let (records, _) = run(&builder(settings(vec![], true, "")), &[caller, gateway]);
+    assert_eq!(model(records, Side::Server), strings("asked", "client:gen_ai.request.model", "asked", ""));
 }
 
 #[test]
@@ -906,7 +978,7 @@ mod properties {
         fn span_strategy()(id in 1u8..9, parent in prop::option::of(0u8..10), kind in 0i32..4, name in 0usize..8,
                            start in prop::sample::select(vec![0u64, BASE, BASE + 7 * MS, u64::MAX - 1]),
                            length in prop::sample::select(vec![0i64, 1_000_000, 900_000_000, -5, 1 << 62]),
-                           failed in any::<bool>(), shape in prop::option::of(0u16..7),
+                           failed in any::<bool>(), shape in prop::option::of(0u16..7), kept in any::<bool>(),
                            floats in prop::collection::vec(float_strategy(), 9),
                            ints in prop::collection::vec(prop::option::of(-2i64..30), 6),
                            texts in prop::collection::vec(prop::option::of(0usize..5), 5),
@@ -926,6 +998,9 @@ mod properties {
             }
             for (key, value) in attrs {
                 s = s.attr(keys[key], value);
+            }
+            if !kept {
+                s = s.unkept(); // no candidate, or refused (an observed span's is reset by its shape)
             }
             if let Some(shape) = shape {
                 let mut values = Vec::new();

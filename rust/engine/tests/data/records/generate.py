@@ -14,12 +14,16 @@ The traces: every engine fixture (``tests/support/engine_fixtures.py``), every e
 (``tests/testdata/emitters``, ``tests/testdata/engines/sglang``), the bench's fleet workload, and
 seeded random traces composed from those engines' spans under gateways, clients, applications'
 SERVER spans and LiteLLM's forwarded traceparent, with hostile attribute values, clocks, upstream
-thresholds and statuses, some with their observations' numbers redrawn after intake.
+thresholds and statuses, some with their observations' numbers redrawn after intake. The settings
+cover each rule naming an engine's model behind its callers: resource rules (mapped, as is, finding
+nothing), the service name (and the SDK's ``unknown_service`` placeholders), the opt-out
+(``from_service_name: false``) and the default.
 
 The corpus is written as gzipped JSON (``*.json.gz``; the shape table in ``shapes.json``). A case
 holds its spans as the engine buffers them (the span's bytes as kept, ids, kind, status, times,
 trace state, its resource and scope bytes and service name, its observation by native field name
-with its shape) and either Python's records (every field) and malformed requests, or
+with its shape, whether the adapter stage kept its attributes for assembly, as the engine's ingest
+sets ``SpanSlot::attrs_kept``) and either Python's records (every field) and malformed requests, or
 ``declined``: the reasons the engine's rules leave this trace to Python, observed while Python read
 it (a text it rendered with ``repr``, a string ``float()`` read by its own rules, a finish reason
 lowercased beyond ASCII, a non-ASCII upstream trace state, a disaggregated pair, a shape only Python
@@ -57,8 +61,8 @@ from otel_llm.internal import core  # noqa: E402
 from otel_llm.pdata.observation import OBSERVATION_FIELDS, EngineObservation, MalformedSpan  # noqa: E402
 from otel_llm.pdata.records import RequestRecord, Side  # noqa: E402
 from otel_llm.pdata.spans import BufferedSpan, PendingTrace  # noqa: E402
-from otel_llm.processor.llm_metrics import requests  # noqa: E402
-from otel_llm.processor.llm_metrics.adapters.engines import SGLANG_STAGES  # noqa: E402
+from otel_llm.processor.llm_metrics import digest, requests  # noqa: E402
+from otel_llm.processor.llm_metrics.adapters.engines import _NO_ATTRS, SGLANG_STAGES  # noqa: E402
 from otel_llm.processor.llm_metrics.digest import (  # noqa: E402
     AttributeLimits, DigestSettings, _strings_of, digest_in_process)
 from otel_llm.processor.llm_metrics.requests import (  # noqa: E402
@@ -100,6 +104,12 @@ SETTINGS: dict[str, RecordSettings] = {
                                                  ResourceModelRule("service.name", {"sglang": "sglang-model"})),
         edge_ttft_attributes=("x-edge-ttft", "gen_ai.server.time_to_first_token"), model_from_service_name=True,
         default_model="fallback"),
+    # The opt-out (`model_name.from_service_name: false`) beside resource rules: an engine's record
+    # named by neither its span nor a rule takes what its gateway or client named, then the default.
+    "opt_out": RecordSettings(
+        resource_model_rules=(ResourceModelRule("service.name", {"vllm-qwen-0": "Qwen/Qwen2.5", "sglang": "sg"}),
+                              ResourceModelRule("model.id")),
+        model_from_service_name=False, default_model="configured"),
 }
 
 
@@ -256,7 +266,7 @@ def case_inputs(trace: PendingTrace, origins: dict[tuple[bytes, bytes, str], int
             "id": span.span_id.hex(), "parent": span.parent_span_id.hex() or None, "kind": span.kind,
             "status": span.status_code, "start": span.start_unix_ns, "end": span.end_unix_ns,
             "trace_state": span.trace_state, "origin": origin, "payload": b64(canonical(span.payload)),
-            "obs": native_observation(span),
+            "obs": native_observation(span), "attrs_kept": ATTRS_KEPT[id(span)][1],
         })
     return {"trace_id": trace.trace_id.hex(), "spans": spans}
 
@@ -411,9 +421,35 @@ def expected(trace: PendingTrace, settings: RecordSettings, late: bool) -> dict[
 
 # --- traces --------------------------------------------------------------------------------------------
 
+# Whether the adapter stage kept each span's attributes for assembly (the engine's ingest says so
+# in ``SpanSlot::attrs_kept``): not of a span ``classify`` does not read (no candidate) or reads no
+# attribute of (an SGLang stage), nor of one intake refuses (``MalformedSpan``). Noted as
+# ``_digest`` reads each span, once and in order; by the buffered span, held so its id stays its own.
+_KEPT: list[bool] = []
+ATTRS_KEPT: dict[int, tuple[BufferedSpan, bool]] = {}
+_original_read_checked: Callable[[Any, float], tuple[Any, Any]] = digest._read_checked
+
+
+def _read_checked(span: Any, max_latency: float) -> tuple[Any, Any]:
+    try:
+        observation, attrs = _original_read_checked(span, max_latency)
+    except MalformedSpan:
+        _KEPT.append(False)
+        raise
+    _KEPT.append(attrs is not _NO_ATTRS)
+    return observation, attrs
+
+
+digest._read_checked = _read_checked
+
+
 def traces_of(data: bytes, settings_name: str) -> list[PendingTrace]:
     """The request's spans filed by trace as the assembler files them (a later copy replaces in place)."""
+    _KEPT.clear()
     spans, _ = digest_in_process(data, DIGEST[settings_name])
+    assert len(spans) == len(_KEPT), "one reading per buffered span"
+    for span, kept in zip(spans, _KEPT):
+        ATTRS_KEPT[id(span)] = (span, kept)
     traces: dict[bytes, PendingTrace] = {}
     for span in spans:
         traces.setdefault(span.trace_id, PendingTrace(span.trace_id, 0.0)).spans[span.span_id] = span
@@ -505,7 +541,8 @@ FINISH = ("stop", "STOP", "length", "Length", "abort", "cancelled", "eos", "end_
 TRACE_STATES = ("ot=th:8", "ot=th:0", "ot=th:fffff", "ot=th:ffffff", "ot=th:4", "vendor=a", "ot=th:zz", "ot=p:3",
                 "ot=th:", "ot=th:123456789abcdef", " ot=th:c;rv:abcdef01234567 ", "x=y,ot=th:C", "ot=th:8\u2003",
                 "ot=th:78e5107311d8a4", "ot=rv:ab;th:c0", "\x1cot=th:8")
-SERVICES = ("gateway", "vllm-qwen-0", "vllm-llama-1", "sglang", "tgi", "unknown_service:python", "", "app")
+SERVICES = ("gateway", "vllm-qwen-0", "vllm-llama-1", "sglang", "tgi", "unknown_service:python", "", "app",
+            "unknown_service", "unknown_service:java")
 # Values an attribute the records read may hold: texts, numbers of every type, lists, maps, bytes.
 HOSTILE: tuple[Any, ...] = (
     "/v1/chat/completions", "/generate", "", "x", "Timeout", "team-a", "gold", "0.25", " 0.5", "1_0", "inf", "junk",
@@ -645,6 +682,10 @@ class Composer:
             service = rng.choice(SERVICES)
             for p in donor:
                 p.resource = tuple((k, service if k == "service.name" else v) for k, v in p.resource)
+        if rng.random() < 0.15:  # the engine's resource names its model (a from_resource rule's)
+            model_id = ("model.id", rng.choice(("served-by-resource", "", 7)))
+            for p in donor:
+                p.resource = (*p.resource, model_id)
         present = {bytes(p.span.span_id) for p in donor}
         tops = [p for p in donor if bytes(p.span.parent_span_id) not in present]
         start = min(p.span.start_time_unix_nano for p in tops)
