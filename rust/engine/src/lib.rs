@@ -5,6 +5,7 @@
 pub mod accounting;
 pub mod buffer;
 pub mod decide;
+pub mod engine;
 pub mod ingest;
 pub mod kept;
 pub mod model;
