@@ -623,6 +623,20 @@ impl Engine {
         buffer.hand_on_parked(std::iter::once(trace_id));
     }
 
+    /// Records Python built for a declined completion (`TickOutput::declined`), recorded as the
+    /// metrics stage records its own (`LlmMetricsStage.consume_batch`'s `finally`): into the series
+    /// and the accounting, exemplars where the trace was kept (`with_exemplars`).
+    pub fn record(&self, records: &[Record<'_>], with_exemplars: bool, now_unix_s: f64) {
+        let mut metrics = lock(&self.metrics);
+        let Metrics { series, accounting } = &mut *metrics;
+        for record in records {
+            series.record(record, with_exemplars, now_unix_s);
+            if let Some(accounting) = accounting.as_mut() {
+                accounting.record(record, &mut SharedBudget(series.budget_mut()));
+            }
+        }
+    }
+
     /// The id of a policy name or threshold (for `resume`'s decision), interned.
     pub fn intern(&self, name: &str) -> NameId {
         lock(&self.chain).names.intern(name)

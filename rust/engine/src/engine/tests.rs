@@ -354,6 +354,14 @@ fn declined_traces_go_to_python_and_their_late_spans_wait_for_resume() {
     assert_eq!(out.late, 1);
     assert_eq!(out.kept.len(), 1);
     assert_eq!((out.kept[0].trace_id, engine.name(out.kept[0].decision.policy)), ([5; 16], "python".to_owned()));
+    // Python's records of the declined trace are recorded into the engine's series.
+    let mut record = Record::new([5; 16], [1; 8]);
+    (record.model, record.engine_kind, record.service_name) = ("t".into(), "triton".into(), "svc".into());
+    record.e2e_s = Some(1.0);
+    engine.record(&[record], true, 100.0);
+    assert_eq!(engine.requests_recorded(), 2);
+    assert_eq!(lines_with(&engine.render(false), "e2e_seconds_count{engine_kind=\"triton\""), vec![
+        "e2e_seconds_count{engine_kind=\"triton\",model_name=\"t\",service_name=\"svc\"} 1.0"]);
 }
 
 #[test]
