@@ -122,6 +122,14 @@ pub struct IngestCounts {
     pub duplicate: u64,
     /// Past `max_spans_per_trace` (`spans_dropped{reason="max_spans_per_trace"}`).
     pub dropped_over_trace_limit: u64,
+    /// Spans of traces already decided: they go along with the decision at the next tick (where
+    /// they are counted, as `_Entry` counts late spans).
+    pub late: u64,
+    /// Spans of traces being decided (completed, not yet decided: by Python, or at the next tick):
+    /// they follow the decision.
+    pub parked: u64,
+    /// Traces completed to make room at `max_traces` (they go along at the next tick).
+    pub completed_to_make_room: u64,
 }
 
 /// What `ingest` made of one request. Late spans are counted when they go along the chain
@@ -379,19 +387,27 @@ impl Engine {
                 is_engine: span.shape.is_some_and(|shape| self.infos[shape].is_engine()),
             }
         };
+        // One shard's `add_batch`, with what it sent along or held back (read around the call).
+        let add = |buffer: &mut TraceBuffer, spans: &mut dyn Iterator<Item = Incoming<'_>>, counts: &mut IngestCounts| {
+            let made_room = |b: &TraceBuffer| b.completions(Reason::Ready) + b.completions(Reason::MemoryLimit);
+            let (waiting, made, parked) = (buffer.waiting_completions(), made_room(buffer), buffer.parked_spans());
+            let added = buffer.add_batch(spans, now);
+            let made = made_room(buffer) - made;
+            counts.duplicate += added.duplicate;
+            counts.dropped_over_trace_limit += added.dropped;
+            counts.completed_to_make_room += made;
+            counts.late += (buffer.waiting_completions() - waiting) as u64 - made;
+            counts.parked += buffer.parked_spans().saturating_sub(parked) as u64;
+        };
         if self.shards.len() == 1 {
-            let added = lock(&self.shards[0]).add_batch((0..read.spans.len()).map(incoming), now);
-            counts.duplicate = added.duplicate;
-            counts.dropped_over_trace_limit = added.dropped;
+            add(&mut lock(&self.shards[0]), &mut (0..read.spans.len()).map(incoming), &mut counts);
         } else {
             let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); self.shards.len()];
             for (at, span) in read.spans.iter().enumerate() {
                 by_shard[self.shard_of(&span.trace_id)].push(at);
             }
             for (shard, spans) in by_shard.iter().enumerate().filter(|(_, spans)| !spans.is_empty()) {
-                let added = lock(&self.shards[shard]).add_batch(spans.iter().map(|&at| incoming(at)), now);
-                counts.duplicate += added.duplicate;
-                counts.dropped_over_trace_limit += added.dropped;
+                add(&mut lock(&self.shards[shard]), &mut spans.iter().map(|&at| incoming(at)), &mut counts);
             }
         }
         lock(&self.chain).counters.requests_native += 1;

@@ -316,7 +316,7 @@ fn decisions_are_remembered_and_late_spans_follow_them() {
     // Late spans: a child of each trace, and the kept trace's engine span again (measured: a duplicate).
     let counts = ingest(&engine, &[span(2, 2, "db").internal().parent(1), span(1, 2, "db").internal().parent(1),
                                    engine_span(2, 1, 2.0)], 3.0);
-    assert_eq!(counts.duplicate, 1);
+    assert_eq!((counts.duplicate, counts.late, counts.parked, counts.completed_to_make_room), (1, 2, 0, 0));
     assert_eq!(engine.len(), 0);
     let out = engine.tick_at(3.0, 100.0);
     assert_eq!((out.late, out.completed.len()), (2, 0));
@@ -345,7 +345,8 @@ fn declined_traces_go_to_python_and_their_late_spans_wait_for_resume() {
                ([5; 16], Reason::Ready, crate::records::Decline::PythonShape));
     assert_eq!((out.records_measured, engine.counters().declined), (1, 1));
     // While Python decides, a late span of it waits (parked) ...
-    ingest(&engine, &[span(5, 2, "db").internal().parent(1)], 21.0);
+    let counts = ingest(&engine, &[span(5, 2, "db").internal().parent(1)], 21.0);
+    assert_eq!((counts.late, counts.parked), (0, 1));
     assert_eq!(engine.tick_at(21.0, 100.0).completions(), 0);
     // ... and follows the decision Python resumes.
     let decision = Decision { keep: true, rate_limited: false, policy: engine.intern("python"), threshold: NameId(0) };
@@ -498,4 +499,20 @@ fn accounting_is_rendered_beside_the_series() {
         "otel_llm_slo_requests_total{engine_kind=\"vllm\",model_name=\"m\",slo_status=\"missed\"} 1.0"]);
     assert!(text.find("otel_llm_slo_requests_total").unwrap() < text.find("otel_llm_request_segment_seconds").unwrap());
     assert_eq!(engine.snapshot().accounting.len(), 1);
+}
+
+#[test]
+fn traces_completed_to_make_room_go_along_at_the_next_tick() {
+    let mut config = config(1);
+    config.assembly.max_traces = 2;
+    let engine = Engine::new(config).unwrap();
+    ingest(&engine, &[span(1, 1, "gateway"), span(2, 1, "gateway")], 0.0);
+    let counts = ingest(&engine, &[span(3, 1, "gateway")], 0.0);
+    assert_eq!((counts.completed_to_make_room, counts.late), (1, 0));
+    // A span of the trace completed to make room, before its decision: it waits for it.
+    let counts = ingest(&engine, &[span(1, 2, "db").parent(1)], 0.0);
+    assert_eq!((counts.parked, engine.len()), (1, 2));
+    let out = engine.tick_at(0.0, 100.0);
+    assert_eq!((out.completed.clone(), out.late), (vec![(Reason::MemoryLimit, 1)], 1));
+    assert_eq!(out.dropped_decisions, 1);
 }
