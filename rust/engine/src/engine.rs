@@ -668,6 +668,60 @@ impl Engine {
         lock(&self.shards[self.shard_of(trace_id)]).remembered(trace_id).cloned()
     }
 
+    // --- restarts -----------------------------------------------------------------------------------
+
+    /// `TraceAssembler.decisions`: the decision caches' decisions, each shard's oldest first, shard
+    /// by shard (for a graceful restart).
+    pub fn decisions(&self) -> Vec<(TraceId, Remembered)> {
+        self.shards.iter().flat_map(|shard| lock(shard).decisions()).collect()
+    }
+
+    /// `TraceAssembler.restore_decisions`: a previous run's decisions, each into its trace's shard
+    /// (before any span arrives).
+    pub fn restore_decisions(&self, decisions: impl IntoIterator<Item = (TraceId, Remembered)>) {
+        let mut by_shard: Vec<Vec<(TraceId, Remembered)>> = (0..self.shards.len()).map(|_| Vec::new()).collect();
+        for (trace_id, remembered) in decisions {
+            by_shard[self.shard_of(&trace_id)].push((trace_id, remembered));
+        }
+        for (shard, decisions) in self.shards.iter().zip(by_shard) {
+            if !decisions.is_empty() {
+                lock(shard).restore_decisions(decisions);
+            }
+        }
+    }
+
+    /// `TraceAssembler.take_pending`: the pending traces `pick` picks, removed undecided (a
+    /// graceful stop hands them to the next start), each shard's oldest first, shard by shard.
+    pub fn take_pending(&self, mut pick: impl FnMut(&TraceData) -> bool) -> Vec<TraceData> {
+        self.shards.iter().flat_map(|shard| lock(shard).take_pending(&mut pick)).collect()
+    }
+
+    /// `TraceAssembler.complete_now`: traces taken with `take_pending` completed after all (their
+    /// hand-over could not be written), each in its shard; they go along at the next tick.
+    pub fn complete_now(&self, traces: Vec<TraceData>, reason: Reason) {
+        let mut by_shard: Vec<Vec<TraceData>> = (0..self.shards.len()).map(|_| Vec::new()).collect();
+        for trace in traces {
+            by_shard[self.shard_of(&trace.trace_id)].push(trace);
+        }
+        for (shard, traces) in self.shards.iter().zip(by_shard) {
+            if !traces.is_empty() {
+                lock(shard).complete_now(traces, reason);
+            }
+        }
+    }
+
+    /// `TraceAssembler.overdue`: `each` of the pending traces first seen at or before
+    /// `seen_before` and those `carried` picks, under each shard's lock in turn.
+    pub fn overdue(&self, seen_before: f64, mut carried: impl FnMut(&TraceId) -> bool,
+                   mut each: impl FnMut(&TraceData)) {
+        for shard in &self.shards {
+            let buffer = lock(shard);
+            for trace in buffer.overdue(seen_before, &mut carried) {
+                each(trace);
+            }
+        }
+    }
+
     // --- exposition -----------------------------------------------------------------------------
 
     /// `RecorderCollector.collect` rendered (text 0.0.4, or OpenMetrics without `# EOF`): the

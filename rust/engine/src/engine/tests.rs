@@ -516,3 +516,30 @@ fn traces_completed_to_make_room_go_along_at_the_next_tick() {
     assert_eq!((out.completed.clone(), out.late), (vec![(Reason::MemoryLimit, 1)], 1));
     assert_eq!(out.dropped_decisions, 1);
 }
+
+#[test]
+fn a_graceful_restart_hands_over_pending_traces_and_decisions() {
+    let first = engine(2);
+    ingest(&first, &[engine_span(1, 1, 2.0)], 0.0);
+    ingest(&first, &[span(2, 1, "gateway"), span(3, 1, "gateway")], 0.0);
+    first.tick_at(2.0, 100.0); // trace 1 kept
+    let mut overdue = Vec::new();
+    first.overdue(0.0, |_| false, |trace| overdue.push(trace.trace_id));
+    overdue.sort_unstable();
+    assert_eq!(overdue, vec![[2; 16], [3; 16]]);
+    let handed = first.take_pending(|trace| trace.trace_id == [2; 16]);
+    assert_eq!((handed.len(), first.len()), (1, 1));
+    first.complete_now(handed, Reason::Shutdown);
+    first.drain();
+    let out = first.tick_at(2.0, 100.0);
+    assert_eq!(out.completed, vec![(Reason::Shutdown, 2)]);
+    let decisions = first.decisions();
+    assert_eq!(decisions.len(), 3);
+
+    let second = engine(3);
+    second.restore_decisions(decisions);
+    assert!(second.remembered(&[1; 16]).unwrap().decision.keep);
+    // The kept trace's engine span, redelivered: measured already, a duplicate.
+    let counts = ingest(&second, &[engine_span(1, 1, 2.0)], 3.0);
+    assert_eq!((counts.duplicate, counts.late), (1, 0));
+}
