@@ -19,8 +19,13 @@
 //! Locks (std only): one `Mutex` per shard of the trace buffer, one for the chain (sampler, kept
 //! writer, names, counters) and one for the series (and accounting). `ingest` takes the shards of
 //! its spans, one at a time; `tick` takes each shard in turn and, while holding it, the chain's
-//! lock, and the series' lock per run to record; `render`/`snapshot` the series' lock only. The
-//! order is always shard -> chain -> series, so no two calls wait on each other in a cycle.
+//! lock, and the series' lock per run to record; `render`/`snapshot` the series' lock only; an
+//! ingest never waits for the chain (its counters are atomics), only for its shards', and so waits
+//! for a tick only while that tick takes the ingest's shard's completions along the chain (one
+//! shard at a time). Holding the shard through its completions keeps what a tick hands on exactly
+//! what `tick_into` and `hand_on_parked` gave (Python releases the assembler's lock during its
+//! chain; a span coming meanwhile is parked there and handed on after its run: the same outcome).
+//! The order is always shard -> chain -> series, so no two calls wait on each other in a cycle.
 //!
 //! Shards: `EngineConfig::shards` buffers, a trace's spans always in the same one (a keyed hash of
 //! its id, so no sender can aim its traces at one shard). One shard is `TraceAssembler` exactly.
@@ -36,6 +41,7 @@
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::accounting::{Accounting, AccountingSettings, AccountingSpecs, ByteBudget};
@@ -288,6 +294,9 @@ pub struct Engine {
     hasher: RandomState,
     chain: Mutex<Chain>,
     metrics: Mutex<Metrics>,
+    /// Requests read natively and handed to Python (atomics: an ingest never waits on the chain).
+    requests_native: AtomicU64,
+    requests_python: AtomicU64,
 }
 
 /// A lock, whatever a panic elsewhere left it as: every module's state is consistent between
@@ -347,6 +356,8 @@ impl Engine {
             hasher: RandomState::new(),
             chain: Mutex::new(Chain { sampler, writer, names, counters: Counters::default() }),
             metrics: Mutex::new(Metrics { series, accounting }),
+            requests_native: AtomicU64::new(0),
+            requests_python: AtomicU64::new(0),
         })
     }
 
@@ -366,7 +377,7 @@ impl Engine {
     pub fn ingest(&self, data: &[u8], validated: bool, now: f64) -> Result<IngestSummary, Malformed> {
         let read = match read_request(data, validated, &self.table, &self.checked, &self.ingest_settings)? {
             Ingested::Python => {
-                lock(&self.chain).counters.requests_python += 1;
+                self.requests_python.fetch_add(1, Ordering::Relaxed);
                 return Ok(IngestSummary::Python);
             }
             Ingested::Native(read) => read,
@@ -410,7 +421,7 @@ impl Engine {
                 add(&mut lock(&self.shards[shard]), &mut spans.iter().map(|&at| incoming(at)), &mut counts);
             }
         }
-        lock(&self.chain).counters.requests_native += 1;
+        self.requests_native.fetch_add(1, Ordering::Relaxed);
         Ok(IngestSummary::Native(counts))
     }
 
@@ -745,7 +756,10 @@ impl Engine {
 
     /// The engine's counters since it started.
     pub fn counters(&self) -> Counters {
-        lock(&self.chain).counters.clone()
+        let mut counters = lock(&self.chain).counters.clone();
+        counters.requests_native = self.requests_native.load(Ordering::Relaxed);
+        counters.requests_python = self.requests_python.load(Ordering::Relaxed);
+        counters
     }
 
     /// Requests the series recorded (`MetricsRecorder.requests_recorded`).
