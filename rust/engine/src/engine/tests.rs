@@ -543,3 +543,58 @@ fn a_graceful_restart_hands_over_pending_traces_and_decisions() {
     let counts = ingest(&second, &[engine_span(1, 1, 2.0)], 3.0);
     assert_eq!((counts.duplicate, counts.late), (1, 0));
 }
+
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn valid_requests() -> Vec<Vec<u8>> {
+        vec![
+            request(&[engine_span(1, 1, 0.5), span(1, 2, "db").internal().parent(1)]),
+            request(&[engine_span(2, 1, 2.0).failed().parent(3), span(2, 3, "gateway")]),
+            request(&[span(4, 1, "InferRequest").attr("e2e", V::D(1.0)), span(5, 1, "llm_request")]),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+        /// Hostile bytes (valid requests with bytes flipped, cut or appended, and noise) and odd
+        /// clocks: refused or counted, never a panic; every completion goes along exactly once.
+        #[test]
+        fn hostile_requests_and_clocks_never_panic(
+            edits in proptest::collection::vec((0usize..3, any::<usize>(), any::<u8>(), 0u8..3), 1..24),
+            noise in proptest::collection::vec(any::<u8>(), 0..64),
+            clocks in proptest::collection::vec(prop_oneof![Just(f64::NAN), Just(f64::INFINITY), Just(-1.0),
+                                                            0.0..40.0f64], 1..6),
+            shards in 1usize..4,
+        ) {
+            let engine = engine(shards);
+            let requests = valid_requests();
+            let mut completions = 0;
+            let mut buffered = 0;
+            for (step, (which, at, byte, how)) in edits.into_iter().enumerate() {
+                let mut data = requests[which].clone();
+                let at = at % data.len();
+                match how {
+                    0 => data[at] ^= byte | 1,
+                    1 => data.truncate(at),
+                    _ => data.insert(at, byte),
+                }
+                if let Ok(IngestSummary::Native(counts)) = engine.ingest(&data, false, clocks[step % clocks.len()]) {
+                    buffered += counts.buffered - counts.duplicate - counts.dropped_over_trace_limit;
+                }
+            }
+            let _ = engine.ingest(&noise, false, 0.0);
+            for &now in &clocks {
+                completions += engine.tick_at(now, now).completions();
+            }
+            engine.drain();
+            completions += engine.tick_at(100.0, 100.0).completions();
+            prop_assert_eq!(engine.len(), 0);
+            prop_assert!(completions <= buffered, "{} completions of {} spans", completions, buffered);
+            let _ = engine.render(true);
+        }
+    }
+}
