@@ -18,14 +18,14 @@
 //!
 //! Locks (std only): one `Mutex` per shard of the trace buffer, one for the chain (sampler, kept
 //! writer, names, counters) and one for the series (and accounting). `ingest` takes the shards of
-//! its spans, one at a time; `tick` takes each shard in turn and, while holding it, the chain's
-//! lock, and the series' lock per run to record; `render`/`snapshot` the series' lock only; an
-//! ingest never waits for the chain (its counters are atomics), only for its shards', and so waits
-//! for a tick only while that tick takes the ingest's shard's completions along the chain (one
-//! shard at a time). Holding the shard through its completions keeps what a tick hands on exactly
+//! its spans, one at a time; `tick` takes the chain's lock (one tick at a time, as Python's
+//! `_tick_lock`), then each shard in turn, and the series' lock per run to record;
+//! `render`/`snapshot` the series' lock only; an ingest never waits for the chain (its counters
+//! are atomics), only for its shards', and so waits for a tick only while that tick takes the
+//! ingest's shard's completions along the chain (one shard at a time). Holding the shard through its completions keeps what a tick hands on exactly
 //! what `tick_into` and `hand_on_parked` gave (Python releases the assembler's lock during its
 //! chain; a span coming meanwhile is parked there and handed on after its run: the same outcome).
-//! The order is always shard -> chain -> series, so no two calls wait on each other in a cycle.
+//! The order is always chain -> shard -> series, so no two calls wait on each other in a cycle.
 //!
 //! Shards: `EngineConfig::shards` buffers, a trace's spans always in the same one (a keyed hash of
 //! its id, so no sender can aim its traces at one shard). One shard is `TraceAssembler` exactly.
@@ -438,13 +438,15 @@ impl Engine {
     pub fn tick_at(&self, now: f64, now_unix_s: f64) -> TickOutput {
         let mut out = TickOutput::default();
         let mut due: Vec<Completion> = Vec::new();
+        // The chain first (as Python's `_tick_lock`, one tick at a time): a tick waiting for
+        // another holds no shard, so no ingest waits for it.
+        let mut chain = lock(&self.chain);
         for shard in &self.shards {
             let mut buffer = lock(shard);
             buffer.tick_into(now, &mut due);
             if due.is_empty() {
                 continue;
             }
-            let mut chain = lock(&self.chain);
             let mut completions = std::mem::take(&mut due).into_iter();
             loop {
                 // `_complete`: runs of COMPLETION_BATCH, each followed by its traces' parked late spans.

@@ -497,3 +497,40 @@ fn shards_record_the_same_requests_and_keep_the_same_traces() {
     assert_eq!(one.counters().completed, four.counters().completed);
     assert_eq!((one.len(), four.len()), (0, 0));
 }
+
+/// The engine's cost per span over the whole chain (ingest, tick, records, decisions, kept
+/// traces written, series): `cargo test --release -p otel-llm-engine --test engine_orchestration
+/// -- --ignored --nocapture`. With 2 shards, two threads ingest half the requests each.
+#[test]
+#[ignore]
+fn benchmark_the_chain() {
+    let steps = workload(11, 20_000);
+    let requests: Vec<(&[u8], f64)> = steps.iter()
+        .filter_map(|step| match step { Step::Request(data, now) => Some((data.as_slice(), *now)), _ => None })
+        .collect();
+    let spans: u64 = requests.iter().map(|(data, now)| match engine(1).ingest(data, false, *now) {
+        Ok(IngestSummary::Native(counts)) => counts.buffered,
+        _ => 0,
+    }).sum();
+    for (shards, threads) in [(1usize, 1usize), (2, 2)] {
+        let engine = engine(shards);
+        let started = std::time::Instant::now();
+        std::thread::scope(|scope| {
+            for thread in 0..threads {
+                let (engine, requests) = (&engine, &requests);
+                scope.spawn(move || {
+                    for (at, (data, now)) in requests.iter().enumerate().filter(|(at, _)| at % threads == thread) {
+                        engine.ingest(data, false, *now).unwrap();
+                        if at % 8 == 0 {
+                            engine.tick_at(*now, 1_000.0);
+                        }
+                    }
+                });
+            }
+        });
+        engine.tick_at(1e9, 1_000.0);
+        let elapsed = started.elapsed().as_nanos() as f64;
+        eprintln!("{shards} shard(s), {threads} thread(s): {} requests, {spans} spans: {:.0} ns per span, {} recorded",
+                  requests.len(), elapsed / spans as f64, engine.requests_recorded());
+    }
+}
