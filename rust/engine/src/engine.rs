@@ -454,8 +454,7 @@ impl Engine {
                 if run.is_empty() {
                     break;
                 }
-                let ids: Vec<TraceId> = run.iter().filter(|c| !c.late).map(|c| c.trace.trace_id).collect();
-                self.complete(&mut buffer, &mut chain, run, now, now_unix_s, &mut out);
+                let ids = self.complete(&mut buffer, &mut chain, run, now, now_unix_s, &mut out);
                 buffer.hand_on_parked(ids.iter());
                 let parked = buffer.take_completions();
                 if !parked.is_empty() {
@@ -466,9 +465,12 @@ impl Engine {
         out
     }
 
-    /// One batch along the chain (`_Entry.consume_batch` and the stages after it).
+    /// One batch along the chain (`_Entry.consume_batch` and the stages after it). Returns the ids
+    /// of the traces (not late spans) whose parked late spans may now go along: all but those
+    /// declined, whose decision Python makes and `resume` gives (Python's chain has decided them
+    /// when `_hand_on_parked` runs; here their spans stay parked until then).
     fn complete(&self, buffer: &mut TraceBuffer, chain: &mut Chain, batch: Vec<Completion>, now: f64,
-                now_unix_s: f64, out: &mut TickOutput) {
+                now_unix_s: f64, out: &mut TickOutput) -> Vec<TraceId> {
         // _Entry: counted.
         for completion in &batch {
             if completion.late {
@@ -627,7 +629,11 @@ impl Engine {
         // What leaves: kept traces in order, the declined ones' completions for Python.
         let fates: Vec<(Option<crate::records::Decline>, Fate)> =
             states.into_iter().map(|state| (state.declined, state.kept)).collect();
+        let mut followed = Vec::with_capacity(batch.len());
         for (completion, (declined, fate)) in batch.into_iter().zip(fates) {
+            if declined.is_none() && !completion.late {
+                followed.push(completion.trace.trace_id);
+            }
             if let Some(reason) = declined {
                 chain.counters.declined += 1;
                 out.declined.push((completion, reason));
@@ -641,6 +647,7 @@ impl Engine {
                 }
             }
         }
+        followed
     }
 
     /// Python decided a declined trace (`DecisionStage._follow`): its decision remembered with the

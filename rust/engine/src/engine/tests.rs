@@ -598,3 +598,22 @@ mod properties {
         }
     }
 }
+
+#[test]
+fn spans_parked_for_a_declined_trace_wait_for_its_resumed_decision() {
+    let mut config = config(1);
+    config.assembly.max_traces = 1;
+    let engine = Engine::new(config).unwrap();
+    ingest(&engine, &[span(5, 1, "InferRequest").attr("e2e", V::D(1.0)).parent(9)], 0.0);
+    let counts = ingest(&engine, &[span(6, 1, "gateway")], 0.0); // trace 5 completed to make room
+    assert_eq!(counts.completed_to_make_room, 1);
+    let counts = ingest(&engine, &[span(5, 2, "db").internal().parent(1)], 0.0);
+    assert_eq!(counts.parked, 1);
+    // The tick declines trace 5: its parked span is not handed on undecided (it would be dropped).
+    let out = engine.tick_at(0.0, 100.0);
+    assert_eq!((out.declined.len(), out.late), (1, 0));
+    engine.resume(&[5; 16], KEEP_UNSAMPLED, &[[1; 8]]);
+    let out = engine.tick_at(0.0, 100.0);
+    assert_eq!((out.late, out.kept.len()), (1, 1));
+    assert_eq!(out.kept[0].written.rows[0].span_id, "0202020202020202");
+}
