@@ -47,7 +47,7 @@ use std::sync::{Mutex, MutexGuard};
 use crate::accounting::{Accounting, AccountingSettings, AccountingSpecs, ByteBudget};
 use crate::accounting::exposition::MetricFamily;
 use crate::buffer::{AssemblySettings, Completion, Incoming, Reason, Remembered, TraceBuffer, COMPLETION_BATCH};
-use crate::decide::{Sampler, SamplerConfig};
+use crate::decide::{DecideError, Sampler, SamplerConfig};
 use crate::ingest::{read_request, Checked, IngestSettings, Ingested};
 use crate::kept::{one_per_request, KeptOut, KeptWriter, Redaction};
 use crate::model::{Decision, FieldId, NameId, Names, Schema, ShapeInfo, SpanId, TraceData, TraceId, DROP};
@@ -174,7 +174,9 @@ pub struct TickOutput {
     /// Kept traces for Python's writer.
     pub kept_declined: Vec<KeptDeclined>,
     /// Completions whose records the builder declined (with the reason), in completion order:
-    /// Python builds, decides and records them (and `resume`s a trace's decision).
+    /// Python builds their records (`Engine::decide` decides a trace, `resume` remembers it,
+    /// `record` records them, `add_measured` for a late engine span it measures). Already counted
+    /// in `completed` or `late`.
     pub declined: Vec<(Completion, crate::records::Decline)>,
     /// Completed traces by reason (`traces_completed`), late spans apart.
     pub completed: Vec<(Reason, u64)>,
@@ -657,6 +659,29 @@ impl Engine {
         let mut buffer = lock(&self.shards[self.shard_of(trace_id)]);
         buffer.remember(trace_id, Remembered::new(decision, measured));
         buffer.hand_on_parked(std::iter::once(trace_id));
+    }
+
+    /// `DecisionStage` for a declined trace whose records Python built: the engine's sampler decides
+    /// it (so its rolling windows and rate limit see all traffic, the declined traces after the
+    /// others of their run), counted as the tick counts its own; then `resume` remembers it.
+    pub fn decide(&self, trace: &TraceData, records: &[Record<'_>], now: f64) -> Result<Decision, DecideError> {
+        let mut chain = lock(&self.chain);
+        let Chain { sampler, counters, .. } = &mut *chain;
+        let Some(sampler) = sampler.as_mut() else { return Ok(KEEP_UNSAMPLED) };
+        let decided = sampler.decide(trace, records, now);
+        match decided {
+            Ok(decision) if decision.keep => counters.kept += 1,
+            Ok(decision) if decision.rate_limited => counters.rate_limited += 1,
+            Ok(_) => counters.dropped += 1,
+            Err(_) => counters.decide_failed += 1,
+        }
+        decided
+    }
+
+    /// `Remembered.add_measured` for a late engine span Python measured (a declined late
+    /// completion): the cache's decision of its trace takes it, so a redelivery is a duplicate.
+    pub fn add_measured(&self, trace_id: &TraceId, span_id: SpanId) {
+        lock(&self.shards[self.shard_of(trace_id)]).add_measured(trace_id, span_id);
     }
 
     /// Records Python built for a declined completion (`TickOutput::declined`), recorded as the

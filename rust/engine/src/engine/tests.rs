@@ -348,9 +348,16 @@ fn declined_traces_go_to_python_and_their_late_spans_wait_for_resume() {
     let counts = ingest(&engine, &[span(5, 2, "db").internal().parent(1)], 21.0);
     assert_eq!((counts.late, counts.parked), (0, 1));
     assert_eq!(engine.tick_at(21.0, 100.0).completions(), 0);
-    // ... and follows the decision Python resumes.
+    // ... and follows the decision Python resumes (the engine's sampler decides Python's records).
+    let mut slow = Record::new([5; 16], [1; 8]);
+    slow.e2e_s = Some(2.0);
+    let decided = engine.decide(&completion.trace, &[slow], 21.0).unwrap();
+    assert_eq!((decided.keep, engine.name(decided.policy)), (true, "slow".to_owned()));
+    assert_eq!(engine.counters().kept, 1);
     let decision = Decision { keep: true, rate_limited: false, policy: engine.intern("python"), threshold: NameId(0) };
     engine.resume(&[5; 16], decision, &[]);
+    engine.add_measured(&[5; 16], [7; 8]);
+    assert_eq!(engine.remembered(&[5; 16]).unwrap().measured.as_slice(), &[[7; 8]]);
     let out = engine.tick_at(22.0, 100.0);
     assert_eq!(out.late, 1);
     assert_eq!(out.kept.len(), 1);
