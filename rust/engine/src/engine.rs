@@ -22,10 +22,17 @@
 //! `_tick_lock`), then each shard in turn, and the series' lock per run to record;
 //! `render`/`snapshot` the series' lock only; an ingest never waits for the chain (its counters
 //! are atomics), only for its shards', and so waits for a tick only while that tick takes the
-//! ingest's shard's completions along the chain (one shard at a time). Holding the shard through its completions keeps what a tick hands on exactly
-//! what `tick_into` and `hand_on_parked` gave (Python releases the assembler's lock during its
-//! chain; a span coming meanwhile is parked there and handed on after its run: the same outcome).
-//! The order is always chain -> shard -> series, so no two calls wait on each other in a cycle.
+//! ingest's shard's completions along the chain (one shard at a time). Holding the shard through
+//! its completions keeps what a tick hands on exactly what `tick_into` and `hand_on_parked` gave
+//! (Python releases the assembler's lock during its chain; a span coming meanwhile is parked there
+//! and handed on after its run: the same outcome). The order is always chain -> shard -> series,
+//! so no two calls wait on each other in a cycle.
+//!
+//! Where the engine's order is not Python's (each said where it happens): late spans and traces
+//! completed to make room go along at the next tick, not during `add_batch` (`_hand_on_added`); a
+//! declined trace is decided (`Engine::decide`) after the other traces of its run, not among them,
+//! and its parked late spans wait for `resume`; nothing is journaled (`receivers.otlp.intake_log`
+//! stays Python's: no completion carries a journaled prior).
 //!
 //! Shards: `EngineConfig::shards` buffers, a trace's spans always in the same one (a keyed hash of
 //! its id, so no sender can aim its traces at one shard). One shard is `TraceAssembler` exactly.
