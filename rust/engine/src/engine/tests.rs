@@ -506,6 +506,15 @@ fn accounting_is_rendered_beside_the_series() {
         "otel_llm_slo_requests_total{engine_kind=\"vllm\",model_name=\"m\",slo_status=\"missed\"} 1.0"]);
     assert!(text.find("otel_llm_slo_requests_total").unwrap() < text.find("otel_llm_request_segment_seconds").unwrap());
     assert_eq!(engine.snapshot().accounting.len(), 1);
+    // The accounting's series draw on the series' byte budget (one budget, as `recorder.budget`).
+    let plain = self::engine(1);
+    ingest(&plain, &[engine_span(1, 1, 0.5)], 0.0);
+    ingest(&plain, &[engine_span(2, 1, 2.0)], 0.0);
+    plain.tick_at(2.0, 100.0);
+    let used = |text: &str| -> f64 {
+        lines_with(text, "otel_llm_series_bytes{state=\"used\"}")[0].rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert!(used(&text) > used(&plain.render(false)), "{} {}", used(&text), used(&plain.render(false)));
 }
 
 #[test]
