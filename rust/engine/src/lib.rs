@@ -4,6 +4,7 @@
 
 pub mod accounting;
 pub mod buffer;
+pub mod declaration;
 pub mod decide;
 pub mod engine;
 pub mod ingest;

@@ -1,7 +1,7 @@
 //! The shape table (`otel_llm/processor/llm_metrics/adapters/shapes.py`), compiled: which engine
 //! shape a span is, and its observation, read from the span's bytes.
 //!
-//! The table is Python's data, handed over at construction (the binding converts it); this module
+//! The table is Python's data (`shapes.declaration()`, compiled by `declaration::shape_table`); this module
 //! is its second interpreter beside `adapters/engines.py` `classify`. Every reading either gives
 //! exactly what the Python reading gives, or says `Reading::Python`: the span is read by Python
 //! (an attribute value Python converts by rules of its own, events Python reads, a shape read by a
@@ -314,6 +314,8 @@ pub enum AttrValue<'a> {
     Bool(bool),
     Int(i64),
     Double(f64),
+    /// An `ArrayValue`'s bytes (read where a reading takes an array's element, as Python does).
+    Array(&'a [u8]),
     Other,
 }
 
@@ -366,7 +368,11 @@ pub fn plain_attributes<'a>(buf: &'a [u8], start: usize, end: usize, out: &mut A
                 (2, 0) => Some(AttrValue::Bool(any.varint()? != 0)),
                 (3, 0) => Some(AttrValue::Int(any.varint()? as i64)),
                 (4, 1) => Some(AttrValue::Double(f64::from_bits(any.fixed(8)?))),
-                (5..=7, 2) => {
+                (5, 2) => {
+                    let (a, b) = any.delimited()?;
+                    Some(AttrValue::Array(&buf[a..b]))
+                }
+                (6..=7, 2) => {
                     any.delimited()?;
                     Some(AttrValue::Other)
                 }
@@ -411,7 +417,9 @@ fn number(attrs: &Attributes<'_>, key: &str) -> Step<Option<f64>> {
         Some(AttrValue::Double(v)) => Ok(Some(v)),
         Some(AttrValue::Int(v)) => Ok(Some(v as f64)),
         Some(AttrValue::Str(text)) => plain_decimal(text).map(Some).ok_or(Refusal::Python),
-        Some(AttrValue::Bool(_)) | Some(AttrValue::Other) => Err(Refusal::Malformed("non_numeric_latency")),
+        Some(AttrValue::Bool(_)) | Some(AttrValue::Array(_)) | Some(AttrValue::Other) => {
+            Err(Refusal::Malformed("non_numeric_latency"))
+        }
     }
 }
 
@@ -431,7 +439,9 @@ fn integer(attrs: &Attributes<'_>, key: &str) -> Step<Option<i64>> {
             Ok(Some(v as i64))
         }
         Some(AttrValue::Str(text)) => plain_integer(text).map(Some).ok_or(Refusal::Python),
-        Some(AttrValue::Bool(_)) | Some(AttrValue::Other) => Err(Refusal::Malformed("non_integer_tokens")),
+        Some(AttrValue::Bool(_)) | Some(AttrValue::Array(_)) | Some(AttrValue::Other) => {
+            Err(Refusal::Malformed("non_integer_tokens"))
+        }
     }
 }
 
@@ -444,7 +454,7 @@ fn get_str<'a>(attrs: &Attributes<'a>, key: &str) -> Step<Option<std::borrow::Co
         Some(AttrValue::Str(v)) => Ok(Some(Cow::Borrowed(v))),
         Some(AttrValue::Int(v)) => Ok(Some(Cow::Owned(v.to_string()))),
         Some(AttrValue::Bool(v)) => Ok(Some(Cow::Borrowed(if v { "true" } else { "false" }))),
-        Some(AttrValue::Double(_)) | Some(AttrValue::Other) => Err(Refusal::Python),
+        Some(AttrValue::Double(_)) | Some(AttrValue::Array(_)) | Some(AttrValue::Other) => Err(Refusal::Python),
     }
 }
 
@@ -539,7 +549,7 @@ fn read_values(read: &Read, span: &SpanFacts<'_>, attrs: &Attributes<'_>) -> Ste
             Some(AttrValue::Str(text)) => Some(Value::Float(rust_duration(text).ok_or(Refusal::Python)?)),
             // `get_str` of an int or a bool is text without a unit: Python refuses it as unparsable.
             Some(AttrValue::Int(_)) | Some(AttrValue::Bool(_)) => return Err(Refusal::Malformed("unparsable_duration")),
-            Some(AttrValue::Double(_)) | Some(AttrValue::Other) => return Err(Refusal::Python),
+            Some(AttrValue::Double(_)) | Some(AttrValue::Array(_)) | Some(AttrValue::Other) => return Err(Refusal::Python),
         }],
         Read::Constant(value) => vec![Some(Value::Text(value.clone()))],
         Read::BySpanName(mapping, default) => {
@@ -597,6 +607,48 @@ fn read_values(read: &Read, span: &SpanFacts<'_>, attrs: &Attributes<'_>) -> Ste
     })
 }
 
+/// `_finish_reason` for an array value: the first element whose value is a string (upb's reading:
+/// of oneof fields written more than once, the last), none when no element is. An element Python
+/// would read otherwise than this walk (a value message written twice, which upb merges) is Python's.
+fn first_string(array: &[u8]) -> Step<Option<String>> {
+    let mut values = Reader::new(array, 0, array.len());
+    while !values.done() {
+        let (number, wire_type) = values.tag().map_err(|_| Refusal::Python)?;
+        if number != 1 || wire_type != 2 {
+            values.skip(number, wire_type, 0).map_err(|_| Refusal::Python)?;
+            continue;
+        }
+        let (s, e) = values.delimited().map_err(|_| Refusal::Python)?;
+        let mut element = Reader::new(array, s, e);
+        let mut last: Option<(u32, usize, usize)> = None;
+        while !element.done() {
+            let (number, wire_type) = element.tag().map_err(|_| Refusal::Python)?;
+            let at = match (number, wire_type) {
+                (1 | 5..=7, 2) => {
+                    let (a, b) = element.delimited().map_err(|_| Refusal::Python)?;
+                    if number != 1 && last.is_some_and(|(n, _, _)| n == number) {
+                        return Err(Refusal::Python); // a message value written twice: upb merges it
+                    }
+                    (a, b)
+                }
+                (2..=4 | 8, _) => {
+                    element.skip(number, wire_type, 0).map_err(|_| Refusal::Python)?;
+                    (0, 0)
+                }
+                _ => {
+                    element.skip(number, wire_type, 0).map_err(|_| Refusal::Python)?;
+                    continue;
+                }
+            };
+            last = Some((number, at.0, at.1));
+        }
+        if let Some((1, a, b)) = last {
+            return utf8(&array[a..b]).map(|text| Some(text.to_owned())).map_err(|_| Refusal::Python);
+        }
+    }
+    Ok(None)
+}
+
 /// `_finish_reason` for a string value: a JSON array of plain strings (the first, or none for `[]`)
 /// or a bare reason. Only printable ASCII without escapes is read here, where Python's `strip` and
 /// `json.loads` agree with this reading; an array value, an escape, a number in the JSON or any
@@ -605,6 +657,7 @@ fn finish_reason(attrs: &Attributes<'_>, key: &str) -> Step<Option<String>> {
     let text = match lookup(attrs, key) {
         None => return Ok(None),
         Some(AttrValue::Str(text)) => text,
+        Some(AttrValue::Array(array)) => return first_string(array),
         Some(AttrValue::Other) => return Err(Refusal::Python),
         Some(_) => return Ok(None),
     };
@@ -777,6 +830,40 @@ mod tests {
             Reading::Observed { observation, .. } => observation.values,
             other => panic!("not observed: {other:?}"),
         }
+    }
+
+    /// An AnyValue holding an array of the given AnyValues.
+    fn array(elements: &[Vec<u8>]) -> Vec<u8> {
+        let mut inner = Vec::new();
+        for element in elements {
+            inner.push(0x0a);
+            push_varint(&mut inner, element.len() as u64);
+            inner.extend_from_slice(element);
+        }
+        let mut out = vec![0x2a];
+        push_varint(&mut out, inner.len() as u64);
+        out.extend_from_slice(&inner);
+        out
+    }
+
+    #[test]
+    fn a_finish_reason_array_gives_its_first_string_element_as_python_reads_it() {
+        let table = table();
+        let id = table.schema.id("finish_reason").unwrap();
+        let reason = |value: Vec<u8>| {
+            let mut body = attr("e2e", &double(1.0));
+            body.extend(attr("finish", &value));
+            values(read(&table, 2, "x", 0, &body)).into_iter().find(|(f, _)| *f == id).map(|(_, v)| v)
+        };
+        assert_eq!(reason(array(&[string("stop"), string("length")])), Some(Value::Text("stop".into())));
+        // Not a string element first: Python's loop skips it.
+        assert_eq!(reason(array(&[int(3), string("length")])), Some(Value::Text("length".into())));
+        assert_eq!(reason(array(&[])), None);
+        assert_eq!(reason(array(&[int(3)])), None);
+        // A oneof written twice: the last field is the element's value (upb), here an int.
+        let mut twice = string("stop");
+        twice.extend(int(1));
+        assert_eq!(reason(array(&[twice])), None);
     }
 
     #[test]

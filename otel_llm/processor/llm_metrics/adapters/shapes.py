@@ -399,6 +399,43 @@ CANDIDATES = Candidates(
 )
 
 
+def declaration() -> dict[str, Any]:
+    """The table as plain data (JSON), the form the native engine compiles at start-up
+    (``rust/engine/src/declaration.rs``): fields by name and kind, shapes with their readings (a
+    reading's field names, ``how``, keys and argument), rules in ``classify``'s order, candidates.
+    ``cache_and_spec`` carries the key lists this module names for it, so the engine holds no key."""
+
+    def read_of(read: Read) -> dict[str, Any]:
+        arg: Any = read.arg
+        if read.how == "by_span_name":
+            arg = [[list(pair) for pair in read.arg[0]], read.arg[1]]
+        elif read.how == "text_or_mapped":
+            arg = [list(pair) for pair in read.arg]
+        elif read.how == "cache_and_spec":
+            arg = {"read_keys": list(CACHE_READ_KEYS), "write_keys": list(CACHE_WRITE_KEYS),
+                   "spec_keys": list(SPEC_DECODE_KEYS)}
+        return {"how": read.how, "keys": list(read.keys), "arg": arg}
+
+    return {
+        "fields": [[field.name, field.kind] for field in FIELDS],
+        "shapes": [{"adapter": shape.adapter, "engine_kind": shape.engine_kind, "part": shape.part,
+                    "may_be_gateway": shape.may_be_gateway, "python_records": shape.python_records,
+                    "python_reading": shape.python_reading, "reads_attributes": shape.reads_attributes,
+                    "afterwards": list(shape.afterwards),
+                    "reads": [[list(fields), read_of(read)] for fields, read in shape.reads]}
+                   for shape in SHAPES.values()],
+        "rules": [{"shape": rule.shape, "malformed": None if rule.malformed is None else rule.malformed[0],
+                   "kinds": sorted(rule.kinds), "names": sorted(rule.names), "present": list(rule.present),
+                   "absent": list(rule.absent), "any_of": list(rule.any_of),
+                   "equals": [list(pair) for pair in rule.equals], "true": list(rule.true),
+                   "no_attributes": rule.no_attributes, "has_events": rule.has_events}
+                  for rule in RULES],
+        "candidates": {"kinds": sorted(CANDIDATES.kinds), "names": sorted(CANDIDATES.names),
+                       "contains": list(CANDIDATES.contains), "first_words": sorted(CANDIDATES.first_words),
+                       "prefixes": list(CANDIDATES.prefixes)},
+    }
+
+
 def check() -> None:
     """The table's own consistency, at import: a rule names a declared shape, a reading a known
     one, a field a declared one of a kind its reading gives."""
