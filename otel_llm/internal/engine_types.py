@@ -8,7 +8,7 @@ here in the order the binding builds them.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Final, Protocol
 
 # (adapter, spans matched)
 Matched = tuple[str, int]
@@ -35,11 +35,21 @@ TickOutput = tuple[
     list[tuple[bytes, str]], int, list[tuple[str, int]], list[tuple[str, str]], int, int,
 ]
 
-# Positions in `TickOutput`.
-TICK_KEPT, TICK_COMPLETED, TICK_LATE, TICK_RECORDS_BUILT, TICK_RECORDS_MEASURED = 0, 1, 2, 3, 4
-TICK_KEPT_DECISIONS, TICK_DROPPED_DECISIONS, TICK_RATE_LIMITED, TICK_DECLINED = 5, 6, 7, 8
-TICK_KEPT_DECLINED, TICK_REDACTED, TICK_MALFORMED, TICK_DECIDE_FAILED, TICK_SPANS_FAILED = 9, 10, 11, 12, 13
-
+# Positions in `TickOutput` (Final: `out[TICK_KEPT]` is typed as that item).
+TICK_KEPT: Final = 0
+TICK_COMPLETED: Final = 1
+TICK_LATE: Final = 2
+TICK_RECORDS_BUILT: Final = 3
+TICK_RECORDS_MEASURED: Final = 4
+TICK_KEPT_DECISIONS: Final = 5
+TICK_DROPPED_DECISIONS: Final = 6
+TICK_RATE_LIMITED: Final = 7
+TICK_DECLINED: Final = 8
+TICK_KEPT_DECLINED: Final = 9
+TICK_REDACTED: Final = 10
+TICK_MALFORMED: Final = 11
+TICK_DECIDE_FAILED: Final = 12
+TICK_SPANS_FAILED: Final = 13
 
 class NativeEngine(Protocol):
     """``otel_llm._core.Engine(config_json)``: a ValueError names the setting refused."""
