@@ -928,6 +928,12 @@ impl TraceBuffer {
         !self.parked.is_empty()
     }
 
+    /// Completions waiting to be taken (`take_completions`, `tick`): late spans and traces
+    /// completed to make room (by `add_batch`), shed, drained, parked spans handed on.
+    pub fn waiting_completions(&self) -> usize {
+        self.outbox.len()
+    }
+
     /// Late spans parked while their trace is being decided.
     pub fn parked_spans(&self) -> usize {
         self.parked.values().map(Vec::len).sum()

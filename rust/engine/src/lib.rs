@@ -6,6 +6,7 @@ pub mod accounting;
 pub mod buffer;
 pub mod declaration;
 pub mod decide;
+pub mod engine;
 pub mod ingest;
 pub mod kept;
 pub mod model;
