@@ -276,6 +276,8 @@ fn records_are_rendered_and_kept_traces_written_once_decided() {
     assert_eq!(out.completed, vec![(Reason::Ready, 3)]);
     assert_eq!((out.records_built, out.records_measured), (3, 3));
     assert_eq!((out.kept_decisions, out.dropped_decisions, out.rate_limited), (2, 1, 0));
+    assert_eq!(out.assembled, vec![(("vllm".to_owned(), "unknown".to_owned()), 2),
+                                   (("vllm".to_owned(), "error".to_owned()), 1)]);
     assert!(out.declined.is_empty() && out.kept_declined.is_empty());
     let kept: Vec<(TraceId, String)> = out.kept.iter().map(|k| (k.trace_id, engine.name(k.decision.policy))).collect();
     assert_eq!(kept, vec![([2; 16], "slow".to_owned()), ([3; 16], "errors".to_owned())]);
