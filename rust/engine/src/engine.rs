@@ -204,14 +204,25 @@ pub struct TickOutput {
     pub spans_failed: u64,
     /// What redaction removed, by `kept::REDACTION_REASONS`.
     pub redacted: [u64; 5],
+    /// `LlmMetricsStage.count_measured` of the records measured: requests by (engine kind,
+    /// outcome) (`requests_assembled`), values refused by reason (`values_rejected`), intervals not
+    /// measurable by (service name, "not_measurable_" + interval) (`count_unmeasured`).
+    pub assembled: Vec<((String, String), u64)>,
+    pub values_rejected: Vec<(String, u64)>,
+    pub unmeasured: Vec<((String, String), u64)>,
+}
+
+/// Adds `n` to `key`'s count (first-seen order, as Python's dicts).
+fn bump<K: PartialEq>(counts: &mut Vec<(K, u64)>, key: K, n: u64) {
+    match counts.iter_mut().find(|(k, _)| *k == key) {
+        Some((_, count)) => *count += n,
+        None => counts.push((key, n)),
+    }
 }
 
 impl TickOutput {
     fn completed(&mut self, reason: Reason) {
-        match self.completed.iter_mut().find(|(r, _)| *r == reason) {
-            Some((_, n)) => *n += 1,
-            None => self.completed.push((reason, 1)),
-        }
+        bump(&mut self.completed, reason, 1);
     }
 
     /// Completions handed along the chain (declined or not).
@@ -626,6 +637,13 @@ impl Engine {
                 let kept = state.decision.is_some_and(|d| d.keep);
                 for &at in &state.measure {
                     let record = &state.records[at];
+                    for reason in &record.rejected {
+                        bump(&mut out.values_rejected, reason.to_string(), 1);
+                    }
+                    for interval in &record.not_measurable {
+                        bump(&mut out.unmeasured, (record.service_name.to_string(), format!("not_measurable_{interval}")), 1);
+                    }
+                    bump(&mut out.assembled, (record.engine_kind.to_string(), record.outcome.to_string()), 1);
                     series.record(record, kept, now_unix_s);
                     if let Some(accounting) = accounting.as_mut() {
                         accounting.record(record, &mut SharedBudget(series.budget_mut()));

@@ -276,6 +276,8 @@ fn records_are_rendered_and_kept_traces_written_once_decided() {
     assert_eq!(out.completed, vec![(Reason::Ready, 3)]);
     assert_eq!((out.records_built, out.records_measured), (3, 3));
     assert_eq!((out.kept_decisions, out.dropped_decisions, out.rate_limited), (2, 1, 0));
+    assert_eq!(out.assembled, vec![(("vllm".to_owned(), "unknown".to_owned()), 2),
+                                   (("vllm".to_owned(), "error".to_owned()), 1)]);
     assert!(out.declined.is_empty() && out.kept_declined.is_empty());
     let kept: Vec<(TraceId, String)> = out.kept.iter().map(|k| (k.trace_id, engine.name(k.decision.policy))).collect();
     assert_eq!(kept, vec![([2; 16], "slow".to_owned()), ([3; 16], "errors".to_owned())]);
@@ -632,4 +634,21 @@ fn spans_parked_for_a_declined_trace_wait_for_its_resumed_decision() {
     let out = engine.tick_at(0.0, 100.0);
     assert_eq!((out.late, out.kept.len()), (1, 1));
     assert_eq!(out.kept[0].written.rows[0].span_id, "0202020202020202");
+}
+
+#[test]
+fn the_rate_limit_turns_keeps_into_rate_limited_drops_but_not_the_errors() {
+    let mut config = config(1);
+    config.sampler.as_mut().unwrap().traces_per_second = 1.0;
+    let engine = Engine::new(config).unwrap();
+    for trace in 1..=5 {
+        ingest(&engine, &[engine_span(trace, 1, 2.0)], 0.0);
+    }
+    ingest(&engine, &[engine_span(6, 1, 2.0).failed()], 0.0);
+    let out = engine.tick_at(2.0, 100.0);
+    assert_eq!(out.kept_decisions + out.rate_limited, 6);
+    assert!(out.rate_limited >= 3, "{out:?}");
+    assert!(out.kept.iter().any(|k| k.trace_id == [6; 16]));
+    assert_eq!(out.kept.len() as u64, out.kept_decisions);
+    assert_eq!(engine.counters().rate_limited, out.rate_limited);
 }
