@@ -8,176 +8,21 @@
 //! and the Python objects are made after it), so the GIL and the engine's locks never wait on each
 //! other in a cycle.
 //!
-//! The configuration is one JSON document (`otel_llm.service.declarations.engine_declaration`),
-//! compiled by `engine_config` below (see there for what it accepts until the declaration's parser
-//! is merged).
+//! The configuration is one JSON document, `otel_llm.service.declarations.engine_declaration`'s,
+//! compiled by `otel_llm_engine::declaration::engine_config` (its errors name the section and
+//! setting refused, and become ValueErrors here).
 
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
-use otel_llm_engine::buffer::{AssemblySettings, Reason};
-use otel_llm_engine::decide::{PolicyConfig, PolicyMetric, Rule, SamplerConfig};
-use otel_llm_engine::engine::{Counters, Engine as Native, EngineConfig, IngestCounts, IngestSummary, TableConfig,
-                              TickOutput};
-use otel_llm_engine::ingest::IngestSettings;
-use otel_llm_engine::kept::{Redaction, SpanRowOut, REDACTION_REASONS};
-use otel_llm_engine::model::{Decision, Kind, Schema, ShapeInfo};
-use otel_llm_engine::record::{RecordField as F, Side};
-use otel_llm_engine::records::RecordSettings;
-use otel_llm_engine::series::{CounterSpec, HistogramSpec, LabelSource, MetricsSpec, NamingSpec, Number, SegmentsSpec,
-                              ValueSpec};
-use otel_llm_engine::shapes::{Candidates, Read, RuleDef, ShapeDef};
+use otel_llm_engine::buffer::Reason;
+use otel_llm_engine::declaration::engine_config;
+use otel_llm_engine::engine::{Counters, Engine as Native, IngestCounts, IngestSummary, TickOutput};
+use otel_llm_engine::kept::{SpanRowOut, REDACTION_REASONS};
+use otel_llm_engine::model::Decision;
 use otel_llm_engine::wire::Malformed;
-
-// --- the configuration ---------------------------------------------------------------------------
-
-/// The engine's whole configuration from the declaration's JSON.
-///
-/// The lead's `otel_llm_engine::declaration::engine_config(json) -> Result<EngineConfig, String>`
-/// (Python's declarations as JSON) is not merged into this branch yet; once it is, a document
-/// without a `test_engine` key goes to it (one line below). Until then the only document accepted
-/// is the test-only one, `{"test_engine": {...}}` (`test_engine_config`), and any other is refused
-/// with a message saying so.
-fn engine_config(json: &str) -> Result<EngineConfig, String> {
-    let root: serde_json::Value =
-        serde_json::from_str(json).map_err(|e| format!("the engine's configuration is not JSON: {e}"))?;
-    if let Some(test) = root.get("test_engine") {
-        return test_engine_config(test);
-    }
-    Err("the engine's configuration: only {\"test_engine\": {...}} is read until \
-         otel_llm_engine::declaration::engine_config is merged"
-        .to_owned())
-}
-
-/// TEST ONLY: a small engine for the binding's own tests (`tests/unit/test_engine_binding.py`), the
-/// engine crate's test configuration (`engine/tests.rs` `config`) with its shape made to read vLLM's
-/// `llm_request` span as `tests/support/engine_fixtures.py` `vllm_request_span` builds it: a
-/// `vllm:` naming (`vllm:e2e_request_latency_seconds`, `vllm:request_success_total`), a sampler
-/// keeping failed requests and those slower than 1.5 s. Settings, each optional: `shards` (1),
-/// `decision_wait_s` (10), `grace_s` (1), `max_traces` (1000), `write_kept` (true). Not a
-/// configuration anyone serves with.
-fn test_engine_config(json: &serde_json::Value) -> Result<EngineConfig, String> {
-    let settings = json.as_object().ok_or("test_engine: an object expected")?;
-    for key in settings.keys() {
-        if !["shards", "decision_wait_s", "grace_s", "max_traces", "write_kept"].contains(&key.as_str()) {
-            return Err(format!("test_engine: unknown setting {key:?}"));
-        }
-    }
-    let count = |key: &str, default: usize| -> Result<usize, String> {
-        settings.get(key).map_or(Ok(default), |v| {
-            v.as_u64().map(|n| n as usize).ok_or_else(|| format!("test_engine.{key}: a count expected, got {v}"))
-        })
-    };
-    let seconds = |key: &str, default: f64| -> Result<f64, String> {
-        settings.get(key).map_or(Ok(default), |v| {
-            v.as_f64().ok_or_else(|| format!("test_engine.{key}: a number of seconds expected, got {v}"))
-        })
-    };
-    let write_kept = match settings.get("write_kept") {
-        None => true,
-        Some(v) => v.as_bool().ok_or_else(|| format!("test_engine.write_kept: true or false expected, got {v}"))?,
-    };
-
-    let mut fields: Vec<(String, Kind)> = Vec::new();
-    for name in ["ttft_s", "e2e_s", "queue_s", "prefill_s", "decode_s", "inference_s", "preprocess_s", "tpot_s",
-                 "dispatch_to_first_token_s"] {
-        fields.push((name.into(), Kind::Float));
-    }
-    for name in ["prompt_tokens", "completion_tokens", "max_tokens", "cached_tokens", "cache_write_tokens",
-                 "reasoning_tokens", "spec_accepted_tokens", "spec_draft_tokens", "spec_steps"] {
-        fields.push((name.into(), Kind::Int));
-    }
-    for name in ["request_model", "response_model", "finish_reason", "operation_name", "provider_name",
-                 "server_address", "server_port", "error_type", "spec_decode_rejected"] {
-        fields.push((name.into(), Kind::Text));
-    }
-    fields.push(("is_error".into(), Kind::Flag));
-    fields.push(("itl_s".into(), Kind::Floats));
-    fields.push(("derived".into(), Kind::Texts));
-    let schema = Schema::new(fields)?;
-    let id = |name: &str| schema.id(name).ok_or_else(|| format!("test_engine: no field {name}"));
-    let reads = vec![
-        (vec![id("is_error")?, id("error_type")?], Read::Error),
-        (vec![id("e2e_s")?], Read::Seconds(vec!["gen_ai.latency.e2e".into()])),
-        (vec![id("prompt_tokens")?], Read::Count(vec!["gen_ai.usage.input_tokens".into()])),
-        (vec![id("completion_tokens")?], Read::Count(vec!["gen_ai.usage.output_tokens".into()])),
-        (vec![id("request_model")?], Read::Text(vec!["gen_ai.request.model".into()])),
-    ];
-    let shape = ShapeDef {
-        info: ShapeInfo { adapter: "vllm_v1".into(), engine_kind: "vllm".into(), ..ShapeInfo::default() },
-        reads,
-        afterwards: Vec::new(),
-        python_reading: false,
-        reads_attributes: true,
-    };
-    let rules = vec![
-        RuleDef { shape: Some(0), names: vec!["llm_request".into()], present: vec!["gen_ai.latency.e2e".into()],
-                  ..RuleDef::default() },
-        RuleDef { malformed: Some("missing_latency".into()), names: vec!["llm_request".into()], ..RuleDef::default() },
-    ];
-    let candidates = Candidates { names: vec!["llm_request".into()], ..Candidates::default() };
-    let naming = NamingSpec {
-        key: "vllm".into(),
-        side: Side::Server,
-        label_names: vec!["model_name".into(), "engine_kind".into(), "service_name".into()],
-        labels: vec![LabelSource::Field(F::Model), LabelSource::Field(F::EngineKind),
-                     LabelSource::Field(F::ServiceName)],
-        histograms: vec![HistogramSpec {
-            name: "vllm:e2e_request_latency".into(), unit: "s".into(), description: "Latency.".into(),
-            buckets: vec![0.5, 1.0, 2.0],
-            value: ValueSpec::Field(F::E2eS), success_only: false, fixed_label: None, per_step: None,
-            buckets_by_model: Vec::new(),
-        }],
-        counters: vec![CounterSpec {
-            name: "vllm:request_success".into(), unit: "{request}".into(), description: "Requests.".into(),
-            value: ValueSpec::Constant(Some(Number::Int(1))), by_outcome: true, fixed_label: None,
-        }],
-        schema_url: String::new(),
-    };
-    let metrics = MetricsSpec {
-        namings: vec![naming],
-        segments: SegmentsSpec { name: "otel_llm_request_segment_seconds".into(), unit: "s".into(),
-                                 description: "Segments.".into(), buckets: vec![0.1, 1.0] },
-        dimension_names: Vec::new(),
-        series_limit: 100,
-        series_limit_bytes: 1 << 24,
-        max_label_value_bytes: 256,
-        exponential: None,
-    };
-    let sampler = SamplerConfig {
-        policies: vec![
-            PolicyConfig { name: "errors".into(), rule: Rule::Errors },
-            PolicyConfig { name: "slow".into(),
-                           rule: Rule::Slo { thresholds: vec![(PolicyMetric::E2e, 1.5)], per_model: Vec::new() } },
-        ],
-        traces_per_second: 0.0,
-        per_model_traces_per_second: 0.0,
-        applies_to: Vec::new(),
-        max_models: 1000,
-    };
-    Ok(EngineConfig {
-        table: TableConfig { schema, shapes: vec![shape], rules, candidates },
-        ingest: IngestSettings { max_attributes: 128, max_value_bytes: 1 << 20, max_latency_s: 86400.0,
-                                 max_tokens: 10_000_000, abs_tolerance_s: 0.001, rel_tolerance: 0.01 },
-        assembly: AssemblySettings {
-            decision_wait_s: seconds("decision_wait_s", 10.0)?,
-            grace_s: seconds("grace_s", 1.0)?,
-            max_traces: count("max_traces", 1000)?,
-            ..AssemblySettings::default()
-        },
-        records: RecordSettings::default(),
-        carried: Vec::new(),
-        sampler: Some(sampler),
-        metrics,
-        accounting: None,
-        redaction: Redaction::default(),
-        write_kept,
-        shards: count("shards", 1)?,
-        clock_start_s: 0.0,
-    })
-}
 
 // --- what crosses the boundary -------------------------------------------------------------------
 
@@ -303,7 +148,8 @@ pub struct Engine {
 
 #[pymethods]
 impl Engine {
-    /// `Engine(config_json)`: ValueError naming the setting refused.
+    /// `Engine(config_json)` (`json.dumps(engine_declaration(...))`): ValueError naming the setting
+    /// refused.
     #[new]
     fn new(config_json: &str) -> PyResult<Self> {
         let config = engine_config(config_json).map_err(PyValueError::new_err)?;

@@ -1,8 +1,8 @@
 """``otel_llm._core.Engine``, the native engine's binding (``rust/src/engine.rs``), with the real extension.
 
-The engine is built from the binding's test-only configuration (``{"test_engine": {...}}``: a vLLM
-``llm_request`` shape, a ``vllm:`` naming, a sampler keeping requests slower than 1.5 s) until the
-declaration's ``engine_config`` is merged; the requests are the engine fixtures' vLLM spans.
+The engine is built from what Python declares (``service/declarations.py`` ``engine_declaration``
+for a configuration whose sampler keeps requests slower than 1.5 s), the requests are the engine
+fixtures' vLLM spans (without per-token events: those are Python's to read).
 """
 
 from __future__ import annotations
@@ -15,9 +15,12 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from prometheus_client.parser import text_string_to_metric_families
 
+from otel_llm.component import Kind, Signal
+from otel_llm.config import config_from_dict
 from otel_llm.internal import core as native_core
 from otel_llm.internal import engine_types as T
 from otel_llm.internal.engine_types import NativeEngine
+from otel_llm.service.declarations import engine_declaration
 from tests.support import engine_fixtures as F
 
 _core = native_core.active()[0]
@@ -29,14 +32,23 @@ NOW = 1.0
 LATER = 100.0  # past decision_wait (10 s)
 
 
-def make_engine(**settings: Any) -> NativeEngine:
+SLOW_POLICY = {"name": "slow", "type": "slo", "slo": {"thresholds": {"e2e": "1.5s"}}}
+
+
+def declaration(shards: int = 1, max_traces: int = 1000) -> dict[str, Any]:
+    cfg = config_from_dict({"processors": {"tail_sampling": {"policies": [SLOW_POLICY], "num_traces": max_traces}}})
+    processors = {name: getattr(cfg.processors, name) for name in cfg.running(Kind.PROCESSOR, Signal.TRACES)}
+    return engine_declaration(processors, write_kept=True, shards=shards)
+
+
+def make_engine(shards: int = 1, max_traces: int = 1000) -> NativeEngine:
     assert _core is not None
-    return cast(NativeEngine, _core.Engine(json.dumps({"test_engine": settings})))
+    return cast(NativeEngine, _core.Engine(json.dumps(declaration(shards, max_traces))))
 
 
-def vllm_request(seed: str, decode_steps: tuple[float, ...] = FAST) -> ExportTraceServiceRequest:
-    return F.vllm_request_span(seed=seed, span_name_style="llm_request", token_events=False,
-                               decode_steps=decode_steps)
+def vllm_request(seed: str, decode_steps: tuple[float, ...] = FAST, token_events: bool = False
+                 ) -> ExportTraceServiceRequest:
+    return F.vllm_request_span(seed=seed, token_events=token_events, decode_steps=decode_steps)
 
 
 def samples(text: str) -> dict[str, float]:
@@ -76,6 +88,8 @@ def test_ingest_tick_render_counts_what_was_sent() -> None:
     values = samples(text)
     assert values["vllm:request_success_total"] == 5
     assert values["vllm:e2e_request_latency_seconds_count"] == 5
+    assert values["vllm:request_prompt_tokens_count"] == 5
+    assert values["vllm:request_prompt_tokens_sum"] == 5 * 32
     assert values["vllm:e2e_request_latency_seconds_sum"] == pytest.approx(3 * 0.145 + 2 * 2.075)
     assert "vllm:e2e_request_latency_seconds" in engine.render(openmetrics=True)
 
@@ -97,15 +111,18 @@ def test_kept_traces_come_back_as_export_requests_and_rows() -> None:
     for trace_id, data, rows, decision in kept:
         request = ExportTraceServiceRequest.FromString(data)
         spans = F.all_spans(request)
-        assert [span.trace_id for span in spans] == [trace_id]
-        assert spans[0].name == "llm_request"
+        # The engine's span, and the segment spans the writer synthesizes beneath it.
+        assert {span.trace_id for span in spans} == {trace_id}
+        assert spans[0].name == "chat Qwen/Qwen3-0.6B"
+        assert all(span.parent_span_id == spans[0].span_id for span in spans[1:]) and len(spans) > 1
         assert decision == (True, False, "slow", "0")
-        assert len(rows) == 1
-        row = rows[0]
-        assert len(row) == 11
-        assert row[0] == trace_id.hex() and row[1] == spans[0].span_id.hex() and row[3] == "llm_request"
-        assert row[5] == "vllm" and row[6] == spans[0].start_time_unix_nano
-        assert json.loads(row[10])["otel_llm.sampling.policy"] == "slow"
+        assert len(rows) == len(spans)
+        for row, span in zip(rows, spans):
+            assert len(row) == 11
+            assert (row[0], row[1], row[3]) == (trace_id.hex(), span.span_id.hex(), span.name)
+            assert (row[6], row[7]) == (span.start_time_unix_nano, span.end_time_unix_nano)
+        assert rows[0][5] == "vllm"
+        assert json.loads(rows[0][10])["otel_llm.sampling.policy"] == "slow"
 
 
 @pytest.mark.parametrize("wrap", [bytes, bytearray, memoryview, lambda b: memoryview(bytearray(b)).toreadonly()],
@@ -124,21 +141,36 @@ def test_ingest_refuses_what_is_no_buffer() -> None:
         engine.ingest(cast(bytes, "not bytes"), False, NOW)
 
 
-@pytest.mark.parametrize("settings, named", [
-    ({"shards": 0}, "shards"),
-    ({"shards": 2000}, "shards"),
-    ({"decision_wait_s": "soon"}, "decision_wait_s"),
-    ({"max_trace": 10}, "max_trace"),
-])
-def test_a_bad_configuration_is_a_value_error_naming_the_setting(settings: dict[str, Any], named: str) -> None:
+def _mutated(change: Any) -> str:
+    declared = declaration()
+    change(declared)
+    return json.dumps(declared)
+
+
+@pytest.mark.parametrize("change, named", [
+    (lambda d: d.update(shards=0), "shards"),
+    (lambda d: d["assembly"].update(max_traces=-1), "assembly"),
+    (lambda d: d["sampler"]["policies"][0].update(type="nope"), r"sampler\.policies\[0\]"),
+    (lambda d: d.pop("metrics"), "metrics"),
+], ids=["shards", "max_traces", "policy_type", "no_metrics"])
+def test_a_bad_configuration_is_a_value_error_naming_the_setting(change: Any, named: str) -> None:
+    assert _core is not None
     with pytest.raises(ValueError, match=named):
-        make_engine(**settings)
+        _core.Engine(_mutated(change))
 
 
 def test_a_configuration_that_is_no_json_is_a_value_error() -> None:
     assert _core is not None
     with pytest.raises(ValueError, match="not JSON"):
         _core.Engine("{")
+
+
+def test_a_request_python_must_read_is_none_and_nothing_is_buffered() -> None:
+    engine = make_engine()
+    # Per-token events: the shape table's reading of them is Python's.
+    assert engine.ingest(vllm_request("events", token_events=True).SerializeToString(), False, NOW) is None
+    assert len(engine) == 0
+    assert engine.counters()["requests_python"] == 1
 
 
 def test_malformed_bytes_are_a_value_error_and_the_next_request_is_served() -> None:
