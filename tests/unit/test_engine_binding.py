@@ -125,8 +125,11 @@ def test_kept_traces_come_back_as_export_requests_and_rows() -> None:
         assert json.loads(rows[0][10])["otel_llm.sampling.policy"] == "slow"
 
 
-@pytest.mark.parametrize("wrap", [bytes, bytearray, memoryview, lambda b: memoryview(bytearray(b)).toreadonly()],
-                         ids=["bytes", "bytearray", "memoryview", "readonly_memoryview_of_bytearray"])
+@pytest.mark.parametrize("wrap", [
+    bytes, bytearray, memoryview,
+    lambda b: memoryview(memoryview(b"header" + b)[6:]),  # read in place: a view of bytes
+    lambda b: memoryview(bytearray(b)).toreadonly(),  # copied: the bytearray may change meanwhile
+], ids=["bytes", "bytearray", "memoryview", "memoryview_slice_of_bytes", "readonly_memoryview_of_bytearray"])
 def test_ingest_takes_any_buffer(wrap: Any) -> None:
     engine = make_engine()
     counts = engine.ingest(wrap(vllm_request("one").SerializeToString()), True, NOW)
