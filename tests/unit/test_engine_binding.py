@@ -251,3 +251,34 @@ def test_ingest_releases_the_gil() -> None:
     assert counts is not None and counts[4] == spans
     assert turns > 0
     assert len(engine) == spans
+
+
+def test_ingests_and_ticks_on_several_threads_count_every_request_once() -> None:
+    """Ingests on four threads while this one ticks: the GIL and the engine's locks never wait on
+    each other (every call returns), and every request is measured once."""
+    engine = make_engine(shards=2, max_traces=2000)
+    batches = [[vllm_request(f"c{t}:{i}").SerializeToString() for i in range(100)] for t in range(4)]
+    errors: list[BaseException] = []
+
+    def ingest(batch: list[bytes]) -> None:
+        try:
+            for data in batch:
+                assert engine.ingest(data, False, NOW) is not None
+        except BaseException as exc:  # reported below, on the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ingest, args=(batch,)) for batch in batches]
+    for thread in threads:
+        thread.start()
+    measured = 0
+    while any(thread.is_alive() for thread in threads):
+        measured += engine.tick(NOW + 2.0)[T.TICK_RECORDS_MEASURED]  # past the grace: ready traces go
+        engine.render()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    engine.drain()
+    measured += engine.tick(NOW + 2.0)[T.TICK_RECORDS_MEASURED]
+    assert measured == 400
+    assert samples(engine.render())["vllm:request_success_total"] == 400
+    assert engine.counters()["requests_native"] == 400 and len(engine) == 0
