@@ -59,8 +59,10 @@ pub struct SpanData {
     pub payload: Vec<u8>,
     /// Its origin: an index of `SpansData::origins`.
     pub origin: usize,
-    /// Assembly reads the span's attributes (`SpanSlot::attrs_kept`; Python: `attrs` is not empty,
-    /// or the span is one `classify` read attributes of).
+    /// Assembly reads the span's attributes (`SpanSlot::attrs_kept`). From Python: `attrs` holds a
+    /// key other than `FIRST_TOKEN_EVENT` (where it holds none, no key Python keeps is in the
+    /// payload, so `TraceData::attr` finds none either; the first-token event is read off the
+    /// payload's events). Read back: the engine's flag, which is wider (a candidate's, whatever keys).
     pub attrs_kept: bool,
     pub observation: Option<ObservationData>,
 }
