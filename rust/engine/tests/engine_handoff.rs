@@ -5,6 +5,8 @@
 //! what Python gives of a request it read). Both engines, drained, must render the same exposition
 //! byte for byte (and the reference's samples), make the same decisions and write the same kept
 //! traces: a supplied span is buffered exactly as a read one, and nothing is lost on the way back.
+//! And `tests/data/handoff/corpus.json.gz` (its `generate.py`): requests the engine leaves to Python,
+//! supplied as the reference digest read them, give the reference pipeline's exposition.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
@@ -14,12 +16,17 @@ use std::path::Path;
 use flate2::read::GzDecoder;
 use otel_llm_engine::declaration::engine_config;
 use otel_llm_engine::engine::{Engine, IngestCounts, IngestSummary, TickOutput};
-use otel_llm_engine::handoff::{SpanData, SpansData};
+use otel_llm_engine::handoff::{ObservationData, OriginData, SpanData, SpansData};
+use otel_llm_engine::model::Value;
 use otel_llm_engine::wire::scan;
 use serde_json::Value as Json;
 
 fn corpus() -> Json {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/engine/corpus.json.gz");
+    load("tests/data/engine/corpus.json.gz")
+}
+
+fn load(relative: &str) -> Json {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(relative);
     let mut text = String::new();
     GzDecoder::new(fs::File::open(path).unwrap()).read_to_string(&mut text).unwrap();
     serde_json::from_str(&text).unwrap()
@@ -121,4 +128,83 @@ fn requests_handed_over_through_python_give_what_the_engine_reading_them_gives()
         assert_eq!((y.requests_native, y.requests_supplied), (0, requests.len() as u64));
         assert!(spans > 0 && b.records_measured > 0 && !b.kept.is_empty(), "{name}");
     }
+}
+
+/// `SpansData` as `tests/data/handoff/generate.py` writes what the binding makes of Python's
+/// `BufferedSpan`s (bytes as hex, a field as [name, kind, value]).
+fn spans_data(json: &Json) -> SpansData {
+    let text = |v: &Json| v.as_str().unwrap().to_owned();
+    let origins = json["origins"].as_array().unwrap().iter()
+        .map(|o| OriginData { resource: hex(o[0].as_str().unwrap()), scope: hex(o[1].as_str().unwrap()),
+                              service_name: text(&o[2]) })
+        .collect();
+    let value = |kind: &str, v: &Json| match kind {
+        "float" => Value::Float(v.as_f64().unwrap()),
+        "int" => Value::Int(v.as_i64().unwrap()),
+        "text" => Value::Text(text(v)),
+        "flag" => Value::Flag(v.as_bool().unwrap()),
+        "floats" => Value::Floats(v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()),
+        "texts" => Value::Texts(v.as_array().unwrap().iter().map(text).collect()),
+        other => panic!("kind {other}"),
+    };
+    let spans = json["spans"].as_array().unwrap().iter().map(|s| SpanData {
+        trace_id: hex(s[0].as_str().unwrap()),
+        span_id: hex(s[1].as_str().unwrap()),
+        parent_span_id: hex(s[2].as_str().unwrap()),
+        kind: s[3].as_i64().unwrap() as i32,
+        status_code: s[4].as_i64().unwrap() as i32,
+        start_unix_ns: s[5].as_u64().unwrap(),
+        end_unix_ns: s[6].as_u64().unwrap(),
+        trace_state: text(&s[7]),
+        payload: hex(s[8].as_str().unwrap()),
+        origin: s[9].as_u64().unwrap() as usize,
+        attrs_kept: s[10].as_bool().unwrap(),
+        observation: (!s[11].is_null()).then(|| ObservationData {
+            adapter: text(&s[11][0]),
+            fields: s[11][1].as_array().unwrap().iter()
+                .map(|f| (text(&f[0]), value(f[1].as_str().unwrap(), &f[2]))).collect(),
+        }),
+    }).collect();
+    SpansData { origins, spans }
+}
+
+#[test]
+fn what_python_s_digest_supplies_gives_the_reference_pipeline_s_exposition() {
+    let corpus = load("tests/data/handoff/corpus.json.gz");
+    let declaration = serde_json::to_string(&corpus["declaration"]).unwrap();
+    let engine = Engine::new(engine_config(&declaration).unwrap()).unwrap();
+    let (mut supplied, mut read, mut itl) = (0, 0, 0);
+    for request in corpus["requests"].as_array().unwrap() {
+        let label = request[0].as_str().unwrap();
+        let data = hex(request[1].as_str().unwrap());
+        match engine.ingest(&data, false, 0.0).unwrap() {
+            IngestSummary::Native(_) => {
+                assert!(label.starts_with("native:"), "{label} was read natively");
+                read += 1;
+            }
+            IngestSummary::Python => {
+                assert!(label.starts_with("python:"), "{label} was left to Python");
+                let spans = spans_data(&request[2]);
+                itl += spans.spans.iter().filter_map(|s| s.observation.as_ref())
+                    .filter(|o| o.fields.iter().any(|(name, _)| name == "itl_s")).count();
+                let counts = engine.supply(&spans, 0.0).unwrap_or_else(|e| panic!("{label}: {e}"));
+                assert_eq!(counts.buffered, spans.spans.len() as u64, "{label}");
+                supplied += 1;
+            }
+        }
+    }
+    assert_eq!((supplied, read), (3, 2));
+    assert!(itl >= 1, "the token events' latencies were supplied");
+    engine.drain();
+    let out = engine.tick_at(0.0, 0.0);
+    assert!(out.declined.is_empty(), "{:?}", out.declined.iter().map(|(_, r)| r).collect::<Vec<_>>());
+    let wanted = samples(corpus["exposition"].as_str().unwrap());
+    let got = samples(&engine.render(false));
+    let missing: Vec<&String> = wanted.keys().filter(|k| !got.contains_key(*k)).collect();
+    let extra: Vec<&String> = got.keys().filter(|k| !wanted.contains_key(*k)).collect();
+    eprintln!("{supplied} requests supplied, {read} read; {} records measured; {} samples expected, {} missing, {} extra",
+              out.records_measured, wanted.len(), missing.len(), extra.len());
+    assert!(missing.is_empty() && extra.is_empty(), "missing {:#?}\nextra {:#?}",
+            &missing[..missing.len().min(10)], &extra[..extra.len().min(10)]);
+    assert_eq!(got, wanted);
 }
