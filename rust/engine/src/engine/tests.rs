@@ -880,3 +880,35 @@ fn a_supplied_span_s_attributes_are_read_only_where_python_kept_them() {
     assert!(trace.attr(1, "http.route").is_none());
     assert_eq!(engine.spans_of(trace), data);
 }
+
+#[test]
+fn spans_of_a_kept_trace_the_writer_declined_gives_its_spans_for_python_s_writer() {
+    let engine = engine(1);
+    // A repeated key: ingest leaves the request to Python, which supplies the span as it read it
+    // (here with its bytes as sent); kept (an error), the writer declines it to Python's.
+    let sent = engine_span(9, 1, 0.5).failed().attr("model", V::S("m2"));
+    let left = engine.ingest(&request(&[engine_span(9, 1, 0.5).failed().attr("model", V::S("m2"))]), false, 0.0);
+    assert!(matches!(left, Ok(IngestSummary::Python)));
+    let mut resource = Vec::new();
+    message(&mut resource, 0x0a, &key_value("service.name", &V::S("svc")));
+    let observation = ObservationData { adapter: "vllm_v1".into(), fields: vec![
+        ("e2e_s".into(), Value::Float(0.5)), ("prompt_tokens".into(), Value::Int(10)),
+        ("response_model".into(), Value::Text("m2".into())), ("is_error".into(), Value::Flag(true)),
+    ] };
+    let data = SpansData {
+        origins: vec![OriginData { resource, scope: Vec::new(), service_name: "svc".into() }],
+        spans: vec![SpanData { trace_id: vec![9; 16], span_id: vec![1; 8], parent_span_id: Vec::new(),
+                               kind: SPAN_KIND_SERVER, status_code: STATUS_CODE_ERROR, start_unix_ns: BASE,
+                               end_unix_ns: BASE + 1000 * MS, trace_state: String::new(), payload: sent.bytes(),
+                               origin: 0, attrs_kept: true, observation: Some(observation) }],
+    };
+    supplied(&engine, &data, 0.0);
+    let out = engine.tick_at(2.0, 100.0);
+    assert_eq!((out.kept_decisions, out.kept.len(), out.kept_declined.len()), (1, 0, 1));
+    let declined = &out.kept_declined[0];
+    assert_eq!(declined.reason, crate::kept::Decline::RepeatedKey);
+    assert_eq!(engine.name(declined.decision.policy), "errors");
+    assert_eq!(engine.spans_of(&declined.trace), data);
+    assert_eq!(lines_with(&engine.render(false), "e2e_seconds_count"), vec![
+        "e2e_seconds_count{engine_kind=\"vllm\",model_name=\"m2\",service_name=\"svc\"} 1.0"]);
+}
