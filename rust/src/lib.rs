@@ -12,6 +12,7 @@
 //! the descriptors, so a proto upgrade that adds a field fails the suite rather than drifting).
 
 mod buffer;
+mod engine;
 mod lane;
 mod quantiles;
 mod record;
@@ -2139,6 +2140,7 @@ fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
     quantiles::register(module)?;
     buffer::register(module)?;
     lane::register(module)?;
+    engine::register(module)?;
     module.add("MAX_DEPTH", MAX_DEPTH)?;
     Ok(())
 }

@@ -1,0 +1,296 @@
+//! `otel_llm._core.Engine`: the native engine (`otel_llm_engine::engine::Engine`, pure Rust) as one
+//! Python object. The conversion happens here and only here: a request's bytes go in, and out come a
+//! request's counts, a tick's output and the exposition, as plain Python values (tuples, lists, ints,
+//! strs, bytes). Every call that does the engine's work, or waits on one of its locks, runs with the
+//! GIL released (`py.allow_threads`): an ingest, a tick and a scrape run beside the Python threads
+//! (the receivers, the admin server) and beside each other, as the engine's own locks allow. No lock
+//! of the engine is ever held while the GIL is taken back (each closure returns owned Rust values
+//! and the Python objects are made after it), so the GIL and the engine's locks never wait on each
+//! other in a cycle.
+//!
+//! The configuration is one JSON document, `otel_llm.service.declarations.engine_declaration`'s,
+//! compiled by `otel_llm_engine::declaration::engine_config` (its errors name the section and
+//! setting refused, and become ValueErrors here).
+
+use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::intern;
+use pyo3::types::{PyBytes, PyDict, PyList, PyMemoryView, PyTuple};
+
+use otel_llm_engine::buffer::Reason;
+use otel_llm_engine::declaration::engine_config;
+use otel_llm_engine::engine::{Counters, Engine as Native, IngestCounts, IngestSummary, TickOutput};
+use otel_llm_engine::kept::{SpanRowOut, REDACTION_REASONS};
+use otel_llm_engine::model::Decision;
+use otel_llm_engine::wire::Malformed;
+
+// --- what crosses the boundary -------------------------------------------------------------------
+
+/// A decision as Python reads it: (keep, rate_limited, policy, threshold).
+type DecisionOut = (bool, bool, String, String);
+
+/// A kept trace, owned, ready to become Python values.
+struct KeptOut {
+    trace_id: [u8; 16],
+    request: Vec<u8>,
+    rows: Vec<SpanRowOut>,
+    decision: DecisionOut,
+}
+
+/// A tick's output with the engine's name ids resolved (done without the GIL).
+struct TickDone {
+    out: TickOutput,
+    kept: Vec<KeptOut>,
+}
+
+/// A memoryview whose exporter is a `bytes` (`memoryview.obj`: the original object, however many
+/// views or slices lie between).
+fn views_bytes(data: &Bound<'_, PyAny>) -> PyResult<bool> {
+    if !data.is_instance_of::<PyMemoryView>() {
+        return Ok(false);
+    }
+    Ok(data.getattr(intern!(data.py(), "obj"))?.is_instance_of::<PyBytes>())
+}
+
+fn decision_out(engine: &Native, decision: &Decision) -> DecisionOut {
+    (decision.keep, decision.rate_limited, engine.name(decision.policy), engine.name(decision.threshold))
+}
+
+fn row<'py>(py: Python<'py>, r: &SpanRowOut) -> PyResult<Bound<'py, PyTuple>> {
+    // `span_rows.SpanRow`'s fields, in its order.
+    (r.trace_id.as_str(), r.span_id.as_str(), r.parent_span_id.as_str(), r.name.as_str(), r.kind,
+     r.service_name.as_str(), r.start_unix_ns, r.end_unix_ns, r.status_code, r.status_message.as_str(),
+     r.attributes_json.as_str())
+        .into_pyobject(py)
+}
+
+fn ingest_tuple<'py>(py: Python<'py>, c: &IngestCounts) -> PyResult<Bound<'py, PyTuple>> {
+    let matched = PyList::empty(py);
+    for (adapter, n) in &c.matched {
+        matched.append((adapter.as_str(), *n))?;
+    }
+    let malformed = PyList::empty(py);
+    for (reason, service, n) in &c.malformed {
+        malformed.append((reason.as_str(), service.as_str(), *n))?;
+    }
+    (matched, malformed, c.passed_through, c.invalid_ids, c.buffered, c.duplicate, c.dropped_over_trace_limit,
+     c.late, c.parked, c.completed_to_make_room)
+        .into_pyobject(py)
+}
+
+fn tick_tuple<'py>(py: Python<'py>, done: TickDone) -> PyResult<Bound<'py, PyTuple>> {
+    let TickDone { out, kept } = done;
+    let kept_list = PyList::empty(py);
+    for k in &kept {
+        let rows = PyList::empty(py);
+        for r in &k.rows {
+            rows.append(row(py, r)?)?;
+        }
+        let (keep, rate_limited, policy, threshold) = &k.decision;
+        kept_list.append((PyBytes::new(py, &k.trace_id), PyBytes::new(py, &k.request), rows,
+                          (*keep, *rate_limited, policy.as_str(), threshold.as_str())))?;
+    }
+    let completed = PyList::empty(py);
+    for (reason, n) in &out.completed {
+        completed.append((reason.as_str(), *n))?;
+    }
+    // Declined completions: their trace ids and why, for now. Python handling them (building their
+    // records, `decide`, `resume`, `record`, `add_measured`) comes later: until then the binding's
+    // caller can only count them, and their parked late spans wait in the engine.
+    let declined = PyList::empty(py);
+    for (completion, reason) in &out.declined {
+        declined.append((PyBytes::new(py, &completion.trace.trace_id), reason.as_str()))?;
+    }
+    let redacted = PyList::empty(py);
+    for (reason, n) in REDACTION_REASONS.iter().zip(out.redacted.iter()) {
+        redacted.append((*reason, *n))?;
+    }
+    let malformed = PyList::empty(py);
+    for (reason, service) in &out.malformed {
+        malformed.append((*reason, service.as_str()))?;
+    }
+    let items: Vec<PyObject> = vec![
+        kept_list.into_any().unbind(),
+        completed.into_any().unbind(),
+        out.late.into_pyobject(py)?.into_any().unbind(),
+        out.records_built.into_pyobject(py)?.into_any().unbind(),
+        out.records_measured.into_pyobject(py)?.into_any().unbind(),
+        out.kept_decisions.into_pyobject(py)?.into_any().unbind(),
+        out.dropped_decisions.into_pyobject(py)?.into_any().unbind(),
+        out.rate_limited.into_pyobject(py)?.into_any().unbind(),
+        declined.into_any().unbind(),
+        (out.kept_declined.len() as u64).into_pyobject(py)?.into_any().unbind(),
+        redacted.into_any().unbind(),
+        malformed.into_any().unbind(),
+        out.decide_failed.into_pyobject(py)?.into_any().unbind(),
+        out.spans_failed.into_pyobject(py)?.into_any().unbind(),
+    ];
+    PyTuple::new(py, items)
+}
+
+fn counters_dict<'py>(py: Python<'py>, c: &Counters) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    for reason in Reason::ALL {
+        if reason != Reason::Late {
+            dict.set_item(format!("completed_{}", reason.as_str()), c.completed(reason))?;
+        }
+    }
+    for (name, value) in [
+        ("late", c.late), ("declined", c.declined), ("records_built", c.records_built),
+        ("records_measured", c.records_measured), ("kept", c.kept), ("dropped", c.dropped),
+        ("rate_limited", c.rate_limited), ("decide_failed", c.decide_failed), ("kept_written", c.kept_written),
+        ("kept_declined", c.kept_declined), ("requests_native", c.requests_native),
+        ("requests_python", c.requests_python),
+    ] {
+        dict.set_item(name, value)?;
+    }
+    Ok(dict)
+}
+
+// --- the class ----------------------------------------------------------------------------------
+
+/// The native engine of one traces pipeline (see the module's doc).
+#[pyclass(frozen, module = "otel_llm._core", name = "Engine")]
+pub struct Engine {
+    engine: Native,
+}
+
+#[pymethods]
+impl Engine {
+    /// `Engine(config_json)` (`json.dumps(engine_declaration(...))`): ValueError naming the setting
+    /// refused.
+    #[new]
+    fn new(config_json: &str) -> PyResult<Self> {
+        let config = engine_config(config_json).map_err(PyValueError::new_err)?;
+        let engine = Native::new(config).map_err(PyValueError::new_err)?;
+        Ok(Engine { engine })
+    }
+
+    /// `ingest(data, validated, now)`: one export request's bytes (any buffer: bytes, bytearray,
+    /// memoryview). `None`: Python must read this request (nothing of it was buffered); else
+    /// `(matched [(adapter, n)], malformed [(reason, service, n)], passed_through, invalid_ids,
+    /// buffered, duplicate, dropped_over_trace_limit, late, parked, completed_to_make_room)`.
+    /// ValueError for bytes that are no request (the engine serves the next one as before).
+    fn ingest<'py>(&self, py: Python<'py>, data: &Bound<'py, PyAny>, validated: bool, now: f64)
+                   -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let engine = &self.engine;
+        let run = |bytes: &[u8]| py.allow_threads(|| engine.ingest(bytes, validated, now));
+        // Bytes are read in place, without a copy, while the GIL is released: a `bytes` object, or a
+        // contiguous memoryview of one (the adapter process's `memoryview(message)[header:]`), whose
+        // contents never change and which the caller holds for the call. Any other buffer
+        // (bytearray, a memoryview of one, an array) may be written by another thread while the GIL
+        // is released, and reading it then would be a data race, so its contents are copied once (a
+        // memcpy, against a parse of every byte) with the GIL held.
+        let summary = match data.downcast::<PyBytes>() {
+            Ok(bytes) => run(bytes.as_bytes()),
+            Err(_) => {
+                let buffer = PyBuffer::<u8>::get(data)?;
+                let summary = if buffer.len_bytes() > 0 && buffer.is_c_contiguous() && views_bytes(data)? {
+                    // SAFETY: `buf_ptr` points at `len_bytes` contiguous bytes (C-contiguous `u8`
+                    // elements) that stay valid while `buffer` (the export, which keeps the exporter
+                    // alive) is held, which it is until after `run` returns; the exporter is a
+                    // `bytes`, immutable, so nothing writes them meanwhile, with or without the GIL.
+                    let view = unsafe { std::slice::from_raw_parts(buffer.buf_ptr() as *const u8, buffer.len_bytes()) };
+                    run(view)
+                } else {
+                    let copy = buffer.to_vec(py)?;
+                    run(&copy)
+                };
+                buffer.release(py);
+                summary
+            }
+        };
+        match summary {
+            Ok(IngestSummary::Python) => Ok(None),
+            Ok(IngestSummary::Native(counts)) => Ok(Some(ingest_tuple(py, &counts)?)),
+            Err(Malformed(reason)) => {
+                Err(PyValueError::new_err(format!("malformed ExportTraceServiceRequest: {reason}")))
+            }
+        }
+    }
+
+    /// `tick(now)`: `(kept [(trace_id, request bytes, rows, (keep, rate_limited, policy,
+    /// threshold))], completed [(reason, n)], late, records_built, records_measured, kept_decisions,
+    /// dropped_decisions, rate_limited, declined [(trace_id, reason)], kept_declined,
+    /// redacted [(reason, n)], malformed [(reason, service)], decide_failed, spans_failed)`; a row is
+    /// `span_rows.SpanRow`'s fields as a tuple.
+    fn tick<'py>(&self, py: Python<'py>, now: f64) -> PyResult<Bound<'py, PyTuple>> {
+        let engine = &self.engine;
+        let done = py.allow_threads(|| {
+            let mut out = engine.tick(now);
+            let kept = std::mem::take(&mut out.kept)
+                .into_iter()
+                .map(|k| KeptOut {
+                    trace_id: k.trace_id,
+                    request: k.written.request,
+                    rows: k.written.rows,
+                    decision: decision_out(engine, &k.decision),
+                })
+                .collect();
+            TickDone { out, kept }
+        });
+        tick_tuple(py, done)
+    }
+
+    /// The exposition (text 0.0.4, or OpenMetrics without `# EOF`).
+    #[pyo3(signature = (openmetrics=false))]
+    fn render(&self, py: Python<'_>, openmetrics: bool) -> String {
+        let engine = &self.engine;
+        py.allow_threads(|| engine.render(openmetrics))
+    }
+
+    /// The engine's counters since it started, by name.
+    fn counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let engine = &self.engine;
+        let counters = py.allow_threads(|| engine.counters());
+        counters_dict(py, &counters)
+    }
+
+    /// Pending traces.
+    fn __len__(&self, py: Python<'_>) -> usize {
+        let engine = &self.engine;
+        py.allow_threads(|| engine.len())
+    }
+
+    /// Pending traces (as `len()`).
+    fn len(&self, py: Python<'_>) -> usize {
+        self.__len__(py)
+    }
+
+    /// Spans of the pending traces.
+    fn held_spans(&self, py: Python<'_>) -> usize {
+        let engine = &self.engine;
+        py.allow_threads(|| engine.held_spans())
+    }
+
+    /// Heap bytes of the trace buffer.
+    fn heap_bytes(&self, py: Python<'_>) -> usize {
+        let engine = &self.engine;
+        py.allow_threads(|| engine.heap_bytes())
+    }
+
+    /// Buffer shards.
+    fn shards(&self) -> usize {
+        self.engine.shards()
+    }
+
+    /// Each shard's oldest `fraction` of traces completed now (they go along at the next tick).
+    fn shed(&self, py: Python<'_>, fraction: f64) -> PyResult<usize> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(PyValueError::new_err(format!("shed: fraction must be within [0, 1], got {fraction}")));
+        }
+        let engine = &self.engine;
+        Ok(py.allow_threads(|| engine.shed(fraction)))
+    }
+
+    /// Every pending trace completed (they go along at the next tick).
+    fn drain(&self, py: Python<'_>) -> usize {
+        let engine = &self.engine;
+        py.allow_threads(|| engine.drain())
+    }
+}
+
+pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_class::<Engine>()
+}
