@@ -55,9 +55,10 @@ use crate::accounting::{Accounting, AccountingSettings, AccountingSpecs, ByteBud
 use crate::accounting::exposition::MetricFamily;
 use crate::buffer::{AssemblySettings, Completion, Incoming, Reason, Remembered, TraceBuffer, COMPLETION_BATCH};
 use crate::decide::{DecideError, Sampler, SamplerConfig};
+use crate::handoff::{ids_of, observation_of, spans_of, SpansData, SupplyError};
 use crate::ingest::{read_request, Checked, IngestSettings, Ingested};
 use crate::kept::{one_per_request, KeptOut, KeptWriter, Redaction};
-use crate::model::{Decision, FieldId, NameId, Names, Schema, ShapeInfo, SpanId, TraceData, TraceId, DROP};
+use crate::model::{Decision, FieldId, NameId, Names, NewSpan, Observation, Schema, ShapeInfo, SpanId, TraceData, TraceId, DROP};
 use crate::record::Record;
 use crate::records::{Built, RecordBuilder, RecordSettings};
 use crate::series::render::{AccountingFamilies, OVERFLOW_LABEL};
@@ -247,6 +248,8 @@ pub struct Counters {
     pub kept_declined: u64,
     pub requests_native: u64,
     pub requests_python: u64,
+    /// Requests Python read and supplied (`Engine::supply`).
+    pub requests_supplied: u64,
 }
 
 impl Counters {
@@ -317,6 +320,8 @@ pub struct Engine {
     /// Requests read natively and handed to Python (atomics: an ingest never waits on the chain).
     requests_native: AtomicU64,
     requests_python: AtomicU64,
+    /// Requests Python read and supplied (`supply`).
+    requests_supplied: AtomicU64,
 }
 
 /// A lock, whatever a panic elsewhere left it as: every module's state is consistent between
@@ -378,6 +383,7 @@ impl Engine {
             metrics: Mutex::new(Metrics { series, accounting }),
             requests_native: AtomicU64::new(0),
             requests_python: AtomicU64::new(0),
+            requests_supplied: AtomicU64::new(0),
         })
     }
 
@@ -418,8 +424,15 @@ impl Engine {
                 is_engine: span.shape.is_some_and(|shape| self.infos[shape].is_engine()),
             }
         };
-        // One shard's `add_batch`, with what it sent along or held back (read around the call).
-        let add = |buffer: &mut TraceBuffer, spans: &mut dyn Iterator<Item = Incoming<'_>>, counts: &mut IngestCounts| {
+        self.add(read.spans.len(), &incoming, &mut counts, now);
+        self.requests_native.fetch_add(1, Ordering::Relaxed);
+        Ok(IngestSummary::Native(counts))
+    }
+
+    /// Each shard's `add_batch` of the `len` spans `incoming` makes, in their order (by shard where
+    /// there are several), with what it sent along or held back counted (read around the call).
+    fn add<'s>(&self, len: usize, incoming: &dyn Fn(usize) -> Incoming<'s>, counts: &mut IngestCounts, now: f64) {
+        let add = |buffer: &mut TraceBuffer, spans: &mut dyn Iterator<Item = Incoming<'s>>, counts: &mut IngestCounts| {
             let made_room = |b: &TraceBuffer| b.completions(Reason::Ready) + b.completions(Reason::MemoryLimit);
             let (waiting, made, parked) = (buffer.waiting_completions(), made_room(buffer), buffer.parked_spans());
             let added = buffer.add_batch(spans, now);
@@ -431,18 +444,96 @@ impl Engine {
             counts.parked += buffer.parked_spans().saturating_sub(parked) as u64;
         };
         if self.shards.len() == 1 {
-            add(&mut lock(&self.shards[0]), &mut (0..read.spans.len()).map(incoming), &mut counts);
+            add(&mut lock(&self.shards[0]), &mut (0..len).map(incoming), counts);
         } else {
             let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); self.shards.len()];
-            for (at, span) in read.spans.iter().enumerate() {
-                by_shard[self.shard_of(&span.trace_id)].push(at);
+            for at in 0..len {
+                by_shard[self.shard_of(&incoming(at).trace_id)].push(at);
             }
             for (shard, spans) in by_shard.iter().enumerate().filter(|(_, spans)| !spans.is_empty()) {
-                add(&mut lock(&self.shards[shard]), &mut spans.iter().map(|&at| incoming(at)), &mut counts);
+                add(&mut lock(&self.shards[shard]), &mut spans.iter().map(|&at| incoming(at)), counts);
             }
         }
-        self.requests_native.fetch_add(1, Ordering::Relaxed);
-        Ok(IngestSummary::Native(counts))
+    }
+
+    /// The spans Python read of a request the engine left to it (`IngestSummary::Python`; the
+    /// reference digest's `BufferedSpan`s, see `handoff`), buffered exactly as if the engine had
+    /// read them, in their order, and counted as `ingest` counts a request: matched by adapter
+    /// (every span with an observation, parts included), passed through (the others), ids the
+    /// receivers refuse (not buffered), and the buffer's counts. `malformed` stays empty: Python's
+    /// `DigestCounts` counted the spans its digest refused (and those it truncated). Refused whole,
+    /// nothing buffered, where a span names an origin not supplied, an adapter no shape has, or a
+    /// field the schema does not declare or declares of another kind (`SupplyError` names it).
+    pub fn supply(&self, supplied: &SpansData, now: f64) -> Result<IngestCounts, SupplyError> {
+        let SpansData { origins, spans } = supplied;
+        let schema = &self.table.schema;
+        let mut counts = IngestCounts::default();
+        // Everything checked and converted before anything is buffered.
+        // (ids, observation, position in `spans`) of each span buffered.
+        type Admitted = ((TraceId, SpanId, Option<SpanId>), Option<Observation>, usize);
+        let mut admitted: Vec<Admitted> = Vec::with_capacity(spans.len());
+        for (at, span) in spans.iter().enumerate() {
+            if span.origin >= origins.len() {
+                return Err(SupplyError::Origin { span: at, origin: span.origin, origins: origins.len() });
+            }
+            let observation = span.observation.as_ref()
+                .map(|data| observation_of(data, schema, &self.infos, at)).transpose()?;
+            let Some(ids) = ids_of(span) else {
+                counts.invalid_ids += 1;
+                continue;
+            };
+            match &observation {
+                Some(observation) => bump(&mut counts.matched, self.infos[observation.shape as usize].adapter.clone(), 1),
+                None => counts.passed_through += 1,
+            }
+            admitted.push((ids, observation, at));
+        }
+        counts.buffered = admitted.len() as u64;
+        let incoming = |i: usize| {
+            let ((trace_id, span_id, parent), observation, at) = &admitted[i];
+            let span = &spans[*at];
+            let origin = &origins[span.origin];
+            Incoming {
+                trace_id: *trace_id,
+                span: NewSpan {
+                    span_id: *span_id,
+                    parent_span_id: *parent,
+                    kind: span.kind,
+                    status_code: span.status_code,
+                    start_unix_ns: span.start_unix_ns,
+                    end_unix_ns: span.end_unix_ns,
+                    payload: &span.payload,
+                    trace_state: &span.trace_state,
+                    resource: &origin.resource,
+                    scope: &origin.scope,
+                    service_name: &origin.service_name,
+                    observation: observation.as_ref(),
+                    attrs_kept: span.attrs_kept,
+                },
+                is_engine: observation.as_ref().is_some_and(|o| self.infos[o.shape as usize].is_engine()),
+            }
+        };
+        self.add(admitted.len(), &incoming, &mut counts, now);
+        self.requests_supplied.fetch_add(1, Ordering::Relaxed);
+        Ok(counts)
+    }
+
+    /// A trace's spans as plain data for Python (`handoff::spans_of` with the engine's schema and
+    /// shapes): a declined completion's (`TickOutput::declined`), a kept trace the writer declined
+    /// (`KeptDeclined::trace`), any trace taken from the buffer.
+    pub fn spans_of(&self, trace: &TraceData) -> SpansData {
+        spans_of(trace, &self.table.schema, &self.infos)
+    }
+
+    /// The observation schema the engine's shapes were declared with (each field's kind, by name:
+    /// what `supply` checks a supplied observation against).
+    pub fn schema(&self) -> &Schema {
+        &self.table.schema
+    }
+
+    /// The shapes of the engine's table, by index (`Observation::shape`).
+    pub fn shapes(&self) -> &[ShapeInfo] {
+        &self.infos
     }
 
     // --- completion -----------------------------------------------------------------------------
@@ -818,6 +909,7 @@ impl Engine {
         let mut counters = lock(&self.chain).counters.clone();
         counters.requests_native = self.requests_native.load(Ordering::Relaxed);
         counters.requests_python = self.requests_python.load(Ordering::Relaxed);
+        counters.requests_supplied = self.requests_supplied.load(Ordering::Relaxed);
         counters
     }
 

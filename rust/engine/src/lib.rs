@@ -7,6 +7,7 @@ pub mod buffer;
 pub mod declaration;
 pub mod decide;
 pub mod engine;
+pub mod handoff;
 pub mod ingest;
 pub mod kept;
 pub mod model;

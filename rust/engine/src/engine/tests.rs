@@ -652,3 +652,263 @@ fn the_rate_limit_turns_keeps_into_rate_limited_drops_but_not_the_errors() {
     assert_eq!(out.kept.len() as u64, out.kept_decisions);
     assert_eq!(engine.counters().rate_limited, out.rate_limited);
 }
+
+// --- the hand-offs with Python (`handoff`) -------------------------------------------------------
+
+use crate::handoff::{ObservationData, OriginData, SpanData, SpansData, SupplyError};
+use crate::model::Value;
+
+/// Several `SpansData` as one (their origins renumbered), in order.
+fn merged(parts: Vec<SpansData>) -> SpansData {
+    let mut out = SpansData::default();
+    for part in parts {
+        let base = out.origins.len();
+        out.origins.extend(part.origins);
+        out.spans.extend(part.spans.into_iter().map(|span| SpanData { origin: base + span.origin, ..span }));
+    }
+    out
+}
+
+/// What the engine reads of `spans` (one request), read back from a scratch engine: the spans it
+/// buffered, as `spans_of` gives them, in the request's order (each trace's spans are consecutive
+/// in these requests).
+fn read_back(spans: &[S]) -> SpansData {
+    let scratch = engine(1);
+    ingest(&scratch, spans, 0.0);
+    let traces = scratch.take_pending(|_| true);
+    merged(traces.iter().map(|trace| scratch.spans_of(trace)).collect())
+}
+
+fn sorted(mut items: Vec<String>) -> Vec<String> {
+    items.sort();
+    items
+}
+
+fn supplied(engine: &Engine, data: &SpansData, now: f64) -> IngestCounts {
+    engine.supply(data, now).unwrap_or_else(|e| panic!("refused: {e}"))
+}
+
+/// A span of trace 7 (`SpanData`), id `[id; 8]`, from origin `origin`.
+fn span_data(id: u8, origin: usize, observation: Option<ObservationData>) -> SpanData {
+    let mut payload = Vec::new();
+    message(&mut payload, 0x0a, &[7; 16]);
+    message(&mut payload, 0x12, &[id; 8]);
+    message(&mut payload, 0x2a, b"llm_request");
+    SpanData {
+        trace_id: vec![7; 16], span_id: vec![id; 8], parent_span_id: Vec::new(), kind: SPAN_KIND_SERVER,
+        status_code: 0, start_unix_ns: BASE, end_unix_ns: BASE + 1000 * MS, trace_state: String::new(), payload,
+        origin, attrs_kept: true, observation,
+    }
+}
+
+fn origin(service: &'static str) -> OriginData {
+    let mut resource = Vec::new();
+    message(&mut resource, 0x0a, &key_value("service.name", &V::S(service)));
+    OriginData { resource, scope: b"\x0a\x01s".to_vec(), service_name: service.into() }
+}
+
+#[test]
+fn a_supplied_request_is_buffered_as_if_the_engine_had_read_it() {
+    let request = || vec![engine_span(1, 1, 2.0), span(1, 2, "db").internal().parent(1), engine_span(2, 1, 0.5),
+                          span(5, 1, "InferRequest").attr("e2e", V::D(1.0)), span(3, 1, "llm_request"),
+                          engine_span(4, 1, 0.25).failed()];
+    for shards in [1, 3] {
+        let (native, handed) = (engine(shards), engine(shards));
+        let read = ingest(&native, &request(), 0.0);
+        let data = read_back(&request());
+        assert_eq!(data.spans.len(), 6);
+        let supplied = supplied(&handed, &data, 0.0);
+        // Python's `DigestCounts` counts what its digest refused; everything else as ingest counts it.
+        assert_eq!(supplied, IngestCounts { malformed: Vec::new(), ..read.clone() });
+        assert_eq!(read.malformed.len(), 1);
+        assert_eq!((native.len(), native.held_spans()), (handed.len(), handed.held_spans()));
+        // A late span of a supplied trace follows it as it follows a native one.
+        let (a, b) = (native.tick_at(2.0, 100.0), handed.tick_at(2.0, 100.0));
+        assert_eq!(ingest(&native, &[span(1, 3, "db").internal().parent(1)], 3.0),
+                   ingest(&handed, &[span(1, 3, "db").internal().parent(1)], 3.0));
+        let (a2, b2) = (native.tick_at(3.0, 100.0), handed.tick_at(3.0, 100.0));
+        for (a, b) in [(&a, &b), (&a2, &b2)] {
+            assert_eq!((a.completed.clone(), a.late, a.records_built, a.records_measured),
+                       (b.completed.clone(), b.late, b.records_built, b.records_measured));
+            assert_eq!((a.kept_decisions, a.dropped_decisions, a.malformed.clone()),
+                       (b.kept_decisions, b.dropped_decisions, b.malformed.clone()));
+            // With several shards, each engine's keyed hash orders its shards' completions its own way.
+            let kept = |out: &TickOutput| sorted(out.kept.iter()
+                .map(|k| format!("{:?} {:?} {:?}", k.trace_id, k.written.request, k.written.rows)).collect());
+            assert_eq!(kept(a), kept(b));
+            let declined = |engine: &Engine, out: &TickOutput| sorted(out.declined.iter()
+                .map(|(c, reason)| format!("{:?} {reason:?}", engine.spans_of(&c.trace))).collect());
+            assert_eq!(declined(&native, a), declined(&handed, b));
+        }
+        assert_eq!((a.kept.len(), a.declined.len(), a2.late), (2, 1, 1));
+        if shards == 1 {
+            assert_eq!(native.render(false), handed.render(false));
+            assert_eq!(native.render(true), handed.render(true));
+        } else {
+            let lines = |text: String| sorted(text.lines().map(str::to_owned).collect());
+            assert_eq!(lines(native.render(false)), lines(handed.render(false)));
+        }
+        let (mut x, y) = (native.counters(), handed.counters());
+        assert_eq!((x.requests_native, x.requests_supplied, y.requests_native, y.requests_supplied), (2, 0, 1, 1));
+        (x.requests_native, x.requests_supplied) = (y.requests_native, y.requests_supplied);
+        assert_eq!(x, y);
+    }
+}
+
+#[test]
+fn a_supplied_observation_lands_in_its_fields_by_name() {
+    let engine = engine(1);
+    // Fields in no particular order: by name, never by position.
+    let observation = ObservationData { adapter: "vllm_v1".into(), fields: vec![
+        ("response_model".into(), Value::Text("m2".into())),
+        ("itl_s".into(), Value::Floats(vec![0.01, 0.03])),
+        ("e2e_s".into(), Value::Float(2.5)),
+        ("prompt_tokens".into(), Value::Int(7)),
+    ] };
+    let data = SpansData { origins: vec![origin("a"), origin("b")],
+                           spans: vec![span_data(1, 1, Some(observation)), span_data(2, 0, None)] };
+    let counts = supplied(&engine, &data, 0.0);
+    assert_eq!((counts.matched, counts.passed_through, counts.buffered), (vec![("vllm_v1".to_owned(), 1)], 1, 2));
+    let taken = engine.take_pending(|_| true);
+    let trace = &taken[0];
+    let schema = engine.schema();
+    let obs = trace.obs(0).unwrap();
+    assert_eq!(obs.shape(), 0);
+    assert_eq!(obs.float(schema.id("e2e_s").unwrap()), Some(2.5));
+    assert_eq!(obs.int(schema.id("prompt_tokens").unwrap()), Some(7));
+    assert_eq!(obs.text(schema.id("response_model").unwrap()), Some("m2"));
+    assert_eq!(obs.floats(schema.id("itl_s").unwrap()).iter().collect::<Vec<_>>(), vec![0.01, 0.03]);
+    assert_eq!(obs.float(schema.id("ttft_s").unwrap()), None);
+    assert!(trace.obs(1).is_none());
+    assert_eq!((trace.service_name(0), trace.service_name(1)), ("b", "a"));
+    // Read back: the same spans, their origins, and the observation in the schema's field order.
+    let back = engine.spans_of(trace);
+    assert_eq!(back.origins, vec![origin("b"), origin("a")]);
+    assert_eq!(back.spans.iter().map(|s| s.origin).collect::<Vec<_>>(), vec![0, 1]);
+    assert_eq!(back.spans[0].observation.as_ref().unwrap().fields.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+               vec!["e2e_s", "prompt_tokens", "response_model", "itl_s"]);
+    assert_eq!(back.spans[1], span_data(2, 1, None));
+    // And measured as such: model "m2", e2e 2.5, in origin b's service.
+    engine.complete_now(taken, Reason::Ready);
+    let out = engine.tick_at(0.0, 100.0);
+    assert_eq!((out.records_measured, out.kept_decisions), (1, 1));
+    assert_eq!(lines_with(&engine.render(false), "e2e_seconds_sum"), vec![
+        "e2e_seconds_sum{engine_kind=\"vllm\",model_name=\"m2\",service_name=\"b\"} 2.5"]);
+}
+
+#[test]
+fn a_supply_with_an_unknown_name_or_a_wrong_kind_is_refused_naming_it() {
+    let engine = engine(1);
+    let with = |adapter: &str, field: &str, value: Value| SpansData {
+        origins: vec![origin("a")],
+        spans: vec![span_data(1, 0, None),
+                    span_data(2, 0, Some(ObservationData { adapter: adapter.into(), fields: vec![(field.into(), value)] }))],
+    };
+    let refused = |data: SpansData| engine.supply(&data, 0.0).unwrap_err();
+    let err = refused(with("vllm_v1", "e2e", Value::Float(1.0)));
+    assert_eq!(err, SupplyError::Field { span: 1, adapter: "vllm_v1".into(), field: "e2e".into() });
+    assert_eq!(err.to_string(), "span 1 (vllm_v1): no observation field \"e2e\" is declared");
+    let err = refused(with("vllm_v1", "e2e_s", Value::Int(1)));
+    assert_eq!(err, SupplyError::Kind { span: 1, field: "e2e_s".into(), declared: Kind::Float, given: Kind::Int });
+    assert!(err.to_string().contains("\"e2e_s\" is declared Float, given Int"), "{err}");
+    let err = refused(with("vllm", "e2e_s", Value::Float(1.0)));
+    assert_eq!(err.to_string(), "span 1: no shape has the adapter \"vllm\"");
+    let mut data = with("vllm_v1", "e2e_s", Value::Float(1.0));
+    data.spans[0].origin = 1;
+    assert_eq!(refused(data), SupplyError::Origin { span: 0, origin: 1, origins: 1 });
+    // Nothing of a refused supply is buffered (its first span was fine).
+    assert_eq!((engine.len(), engine.counters().requests_supplied), (0, 0));
+    // Ids the receivers refuse are counted, not buffered, as ingest counts them.
+    let mut data = with("vllm_v1", "e2e_s", Value::Float(1.0));
+    data.spans[0].span_id = vec![0; 8];
+    data.spans[1].parent_span_id = vec![1; 3];
+    let counts = supplied(&engine, &data, 0.0);
+    assert_eq!((counts.invalid_ids, counts.buffered, engine.len()), (2, 0, 0));
+}
+
+#[test]
+fn spans_of_a_declined_trace_gives_every_span_with_its_bytes_and_origin() {
+    let engine = engine(1);
+    let spans = [span(5, 1, "InferRequest").attr("e2e", V::D(1.0)).attr("model", V::S("t")),
+                 span(5, 2, "db").internal().parent(1), span(5, 3, "compute").internal().parent(1).failed()];
+    ingest(&engine, &spans, 0.0);
+    let out = engine.tick_at(2.0, 100.0);
+    assert_eq!(out.declined.len(), 1);
+    let back = engine.spans_of(&out.declined[0].0.trace);
+    let mut resource = Vec::new();
+    message(&mut resource, 0x0a, &key_value("service.name", &V::S("svc")));
+    assert_eq!(back.origins, vec![OriginData { resource, scope: Vec::new(), service_name: "svc".into() }]);
+    assert_eq!(back.spans.len(), 3);
+    for (got, sent) in back.spans.iter().zip(&spans) {
+        assert_eq!(got.payload, sent.bytes(), "the span's bytes as received");
+        assert_eq!((got.trace_id.as_slice(), got.span_id.as_slice()), (&[5; 16][..], &[sent.id; 8][..]));
+        assert_eq!(got.parent_span_id, sent.parent.map_or_else(Vec::new, |p| vec![p; 8]));
+        assert_eq!((got.kind, got.status_code, got.start_unix_ns, got.end_unix_ns),
+                   (sent.kind, sent.status, BASE, BASE + 1000 * MS));
+        assert_eq!((got.origin, got.trace_state.as_str()), (0, ""));
+    }
+    let root = back.spans[0].observation.as_ref().expect("the root's observation");
+    assert_eq!(root.adapter, "triton_root");
+    assert_eq!(root.fields, vec![("e2e_s".to_owned(), Value::Float(1.0)), ("response_model".to_owned(), Value::Text("t".into())),
+                                 ("is_error".to_owned(), Value::Flag(false))]);
+    assert!(back.spans[1].observation.is_none() && back.spans[2].observation.is_none());
+    // Handed back, the trace is buffered as it was (and declined again, to Python).
+    let again = Engine::new(config(1)).unwrap();
+    supplied(&again, &back, 0.0);
+    let out2 = again.tick_at(2.0, 100.0);
+    assert_eq!(again.spans_of(&out2.declined[0].0.trace), back);
+}
+
+#[test]
+fn a_supplied_span_s_attributes_are_read_only_where_python_kept_them() {
+    let engine = engine(1);
+    let with_route = |id: u8, attrs_kept: bool| {
+        let mut span = span_data(id, 0, None);
+        span.payload.extend(std::iter::once(0x4a).chain({
+            let entry = key_value("http.route", &V::S("/v1"));
+            let mut len = Vec::new();
+            push_varint(&mut len, entry.len() as u64);
+            len.into_iter().chain(entry)
+        }));
+        SpanData { attrs_kept, ..span }
+    };
+    let data = SpansData { origins: vec![origin("a")], spans: vec![with_route(1, true), with_route(2, false)] };
+    supplied(&engine, &data, 0.0);
+    let taken = engine.take_pending(|_| true);
+    let trace = &taken[0];
+    assert!(matches!(trace.attr(0, "http.route"), Some(crate::model::AnyValue::Str("/v1"))));
+    assert!(trace.attr(1, "http.route").is_none());
+    assert_eq!(engine.spans_of(trace), data);
+}
+
+#[test]
+fn spans_of_a_kept_trace_the_writer_declined_gives_its_spans_for_python_s_writer() {
+    let engine = engine(1);
+    // A repeated key: ingest leaves the request to Python, which supplies the span as it read it
+    // (here with its bytes as sent); kept (an error), the writer declines it to Python's.
+    let sent = engine_span(9, 1, 0.5).failed().attr("model", V::S("m2"));
+    let left = engine.ingest(&request(&[engine_span(9, 1, 0.5).failed().attr("model", V::S("m2"))]), false, 0.0);
+    assert!(matches!(left, Ok(IngestSummary::Python)));
+    let mut resource = Vec::new();
+    message(&mut resource, 0x0a, &key_value("service.name", &V::S("svc")));
+    let observation = ObservationData { adapter: "vllm_v1".into(), fields: vec![
+        ("e2e_s".into(), Value::Float(0.5)), ("prompt_tokens".into(), Value::Int(10)),
+        ("response_model".into(), Value::Text("m2".into())), ("is_error".into(), Value::Flag(true)),
+    ] };
+    let data = SpansData {
+        origins: vec![OriginData { resource, scope: Vec::new(), service_name: "svc".into() }],
+        spans: vec![SpanData { trace_id: vec![9; 16], span_id: vec![1; 8], parent_span_id: Vec::new(),
+                               kind: SPAN_KIND_SERVER, status_code: STATUS_CODE_ERROR, start_unix_ns: BASE,
+                               end_unix_ns: BASE + 1000 * MS, trace_state: String::new(), payload: sent.bytes(),
+                               origin: 0, attrs_kept: true, observation: Some(observation) }],
+    };
+    supplied(&engine, &data, 0.0);
+    let out = engine.tick_at(2.0, 100.0);
+    assert_eq!((out.kept_decisions, out.kept.len(), out.kept_declined.len()), (1, 0, 1));
+    let declined = &out.kept_declined[0];
+    assert_eq!(declined.reason, crate::kept::Decline::RepeatedKey);
+    assert_eq!(engine.name(declined.decision.policy), "errors");
+    assert_eq!(engine.spans_of(&declined.trace), data);
+    assert_eq!(lines_with(&engine.render(false), "e2e_seconds_count"), vec![
+        "e2e_seconds_count{engine_kind=\"vllm\",model_name=\"m2\",service_name=\"svc\"} 1.0"]);
+}
