@@ -29,10 +29,12 @@ KeptTrace = tuple[bytes, bytes, list[SpanRowTuple], DecisionTuple]
 
 # `Engine.tick`'s output: (kept, completed [(reason, n)], late, records_built, records_measured,
 # kept_decisions, dropped_decisions, rate_limited, declined [(trace_id, reason)], kept_declined,
-# redacted [(reason, n)], malformed [(reason, service)], decide_failed, spans_failed).
+# redacted [(reason, n)], malformed [(reason, service)], decide_failed, spans_failed,
+# assembled [((engine_kind, outcome), n)], values_rejected [(reason, n)], unmeasured [((service, what), n)]).
 TickOutput = tuple[
     list[KeptTrace], list[tuple[str, int]], int, int, int, int, int, int,
     list[tuple[bytes, str]], int, list[tuple[str, int]], list[tuple[str, str]], int, int,
+    list[tuple[tuple[str, str], int]], list[tuple[str, int]], list[tuple[tuple[str, str], int]],
 ]
 
 # Positions in `TickOutput` (Final: `out[TICK_KEPT]` is typed as that item).
@@ -50,6 +52,9 @@ TICK_REDACTED: Final = 10
 TICK_MALFORMED: Final = 11
 TICK_DECIDE_FAILED: Final = 12
 TICK_SPANS_FAILED: Final = 13
+TICK_ASSEMBLED: Final = 14
+TICK_VALUES_REJECTED: Final = 15
+TICK_UNMEASURED: Final = 16
 
 class NativeEngine(Protocol):
     """``otel_llm._core.Engine(config_json)``: a ValueError names the setting refused."""

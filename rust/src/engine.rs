@@ -110,6 +110,20 @@ fn tick_tuple<'py>(py: Python<'py>, done: TickDone) -> PyResult<Bound<'py, PyTup
     for (reason, service) in &out.malformed {
         malformed.append((*reason, service.as_str()))?;
     }
+    // `count_measured`'s self-telemetry: ((engine kind, outcome), n), (reason, n), ((service, what), n).
+    let pairs = |counts: &[((String, String), u64)]| -> PyResult<Bound<'py, PyList>> {
+        let list = PyList::empty(py);
+        for ((a, b), n) in counts {
+            list.append(((a.as_str(), b.as_str()), *n))?;
+        }
+        Ok(list)
+    };
+    let assembled = pairs(&out.assembled)?;
+    let unmeasured = pairs(&out.unmeasured)?;
+    let values_rejected = PyList::empty(py);
+    for (reason, n) in &out.values_rejected {
+        values_rejected.append((reason.as_str(), *n))?;
+    }
     let items: Vec<PyObject> = vec![
         kept_list.into_any().unbind(),
         completed.into_any().unbind(),
@@ -125,6 +139,9 @@ fn tick_tuple<'py>(py: Python<'py>, done: TickDone) -> PyResult<Bound<'py, PyTup
         malformed.into_any().unbind(),
         out.decide_failed.into_pyobject(py)?.into_any().unbind(),
         out.spans_failed.into_pyobject(py)?.into_any().unbind(),
+        assembled.into_any().unbind(),
+        values_rejected.into_any().unbind(),
+        unmeasured.into_any().unbind(),
     ];
     PyTuple::new(py, items)
 }
@@ -141,7 +158,7 @@ fn counters_dict<'py>(py: Python<'py>, c: &Counters) -> PyResult<Bound<'py, PyDi
         ("records_measured", c.records_measured), ("kept", c.kept), ("dropped", c.dropped),
         ("rate_limited", c.rate_limited), ("decide_failed", c.decide_failed), ("kept_written", c.kept_written),
         ("kept_declined", c.kept_declined), ("requests_native", c.requests_native),
-        ("requests_python", c.requests_python),
+        ("requests_python", c.requests_python), ("requests_supplied", c.requests_supplied),
     ] {
         dict.set_item(name, value)?;
     }
@@ -213,8 +230,9 @@ impl Engine {
     /// `tick(now)`: `(kept [(trace_id, request bytes, rows, (keep, rate_limited, policy,
     /// threshold))], completed [(reason, n)], late, records_built, records_measured, kept_decisions,
     /// dropped_decisions, rate_limited, declined [(trace_id, reason)], kept_declined,
-    /// redacted [(reason, n)], malformed [(reason, service)], decide_failed, spans_failed)`; a row is
-    /// `span_rows.SpanRow`'s fields as a tuple.
+    /// redacted [(reason, n)], malformed [(reason, service)], decide_failed, spans_failed,
+    /// assembled [((engine_kind, outcome), n)], values_rejected [(reason, n)],
+    /// unmeasured [((service, what), n)])`; a row is `span_rows.SpanRow`'s fields as a tuple.
     fn tick<'py>(&self, py: Python<'py>, now: f64) -> PyResult<Bound<'py, PyTuple>> {
         let engine = &self.engine;
         let done = py.allow_threads(|| {

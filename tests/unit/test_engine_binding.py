@@ -79,6 +79,8 @@ def test_ingest_tick_render_counts_what_was_sent() -> None:
     assert out[T.TICK_RECORDS_BUILT] == out[T.TICK_RECORDS_MEASURED] == 5
     assert (out[T.TICK_KEPT_DECISIONS], out[T.TICK_DROPPED_DECISIONS], out[T.TICK_RATE_LIMITED]) == (2, 3, 0)
     assert out[T.TICK_DECLINED] == [] and out[T.TICK_KEPT_DECLINED] == 0
+    assert out[T.TICK_ASSEMBLED] == [(("vllm", "stop"), 5)]
+    assert out[T.TICK_VALUES_REJECTED] == [] and out[T.TICK_UNMEASURED] == []
     assert [reason for reason, _ in out[T.TICK_REDACTED]] == [
         "content_key", "free_text", "content_event", "not_allowed", "url_reduced"]
     assert len(engine) == 0
