@@ -19,8 +19,9 @@ MalformedCount = tuple[str, str, int]
 # invalid_ids, buffered, duplicate, dropped_over_trace_limit, late, parked, completed_to_make_room).
 IngestCounts = tuple[list[Matched], list[MalformedCount], int, int, int, int, int, int, int, int]
 
-# `span_rows.SpanRow`'s fields: (trace_id hex, span_id hex, parent_span_id hex, name, kind,
-# service_name, start_unix_ns, end_unix_ns, status_code, status_message, attributes_json).
+# `pdata.span_rows.SpanRow` (the same tuple type, spelled here as `internal` imports no `pdata`):
+# (trace_id hex, span_id hex, parent_span_id hex, name, kind, service_name, start_unix_ns,
+# end_unix_ns, status_code, status_message, attributes_json), a row of the store's `spans` table.
 SpanRowTuple = tuple[str, str, str, str, int, str, int, int, int, str, str]
 # (keep, rate_limited, policy, threshold)
 DecisionTuple = tuple[bool, bool, str, str]
