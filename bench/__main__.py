@@ -361,7 +361,8 @@ def rss_phase(load: Load, workdir: Path, batches: Path, spans: int, warmup_spans
 
 def _hotpath(core: str, passes: int) -> dict[str, float]:
     """``bench/hotpath.py`` in a process of its own with ``OTEL_LLM_CORE=core``: CPU us per span by stage."""
-    out = subprocess.run([PYTHON, "-m", "bench.hotpath", "--passes", str(passes)], capture_output=True, text=True,
+    engine = ["--engine"] if core == "native" else []  # the native engine beside the compiled core, same passes
+    out = subprocess.run([PYTHON, "-m", "bench.hotpath", "--passes", str(passes), *engine], capture_output=True, text=True,
                          env={**os.environ, "OTEL_LLM_CORE": core}, cwd=Path(__file__).resolve().parent.parent,
                          timeout=900)
     if out.returncode:
@@ -371,6 +372,9 @@ def _hotpath(core: str, passes: int) -> dict[str, float]:
         parts = line.split()
         if len(parts) >= 2 and parts[0] in ("parse+adapter", "buffer", "completion", "total"):
             figures[parts[0]] = float(parts[1])
+        elif len(parts) >= 3 and parts[0] == "engine":  # "engine ingest 2.41 ..." / "engine x2 ingest 2.54 ..."
+            name = " ".join(parts[:3] if parts[1].startswith("x") else parts[:2])
+            figures[name] = float(parts[3] if parts[1].startswith("x") else parts[2])
     return figures
 
 
@@ -430,7 +434,8 @@ def core_result_line(core: dict[str, Any]) -> str:
             f"core_native_spans_per_s={fmt(native.get('spans_per_s'), 0)} "
             f"core_python_spans_per_s={fmt(python.get('spans_per_s'), 0)} "
             f"core_hotpath_native_us={fmt(core.get('hotpath_native_us_per_span', {}).get('total'), 2)} "
-            f"core_hotpath_python_us={fmt(core.get('hotpath_python_us_per_span', {}).get('total'), 2)}")
+            f"core_hotpath_python_us={fmt(core.get('hotpath_python_us_per_span', {}).get('total'), 2)} "
+            f"engine_hotpath_us={fmt(core.get('hotpath_native_us_per_span', {}).get('engine total'), 2)}")
 
 
 class _CoreOnly(Exception):

@@ -16,6 +16,14 @@ Each figure is ``time.process_time()`` over a pass divided by the pass's spans, 
 times the completion chain's parts alone on one pass's completed traces (records, decision, metrics
 recording), and the completion lane (``service/lane.py``) on another pass's, where it runs.
 ``--profile N`` prints cProfile's top ``N`` functions of one more pass.
+
+``--engine`` then sends the same passes through the native engine (``otel_llm._core.Engine``, built
+from ``service/declarations.py``'s declaration of the same configuration): ``engine ingest`` (the
+request read, the adapters, the buffer: what ``parse+adapter`` and ``buffer`` are in Python) and
+``engine completion`` (drained and ticked: records, decisions, both namings' series, the kept-trace
+writer's bytes and rows handed to Python — not the store's write, which the Python figure holds),
+on one thread, then the ingest on two threads at once (the engine releases the GIL; shards by trace
+id), as CPU µs per span and spans/s of wall time.
 """
 
 from __future__ import annotations
@@ -175,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile's top N of one more pass")
     parser.add_argument("--sort", default="tottime")
     parser.add_argument("--no-gc", action="store_true", help="experiment: the cyclic GC disabled")
+    parser.add_argument("--engine", action="store_true", help="the same passes through the native engine")
     args = parser.parse_args(argv)
     batches = generate(args.batches, seed=1)
     spans = sum(b.spans for b in batches)
@@ -222,10 +231,78 @@ def main(argv: list[str] | None = None) -> int:
             out = io.StringIO()
             pstats.Stats(profiler, stream=out).sort_stats(args.sort).print_stats(args.profile)
             print(out.getvalue())
+        if args.engine:
+            engine_passes(service, batches, epoch, args.passes, spans)
         store = service.components.get("exporters.store")
         if store is not None:
             store.shutdown(2.0)
     return 0
+
+
+def _engine(service: Any, shards: int) -> Any:
+    import json
+
+    from otel_llm.internal import core
+    from otel_llm.service.declarations import engine_declaration
+
+    extension, why = core.active()
+    if extension is None or not hasattr(extension, "Engine"):
+        raise SystemExit(f"--engine needs the compiled extension with the engine ({why})")
+    processors = {path.partition(".")[2]: component.config for path, component in service.components.items()
+                  if path.startswith("processors.")}
+    return extension.Engine(json.dumps(engine_declaration(processors, write_kept=True, shards=shards)))
+
+
+def _engine_pass(engine: Any, payloads: list[bytes], now: float, threads: int) -> tuple[float, float, float, int]:
+    """(ingest CPU s, completion CPU s, ingest wall s, requests Python would read) of one pass."""
+    import threading
+
+    python_read = [0]
+
+    def ingest(part: list[bytes]) -> None:
+        for payload in part:
+            if engine.ingest(payload, False, now) is None:
+                python_read[0] += 1
+
+    t0, w0 = time.process_time(), time.perf_counter()
+    if threads == 1:
+        ingest(payloads)
+    else:
+        workers = [threading.Thread(target=ingest, args=(payloads[i::threads],)) for i in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    t1, w1 = time.process_time(), time.perf_counter()
+    engine.drain()
+    engine.tick(now + 1.5)
+    t2 = time.process_time()
+    return t1 - t0, t2 - t1, w1 - w0, python_read[0]
+
+
+def engine_passes(service: Any, batches: list[Any], epoch: int, passes: int, spans: int) -> None:
+    for threads in (1, 2):
+        engine = _engine(service, shards=threads)
+        results = []
+        for index in range(passes + 1):
+            payloads = [stamp(b, epoch) for b in batches]
+            epoch += 1
+            figures = _engine_pass(engine, payloads, 1000.0 + 10.0 * index, threads)
+            if index:
+                results.append(figures)
+        if any(r[3] for r in results):
+            print(f"  engine: {results[0][3]} requests of a pass would be read by Python (not measured here)")
+        ingest = [r[0] / spans * 1e6 for r in results]
+        completion = [r[1] / spans * 1e6 for r in results]
+        total = [(r[0] + r[1]) / spans * 1e6 for r in results]
+        rate = [spans / r[2] for r in results]
+        label = "engine" if threads == 1 else f"engine x{threads}"
+        print(f"  {label + ' ingest':16} {statistics.median(ingest):7.2f}  [{min(ingest):.2f}-{max(ingest):.2f}]"
+              f"  ingest {statistics.median(rate):,.0f} spans/s wall ({threads} thread{'s' if threads > 1 else ''},"
+              f" {threads} shard{'s' if threads > 1 else ''})")
+        print(f"  {label + ' completion':16} {statistics.median(completion):7.2f}"
+              f"  [{min(completion):.2f}-{max(completion):.2f}]")
+        print(f"  {label + ' total':16} {statistics.median(total):7.2f}  [{min(total):.2f}-{max(total):.2f}]")
 
 
 if __name__ == "__main__":

@@ -278,6 +278,22 @@ def test_a_live_vllm_server_is_counted_exactly_as_it_counts_itself(live):
           + ", ".join(f"{len(rows)} {table} rows" for table, rows in sorted(reference[1].items()))
           + f", {built[3]} request records built by the core: 0 differences")
 
+    # Phase 4: the same requests through the native engine (rust/engine), built from the declaration
+    # of this very pipeline (service/declarations.py): the reference's llm_metrics families sample for
+    # sample (so vLLM's own counts), and its decisions; every request and trace read by the engine.
+    from tests.support.engine_run import engine_run, processors_of, reference_run
+
+    processors = processors_of(otel.service)
+    engine, reference_pipeline = engine_run(processors, requests), reference_run(processors, requests)
+    assert (engine.python_requests, engine.declined_traces) == (0, 0)
+    assert engine.samples == reference_pipeline.samples
+    assert (engine.kept, engine.dropped, engine.rate_limited) == \
+        (reference_pipeline.kept, reference_pipeline.dropped, reference_pipeline.rate_limited)
+    e2e_count = [line for line in engine.samples if line.startswith("vllm:e2e_request_latency_seconds_count")]
+    assert len(e2e_count) == 1 and float(e2e_count[0].rsplit(" ", 1)[1]) == done, e2e_count
+    print(f"the native engine on the live requests: {len(requests)} requests, {len(engine.samples)} samples "
+          f"of llm_metrics, {engine.kept} kept and {engine.dropped} dropped traces: 0 differences")
+
 
 def assert_slo_counts_equal_vllms_bucket(theirs: Scrape, ours: Scrape, finished_requests: int) -> None:
     """e2e <= 2.5 s, the one objective: met is exactly vLLM's own count of finished requests in its

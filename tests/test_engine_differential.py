@@ -1,0 +1,93 @@
+"""The native engine (``otel_llm._core.Engine``, built from ``service/declarations.py``'s
+declaration) against the Python reference's ``Pipeline`` of the same processors, on what users see
+of them: the ``llm_metrics`` families as ``/metrics`` serves them (text format, every bucket) and
+the decisions. The streams: vLLM's fixture, every emitter capture of a client or gateway, the
+bench's fleet workload, and seeded random fleets (``bench.workload.generate`` with fresh seeds:
+vLLM, SGLang and TGI engines, gateways, clients, errors); the configurations: the embedded
+defaults and one with everything the engine runs (tenants, cost, SLO objectives, a rate limit,
+dimensions, LoRA adapters, model lengths per model). The live vLLM run does the same on what a
+real vLLM sent (``tests/live/test_vllm_live.py``, phase 4)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.workload import generate
+from otel_llm.component import Kind, Signal
+from otel_llm.config import config_from_dict
+from tests.support import engine_fixtures as F
+from tests.support.engine_run import Run, engine_run, reference_run
+
+ROOT = Path(__file__).resolve().parents[1]
+EVERYTHING: dict[str, Any] = {"processors": {
+    "llm_metrics": {
+        "tenant": {"attributes": ["tenant.id"], "values": ["team-a", "team-b"]},
+        "cost": {"currency": "USD", "prices": {"Qwen/Qwen3-0.6B": {"input": 0.1, "output": 0.4}}},
+        "slo": {"default": {"ttft": "500ms", "e2e": "10s", "target": 0.95}},
+        "dimensions": [{"name": "route", "attribute": "http.route", "values": ["/v1/chat/completions"]}],
+        "lora_adapters": {"sql-lora": "meta-llama/Llama-3.1-8B-Instruct"},
+        "max_model_len_by_model": {"Qwen/Qwen3-0.6B": 2048},
+    },
+    "tail_sampling": {"rate_limit": {"traces_per_second": 5}},
+}}
+
+
+def _processors(config: dict[str, Any]) -> dict[str, object]:
+    cfg = config_from_dict(config)
+    return {name: getattr(cfg.processors, name) for name in cfg.running(Kind.PROCESSOR, Signal.TRACES)}
+
+
+def _streams() -> dict[str, list[bytes]]:
+    captures = [p.read_bytes() for p in sorted((ROOT / "tests" / "testdata" / "emitters").glob("*.binpb"))
+                if ".metrics." not in p.name and ".logs." not in p.name]
+    return {
+        "fixtures and captures": [F.vllm_request_span(token_events=False).SerializeToString(), *captures],
+        "bench workload": [batch.payload for batch in generate(4, seed=1)],
+        "random fleets": [batch.payload for seed in (1049, 2049, 3049) for batch in generate(2, seed=seed)],
+    }
+
+
+def _same(engine: Run, reference: Run, what: str) -> None:
+    assert (engine.python_requests, engine.declined_traces) == (0, 0), what
+    missing = sorted(set(reference.samples) - set(engine.samples))
+    extra = sorted(set(engine.samples) - set(reference.samples))
+    assert not missing and not extra, f"{what}: missing {missing[:8]}, extra {extra[:8]}"
+    assert engine.samples == reference.samples, what
+
+
+@pytest.mark.parametrize("config", [{}, EVERYTHING], ids=["defaults", "everything"])
+@pytest.mark.parametrize("stream", list(_streams()))
+def test_the_engine_exposes_and_decides_what_the_reference_does(config: dict[str, Any], stream: str) -> None:
+    requests = _streams()[stream]
+    processors = _processors(config)
+    engine, reference = engine_run(processors, requests), reference_run(processors, requests)
+    assert len(reference.samples) > 500, f"{stream}: the reference measured {len(reference.samples)} samples"
+    _same(engine, reference, stream)
+    assert (engine.kept, engine.dropped, engine.rate_limited) == \
+        (reference.kept, reference.dropped, reference.rate_limited), stream
+
+
+def _by_series(samples: list[str]) -> dict[str, float]:
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in samples}
+
+
+def test_two_shards_measure_what_one_does() -> None:
+    """Shards split the buffer by trace id; what is measured does not depend on them: the same
+    series, every count and bucket equal. A histogram's sum is the same up to its last bits: the
+    records reach it in another order, and float addition is not associative. (The sampler's order
+    across shards may change a decision, so decisions are compared as a total only.)"""
+    requests = _streams()["bench workload"]
+    processors = _processors(EVERYTHING)
+    one, two = engine_run(processors, requests, shards=1), engine_run(processors, requests, shards=2)
+    ones, twos = _by_series(one.samples), _by_series(two.samples)
+    assert ones.keys() == twos.keys() and len(ones) > 500
+    for series, value in ones.items():
+        if "_sum{" in series or series.endswith("_sum"):
+            assert math.isclose(twos[series], value, rel_tol=1e-12), series
+        else:
+            assert twos[series] == value, series
+    assert one.kept + one.dropped + one.rate_limited == two.kept + two.dropped + two.rate_limited
