@@ -480,8 +480,14 @@ def production_summary(production: dict[str, Any], collector_cpu: float | None,
     # counts the pipeline's work on spans acknowledged before the window against more: the two bracket it.
     acked = (saturated["acked_spans_per_s"] * saturated["window_s"]
              if saturated.get("acked_spans_per_s") and saturated.get("window_s") else None)
+    # And a steady-state estimate: the receiver process's CPU (which logs each request before its
+    # answer) over the spans it acknowledged, the other processes' over the spans processed.
+    by_process, processed = saturated.get("server_cpu_s_by_process") or {}, saturated.get("spans")
+    steady = (sum(seconds / (acked if name.endswith("-recv") else processed) for name, seconds in by_process.items())
+              * 1e6 if by_process and acked and processed else None)
     return {"production_spans_per_s": saturated.get("spans_per_s"),
             "production_acked_spans_per_s": saturated.get("acked_spans_per_s"),
+            "production_cpu_us_per_span_steady": steady,
             "production_cpu_us_per_span": cpu,
             "production_cpu_us_per_acked_span": (saturated["server_cpu_s"] / acked * 1e6
                                                  if acked and saturated.get("server_cpu_s") is not None else None),
@@ -493,7 +499,8 @@ def log_production_targets(summary: dict[str, Any]) -> None:
     log(f"  {'production config, gRPC saturated: spans/s':48} {fmt(summary.get('production_spans_per_s'), 0):>10}"
         f"  (info; acknowledged {fmt(summary.get('production_acked_spans_per_s'), 0)}/s)")
     log(f"  {'production config, CPU-s per M spans':48} {fmt(summary.get('production_cpu_us_per_span'), 1):>10}"
-        f"  (info; per acknowledged span {fmt(summary.get('production_cpu_us_per_acked_span'), 1)})")
+        f"  (info; per acknowledged span {fmt(summary.get('production_cpu_us_per_acked_span'), 1)}, receiver "
+        f"per acknowledged + the rest per processed {fmt(summary.get('production_cpu_us_per_span_steady'), 1)})")
     for key, label in (("cpu_vs_collector_production", "CPU-s per M spans, production config / Collector"),
                        ("production_vs_default", "CPU-s per M spans, production / default config")):
         value = summary.get(key)
