@@ -128,8 +128,8 @@ def scrape_sum(url: str, prefix: str) -> float:
 
 
 def run(m: ModuleType, load: Any, workdir: Path, batches: Path, pending: Path, durations: dict[str, float],
-        rate: float, rss_spans: int, servers: list) -> dict[str, Any]:
-    """The Collector peer's phases: gRPC paced at ``rate``, gRPC saturated, then RSS per buffered span."""
+        rate: float, rss_spans: int, servers: list, rss: bool = True) -> dict[str, Any]:
+    """The Collector peer's phases: gRPC paced at ``rate``, gRPC saturated, then (``rss``) RSS per buffered span."""
     out: dict[str, Any] = {}
     peer = start(m, workdir, "collector")
     servers.append(peer)
@@ -141,6 +141,8 @@ def run(m: ModuleType, load: Any, workdir: Path, batches: Path, pending: Path, d
     m.log(f"  TTFT histogram count on its /metrics: {out['ttft_observations']:.0f}; "
           f"peak RSS {out['hwm_kib'] / 1024:.0f} MiB")
     peer.stop()
+    if not rss:
+        return out
 
     # RSS per buffered span: every trace held (decision_wait 600 s), as for otel-llm.
     holder = start(m, workdir, "collector-rss", decision_wait="600s", num_traces=5_000_000)

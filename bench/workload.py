@@ -15,6 +15,11 @@ The mix per request (span counts in brackets):
 One batch holds several resources (the gateway, four vLLM replicas, SGLang, TGI), as a forwarding
 agent or a gateway-side collector sends them; 500-1000 spans per batch.
 
+With ``tenants=True`` (what ``python -m bench`` generates) every gateway span also carries the
+request's tenant as the gateway records an ``x-tenant-id`` header (``TENANT_ATTRIBUTE``): 40 % / 30 %
+/ 20 % ``TENANTS``, 10 % one off the allow-list; drawn from a generator of its own, so every other
+draw, span and id is the same as without it. The production configuration's accounting reads it.
+
 Trace ids must not repeat during a run (a repeated id would hit the decided-trace cache and be
 counted as late), so every batch carries the offsets of every trace id in its bytes (span and
 link ``trace_id`` fields) and the sender overwrites bytes 4..7 of each with a per-replay epoch
@@ -47,6 +52,12 @@ VLLM_REPLICAS = ("vllm-llama-0", "vllm-llama-1", "vllm-llama-2", "vllm-qwen-0")
 # The config the pipeline runs with maps these services to a model (the other replicas get theirs
 # from the gateway's gen_ai.request.model).
 RESOURCE_MODELS = {"vllm-qwen-0": "Qwen/Qwen2.5-7B-Instruct"}
+# The tenant header a gateway records (OTel Python's HTTP server instrumentations name x-tenant-id so;
+# semconv: a string array), the allow-listed tenants and one that is not on the list.
+TENANT_ATTRIBUTE = "http.request.header.x_tenant_id"
+TENANTS = ("team-search", "team-chat", "team-batch")
+UNLISTED_TENANT = "team-intern"
+_TENANT_WEIGHTS = (0.4, 0.3, 0.2, 0.1)
 
 
 @dataclass(slots=True)
@@ -84,8 +95,9 @@ def _timing(rng: random.Random, now_ns: int) -> RequestTiming:
 class FleetGenerator:
     """Providers built once (one resource each, seeded ids); ``batch()`` emits one export's worth."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, tenants: bool = False) -> None:
         self.rng = random.Random(seed)
+        self.tenants = random.Random(seed * 10 + 10) if tenants else None
         self.exporter = InMemorySpanExporter()
         self.gateway = engine_tracer_provider("gateway", self.exporter, seed=seed * 10 + 1)
         self.vllm = [
@@ -115,6 +127,10 @@ class FleetGenerator:
         parent = self._upstream(upstream_parent)
         gw_start, gw_end = t.arrival_unix_ns - 4_000_000, t.end_unix_ns + 6_000_000
         model = rng.choice(("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-70B-Instruct"))
+        tenant = None
+        if self.tenants is not None:
+            (name,) = self.tenants.choices(TENANTS + (UNLISTED_TENANT,), weights=_TENANT_WEIGHTS)
+            tenant = {TENANT_ATTRIBUTE: (name,)}
         if roll < 0.82:
             engine = rng.choice(self.vllm[:3])
 
@@ -123,27 +139,27 @@ class FleetGenerator:
                              params=SamplingParams(max_tokens=GATEWAY_MAX_TOKENS))
 
             emit_gateway(self.gateway, start_unix_ns=gw_start, end_unix_ns=gw_end, model=model, engine_call=call,
-                         traceparent_headers=parent)
+                         traceparent_headers=parent, attributes=tenant)
         elif roll < 0.88:
             def call(headers: dict[str, str]) -> None:
                 emit_sglang(self.sglang, t, rid=f"{n:08x}{rng.getrandbits(96):024x}", model="deepseek-ai/DeepSeek-V3",
                             finish_reason="length" if rng.random() < 0.2 else "stop", traceparent_headers=headers)
 
             emit_gateway(self.gateway, start_unix_ns=gw_start, end_unix_ns=gw_end, model="deepseek-ai/DeepSeek-V3",
-                         engine_call=call, traceparent_headers=parent)
+                         engine_call=call, traceparent_headers=parent, attributes=tenant)
         elif roll < 0.92:
             def call(headers: dict[str, str]) -> None:
                 emit_tgi(self.tgi, t, handler=rng.choice(("generate", "generate_stream", "chat_completions")),
                          traceparent_headers=headers, decode_steps=rng.randint(1, 3))
 
             emit_gateway(self.gateway, start_unix_ns=gw_start, end_unix_ns=gw_end, model="tiiuae/falcon-7b",
-                         route="/generate", engine_call=call, traceparent_headers=parent)
+                         route="/generate", engine_call=call, traceparent_headers=parent, attributes=tenant)
         elif roll < 0.97:
             emit_vllm_v1(self.vllm[3], t, request_id=f"cmpl-{n:x}", traceparent_headers=parent,
                          params=SamplingParams(max_tokens=None, temperature=0.0))
         else:
             emit_gateway(self.gateway, start_unix_ns=gw_start, end_unix_ns=gw_start + 2_000_000, model=model,
-                         traceparent_headers=parent)
+                         traceparent_headers=parent, attributes=tenant)
 
     def batch(self, target_spans: int, upstream_parent: bool = False) -> Batch:
         now_ns = time.time_ns()
@@ -182,8 +198,8 @@ def _with_offsets(payload: bytes) -> Batch:
 
 
 def generate(count: int, seed: int = 1, upstream_parent: bool = False,
-             min_spans: int = 500, max_spans: int = 1000) -> list[Batch]:
-    gen = FleetGenerator(seed)
+             min_spans: int = 500, max_spans: int = 1000, tenants: bool = False) -> list[Batch]:
+    gen = FleetGenerator(seed, tenants)
     sizes = random.Random(seed + 1000)
     return [gen.batch(sizes.randint(min_spans, max_spans), upstream_parent) for _ in range(count)]
 

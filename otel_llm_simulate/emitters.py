@@ -772,9 +772,11 @@ def emit_gateway(
     server_address: str = "llm-gateway",
     server_port: int = 4000,
     traceparent_headers: dict[str, str] | None = None,
+    attributes: Mapping[str, AttributeValue] | None = None,
 ) -> SpanContext:
     """A generic gateway's SERVER span ``POST <route>`` (Envoy AI Gateway style; LiteLLM's real proxy
-    shape is ``clients.emit_litellm_proxy``).
+    shape is ``clients.emit_litellm_proxy``). ``attributes`` are added to the span's own (e.g. a
+    request header the gateway records, ``http.request.header.x_tenant_id``).
 
     ``engine_call(headers)`` runs while the gateway span is current and before it ends, with the
     W3C ``traceparent`` (and ``tracestate`` if any) injected for the gateway span: that is how the
@@ -784,7 +786,7 @@ def emit_gateway(
     """
     tracer = provider.get_tracer(GATEWAY_SCOPE)
     status_code = 500 if status_error else 200
-    attributes: dict[str, AttributeValue] = {
+    span_attributes: dict[str, AttributeValue] = {
         "http.request.method": "POST",
         "http.route": route,
         "url.path": route,
@@ -796,14 +798,14 @@ def emit_gateway(
         "gen_ai.request.model": model,
     }
     if ttft_s is not None:
-        attributes["gen_ai.server.time_to_first_token"] = float(ttft_s)
+        span_attributes["gen_ai.server.time_to_first_token"] = float(ttft_s)
     if status_error:
-        attributes["error.type"] = str(status_code)  # HTTP semconv: the status code for 5xx
+        span_attributes["error.type"] = str(status_code)  # HTTP semconv: the status code for 5xx
     span = tracer.start_span(
         f"POST {route}",
         context=_parent_context(traceparent_headers),
         kind=SpanKind.SERVER,
-        attributes=attributes,
+        attributes={**span_attributes, **(attributes or {})},
         start_time=start_unix_ns,
     )
     try:
