@@ -517,10 +517,13 @@ def production_result_fields(summary: dict[str, Any]) -> str:
 
 # --- the compiled core against the Python reference (issue 25) ----------------------------------------
 
-def _hotpath(core: str, passes: int) -> dict[str, float]:
-    """``bench/hotpath.py`` in a process of its own with ``OTEL_LLM_CORE=core``: CPU us per span by stage."""
+def _hotpath(core: str, passes: int, production: bool = False) -> dict[str, float]:
+    """``bench/hotpath.py`` in a process of its own with ``OTEL_LLM_CORE=core``: CPU us per span by stage
+    (``production``: ``PRODUCTION``'s processors and tenants' workload)."""
     engine = ["--engine"] if core == "native" else []  # the native engine beside the compiled core, same passes
-    out = subprocess.run([PYTHON, "-m", "bench.hotpath", "--passes", str(passes), *engine], capture_output=True, text=True,
+    extra = ["--production"] if production else []
+    out = subprocess.run([PYTHON, "-m", "bench.hotpath", "--passes", str(passes), *engine, *extra],
+                         capture_output=True, text=True,
                          env={**os.environ, "OTEL_LLM_CORE": core}, cwd=Path(__file__).resolve().parent.parent,
                          timeout=900)
     if out.returncode:
@@ -546,6 +549,10 @@ def core_phases(load: Load, workdir: Path, batches: Path, durations: dict[str, f
         out[f"hotpath_{core}_us_per_span"] = hot
         log(f"  hot path in one process, OTEL_LLM_CORE={core}: " + ", ".join(f"{k} {v:.2f}" for k, v in hot.items())
             + " CPU us per span")
+    hot = _hotpath("native", passes, production=True)
+    out["hotpath_production_us_per_span"] = hot
+    log("  hot path in one process, the production configuration's processors: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in hot.items()) + " CPU us per span")
     for core in ("python", "native"):
         server = start_pipeline(workdir, f"pipeline-core-{core}", {"decision_wait": "10s", "grace": "1s"},
                                 env={"OTEL_LLM_CORE": core})
@@ -593,7 +600,9 @@ def core_result_line(core: dict[str, Any]) -> str:
             f"core_python_spans_per_s={fmt(python.get('spans_per_s'), 0)} "
             f"core_hotpath_native_us={fmt(core.get('hotpath_native_us_per_span', {}).get('total'), 2)} "
             f"core_hotpath_python_us={fmt(core.get('hotpath_python_us_per_span', {}).get('total'), 2)} "
-            f"engine_hotpath_us={fmt(core.get('hotpath_native_us_per_span', {}).get('engine total'), 2)}")
+            f"engine_hotpath_us={fmt(core.get('hotpath_native_us_per_span', {}).get('engine total'), 2)} "
+            f"core_hotpath_production_us={fmt(core.get('hotpath_production_us_per_span', {}).get('total'), 2)} "
+            f"engine_hotpath_production_us={fmt(core.get('hotpath_production_us_per_span', {}).get('engine total'), 2)}")
 
 
 class _CoreOnly(Exception):

@@ -50,16 +50,22 @@ class _Clock:
         return self.now
 
 
-def build(workdir: Path) -> tuple[Any, _Clock]:
+def build(workdir: Path, production: bool = False) -> tuple[Any, _Clock]:
+    """The bench's server configuration; ``production``: ``bench.__main__.PRODUCTION``'s processors
+    (accounting with tenants, cost and SLO; the rate limit), its intake log apart (the receivers')."""
     import json
 
     from otel_llm.config import config_from_dict
     from otel_llm.internal.runtime import tune_gc
     from otel_llm.service.service import Service
 
-    from bench.__main__ import pipeline_config
+    from bench.__main__ import PRODUCTION, pipeline_config
 
-    path = pipeline_config(workdir, "hotpath", 0, 0, 0, {"decision_wait": "10s", "grace": "1s"})
+    if production:
+        path = pipeline_config(workdir, "hotpath", 0, 0, 0, PRODUCTION["tail_sampling"],
+                               llm_metrics=PRODUCTION["llm_metrics"])
+    else:
+        path = pipeline_config(workdir, "hotpath", 0, 0, 0, {"decision_wait": "10s", "grace": "1s"})
     data = json.loads(path.read_text())
     data["receivers"]["otlp"]["protocols"] = {"grpc": {"endpoint": "127.0.0.1:0"}}
     service = Service(config_from_dict(data))
@@ -184,12 +190,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sort", default="tottime")
     parser.add_argument("--no-gc", action="store_true", help="experiment: the cyclic GC disabled")
     parser.add_argument("--engine", action="store_true", help="the same passes through the native engine")
+    parser.add_argument("--production", action="store_true",
+                        help="bench.__main__.PRODUCTION's processors (tenants, cost, SLO, rate limit) and its "
+                             "workload (gateway spans with a tenant)")
     args = parser.parse_args(argv)
-    batches = generate(args.batches, seed=1)
+    batches = generate(args.batches, seed=1, tenants=args.production)
     spans = sum(b.spans for b in batches)
     traces = sum(b.traces for b in batches)
     with tempfile.TemporaryDirectory(prefix="otel-llm-hotpath-") as tmp:
-        service, clock = build(Path(tmp))
+        service, clock = build(Path(tmp), production=args.production)
         pipeline = service.pipeline
         if args.no_gc:
             import gc
