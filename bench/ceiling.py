@@ -37,9 +37,9 @@ def serve(depth: str, argv: list[str]) -> int:
     from otel_llm.service import graph
 
     if depth in ("receive", "digest"):
-        def buffer(self: graph.Pipeline, data: bytes, digested: bool, validated: bool = False) -> None:
+        def buffer(self: graph.Pipeline, data: bytes, validated: bool = False) -> None:
             if depth == "digest":
-                graph.decode(data) if digested else graph.digest_in_process(data, self.digest_settings, validated)
+                graph.digest_in_process(data, self.digest_settings, validated)
 
         graph.Pipeline.buffer = buffer  # type: ignore[method-assign]
     elif depth == "buffer":

@@ -126,10 +126,6 @@ class Pipelines:
 class Service:
     pipelines: Pipelines = field(default_factory=Pipelines)
     shutdown_grace: Duration = 30.0
-    # The engine adapters in a process of their own: the per-span work on two cores, ~1.3x the
-    # spans/s at saturation on 2 cores for ~1.2x the CPU per span (bench/README.md, issue 17's runs).
-    # Off by default: a fleet pays per core, and scales out behind the load balancer instead.
-    adapter_process: bool = False
     # At a graceful stop, the pending traces are written beside the store for the next start instead
     # of decided (service/handover.py): behind the load balancer their late spans (an engine's, a
     # proxy's) reach the next process, and are measured with them. Off by default: a process stopped
@@ -380,6 +376,12 @@ def config_from_dict(data: Any) -> Config:
         raise ConfigError("exporters.prometheus.web", "the web view is an extension now, on a listener of its own "
                                                       "(off the scrape path): move this block to extensions.webview "
                                                       "(endpoint: 127.0.0.1:9465 by default)")
+    service_raw = data.get("service")
+    if isinstance(service_raw, dict) and "adapter_process" in service_raw:
+        raise ConfigError("service.adapter_process", "removed: with the compiled core the adapter stage is cheap, and "
+                                                     "a third process cost a pipe round trip per request (~2-4x the "
+                                                     "CPU per span, half the throughput); delete the key, and scale "
+                                                     "out behind the load balancer for more throughput")
     listing = {"receivers": Receivers, "exporters": Exporters, "extensions": Extensions}
     config: Config = load_dataclass(Config, {k: v for k, v in data.items() if k not in listing}, "")
     for section, cls in listing.items():

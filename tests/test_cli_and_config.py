@@ -107,6 +107,22 @@ def test_bad_config_exits_2_naming_the_path(tmp_path, text, path):
         assert path in result.stderr
 
 
+@pytest.mark.parametrize("value", ["true", "false"])
+def test_the_removed_adapter_process_key_is_refused_saying_what_to_do(tmp_path, value):
+    """``service.adapter_process`` was removed (a third process cost more than it bought once the
+    compiled core made the adapter stage cheap): either value is a config error naming the key, why,
+    and what to do, exit code 2 from ``validate`` and ``serve``, never silently ignored."""
+    config = tmp_path / "old.yaml"
+    config.write_text(f"service:\n  adapter_process: {value}\n")
+    for command in (["validate", str(config)], ["serve", "--config", str(config)]):
+        result = run_cli(*command)
+        assert result.returncode == 2, (command, result.stdout, result.stderr)
+        assert "service.adapter_process" in result.stderr and "removed" in result.stderr, result.stderr
+        assert "delete the key" in result.stderr and "scale out" in result.stderr, result.stderr
+    with pytest.raises(ConfigError, match="service.adapter_process"):
+        config_from_dict({"service": {"adapter_process": False}})
+
+
 def test_absent_components_in_a_listed_section_are_off():
     config = config_from_dict({"exporters": {"prometheus": {"endpoint": "127.0.0.1:1"}},
                                "receivers": {"otlp": {"protocols": {"http": None}}}})

@@ -376,14 +376,12 @@ MALFORMED_LABELS = [
 ]
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["adapters-in-pipeline", "adapter-process"])
-def fleet(tmp_path_factory, request):
-    """Either topology: the parts' marks cross the adapter process's pipe as marshal data."""
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
     from tests.support.otelllm import start_server
 
     server = start_server(str(tmp_path_factory.mktemp("store")),
-                          {"processors": {"tail_sampling": {"decision_wait": "2s", "grace": "100ms"}},
-                           "service": {"adapter_process": request.param}})
+                          {"processors": {"tail_sampling": {"decision_wait": "2s", "grace": "100ms"}}})
     try:
         cases = _cases()
         for requests, _ in cases:

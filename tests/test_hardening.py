@@ -489,9 +489,8 @@ def test_memory_pressure_completes_the_oldest_traces_early(make_server):
 # --- hostile shapes and volumes --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("adapter_process", [False, True])
-def test_huge_attributes_are_truncated_not_buffered(make_server, adapter_process):
-    server = make_server({"processors": KEEP_ALL, "service": {"adapter_process": adapter_process}})
+def test_huge_attributes_are_truncated_not_buffered(make_server):
+    server = make_server({"processors": KEEP_ALL})
     request = vllm_batch(3, model="big", extra={"blob": "x" * 1_000_000})
     span = request.resource_spans[0].scope_spans[0].spans[0]
     for i in range(5000):

@@ -75,10 +75,9 @@ class GroupServer(ServerProcess):
             self.process.wait(timeout=10)
 
 
-def server_config(intake_log: dict[str, Any] | None, decision_wait: str, adapter_process: bool = False) -> dict[str, Any]:
+def server_config(intake_log: dict[str, Any] | None, decision_wait: str) -> dict[str, Any]:
     config: dict[str, Any] = {"processors": {"tail_sampling": {"decision_wait": decision_wait, "grace": "100ms",
-                                                               "policies": KEEP_ALL}},
-                              "service": {"adapter_process": adapter_process}}
+                                                               "policies": KEEP_ALL}}}
     if intake_log is not None:
         config["receivers"] = {"otlp": {"intake_log": intake_log}}
     return config
@@ -137,17 +136,17 @@ def segments(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.name.startswith(SEGMENT_PREFIX)) if directory.exists() else []
 
 
-@pytest.mark.parametrize("intake_log,adapter_process,protocol", [
-    ({}, False, "grpc"), ({"fsync": "always"}, False, "grpc"), ({"fsync": "never"}, False, "http"), ({}, True, "grpc"),
-    (None, False, "grpc")], ids=["log-interval", "log-always", "log-never-http", "log-adapter-process", "no-log"])
+@pytest.mark.parametrize("intake_log,protocol", [
+    ({}, "grpc"), ({"fsync": "always"}, "grpc"), ({"fsync": "never"}, "http"),
+    (None, "grpc")], ids=["log-interval", "log-always", "log-never-http", "no-log"])
 def test_sigkill_of_the_process_group_loses_nothing_acknowledged(tmp_path: Path, intake_log: dict | None,
-                                                                 adapter_process: bool, protocol: str):
+                                                                 protocol: str):
     """20 requests of 5 pending traces each, every one answered SUCCESS and buffered; SIGKILL of the
     whole process group while all 100 wait for their decision; a restart on the same directory. With
     the log, each of the 100 traces reaches the metrics and the store exactly once. Without it, all
     100 are lost: the default's exposure (everything between the answer and the decision)."""
     store = tmp_path / "store"
-    first = GroupServer(tmp_path, server_config(intake_log, decision_wait="60s", adapter_process=adapter_process))
+    first = GroupServer(tmp_path, server_config(intake_log, decision_wait="60s"))
     second = None
     try:
         first.start()
@@ -158,7 +157,7 @@ def test_sigkill_of_the_process_group_loses_nothing_acknowledged(tmp_path: Path,
         first.kill_group()
 
         # Same directory; decision_wait 1s only so that the replayed traces are decided soon.
-        second = GroupServer(tmp_path, server_config(intake_log, decision_wait="1s", adapter_process=adapter_process))
+        second = GroupServer(tmp_path, server_config(intake_log, decision_wait="1s"))
         second.start()
         if intake_log is None:
             scrape = second.scrape()

@@ -168,7 +168,7 @@ def _pipeline(data: bytes) -> Callable[[], Callable[[], object]]:
         chain, _ = pipeline(default_processors(KEEP_ALL), [store])
 
         def run() -> None:
-            chain.buffer(data, digested=False)
+            chain.buffer(data)
             chain.shutdown(timeout_s=600)  # every pending trace decided, kept and handed on
             assert store.kept, "nothing was kept: the shape did not go through the pipeline"
 

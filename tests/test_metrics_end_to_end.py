@@ -37,16 +37,14 @@ GENAI_HISTOGRAMS = [
 ]
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["adapters-in-pipeline", "adapter-process"])
-def fleet(tmp_path_factory, request):
-    """The same fleet through either topology: the adapter stage on the pipeline's worker thread
-    (the default) or in its own process, its output crossing a pipe."""
-    from tests.support.otelllm import deep_merge, start_server
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """The fleet through the server: the adapter stage on the pipeline's worker thread."""
+    from tests.support.otelllm import start_server
 
-    config = deep_merge(FLEET_CONFIG, {"service": {"adapter_process": request.param}})
-    server = start_server(str(tmp_path_factory.mktemp("store")), config)
+    server = start_server(str(tmp_path_factory.mktemp("store")), FLEET_CONFIG)
     assert server.service.ingest is not None
-    assert ("otel-llm-adapters" in [p.name for p in server.service.ingest._processes]) == request.param
+    assert [p.name for p in server.service.ingest._processes] == ["otel-llm-receivers"]
     try:
         groups = send_mixed_fleet(server)
         total = sum(g.count for g in groups.values())

@@ -615,7 +615,7 @@ def test_the_core_hands_back_the_bench_spans_ready_to_buffer() -> None:
 
     def make_origins(rows: list[Any]) -> tuple[list[Any], None]:
         origins_made.append(len(rows))
-        return digest_module._origins(rows, SETTINGS[0].limits, False)[1], None
+        return digest_module._origins(rows, SETTINGS[0].limits)[1], None
 
     with implementation("native"):
         digester = digest_module._digester(extension, SETTINGS[0])
@@ -658,16 +658,16 @@ def test_every_fixture_and_capture_digests_the_same_on_both_paths(settings: Dige
     assert compared == len(REQUESTS) + 2 and spans > 500
 
 
-def test_the_adapter_process_pipe_carries_the_same_on_both_paths() -> None:
+def test_a_memoryview_digests_the_same_on_both_paths() -> None:
     compared = 0
     for name, data in REQUESTS.items():
         results = []
         for path in ("python", "native"):
             with implementation(path):
                 try:
-                    # A memoryview, as the adapter process digests a slice of its pipe message.
-                    spans, counts = digest_module.decode(digest_module.digest(memoryview(data), SETTINGS[0],
-                                                                              validated=path == "native"))
+                    # A memoryview (``RequestData``): the core reads it as bytes.
+                    spans, counts = digest_module.digest_in_process(memoryview(data), SETTINGS[0],
+                                                                    validated=path == "native")
                 except DecodeError:
                     results.append("refused")
                 else:

@@ -127,18 +127,16 @@ def test_exports_are_answered_while_the_pipeline_is_stalled(make_server):
     assert scrape.value("otel_llm_intake_queued_spans") == 0
 
 
-@pytest.mark.parametrize("adapter_process", [False, True])
-def test_ingest_processes_exit_with_a_killed_pipeline_process(tmp_path: Path, adapter_process: bool):
+def test_ingest_processes_exit_with_a_killed_pipeline_process(tmp_path: Path):
     """SIGKILL leaves the pipeline process no chance to stop anything: the receiver process sees its
-    control pipe close and exits, so the ports are free for the restart, and the adapter process
-    sees its input close and exits."""
-    process = ServerProcess(tmp_path, {"service": {"adapter_process": adapter_process}})
+    control pipe close and exits, so the ports are free for the restart."""
+    process = ServerProcess(tmp_path, {})
     process.start()
-    names = {"otel-llm-recv", "otel-llm-adapt"} if adapter_process else {"otel-llm-recv"}
+    names = {"otel-llm-recv"}
     try:
         assert process.process is not None
         children = child_processes(process.process.pid)
-        assert names <= children.keys() and ("otel-llm-adapt" in children) == adapter_process, children
+        assert names <= children.keys() and "otel-llm-adapt" not in children, children
         assert http_post(process, vllm_batch(5).SerializeToString())[0] == 200
         process.stop(signal.SIGKILL)
         for name in names:
@@ -150,15 +148,12 @@ def test_ingest_processes_exit_with_a_killed_pipeline_process(tmp_path: Path, ad
         process.ensure_stopped()
 
 
-@pytest.mark.parametrize("victim,adapter_process", [("otel-llm-recv", False), ("otel-llm-adapt", True)])
-def test_a_dead_ingest_process_stops_the_service_with_an_error(tmp_path: Path, victim: str,
-                                                               adapter_process: bool):
-    """Without its receivers or adapters the service cannot take data: it says so, completes what
-    it holds (the 7 held traces reach the store), and exits non-zero so that its supervisor
-    restarts it."""
+def test_a_dead_ingest_process_stops_the_service_with_an_error(tmp_path: Path):
+    """Without its receivers the service cannot take data: it says so, completes what it holds (the
+    7 held traces reach the store), and exits non-zero so that its supervisor restarts it."""
+    victim = "otel-llm-recv"
     keep_all = [{"name": "all", "type": "probabilistic", "probabilistic": {"sampling_percentage": 100}}]
-    process = ServerProcess(tmp_path, {"processors": {"tail_sampling": {"decision_wait": "60s", "policies": keep_all}},
-                                       "service": {"adapter_process": adapter_process}})
+    process = ServerProcess(tmp_path, {"processors": {"tail_sampling": {"decision_wait": "60s", "policies": keep_all}}})
     process.start()
     try:
         assert process.process is not None

@@ -27,7 +27,7 @@ def _poll(condition: object, timeout_s: float = 60.0) -> bool:
 
 def _put(pipeline: Pipeline, state: IntakeState, payload: bytes, spans: int) -> None:
     assert not state.reserve(spans, len(payload))
-    pipeline.intake.put(payload, spans, len(payload), False)
+    pipeline.intake.put(payload, spans, len(payload))
 
 
 def test_the_worker_completes_due_traces_when_the_ticker_does_not() -> None:

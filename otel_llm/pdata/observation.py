@@ -32,8 +32,8 @@ class Part:
     LLMD_ORCHESTRATION = "llmd_orchestration"  # the EPP's gateway.request_orchestration
 
 
-# What an observation carries, in its constructor's positional order (the adapter process's pipe
-# sends an observation as a tuple in this order).
+# What an observation carries, in its constructor's positional order (the compiled core's
+# ``Digester`` and ``as_tuple`` read and make an observation's fields in this order).
 OBSERVATION_FIELDS = (
     "engine_kind", "adapter", "ttft_s", "e2e_s", "queue_s", "prefill_s", "decode_s", "inference_s", "preprocess_s",
     "prompt_tokens", "completion_tokens", "max_tokens", "request_model", "response_model", "finish_reason",

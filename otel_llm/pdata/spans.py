@@ -39,7 +39,7 @@ class BufferedSpan:
     ``attrs`` are one tuple (``digest.shared_attrs``), an SGLang stage's observation one object.
     On the native path the compiled core makes ``otel_llm._core.BufferedSpan`` instead (``rust/src/lib.rs``
     ``Row``): the same attributes and methods, its ids, times and bytes held inline; this class stays
-    the reference, and what the Python path and the adapter process's pipe make."""
+    the reference, and what the Python path makes."""
 
     trace_id: bytes
     span_id: bytes

@@ -1,9 +1,9 @@
 """The traces pipeline as a graph: admitted requests in; request records, metrics and kept traces out.
 
-Requests arrive from the receiver process (``service/processes.py``) as bytes, or from the adapter
-process already digested. One worker thread ``buffer``s them: the adapter stage where it was not
-done yet, then the tail sampler's trace buffer. A ticker completes the traces that are due, and they
-go one way along the chain the pipeline's processors make, in their listed order::
+Requests arrive from the receiver process (``service/processes.py``) as bytes. One worker thread
+``buffer``s them: the adapter stage, then the tail sampler's trace buffer. A ticker completes the
+traces that are due, and they go one way along the chain the pipeline's processors make, in their
+listed order::
 
     buffer (tail_sampling) -> llm_metrics -> decision (tail_sampling) -> redaction -> kept-trace consumers
 
@@ -28,7 +28,7 @@ from otel_llm.internal.runtime import name_thread
 from otel_llm.pdata.spans import PendingTrace
 from otel_llm.pdata.traces import CompletedTrace, Decision, Remembered, TraceConsumer
 from otel_llm.processor.llm_metrics.config import LlmMetricsProcessor
-from otel_llm.processor.llm_metrics.digest import decode, digest_in_process, digest_settings
+from otel_llm.processor.llm_metrics.digest import digest_in_process, digest_settings
 from otel_llm.processor.llm_metrics.metrics.recorder import MetricsRecorder
 from otel_llm.processor.llm_metrics.stage import LlmMetricsStage
 from otel_llm.processor.memory_limiter.config import MemoryLimiterProcessor
@@ -50,10 +50,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True, frozen=True)
 class IntakeItem:
-    data: bytes  # a request of ``spans`` spans in ``size`` bytes, or the adapter process's output for it
+    data: bytes  # a request of ``spans`` spans in ``size`` bytes
     spans: int
     size: int
-    digested: bool
     validated: bool = False  # the receiver process's core validated these bytes (``process.VALIDATED``)
 
 
@@ -74,10 +73,10 @@ class Intake:
         """Admitted and not yet processed, including what is still on its way from the receivers."""
         return self.state.queued_spans
 
-    def put(self, data: bytes, spans: int, size: int, digested: bool, validated: bool = False) -> None:
-        """``data``: a request of ``spans`` spans in ``size`` bytes, or the adapter process's output for it."""
+    def put(self, data: bytes, spans: int, size: int, validated: bool = False) -> None:
+        """``data``: a request of ``spans`` spans in ``size`` bytes."""
         with self._cond:
-            self._items.append(IntakeItem(data, spans, size, digested, validated))
+            self._items.append(IntakeItem(data, spans, size, validated))
             self.held_spans += spans
             self.held_bytes += size
             self._cond.notify()
@@ -90,13 +89,12 @@ class Intake:
                 return None
             return self._items.popleft()
 
-    def done(self, spans: int, size: int, held: bool = True) -> None:
+    def done(self, spans: int, size: int) -> None:
         """Processed (or dropped, counted): release the room the receivers reserved."""
         self.state.release(spans, size)
         with self._cond:
-            if held:
-                self.held_spans -= spans
-                self.held_bytes -= size
+            self.held_spans -= spans
+            self.held_bytes -= size
             self._cond.notify_all()
 
     def forget_in_flight(self) -> int:
@@ -277,20 +275,13 @@ class Pipeline:
 
     # --- intake ----------------------------------------------------------------------------
 
-    def receive(self, data: bytes, spans: int, size: int, digested: bool, validated: bool = False) -> None:
-        """A request the receivers admitted (and the adapter process digested): queue it for the worker."""
+    def receive(self, data: bytes, spans: int, size: int, validated: bool = False) -> None:
+        """A request the receivers admitted: queue it for the worker."""
         if self.intake_log is not None:
             self.intake_log.arrived()
-        self.intake.put(data, spans, size, digested, validated)
+        self.intake.put(data, spans, size, validated)
         if self.memory_limiter is not None:
             self.memory_limiter.refuse_if_over(self.intake.state.queued_bytes)
-
-    def receive_failure(self, spans: int, size: int) -> None:
-        """A request the adapter stage could not process (logged there): counted, its room released."""
-        self.telemetry.spans_dropped.labels("processing_error").inc(spans)
-        if self.intake_log is not None:
-            self.intake_log.arrived(failed=True)
-        self.intake.done(spans, size, held=False)
 
     def replay(self, records: Iterable[Record]) -> None:
         """Requests from the intake log (``IntakeLogKeeper.recover``), before the receivers start:
@@ -304,7 +295,7 @@ class Pipeline:
                     raise OSError("stopped during the intake log's replay")
                 time.sleep(0.01)
             self.intake_log.arrived(record.seq)
-            self.intake.put(record.payload, record.spans, size, False)
+            self.intake.put(record.payload, record.spans, size)
 
     def _work(self) -> None:
         name_thread("otel-llm-worker")
@@ -315,7 +306,7 @@ class Pipeline:
                     return
                 continue
             try:
-                self.buffer(item.data, item.digested, item.validated)
+                self.buffer(item.data, item.validated)
             except Exception:  # one bad batch must not stop the pipeline; it is counted
                 log.exception("processing an export request failed")
                 self.telemetry.spans_dropped.labels("processing_error").inc(item.spans)
@@ -339,13 +330,10 @@ class Pipeline:
             except Exception:  # as in the ticker: a bug in one trace must not stop the intake
                 log.exception("trace completion failed")
 
-    def buffer(self, data: bytes, digested: bool, validated: bool = False) -> int:
+    def buffer(self, data: bytes, validated: bool = False) -> int:
         """One request into the trace buffer, its adapter counts into self-telemetry; ``validated``:
         bytes the receiver process's core validated (``IntakeItem``). Returns the spans buffered."""
-        if digested:
-            spans, counts = decode(data)
-        else:
-            spans, counts = digest_in_process(data, self.digest_settings, validated)
+        spans, counts = digest_in_process(data, self.digest_settings, validated)
         telemetry = self.telemetry
         if counts.truncated:
             telemetry.spans_truncated.inc(counts.truncated)
@@ -432,7 +420,7 @@ class Pipeline:
                 taken.rejected_spans += ids.rejected
                 data = request.SerializeToString()
             try:
-                taken.spans += self.buffer(data, digested=False)
+                taken.spans += self.buffer(data)
             except Exception:  # as in the worker: counted, and the next record is still taken
                 log.exception("buffering a taken-over record failed")
                 taken.damaged += 1

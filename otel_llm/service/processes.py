@@ -1,18 +1,15 @@
-"""The ingest processes, seen from the pipeline process: receivers (→ adapters) → here.
+"""The ingest process, seen from the pipeline process: receivers → here.
 
-``otel-llm serve`` runs two processes, three with ``service.adapter_process: true``:
+``otel-llm serve`` runs two processes:
 
 - ``otel-llm-recv`` (``receiver/otlp/process.py``): OTLP/gRPC and OTLP/HTTP; answers Export calls.
-- ``otel-llm-adapt`` (``processor/llm_metrics/digest.py``), optional: decodes each admitted request, runs the
-  engine adapters, and sends on what the trace buffer keeps of each span.
-- this one, ``otel-llm``: (the adapters,) trace assembly, metrics, sampling, store, exporters,
+- this one, ``otel-llm``: the adapters, trace assembly, metrics, sampling, store, exporters,
   ``/metrics`` and the API.
 
 So Export latency does not depend on the pipeline's load. Messages flow in order through the
-pipes, so when the receivers' "done" event arrives here, everything they admitted has arrived
-before it. If this process dies, the receivers see their control pipe close and exit (and the
-adapters see their input close and exit). If a child dies, ``exited_unexpectedly`` is set and
-``otel-llm serve`` stops with exit code 1.
+pipe, so when the receivers' "done" event arrives here, everything they admitted has arrived
+before it. If this process dies, the receivers see their control pipe close and exit. If the
+receiver process dies, ``exited_unexpectedly`` is set and ``otel-llm serve`` stops with exit code 1.
 """
 
 from __future__ import annotations
@@ -26,7 +23,6 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from otel_llm.internal.runtime import name_thread
-from otel_llm.processor.llm_metrics.digest import DIGESTED, FAILED, HEADER, DigestSettings, run_adapter_process
 from otel_llm.receiver.otlp.config import OtlpReceiver
 from otel_llm.receiver.otlp.intake_log import IntakeLogSettings, IntakeLogShared
 from otel_llm.receiver.otlp.process import (
@@ -45,17 +41,14 @@ log = logging.getLogger(__name__)
 
 
 class IngestProcesses:
-    """Starts the receiver and adapter processes, reads the adapters' output into the pipeline, stops them."""
+    """Starts the receiver process, reads the requests it admitted into the pipeline, stops it."""
 
-    def __init__(self, otlp: OtlpReceiver, digest: DigestSettings | None, state: IntakeState,
-                 counters: ReceiverCounters, put: Callable[[bytes, int, int, bool, bool], None],
-                 failed: Callable[[int, int], None], context: Any) -> None:
+    def __init__(self, otlp: OtlpReceiver, state: IntakeState, counters: ReceiverCounters,
+                 put: Callable[[bytes, int, int, bool], None], context: Any) -> None:
         self._otlp = otlp
-        self._digest = digest  # None: no adapter process, requests arrive as received
         self._state = state
         self._counters = counters
-        self._put = put  # data, accepted spans, request bytes, whether the adapters digested it, validated it
-        self._failed = failed  # accepted spans, request bytes: a request the adapters could not process
+        self._put = put  # data, accepted spans, request bytes, whether the receivers' core validated it
         self._context = context
         self.grpc_port = 0
         self.http_port = 0
@@ -85,21 +78,10 @@ class IngestProcesses:
                   self._state, self._counters, requests_write, control_read),
             name="otel-llm-receivers", daemon=True)
         children_ends = [requests_write, control_read]
-        if self._digest is not None:
-            digested_read, digested_write = context.Pipe(duplex=False)
-            grow_pipe(digested_read)
-            adapters = context.Process(target=run_adapter_process,
-                                       args=(self._digest, requests_read, digested_write, level),
-                                       name="otel-llm-adapters", daemon=True)
-            adapters.start()
-            self._processes.append(adapters)
-            children_ends += [requests_read, digested_write]
-            self._data = digested_read
-        else:
-            self._data = requests_read
+        self._data = requests_read
         receivers.start()
-        self._processes.insert(0, receivers)
-        # Our copies of the children's ends would keep each pipe open after its writer exits: no EOF.
+        self._processes.append(receivers)
+        # Our copies of the child's ends would keep each pipe open after its writer exits: no EOF.
         for end in children_ends:
             end.close()
         self._control = control_write
@@ -128,21 +110,15 @@ class IngestProcesses:
         name_thread("otel-llm-intake")
         assert self._data is not None
         recv = self._data.recv_bytes
-        put, failed = self._put, self._failed
-        header_size, batch_header_size = HEADER.size, BATCH_HEADER.size
+        put = self._put
+        batch_header_size = BATCH_HEADER.size
         try:
             while True:
                 message = recv()
                 tag = message[:1]
-                if tag == DIGESTED:
-                    _, spans, size = HEADER.unpack_from(message)
-                    put(message[header_size:], spans, size, True, False)
-                elif tag == BATCH or tag == VALIDATED:
+                if tag == BATCH or tag == VALIDATED:
                     _, spans = BATCH_HEADER.unpack_from(message)
-                    put(message[batch_header_size:], spans, len(message) - batch_header_size, False, tag == VALIDATED)
-                elif tag == FAILED:
-                    _, spans, size = HEADER.unpack_from(message)
-                    failed(spans, size)
+                    put(message[batch_header_size:], spans, len(message) - batch_header_size, tag == VALIDATED)
                 elif tag == EVENT:
                     event = json.loads(message[1:])
                     if event.get("event") == "done":

@@ -104,9 +104,7 @@ class Service:
         self._started: list[str] = []  # what ``stop`` has to stop, in start order
         self.ingest: IngestProcesses | None = None
         if otlp is not None and (otlp.protocols.grpc is not None or otlp.protocols.http is not None):
-            self.ingest = IngestProcesses(
-                otlp, self.pipeline.digest_settings if config.service.adapter_process else None, intake, counters,
-                self.pipeline.receive, self.pipeline.receive_failure, context)
+            self.ingest = IngestProcesses(otlp, intake, counters, self.pipeline.receive, context)
         self.intake_log: IntakeLogKeeper | None = None
         log_config = otlp.intake_log if otlp is not None else None
         if log_config is not None and self.ingest is not None:
@@ -243,7 +241,7 @@ class Service:
 
     @property
     def failed(self) -> bool:
-        """A part died that the process cannot run without (the receiver or adapter process)."""
+        """A part died that the process cannot run without (the receiver process)."""
         return self.ingest is not None and self.ingest.exited_unexpectedly.is_set()
 
     # --- lifecycle -------------------------------------------------------------------------

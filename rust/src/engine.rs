@@ -194,7 +194,7 @@ impl Engine {
         let engine = &self.engine;
         let run = |bytes: &[u8]| py.allow_threads(|| engine.ingest(bytes, validated, now));
         // Bytes are read in place, without a copy, while the GIL is released: a `bytes` object, or a
-        // contiguous memoryview of one (the adapter process's `memoryview(message)[header:]`), whose
+        // contiguous memoryview of one (a slice of a pipe message, `memoryview(message)[header:]`), whose
         // contents never change and which the caller holds for the call. Any other buffer
         // (bytearray, a memoryview of one, an array) may be written by another thread while the GIL
         // is released, and reading it then would be a data race, so its contents are copied once (a

@@ -144,10 +144,9 @@ def live(request, model_dir, tmp_path_factory) -> Iterator[tuple[VllmServer, Run
     intake = otel.service.pipeline.intake
     admit = intake.put
 
-    def keep(data: bytes, spans: int, size: int, digested: bool, validated: bool = False) -> None:
-        assert not digested  # no adapter process: the requests' bytes as received
-        RECEIVED.setdefault(protocol, []).append(bytes(data))
-        admit(data, spans, size, digested, validated)
+    def keep(data: bytes, spans: int, size: int, validated: bool = False) -> None:
+        RECEIVED.setdefault(protocol, []).append(bytes(data))  # the requests' bytes as received
+        admit(data, spans, size, validated)
 
     intake.put = keep  # type: ignore[method-assign]
     vllm = VllmServer.documented(PAGE, LINES[protocol], model_dir, otel.grpc_port, otel.http_port, tmp / "vllm.log")

@@ -69,7 +69,7 @@ def reference_run(processors: dict[str, object], requests: Iterable[bytes]) -> R
         telemetry = SelfTelemetry(CollectorRegistry(), ReceiverCounters(context))
         pipeline = Pipeline(processors, [], telemetry, IntakeState(context, 10_000_000, 1 << 34))
         for data in requests:
-            pipeline.buffer(data, digested=False)
+            pipeline.buffer(data)
         pipeline.shutdown(timeout_s=30)
     assert pipeline.metrics is not None, "the engine runs pipelines with llm_metrics"
     registry = CollectorRegistry()

@@ -3,27 +3,18 @@
 Per span: attribute limits, the engine adapter (``classify``) and its validation
 (``derive_timings``), the few attributes assembly reads, and the span's own bytes.
 
-By default the stage runs on the pipeline process's worker thread (``digest_in_process``). With
-``service.adapter_process: true`` it runs in a process of its own (``otel-llm-adapt``, see
-``run_adapter_process``) between the receivers and the pipeline process, so its ~10 µs per span and
-the pipeline's completion work (~19 µs per span) use two cores; its output then crosses the pipe as
-``marshal`` data (plain tuples, no pickled classes), and ``decode`` rebuilds ``BufferedSpan``
-objects on the other side (~1.6 µs per span). Figures: ``bench/hotpath.py``, ``bench/README.md``.
+The stage runs on the pipeline process's worker thread (``digest_in_process``). Figures:
+``bench/hotpath.py``, ``bench/README.md``. (It once could run in a process of its own,
+``service.adapter_process``; with the compiled core the pipe round trip cost more than it saved, and
+that process was removed: CHANGELOG.md.)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import marshal
 import operator
-import os
-import signal
-import struct
-import threading
-from collections import deque
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from collections.abc import Callable
 from typing import Any
 
@@ -45,7 +36,6 @@ from otel_llm.pdata.spans import FIRST_TOKEN_EVENT, BufferedSpan, Origin
 from otel_llm.processor.llm_metrics.config import LlmMetricsProcessor
 from otel_llm.processor.redaction.config import RedactionProcessor
 from otel_llm.internal import core as native_core
-from otel_llm.internal.runtime import name_process, tune_gc
 from google.protobuf.message import DecodeError
 
 log = logging.getLogger(__name__)
@@ -53,11 +43,6 @@ log = logging.getLogger(__name__)
 _SERVER = Span.SPAN_KIND_SERVER
 _INTERNAL = Span.SPAN_KIND_INTERNAL
 _observation_tuple = operator.attrgetter(*OBSERVATION_FIELDS)
-
-# Message tags on the adapters → pipeline pipe; receiver events pass through unchanged.
-DIGESTED = b"D"  # D, header, marshal((origins, rows, counts))
-FAILED = b"X"  # X, header: a request the stage could not process (counted as dropped)
-HEADER = struct.Struct("<cII")  # tag, accepted spans, request bytes (for the intake's accounting)
 
 
 @dataclass(slots=True, frozen=True)
@@ -162,11 +147,9 @@ def _as_data(request: RequestData | ExportTraceServiceRequest) -> RequestData:
     return request if isinstance(request, (bytes, memoryview)) else request.SerializeToString()
 
 
-def _digest(data: RequestData, settings: DigestSettings, portable: bool, validated: bool = False) -> tuple[Any, ...]:
-    """(origins, spans, counts) of the export request ``data`` (ids already checked). In-process:
-    ``Origin`` and ``BufferedSpan`` objects. ``portable``, for the pipe: only marshal-able values, an
-    origin as (resource bytes, scope bytes, service name, resource strings) and a span as a row of the
-    ``BufferedSpan`` fields with its origin as an index and its observation as a tuple.
+def _digest(data: RequestData, settings: DigestSettings, validated: bool = False) -> tuple[Any, ...]:
+    """(spans, counts) of the export request ``data`` (ids already checked): ``BufferedSpan``
+    objects, each with its ``Origin``.
 
     The request is read through ``otlp_view`` (attributes as a map, looked up in upb). A span over
     an attribute limit is trimmed on the request parsed as plain OTLP instead, so that the first
@@ -178,7 +161,7 @@ def _digest(data: RequestData, settings: DigestSettings, portable: bool, validat
     not validate them again (the parse here checks as it parses either way)."""
     extension = native_core.active()[0]
     if extension is not None:
-        return _digest_native(extension, data, settings, portable, validated)
+        return _digest_native(extension, data, settings, validated)
     request = ViewRequest()
     request.ParseFromString(data)
     upstream: ExportTraceServiceRequest | None = None  # parsed only if a span breaks a limit
@@ -189,7 +172,6 @@ def _digest(data: RequestData, settings: DigestSettings, portable: bool, validat
     matched: dict[str, int] = {}
     malformed: dict[tuple[str, str], int] = {}
     passed_through = truncated = 0
-    origins: list[Any] = []
     spans: list[Any] = []
     append = spans.append
     for resource_index, resource_spans in enumerate(request.resource_spans):
@@ -197,19 +179,12 @@ def _digest(data: RequestData, settings: DigestSettings, portable: bool, validat
         if limits.enforce_resource(resource):
             truncated += sum(len(scope_spans.spans) for scope_spans in resource_spans.scope_spans)
         resource_strings, service_name = _strings_of(resource)
-        if portable:
-            resource_bytes = resource.SerializeToString()
-        else:  # a standalone copy: a buffered span never pins its whole export request
-            standalone = Resource()
-            standalone.CopyFrom(resource)
+        standalone = Resource()  # a standalone copy: a buffered span never pins its whole export request
+        standalone.CopyFrom(resource)
         for scope_index, scope_spans in enumerate(resource_spans.scope_spans):
-            if portable:
-                origin: Any = len(origins)
-                origins.append((resource_bytes, scope_spans.scope.SerializeToString(), service_name, resource_strings))
-            else:
-                scope = InstrumentationScope()
-                scope.CopyFrom(scope_spans.scope)
-                origin = Origin(standalone, scope, service_name, resource_strings)
+            scope = InstrumentationScope()
+            scope.CopyFrom(scope_spans.scope)
+            origin = Origin(standalone, scope, service_name, resource_strings)
             for span_index, span in enumerate(scope_spans.spans):
                 payload = span.SerializeToString()  # buffered as is; its size is the cheap limit check
                 if limits.exceeded_by(span, len(payload)):
@@ -245,14 +220,11 @@ def _digest(data: RequestData, settings: DigestSettings, portable: bool, validat
                 fields = (span.trace_id, span.span_id, span.parent_span_id, kind, span.status.code,
                           span.start_time_unix_nano, span.end_time_unix_nano, span.trace_state, payload, origin,
                           shared_attrs(slim))
-                if portable:
-                    append((*fields, _observation_tuple(observation) if observation is not None else None))
-                else:
-                    append(BufferedSpan(*fields, observation))
-    return origins, spans, (matched, malformed, passed_through, truncated)
+                append(BufferedSpan(*fields, observation))
+    return spans, (matched, malformed, passed_through, truncated)
 
 
-def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, portable: bool,
+def _digest_native(extension: Any, data: RequestData, settings: DigestSettings,
                    validated: bool = False) -> tuple[Any, ...]:
     """``_digest`` with the request walked by the compiled core: one call returns every span's
     buffered fields and its bytes, so a span no adapter can claim (``may_be_llm``) is buffered
@@ -267,22 +239,24 @@ def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, 
     Most spans come back from the core's ``Digester.rows`` ready to buffer (made there, counted
     there); the loop below runs only for the positions it lists as the Python steps'."""
     if not isinstance(data, bytes):
-        data = bytes(data)  # the adapter process's memoryview of its pipe message; the core reads bytes
+        data = bytes(data)  # a memoryview; the core reads bytes
     made: list[Any] = []
 
     def make_origins(origin_rows: list[tuple[bytes, list[bytes]]]) -> tuple[list[Any], None]:
-        made.extend(_origins(origin_rows, settings.limits, portable))
+        made.extend(_origins(origin_rows, settings.limits))
         return made[1], None
 
     try:
-        _, spans, slow, matched, passed_through = _digester(extension, settings).rows(data, portable, make_origins,
+        # ``False``: the core's rows as ``BufferedSpan`` objects (its ``portable`` form served the
+        # removed adapter process's pipe).
+        _, spans, slow, matched, passed_through = _digester(extension, settings).rows(data, False, make_origins,
                                                                                       validated)
     except ValueError as exc:  # the same bytes the view's parse refuses (tests/test_native_core.py)
         raise DecodeError(str(exc)) from None
-    origins, flat_origins, portable_origins, service_names, truncated_resources = made
-    truncated = sum(_spans_of_resource(spans, index, origins[index], portable) for index in truncated_resources)
+    origins, flat_origins, service_names, truncated_resources = made
+    truncated = sum(_spans_of_resource(spans, index, origins[index]) for index in truncated_resources)
     if not slow:  # every span ready to buffer (``Digester.rows``): the bench's, and most traffic
-        return portable_origins if portable else [], spans, (matched, {}, passed_through, truncated)
+        return spans, (matched, {}, passed_through, truncated)
     limits = settings.limits
     max_attributes, max_value_bytes = limits.max_attributes, limits.max_value_bytes
     max_latency = settings.max_latency_s
@@ -369,11 +343,8 @@ def _digest_native(extension: Any, data: RequestData, settings: DigestSettings, 
         origin = origins[resource_index][scope_index]
         fields = (trace_id, span_id, parent_span_id, kind, status_code, start, end, trace_state, payload, origin,
                   shared_attrs(slim))
-        if portable:
-            spans[position] = (*fields, _observation_tuple(observation) if observation is not None else None)
-        else:
-            spans[position] = _compact_span(extension, fields, observation)
-    return portable_origins if portable else [], spans, (matched, malformed, passed_through, truncated)
+        spans[position] = _compact_span(extension, fields, observation)
+    return spans, (matched, malformed, passed_through, truncated)
 
 
 def _compact_span(extension: Any, fields: tuple[Any, ...], observation: EngineObservation | None) -> BufferedSpan:
@@ -400,14 +371,13 @@ RESOURCE_STRINGS_LIMIT = 1024
 _resource_strings: dict[bytes, tuple[dict[str, str], str]] = {}
 
 
-def _origins(origin_rows: list[tuple[bytes, list[bytes]]], limits: AttributeLimits, portable: bool
-             ) -> tuple[list[list[Any]], list[Any], list[Any], list[str], list[int]]:
+def _origins(origin_rows: list[tuple[bytes, list[bytes]]], limits: AttributeLimits
+             ) -> tuple[list[list[Any]], list[Any], list[str], list[int]]:
     """The request's origins from the core's (resource bytes, [scope bytes]) rows: per resource per
-    scope, the same flattened in order, the pipe's origin tuples, each resource's service name, and
-    the resources trimmed to the attribute limits."""
-    origins: list[list[Any]] = []  # per resource, per scope: an Origin (or its index on the pipe)
+    scope, the same flattened in order, each resource's service name, and the resources trimmed to
+    the attribute limits."""
+    origins: list[list[Any]] = []  # per resource, per scope: an Origin
     flat_origins: list[Any] = []
-    portable_origins: list[Any] = []
     service_names: list[str] = []
     truncated_resources: list[int] = []
     for resource_index, (resource_bytes, scope_rows) in enumerate(origin_rows):
@@ -426,32 +396,24 @@ def _origins(origin_rows: list[tuple[bytes, list[bytes]]], limits: AttributeLimi
             resource_strings, service_name = known
         service_names.append(service_name)
         per_scope: list[Any] = []
-        if portable:
-            serialized = resource.SerializeToString()
         for scope_bytes in scope_rows:
             scope = InstrumentationScope()
             scope.ParseFromString(scope_bytes)
-            if portable:
-                per_scope.append(len(portable_origins))
-                portable_origins.append((serialized, scope.SerializeToString(), service_name, resource_strings))
-            else:
-                per_scope.append(Origin(resource, scope, service_name, resource_strings))
+            per_scope.append(Origin(resource, scope, service_name, resource_strings))
         origins.append(per_scope)
         flat_origins += per_scope
-    return origins, flat_origins, portable_origins, service_names, truncated_resources
+    return origins, flat_origins, service_names, truncated_resources
 
 
-def _spans_of_resource(spans: list[Any], resource_index: int, resource_origins: list[Any], portable: bool) -> int:
+def _spans_of_resource(spans: list[Any], resource_index: int, resource_origins: list[Any]) -> int:
     """How many of ``Digester.rows``' ``spans`` belong to the ``resource_index``-th resource, whose
-    origins are ``resource_origins``: a ready span by its origin (on the pipe, the origin's index),
-    a row the Python steps take (16 fields) by its resource index."""
-    ready = set(resource_origins) if portable else {id(origin) for origin in resource_origins}
+    origins are ``resource_origins``: a ready span by its origin, a row the Python steps take (16
+    fields) by its resource index."""
+    ready = {id(origin) for origin in resource_origins}
     count = 0
     for span in spans:
         if not isinstance(span, tuple):  # a BufferedSpan, the dataclass or the core's
             count += id(span.origin) in ready
-        elif len(span) == 12:
-            count += span[9] in ready
         else:
             count += span[0] == resource_index
     return count
@@ -548,13 +510,6 @@ def _counts(counts: tuple[Any, ...]) -> DigestCounts:
     return DigestCounts(matched, malformed, passed_through, truncated)
 
 
-def digest(request: RequestData | ExportTraceServiceRequest, settings: DigestSettings,
-           validated: bool = False) -> bytes:
-    """``request`` (ids already checked) as the marshal data ``decode`` reads: the adapter process's
-    output. ``validated``: bytes the receiver process's compiled core validated (``process.VALIDATED``)."""
-    return marshal.dumps(_digest(_as_data(request), settings, portable=True, validated=validated))
-
-
 def _read_checked(span: Any, max_latency: float) -> tuple[Any, Any]:
     """``classify`` and the checks a request span must pass (its latencies, its sampling weight): both
     the view path and the core's hand-back take this; raises ``MalformedSpan``."""
@@ -566,86 +521,10 @@ def _read_checked(span: Any, max_latency: float) -> tuple[Any, Any]:
     return observation, attrs
 
 
-def decode(data: bytes) -> tuple[list[BufferedSpan], DigestCounts]:
-    """The pipeline process's side of ``digest``."""
-    origin_rows, rows, counts = marshal.loads(data)
-    origins = []
-    for resource_bytes, scope_bytes, service_name, resource_strings in origin_rows:
-        resource = Resource()
-        resource.ParseFromString(resource_bytes)
-        scope = InstrumentationScope()
-        scope.ParseFromString(scope_bytes)
-        origins.append(Origin(resource, scope, service_name, resource_strings))
-    observation = EngineObservation
-    spans = [BufferedSpan(trace_id, span_id, parent, kind, status, start, end, trace_state, payload,
-                          origins[origin], shared_attrs(attrs), observation(*fields) if fields is not None else None)
-             for trace_id, span_id, parent, kind, status, start, end, trace_state, payload, origin, attrs, fields
-             in rows]
-    return spans, _counts(counts)
-
-
 def digest_in_process(request: RequestData | ExportTraceServiceRequest, settings: DigestSettings,
                       validated: bool = False) -> tuple[list[BufferedSpan], DigestCounts]:
-    """The same stage without the pipe (``service.adapter_process: false``)."""
-    _, spans, counts = _digest(_as_data(request), settings, portable=False, validated=validated)
+    """The adapter stage on ``request`` (ids already checked): what the trace buffer keeps of each
+    span, and the counts. ``validated``: bytes the receiver process's compiled core validated
+    (``process.VALIDATED``), so the core's walk does not validate them again."""
+    spans, counts = _digest(_as_data(request), settings, validated=validated)
     return spans, _counts(counts)
-
-
-def run_adapter_process(settings: DigestSettings, source: Connection, sink: Connection, log_level: int) -> None:
-    """Entry point of the adapter process: requests from the receiver process, digested to the
-    pipeline process, in order; receiver events are passed on in their place. It ends when the
-    receivers say "done" or their pipe closes (they exited, or the pipeline process died first)."""
-    from otel_llm.receiver.otlp.process import BATCH, BATCH_HEADER, EVENT, VALIDATED, is_done_event
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the pipeline process decides when to stop
-    name_process("otel-llm-adapt")
-    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    tune_gc(switch_interval_s=0.001)  # the reader thread gets the GIL back promptly
-    # A reader thread drains the receivers' pipe while a request is being digested: a full pipe
-    # would make the receivers' sender wait, and its writes compete with their handlers.
-    inbox: deque[bytes | None] = deque()
-    ready = threading.Condition()
-
-    def read() -> None:
-        try:
-            while True:
-                message = source.recv_bytes()
-                with ready:
-                    inbox.append(message)
-                    ready.notify()
-        except (EOFError, OSError):
-            with ready:
-                inbox.append(None)
-                ready.notify()
-
-    threading.Thread(target=read, name="otel-llm-adapt-reader", daemon=True).start()
-    header_size = BATCH_HEADER.size
-    try:
-        while True:
-            with ready:
-                while not inbox:
-                    ready.wait()
-                message = inbox.popleft()
-            if message is None:
-                raise EOFError("the receivers' pipe closed")
-            tag = message[:1]
-            if tag == BATCH or tag == VALIDATED:
-                _, spans = BATCH_HEADER.unpack_from(message)
-                size = len(message) - header_size
-                try:
-                    sink.send_bytes(HEADER.pack(DIGESTED, spans, size) +
-                                    digest(memoryview(message)[header_size:], settings, tag == VALIDATED))
-                except (OSError, EOFError):
-                    raise
-                except Exception:  # a bug on one request must not stop the stage; it is counted
-                    log.exception("the adapter stage failed on an export request")
-                    sink.send_bytes(HEADER.pack(FAILED, spans, size))
-            elif tag == EVENT:
-                sink.send_bytes(message)
-                if is_done_event(message):
-                    break
-    except (EOFError, OSError):
-        log.error("the adapter stage lost a pipe; stopping")
-        os._exit(1)
-    sink.close()
-    os._exit(0)

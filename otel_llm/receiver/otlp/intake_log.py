@@ -708,16 +708,14 @@ class IntakeLogKeeper:
 
     # --- tracking (reader thread, worker thread, ticker thread) ------------------------------------
 
-    def arrived(self, seq: int | None = None, failed: bool = False) -> None:
-        """The next logged request reached the pipeline (``seq``: a replayed one); ``failed``: it was
-        dropped (counted) by the adapter stage, so it is processed already."""
+    def arrived(self, seq: int | None = None) -> None:
+        """The next logged request reached the pipeline (``seq``: a replayed one)."""
         if seq is None:
             seq = self._next_seq
         self._next_seq = seq + 1
-        entry = [seq, time.monotonic() if failed else None]
+        entry: list[Any] = [seq, None]
         self._marks.append(entry)
-        if not failed:
-            self._to_process.append(entry)
+        self._to_process.append(entry)
 
     def processed(self) -> None:
         """The worker has buffered the oldest request it had (its late spans are handled by now)."""

@@ -13,8 +13,7 @@ Shared with the other processes (``otel_llm/service/processes.py`` starts them a
   releases it once the spans are buffered, so "accepted" still means "will be processed"; a
   memory-limit flag and a closed flag, set by the pipeline process, turn into retryable refusals.
 - ``ReceiverCounters``: the receivers' counters, in shared memory.
-- a pipe to the pipeline process (to the adapter process with ``service.adapter_process: true``):
-  admitted requests (their bytes) and lifecycle events (ready, listen error, done). A sender thread
+- a pipe to the pipeline process: admitted requests (their bytes) and lifecycle events (ready, listen error, done). A sender thread
   writes it, so a handler never blocks on it.
 - a control pipe from the pipeline process: "stop" with a grace period; its end-of-file (the
   pipeline process died, even by SIGKILL) stops the receivers at once.
@@ -56,13 +55,12 @@ from otel_llm.receiver.otlp.admission import (
 
 log = logging.getLogger(__name__)
 
-# Message tags on the pipe out of the receiver process, to the adapter process or, by default, to
-# the pipeline process (first byte of each message).
+# Message tags on the pipe out of the receiver process to the pipeline process (first byte of each message).
 BATCH = b"B"  # B, accepted spans (uint32), request bytes
 # V, accepted spans (uint32), request bytes: a BATCH whose bytes are exactly those the compiled core's
 # ``span_ids`` validated (not parsed, changed or re-serialized here), so the pipeline need not validate them again.
 VALIDATED = b"V"
-EVENT = b"E"  # E, JSON {"event": "ready" | "error" | "done", ...}; passed on to the pipeline process
+EVENT = b"E"  # E, JSON {"event": "ready" | "error" | "done", ...}
 _PROTOCOL_INDEX = {name: i for i, name in enumerate(PROTOCOLS)}
 BATCH_HEADER = struct.Struct("<cI")
 

@@ -1,35 +1,22 @@
-"""The adapter stage (``digest.py``): the same request read in process and through the adapter
-process's wire form gives the same buffered spans and counts; only the configured keys are kept;
-attribute limits truncate and are counted. Inputs from ``tests/unit/service/testdata``."""
+"""The adapter stage (``digest.py``): the engine span's observation is read; only the configured
+keys are kept; attribute limits truncate and are counted. Inputs from ``tests/unit/service/testdata``."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from otel_llm.processor.llm_metrics.config import LlmMetricsProcessor
-from otel_llm.processor.llm_metrics.digest import decode, digest, digest_in_process, digest_settings
+from otel_llm.processor.llm_metrics.digest import digest_in_process, digest_settings
 from otel_llm.processor.redaction.config import RedactionProcessor
 from otel_llm.receiver.otlp.otlpjson import parse_otlp_json
 
 REQUEST = Path(__file__).parent.parent / "service" / "testdata" / "gateway_vllm.json"
 
 
-def fields(span):
-    observation = span.observation
-    return (span.trace_id, span.span_id, span.parent_span_id, span.kind, span.status_code, span.start_unix_ns,
-            span.end_unix_ns, span.payload, span.origin.service_name, span.attrs,
-            None if observation is None else (observation.engine_kind, observation.adapter, observation.ttft_s, observation.e2e_s,
-                                              observation.queue_s, observation.prompt_tokens))
-
-
-def test_in_process_and_wire_forms_agree():
+def test_the_engine_span_is_read_and_only_the_configured_keys_kept():
     request = parse_otlp_json(REQUEST.read_bytes())
     settings = digest_settings(LlmMetricsProcessor(), RedactionProcessor())
     local, local_counts = digest_in_process(request, settings)
-    wire, wire_counts = decode(digest(request, settings))
-    assert [fields(s) for s in local] == [fields(s) for s in wire]
-    assert (local_counts.matched, local_counts.malformed, local_counts.truncated) == \
-        (wire_counts.matched, wire_counts.malformed, wire_counts.truncated)
     engine = next(s for s in local if s.observation is not None)
     raw = {kv.key: kv.value for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans
            if s.name == "llm_request" for kv in s.attributes}

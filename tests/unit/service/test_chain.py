@@ -90,7 +90,7 @@ def test_a_gateway_and_vllm_trace_goes_one_way_to_every_consumer():
     prompt = "".join(kv.value.string_value for kv in engine.attributes if kv.key == "gen_ai.prompt")
     store, exporter = Collecting("store"), Collecting("otlp")
     chain, registry = pipeline(default_processors(KEEP_ALL), [store, exporter])
-    chain.buffer(request.SerializeToString(), digested=False)
+    chain.buffer(request.SerializeToString())
     assert chain.assembler.tick() == 1  # rooted, and a grace of 0: complete at the first tick
     chain.shutdown(timeout_s=5)  # drains: every pending trace completes and the consumers are flushed
 
@@ -125,7 +125,7 @@ def test_a_gateway_and_vllm_trace_goes_one_way_to_every_consumer():
 def test_a_dropped_trace_is_measured_and_reaches_no_consumer():
     store = Collecting()
     chain, registry = pipeline(default_processors(KEEP_NONE), [store])
-    chain.buffer(request_of("gateway_vllm.json").SerializeToString(), digested=False)
+    chain.buffer(request_of("gateway_vllm.json").SerializeToString())
     chain.shutdown(timeout_s=5)
     assert store.kept == []
     assert chain.recorder is not None and chain.recorder.requests_recorded == 1
@@ -152,14 +152,14 @@ def test_a_late_engine_span_follows_the_decision_and_is_measured_once():
             ss.spans.extend(keep)
     store = Collecting()
     chain, registry = pipeline(default_processors(KEEP_ALL), [store])
-    chain.buffer(gateway_only.SerializeToString(), digested=False)
+    chain.buffer(gateway_only.SerializeToString())
     chain.assembler.drain()  # the trace completes without its engine span: no request yet
     assert chain.recorder is not None and chain.recorder.requests_recorded == 0 and len(store.kept) == 1
-    chain.buffer(engine_only.SerializeToString(), digested=False)  # late: follows "kept", measured now
+    chain.buffer(engine_only.SerializeToString())  # late: follows "kept", measured now
     assert sample(registry, "otel_llm_late_spans_total") == 1
     assert chain.recorder.requests_recorded == 1 and len(store.kept) == 2
     assert [s.name for s in spans_of(store.kept[1].request) if not attribute(s, "otel_llm.segment")] == ["llm_request"]
-    chain.buffer(engine_only.SerializeToString(), digested=False)  # the same span again: not measured twice
+    chain.buffer(engine_only.SerializeToString())  # the same span again: not measured twice
     assert chain.recorder.requests_recorded == 1 and sample(registry, "otel_llm_late_spans_total") == 1
     assert sample(registry, "otel_llm_spans_duplicate_total") == 1  # a redelivery, counted as one
     chain.shutdown(timeout_s=5)
@@ -169,7 +169,7 @@ def test_without_llm_metrics_and_tail_sampling_every_trace_is_kept_unmeasured():
     store = Collecting()
     chain, registry = pipeline({"redaction": RedactionProcessor()}, [store])
     assert chain.metrics is None and chain.recorder is None
-    chain.buffer(request_of("gateway_vllm.json").SerializeToString(), digested=False)
+    chain.buffer(request_of("gateway_vllm.json").SerializeToString())
     chain.shutdown(timeout_s=5)
     assert len(store.kept) == 1 and store.kept[0].policy == "" and store.kept[0].records == []
     assert sample(registry, "otel_llm_sampling_decisions_total", policy="none", decision="kept") == 1
@@ -178,7 +178,7 @@ def test_without_llm_metrics_and_tail_sampling_every_trace_is_kept_unmeasured():
 def test_a_consumer_that_refuses_is_counted_and_the_others_still_get_the_trace():
     refusing, taking = Collecting("full", accept=False), Collecting("store")
     chain, registry = pipeline(default_processors(KEEP_ALL), [refusing, taking])
-    chain.buffer(request_of("gateway_vllm.json").SerializeToString(), digested=False)
+    chain.buffer(request_of("gateway_vllm.json").SerializeToString())
     chain.shutdown(timeout_s=5)
     assert len(refusing.kept) == len(taking.kept) == 1
     assert sample(registry, "otel_llm_kept_traces_dropped_total", sink="full") == 1
@@ -196,14 +196,14 @@ def test_a_failing_stage_is_counted_and_the_next_trace_still_completes():
     consumer = Exploding()
     chain, registry = pipeline(default_processors(KEEP_ALL), [consumer])
     request = request_of("gateway_vllm.json")
-    chain.buffer(request.SerializeToString(), digested=False)
+    chain.buffer(request.SerializeToString())
     chain.assembler.drain()
     assert sample(registry, "otel_llm_spans_dropped_total", reason="assembly_error") == len(spans_of(request))
     assert chain.recorder is not None and chain.recorder.requests_recorded == 1  # the metrics are not lost with it
     second = request_of("gateway_vllm.json")
     for span in spans_of(second):
         span.trace_id = bytes.fromhex("ab" * 16)
-    chain.buffer(second.SerializeToString(), digested=False)
+    chain.buffer(second.SerializeToString())
     chain.shutdown(timeout_s=5)
     assert len(consumer.kept) == 2
 
@@ -225,7 +225,7 @@ def test_a_trace_that_fails_costs_the_traces_completed_with_it_nothing():
     for number, request in enumerate(requests):
         for span in spans_of(request):
             span.trace_id = failing_trace if number == 1 else bytes([0xa0 + number]) * 16
-        chain.buffer(request.SerializeToString(), digested=False)
+        chain.buffer(request.SerializeToString())
     assert chain.assembler.drain() == 3  # one batch
     assert sample(registry, "otel_llm_spans_dropped_total", reason="assembly_error") == len(spans_of(requests[1]))
     assert sorted(kept.records[0].trace_id for kept in consumer.kept) == [b"\xa0" * 16, b"\xa2" * 16]

@@ -66,7 +66,7 @@ def run(path: str, one_sender: bool) -> tuple[int, float, dict[str, float]]:
         clock = Clock()
         chain.assembler._clock = clock
         for data in held_calls(0, FIRST_CALLS, one_sender):
-            chain.buffer(data, digested=False)
+            chain.buffer(data)
         clock.now += DECISION_WAIT + 0.5
         chain.assembler.tick()
         assert chain.assembler.held_traces > 0
@@ -78,23 +78,23 @@ def run(path: str, one_sender: bool) -> tuple[int, float, dict[str, float]]:
         for step in range(MORE_CALLS):
             clock.now += CALL_EVERY_S
             if step % 100 == 0:
-                chain.buffer(more[step // 100], digested=False)
+                chain.buffer(more[step // 100])
             if step % engine_every == 0 and step // engine_every < OTHER_REQUESTS:
                 call = calls[step // engine_every]
-                chain.buffer(call.engine.SerializeToString(), digested=False)
+                chain.buffer(call.engine.SerializeToString())
                 callers_due.append((clock.now + CALLER_AFTER_S, call))
             while callers_due and callers_due[0][0] <= clock.now:
                 _, call = callers_due.pop(0)
-                chain.buffer(call.http.SerializeToString(), digested=False)
-                chain.buffer(call.genai.SerializeToString(), digested=False)
+                chain.buffer(call.http.SerializeToString())
+                chain.buffer(call.genai.SerializeToString())
             if clock.now >= next_tick:
                 chain.assembler.tick()
                 next_tick += TICK_S
         for due, call in callers_due:
             clock.now = max(clock.now, due)
             chain.assembler.tick()
-            chain.buffer(call.http.SerializeToString(), digested=False)
-            chain.buffer(call.genai.SerializeToString(), digested=False)
+            chain.buffer(call.http.SerializeToString())
+            chain.buffer(call.genai.SerializeToString())
         for _ in range(round((DECISION_WAIT + 1.0) / TICK_S)):  # every call held once
             clock.now += TICK_S
             chain.assembler.tick()

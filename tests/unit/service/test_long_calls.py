@@ -81,15 +81,15 @@ def client_records(store: Collecting) -> list:
 def test_a_stream_longer_than_decision_wait_is_held_and_measured_joined():
     chain, registry, store, clock = chain_with_clock(max_open_call_wait=600.0)
     call = Call("long")
-    chain.buffer(call.http.SerializeToString(), digested=False)  # at the first byte
+    chain.buffer(call.http.SerializeToString())  # at the first byte
     clock.now += DECISION_WAIT + 0.5
     assert chain.assembler.tick() == 0  # not decided early: its GenAI parent is still open
     assert chain.assembler.held_traces == 1
     assert sample(registry, "otel_llm_traces_held_open_calls") == 1
     clock.now += STREAM_S
-    chain.buffer(call.engine.SerializeToString(), digested=False)  # the engine's span, at the stream's end
+    chain.buffer(call.engine.SerializeToString())  # the engine's span, at the stream's end
     assert chain.assembler.tick() == 0
-    chain.buffer(call.genai.SerializeToString(), digested=False)  # the GenAI client span, last
+    chain.buffer(call.genai.SerializeToString())  # the GenAI client span, last
     assert chain.assembler.tick() == 1
     chain.shutdown(timeout_s=5)
 
@@ -107,7 +107,7 @@ def test_a_stream_longer_than_decision_wait_is_held_and_measured_joined():
 def test_a_held_trace_is_decided_at_its_limit():
     chain, registry, store, clock = chain_with_clock(max_open_call_wait=60.0)
     call = Call("limit")
-    chain.buffer(call.http.SerializeToString(), digested=False)  # and nothing else ever comes
+    chain.buffer(call.http.SerializeToString())  # and nothing else ever comes
     clock.now += 59.0
     assert chain.assembler.tick() == 0
     clock.now += 2.0
@@ -120,9 +120,9 @@ def test_a_held_trace_is_decided_at_its_limit():
 def test_once_its_engine_span_came_a_trace_waits_decision_wait_for_the_caller():
     chain, registry, store, clock = chain_with_clock(max_open_call_wait=600.0)
     call = Call("no-caller")
-    chain.buffer(call.http.SerializeToString(), digested=False)
+    chain.buffer(call.http.SerializeToString())
     clock.now += STREAM_S
-    chain.buffer(call.engine.SerializeToString(), digested=False)  # the GenAI client span never comes
+    chain.buffer(call.engine.SerializeToString())  # the GenAI client span never comes
     clock.now += DECISION_WAIT - 0.5
     assert chain.assembler.tick() == 0
     clock.now += 1.0
@@ -135,18 +135,18 @@ def test_once_its_engine_span_came_a_trace_waits_decision_wait_for_the_caller():
 def test_a_genai_client_span_after_its_trace_was_decided_is_measured_once():
     chain, registry, store, clock = chain_with_clock(max_open_call_wait=0.0)  # no holding: decided at decision_wait
     call = Call("late")
-    chain.buffer(call.http.SerializeToString(), digested=False)
-    chain.buffer(call.engine.SerializeToString(), digested=False)
+    chain.buffer(call.http.SerializeToString())
+    chain.buffer(call.engine.SerializeToString())
     clock.now += DECISION_WAIT + 0.5
     assert chain.assembler.tick() == 1
     assert chain.recorder is not None and chain.recorder.requests_recorded == 1  # the engine span
-    chain.buffer(call.genai.SerializeToString(), digested=False)  # late: measured on the client side
+    chain.buffer(call.genai.SerializeToString())  # late: measured on the client side
     assert sample(registry, "otel_llm_late_spans_total") == 1
     assert chain.recorder.requests_recorded == 2
     (late,) = client_records(store)
     assert late.e2e_s is not None and abs(late.e2e_s - call.client_s) < 1e-9
     assert late.completion_tokens == 8 and late.prompt_tokens == 32
-    chain.buffer(call.genai.SerializeToString(), digested=False)  # the same span again: not measured twice
+    chain.buffer(call.genai.SerializeToString())  # the same span again: not measured twice
     assert chain.recorder.requests_recorded == 2
     chain.shutdown(timeout_s=5)
 
@@ -154,7 +154,7 @@ def test_a_genai_client_span_after_its_trace_was_decided_is_measured_once():
 def test_the_exception_event_names_the_error_type():
     chain, registry, store, clock = chain_with_clock(max_open_call_wait=600.0)
     call = Call("error", error="openai.RateLimitError")
-    chain.buffer(call.genai.SerializeToString(), digested=False)  # no engine span: the call failed at the client
+    chain.buffer(call.genai.SerializeToString())  # no engine span: the call failed at the client
     clock.now += DECISION_WAIT + 0.5
     assert chain.assembler.tick() == 1
     chain.shutdown(timeout_s=5)
@@ -168,7 +168,7 @@ def test_a_client_span_shorter_than_its_engine_request_gives_no_overhead():
     call = Call("short", client_s=0.02)
     assert call.client_s < call.engine_e2e_s
     for part in (call.http, call.engine, call.genai):
-        chain.buffer(part.SerializeToString(), digested=False)
+        chain.buffer(part.SerializeToString())
     assert chain.assembler.tick() == 1
     chain.shutdown(timeout_s=5)
     (server,) = [r for r in store.kept[0].records if r.side == Side.SERVER]

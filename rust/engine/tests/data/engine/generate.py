@@ -81,7 +81,7 @@ def run(config: dict[str, Any], data: list[tuple[str, bytes]]) -> dict[str, Any]
     telemetry = SelfTelemetry(CollectorRegistry(), ReceiverCounters(context))
     pipeline = Pipeline(processors, [], telemetry, IntakeState(context, 10_000_000, 1 << 34))
     for _, payload in data:
-        pipeline.buffer(payload, digested=False)
+        pipeline.buffer(payload)
     pipeline.shutdown(timeout_s=30)
     assert pipeline.metrics is not None
     registry = CollectorRegistry()

@@ -131,7 +131,7 @@ def main() -> None:
     for _, payload in data:
         spans, _counts = digest_in_process(payload, pipeline.digest_settings)
         digested.append(spans_data(spans))
-        pipeline.buffer(payload, digested=False)
+        pipeline.buffer(payload)
     pipeline.shutdown(timeout_s=30)
     assert pipeline.metrics is not None
     registry = CollectorRegistry()
