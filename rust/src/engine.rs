@@ -15,8 +15,7 @@
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::intern;
-use pyo3::types::{PyBytes, PyDict, PyList, PyMemoryView, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
 use otel_llm_engine::buffer::Reason;
 use otel_llm_engine::declaration::engine_config;
@@ -42,15 +41,6 @@ struct KeptOut {
 struct TickDone {
     out: TickOutput,
     kept: Vec<KeptOut>,
-}
-
-/// A memoryview whose exporter is a `bytes` (`memoryview.obj`: the original object, however many
-/// views or slices lie between).
-fn views_bytes(data: &Bound<'_, PyAny>) -> PyResult<bool> {
-    if !data.is_instance_of::<PyMemoryView>() {
-        return Ok(false);
-    }
-    Ok(data.getattr(intern!(data.py(), "obj"))?.is_instance_of::<PyBytes>())
 }
 
 fn decision_out(engine: &Native, decision: &Decision) -> DecisionOut {
@@ -193,27 +183,17 @@ impl Engine {
                    -> PyResult<Option<Bound<'py, PyTuple>>> {
         let engine = &self.engine;
         let run = |bytes: &[u8]| py.allow_threads(|| engine.ingest(bytes, validated, now));
-        // Bytes are read in place, without a copy, while the GIL is released: a `bytes` object, or a
-        // contiguous memoryview of one (a slice of a pipe message, `memoryview(message)[header:]`), whose
-        // contents never change and which the caller holds for the call. Any other buffer
-        // (bytearray, a memoryview of one, an array) may be written by another thread while the GIL
-        // is released, and reading it then would be a data race, so its contents are copied once (a
-        // memcpy, against a parse of every byte) with the GIL held.
+        // A `bytes` object is read in place while the GIL is released: its contents never change and
+        // the caller holds it for the call. Any other buffer (bytearray, memoryview, array) may be
+        // written by another thread while the GIL is released, and reading it then would be a data
+        // race, so its contents are copied once (a memcpy, against a parse of every byte) with the GIL
+        // held. (No `unsafe`: the receivers hand the pipeline `bytes`, so the copy is the rare case.)
         let summary = match data.downcast::<PyBytes>() {
             Ok(bytes) => run(bytes.as_bytes()),
             Err(_) => {
                 let buffer = PyBuffer::<u8>::get(data)?;
-                let summary = if buffer.len_bytes() > 0 && buffer.is_c_contiguous() && views_bytes(data)? {
-                    // SAFETY: `buf_ptr` points at `len_bytes` contiguous bytes (C-contiguous `u8`
-                    // elements) that stay valid while `buffer` (the export, which keeps the exporter
-                    // alive) is held, which it is until after `run` returns; the exporter is a
-                    // `bytes`, immutable, so nothing writes them meanwhile, with or without the GIL.
-                    let view = unsafe { std::slice::from_raw_parts(buffer.buf_ptr() as *const u8, buffer.len_bytes()) };
-                    run(view)
-                } else {
-                    let copy = buffer.to_vec(py)?;
-                    run(&copy)
-                };
+                let copy = buffer.to_vec(py)?;
+                let summary = run(&copy);
                 buffer.release(py);
                 summary
             }

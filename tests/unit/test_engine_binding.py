@@ -129,7 +129,7 @@ def test_kept_traces_come_back_as_export_requests_and_rows() -> None:
 
 @pytest.mark.parametrize("wrap", [
     bytes, bytearray, memoryview,
-    lambda b: memoryview(memoryview(b"header" + b)[6:]),  # read in place: a view of bytes
+    lambda b: memoryview(memoryview(b"header" + b)[6:]),  # a view of bytes: copied once, as any non-bytes buffer
     lambda b: memoryview(bytearray(b)).toreadonly(),  # copied: the bytearray may change meanwhile
 ], ids=["bytes", "bytearray", "memoryview", "memoryview_slice_of_bytes", "readonly_memoryview_of_bytearray"])
 def test_ingest_takes_any_buffer(wrap: Any) -> None:
