@@ -534,8 +534,11 @@ def _hotpath(core: str, passes: int, production: bool = False) -> dict[str, floa
         if len(parts) >= 2 and parts[0] in ("parse+adapter", "buffer", "completion", "total"):
             figures[parts[0]] = float(parts[1])
         elif len(parts) >= 3 and parts[0] == "engine":  # "engine ingest 2.41 ..." / "engine x2 ingest 2.54 ..."
-            name = " ".join(parts[:3] if parts[1].startswith("x") else parts[:2])
-            figures[name] = float(parts[3] if parts[1].startswith("x") else parts[2])
+            threads = parts[1].startswith("x")
+            name = " ".join(parts[:3] if threads else parts[:2])
+            figures[name] = float(parts[3] if threads else parts[2])
+            if "spans/s" in parts:  # "... ingest 272,924 spans/s wall": what a second core buys the ingest
+                figures[name + " spans/s"] = float(parts[parts.index("spans/s") - 1].replace(",", ""))
     return figures
 
 
@@ -601,6 +604,9 @@ def core_result_line(core: dict[str, Any]) -> str:
             f"core_hotpath_native_us={fmt(core.get('hotpath_native_us_per_span', {}).get('total'), 2)} "
             f"core_hotpath_python_us={fmt(core.get('hotpath_python_us_per_span', {}).get('total'), 2)} "
             f"engine_hotpath_us={fmt(core.get('hotpath_native_us_per_span', {}).get('engine total'), 2)} "
+            f"engine_ingest_spans_per_s={fmt(core.get('hotpath_native_us_per_span', {}).get('engine ingest spans/s'), 0)} "
+            f"engine_ingest_2threads_spans_per_s="
+            f"{fmt(core.get('hotpath_native_us_per_span', {}).get('engine x2 ingest spans/s'), 0)} "
             f"core_hotpath_production_us={fmt(core.get('hotpath_production_us_per_span', {}).get('total'), 2)} "
             f"engine_hotpath_production_us={fmt(core.get('hotpath_production_us_per_span', {}).get('engine total'), 2)}")
 
