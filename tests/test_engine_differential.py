@@ -2,8 +2,9 @@
 declaration) against the Python reference's ``Pipeline`` of the same processors, on what users see
 of them: the ``llm_metrics`` families as ``/metrics`` serves them (text format, every bucket) and
 the decisions. The streams: vLLM's fixture, every emitter capture of a client or gateway, the
-bench's fleet workload, and seeded random fleets (``bench.workload.generate`` with fresh seeds:
-vLLM, SGLang and TGI engines, gateways, clients, errors); the configurations: the embedded
+bench's fleet workload, seeded random fleets (``bench.workload.generate`` with fresh seeds:
+vLLM, SGLang and TGI engines, gateways, clients, errors), and requests the engine leaves to Python
+(read by the reference digest and handed to it, ``service/handoff.py``); the configurations: the embedded
 defaults and one with everything the engine runs (tenants, cost, SLO objectives, a rate limit,
 dimensions, LoRA adapters, model lengths per model). The live vLLM run does the same on what a
 real vLLM sent (``tests/live/test_vllm_live.py``, phase 4)."""
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from bench.workload import generate
 from otel_llm.component import Kind, Signal
@@ -41,6 +44,19 @@ def _processors(config: dict[str, Any]) -> dict[str, object]:
     return {name: getattr(cfg.processors, name) for name in cfg.running(Kind.PROCESSOR, Signal.TRACES)}
 
 
+def _python_read() -> list[bytes]:
+    """Requests the engine leaves to Python, read by the reference digest and supplied: vLLM's token
+    events, a repeated attribute key, a span over the attribute limit (256 by default)."""
+    events = F.vllm_request_span(seed="events")
+    repeated = F.vllm_request_span(seed="repeated", token_events=False)
+    span = repeated.resource_spans[0].scope_spans[0].spans[0]
+    span.attributes.append(KeyValue(key="gen_ai.request.model", value=AnyValue(string_value="again")))
+    many = F.vllm_request_span(seed="many", token_events=False)
+    span = many.resource_spans[0].scope_spans[0].spans[0]
+    span.attributes.extend(KeyValue(key=f"extra.{i}", value=AnyValue(string_value="x")) for i in range(300))
+    return [events.SerializeToString(), repeated.SerializeToString(), many.SerializeToString()]
+
+
 def _streams() -> dict[str, list[bytes]]:
     captures = [p.read_bytes() for p in sorted((ROOT / "tests" / "testdata" / "emitters").glob("*.binpb"))
                 if ".metrics." not in p.name and ".logs." not in p.name]
@@ -48,11 +64,13 @@ def _streams() -> dict[str, list[bytes]]:
         "fixtures and captures": [F.vllm_request_span(token_events=False).SerializeToString(), *captures],
         "bench workload": [batch.payload for batch in generate(4, seed=1)],
         "random fleets": [batch.payload for seed in (1049, 2049, 3049) for batch in generate(2, seed=seed)],
+        "read by Python and supplied": [*_python_read(), *[batch.payload for batch in generate(1, seed=4049)]],
     }
 
 
 def _same(engine: Run, reference: Run, what: str) -> None:
-    assert (engine.python_requests, engine.declined_traces) == (0, 0), what
+    assert engine.declined_traces == 0, what
+    assert engine.python_requests == (3 if what == "read by Python and supplied" else 0), what
     missing = sorted(set(reference.samples) - set(engine.samples))
     extra = sorted(set(engine.samples) - set(reference.samples))
     assert not missing and not extra, f"{what}: missing {missing[:8]}, extra {extra[:8]}"

@@ -8,7 +8,7 @@ here in the order the binding builds them.
 
 from __future__ import annotations
 
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 # (adapter, spans matched)
 Matched = tuple[str, int]
@@ -28,13 +28,19 @@ DecisionTuple = tuple[bool, bool, str, str]
 # (trace_id, ExportTraceServiceRequest bytes, store rows, decision)
 KeptTrace = tuple[bytes, bytes, list[SpanRowTuple], DecisionTuple]
 
+# Spans handed between Python and the engine (`service/handoff.py`, `rust/engine/src/handoff.rs`):
+# (origins [(resource bytes, scope bytes, service name)], spans [(trace_id, span_id, parent_span_id,
+# kind, status_code, start_unix_ns, end_unix_ns, trace_state, payload, origin index, attrs_kept,
+# observation (adapter, [(field, value)]) or None)]).
+SpansTuple = tuple[list[tuple[bytes, bytes, str]], list[tuple[Any, ...]]]
+
 # `Engine.tick`'s output: (kept, completed [(reason, n)], late, records_built, records_measured,
-# kept_decisions, dropped_decisions, rate_limited, declined [(trace_id, reason)], kept_declined,
+# kept_decisions, dropped_decisions, rate_limited, declined [(trace_id, reason, spans)], kept_declined,
 # redacted [(reason, n)], malformed [(reason, service)], decide_failed, spans_failed,
 # assembled [((engine_kind, outcome), n)], values_rejected [(reason, n)], unmeasured [((service, what), n)]).
 TickOutput = tuple[
     list[KeptTrace], list[tuple[str, int]], int, int, int, int, int, int,
-    list[tuple[bytes, str]], int, list[tuple[str, int]], list[tuple[str, str]], int, int,
+    list[tuple[bytes, str, SpansTuple]], int, list[tuple[str, int]], list[tuple[str, str]], int, int,
     list[tuple[tuple[str, str], int]], list[tuple[str, int]], list[tuple[tuple[str, str], int]],
 ]
 
@@ -62,6 +68,11 @@ class NativeEngine(Protocol):
 
     def ingest(self, data: bytes | bytearray | memoryview, validated: bool, now: float) -> IngestCounts | None:
         """None: Python must read the request. ValueError: bytes that are no request."""
+
+    def supply(self, origins: list[tuple[bytes, bytes, str]], spans: list[tuple[Any, ...]],
+               now: float) -> IngestCounts:
+        """What Python read of a request (``service/handoff.py`` ``supplied``), buffered. ValueError
+        naming the span and field the engine cannot take (nothing buffered then)."""
 
     def tick(self, now: float) -> TickOutput: ...
 

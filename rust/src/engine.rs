@@ -20,8 +20,9 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use otel_llm_engine::buffer::Reason;
 use otel_llm_engine::declaration::engine_config;
 use otel_llm_engine::engine::{Counters, Engine as Native, IngestCounts, IngestSummary, TickOutput};
+use otel_llm_engine::handoff::{ObservationData, OriginData, SpanData, SpansData};
 use otel_llm_engine::kept::{SpanRowOut, REDACTION_REASONS};
-use otel_llm_engine::model::Decision;
+use otel_llm_engine::model::{Decision, Kind, Schema, Value};
 use otel_llm_engine::wire::Malformed;
 
 // --- what crosses the boundary -------------------------------------------------------------------
@@ -41,6 +42,77 @@ struct KeptOut {
 struct TickDone {
     out: TickOutput,
     kept: Vec<KeptOut>,
+    /// Each declined completion's spans, read back for Python (`Engine::spans_of`), in its order.
+    declined_spans: Vec<SpansData>,
+}
+
+/// A field's value as Python holds it.
+fn value_to_py(py: Python<'_>, value: &Value) -> PyResult<PyObject> {
+    Ok(match value {
+        Value::Float(v) => v.into_pyobject(py)?.into_any().unbind(),
+        Value::Int(v) => v.into_pyobject(py)?.into_any().unbind(),
+        Value::Text(v) => v.into_pyobject(py)?.into_any().unbind(),
+        Value::Flag(v) => v.into_pyobject(py)?.to_owned().into_any().unbind(),
+        Value::Floats(v) => PyList::new(py, v)?.into_any().unbind(),
+        Value::Texts(v) => PyList::new(py, v)?.into_any().unbind(),
+    })
+}
+
+/// A field's value from Python, of the kind the schema declares for `name` (a value of another
+/// type is a TypeError naming the field).
+fn value_from_py(schema: &Schema, name: &str, value: &Bound<'_, PyAny>) -> PyResult<Value> {
+    let Some(id) = schema.id(name) else {
+        // Unknown fields are the engine's to refuse (`SupplyError::Field`, naming the adapter): a text
+        // stands in, so the refusal names the field whatever its value.
+        return Ok(Value::Text(String::new()));
+    };
+    let wrong = |e: PyErr| PyValueError::new_err(format!("observation field {name}: {e}"));
+    Ok(match schema.kind(id) {
+        Kind::Float => Value::Float(value.extract().map_err(wrong)?),
+        Kind::Int => Value::Int(value.extract().map_err(wrong)?),
+        Kind::Text => Value::Text(value.extract().map_err(wrong)?),
+        Kind::Flag => Value::Flag(value.extract().map_err(wrong)?),
+        Kind::Floats => Value::Floats(value.extract().map_err(wrong)?),
+        Kind::Texts => Value::Texts(value.extract().map_err(wrong)?),
+    })
+}
+
+type OriginIn = (Vec<u8>, Vec<u8>, String);
+type ObservationIn<'py> = Option<(String, Vec<(String, Bound<'py, PyAny>)>)>;
+type SpanIn<'py> = (Vec<u8>, Vec<u8>, Vec<u8>, i32, i32, u64, u64, String, Vec<u8>, usize, bool, ObservationIn<'py>);
+
+/// `SpansData` as Python tuples: `(origins [(resource, scope, service_name)], spans [(trace_id,
+/// span_id, parent_span_id, kind, status_code, start_unix_ns, end_unix_ns, trace_state, payload,
+/// origin, attrs_kept, observation (adapter, [(field, value)]) or None)])`, as `supply` takes them.
+fn spans_to_py<'py>(py: Python<'py>, data: &SpansData) -> PyResult<Bound<'py, PyTuple>> {
+    let origins = PyList::empty(py);
+    for o in &data.origins {
+        origins.append((PyBytes::new(py, &o.resource), PyBytes::new(py, &o.scope), o.service_name.as_str()))?;
+    }
+    let spans = PyList::empty(py);
+    for s in &data.spans {
+        let observation: PyObject = match &s.observation {
+            None => py.None(),
+            Some(obs) => {
+                let fields = PyList::empty(py);
+                for (name, value) in &obs.fields {
+                    fields.append((name.as_str(), value_to_py(py, value)?))?;
+                }
+                (obs.adapter.as_str(), fields).into_pyobject(py)?.into_any().unbind()
+            }
+        };
+        let ids = (PyBytes::new(py, &s.trace_id), PyBytes::new(py, &s.span_id), PyBytes::new(py, &s.parent_span_id));
+        let row = PyTuple::new(py, [
+            ids.0.into_any(), ids.1.into_any(), ids.2.into_any(),
+            s.kind.into_pyobject(py)?.into_any(), s.status_code.into_pyobject(py)?.into_any(),
+            s.start_unix_ns.into_pyobject(py)?.into_any(), s.end_unix_ns.into_pyobject(py)?.into_any(),
+            s.trace_state.as_str().into_pyobject(py)?.into_any(), PyBytes::new(py, &s.payload).into_any(),
+            s.origin.into_pyobject(py)?.into_any(), s.attrs_kept.into_pyobject(py)?.to_owned().into_any(),
+            observation.into_bound(py),
+        ])?;
+        spans.append(row)?;
+    }
+    (origins, spans).into_pyobject(py)
 }
 
 fn decision_out(engine: &Native, decision: &Decision) -> DecisionOut {
@@ -70,7 +142,7 @@ fn ingest_tuple<'py>(py: Python<'py>, c: &IngestCounts) -> PyResult<Bound<'py, P
 }
 
 fn tick_tuple<'py>(py: Python<'py>, done: TickDone) -> PyResult<Bound<'py, PyTuple>> {
-    let TickDone { out, kept } = done;
+    let TickDone { out, kept, declined_spans } = done;
     let kept_list = PyList::empty(py);
     for k in &kept {
         let rows = PyList::empty(py);
@@ -85,12 +157,12 @@ fn tick_tuple<'py>(py: Python<'py>, done: TickDone) -> PyResult<Bound<'py, PyTup
     for (reason, n) in &out.completed {
         completed.append((reason.as_str(), *n))?;
     }
-    // Declined completions: their trace ids and why, for now. Python handling them (building their
-    // records, `decide`, `resume`, `record`, `add_measured`) comes later: until then the binding's
-    // caller can only count them, and their parked late spans wait in the engine.
+    // Declined completions: their trace ids, why, and their spans read back (`spans_of`), so Python
+    // can rebuild them. Python handling them (building their records, `decide`, `resume`, `record`,
+    // `add_measured`) comes with the switch of the pipeline; until then their parked late spans wait.
     let declined = PyList::empty(py);
-    for (completion, reason) in &out.declined {
-        declined.append((PyBytes::new(py, &completion.trace.trace_id), reason.as_str()))?;
+    for ((completion, reason), spans) in out.declined.iter().zip(&declined_spans) {
+        declined.append((PyBytes::new(py, &completion.trace.trace_id), reason.as_str(), spans_to_py(py, spans)?))?;
     }
     let redacted = PyList::empty(py);
     for (reason, n) in REDACTION_REASONS.iter().zip(out.redacted.iter()) {
@@ -209,7 +281,7 @@ impl Engine {
 
     /// `tick(now)`: `(kept [(trace_id, request bytes, rows, (keep, rate_limited, policy,
     /// threshold))], completed [(reason, n)], late, records_built, records_measured, kept_decisions,
-    /// dropped_decisions, rate_limited, declined [(trace_id, reason)], kept_declined,
+    /// dropped_decisions, rate_limited, declined [(trace_id, reason, spans)], kept_declined,
     /// redacted [(reason, n)], malformed [(reason, service)], decide_failed, spans_failed,
     /// assembled [((engine_kind, outcome), n)], values_rejected [(reason, n)],
     /// unmeasured [((service, what), n)])`; a row is `span_rows.SpanRow`'s fields as a tuple.
@@ -226,7 +298,8 @@ impl Engine {
                     decision: decision_out(engine, &k.decision),
                 })
                 .collect();
-            TickDone { out, kept }
+            let declined_spans = out.declined.iter().map(|(completion, _)| engine.spans_of(&completion.trace)).collect();
+            TickDone { out, kept, declined_spans }
         });
         tick_tuple(py, done)
     }
@@ -271,6 +344,39 @@ impl Engine {
     /// Buffer shards.
     fn shards(&self) -> usize {
         self.engine.shards()
+    }
+
+    /// `supply(origins, spans, now)`: the spans of a request Python read (`ingest` returned None),
+    /// as `otel_llm.service.handoff.supplied` makes them from the reference digest's `BufferedSpan`s,
+    /// buffered as if the engine had read them; returns `ingest`'s counts. ValueError naming the span
+    /// and field for what the engine cannot take (an unknown adapter or field, a value of another
+    /// kind, an origin out of range): nothing of the request is buffered then.
+    fn supply<'py>(&self, py: Python<'py>, origins: Vec<OriginIn>, spans: Vec<SpanIn<'py>>, now: f64)
+                   -> PyResult<Bound<'py, PyTuple>> {
+        let schema = self.engine.schema();
+        let mut data = SpansData {
+            origins: origins.into_iter()
+                .map(|(resource, scope, service_name)| OriginData { resource, scope, service_name })
+                .collect(),
+            spans: Vec::with_capacity(spans.len()),
+        };
+        for (trace_id, span_id, parent_span_id, kind, status_code, start_unix_ns, end_unix_ns, trace_state, payload,
+             origin, attrs_kept, observation) in spans {
+            let observation = match observation {
+                None => None,
+                Some((adapter, fields)) => Some(ObservationData {
+                    adapter,
+                    fields: fields.iter().map(|(name, value)| Ok((name.clone(), value_from_py(schema, name, value)?)))
+                        .collect::<PyResult<_>>()?,
+                }),
+            };
+            data.spans.push(SpanData { trace_id, span_id, parent_span_id, kind, status_code, start_unix_ns, end_unix_ns,
+                                       trace_state, payload, origin, attrs_kept, observation });
+        }
+        let engine = &self.engine;
+        let counts = py.allow_threads(|| engine.supply(&data, now))
+            .map_err(|e| PyValueError::new_err(format!("supply refused: {e}")))?;
+        ingest_tuple(py, &counts)
     }
 
     /// Each shard's oldest `fraction` of traces completed now (they go along at the next tick).

@@ -18,10 +18,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from otel_llm.internal import core
 from otel_llm.internal.engine_types import TICK_DECLINED, NativeEngine
+from otel_llm.processor.llm_metrics.config import LlmMetricsProcessor
+from otel_llm.processor.llm_metrics.digest import DigestSettings, digest_in_process, digest_settings
 from otel_llm.processor.llm_metrics.metrics.exposition import RecorderCollector
 from otel_llm.receiver.otlp.process import IntakeState, ReceiverCounters, spawn_context
 from otel_llm.service.declarations import engine_declaration
+from otel_llm.processor.redaction.config import RedactionProcessor
 from otel_llm.service.graph import Pipeline
+from otel_llm.service.handoff import supplied
 from otel_llm.service.telemetry import SelfTelemetry
 from tests.support.cores import implementation
 
@@ -32,7 +36,7 @@ class Run:
     kept: int
     dropped: int
     rate_limited: int
-    python_requests: int = 0  # requests the engine left to Python (none measured then)
+    python_requests: int = 0  # requests the engine left to Python: read by the reference digest, supplied
     declined_traces: int = 0
 
 
@@ -40,6 +44,12 @@ def processors_of(service: Any) -> dict[str, object]:
     """A built ``Service``'s traces-pipeline processors, as ``Pipeline`` takes them."""
     return {path.partition(".")[2]: component.config for path, component in service.components.items()
             if path.startswith("processors.")}
+
+
+def digest_settings_of(processors: dict[str, object]) -> DigestSettings:
+    metrics, redaction = processors.get("llm_metrics"), processors.get("redaction")
+    assert isinstance(metrics, LlmMetricsProcessor) and isinstance(redaction, RedactionProcessor)
+    return digest_settings(metrics, redaction)
 
 
 def _samples(text: str) -> list[str]:
@@ -53,9 +63,15 @@ def engine_run(processors: dict[str, object], requests: Iterable[bytes], shards:
     engine = cast(NativeEngine, extension.Engine(
         json.dumps(engine_declaration(processors, write_kept=True, shards=shards))))
     python = 0
+    settings = digest_settings_of(processors)
     for data in requests:
         if engine.ingest(data, False, 0.0) is None:
+            # Read by the reference digest and handed over, as the pipeline will (service/handoff.py).
             python += 1
+            with implementation("python"):  # the reference's BufferedSpans, as the pipeline's Python path makes them
+                spans, _ = digest_in_process(data, settings)
+            origins, rows = supplied(spans)
+            engine.supply(origins, rows, 0.0)
     engine.drain()
     out = engine.tick(0.0)
     counters = engine.counters()

@@ -284,3 +284,75 @@ def test_ingests_and_ticks_on_several_threads_count_every_request_once() -> None
     assert measured == 400
     assert samples(engine.render())["vllm:request_success_total"] == 400
     assert engine.counters()["requests_native"] == 400 and len(engine) == 0
+
+
+def _supplied(request: ExportTraceServiceRequest) -> tuple[list[Any], list[Any]]:
+    from otel_llm.processor.llm_metrics.config import LlmMetricsProcessor
+    from otel_llm.processor.llm_metrics.digest import digest_in_process, digest_settings
+    from otel_llm.processor.redaction.config import RedactionProcessor
+    from otel_llm.service.handoff import supplied
+    from tests.support.cores import implementation
+
+    with implementation("python"):
+        spans, _ = digest_in_process(request.SerializeToString(),
+                                     digest_settings(LlmMetricsProcessor(), RedactionProcessor()))
+    origins, rows = supplied(spans)
+    return list(origins), list(rows)
+
+
+def test_a_request_python_read_is_supplied_and_measured_as_the_engine_would() -> None:
+    """What the reference digest made of a request the engine leaves to Python (vLLM's token
+    events) goes to ``supply``: buffered, completed and measured, its observation by field name."""
+    engine = make_engine()
+    request = vllm_request("supplied", SLOW, token_events=True)
+    assert engine.ingest(request.SerializeToString(), False, NOW) is None
+    origins, rows = _supplied(request)
+    assert [row[11][0] for row in rows] == ["vllm_v1"]
+    assert dict(rows[0][11][1])["itl_s"], "the token events' inter-token latencies are supplied"
+    counts = engine.supply(origins, rows, NOW)
+    assert counts[4] == 1 and len(engine) == 1  # buffered
+    engine.drain()
+    engine.tick(LATER)
+    measured = samples(engine.render())
+    assert measured["vllm:e2e_request_latency_seconds_count"] == 1
+    assert measured["vllm:inter_token_latency_seconds_count"] == len(dict(rows[0][11][1])["itl_s"])
+
+
+@pytest.mark.parametrize("change, named", [
+    (lambda row: (*row[:11], ("vllm_v1", [("no_such_field", 1.0)])), "no_such_field"),
+    (lambda row: (*row[:11], ("no_such_adapter", [])), "no_such_adapter"),
+    (lambda row: (*row[:11], ("vllm_v1", [("e2e_s", "slow")])), "e2e_s"),
+    (lambda row: (*row[:9], 7, *row[10:]), "origin"),
+])
+def test_a_supply_the_engine_cannot_take_is_a_value_error_naming_it(change: Any, named: str) -> None:
+    engine = make_engine()
+    origins, rows = _supplied(vllm_request("refused", SLOW, token_events=True))
+    with pytest.raises(ValueError, match=named):
+        engine.supply(origins, [change(rows[0])], NOW)
+    assert len(engine) == 0  # nothing of it buffered
+    engine.ingest(vllm_request("next").SerializeToString(), False, NOW)
+    assert len(engine) == 1  # and the engine serves the next request
+
+
+def test_a_declined_trace_comes_back_with_its_spans_and_can_be_supplied_again() -> None:
+    """A trace whose records only Python builds (Triton) is declined at its tick: its spans come back
+    as plain data (payloads that parse, origins as received), which ``supply`` takes as they are."""
+    from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+    engine = make_engine()
+    request = F.triton_request()
+    sent = {span.span_id for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans}
+    if engine.ingest(request.SerializeToString(), False, NOW) is None:
+        origins, rows = _supplied(request)
+        engine.supply(origins, rows, NOW)
+    engine.drain()
+    out = engine.tick(LATER)
+    declined = out[T.TICK_DECLINED]
+    assert len(declined) == 1 and declined[0][1], declined
+    trace_id, _, (origins, rows) = declined[0]
+    assert {row[1] for row in rows} == sent and all(row[0] == trace_id for row in rows)
+    assert all(Span.FromString(row[8]).span_id == row[1] for row in rows)
+    assert all(isinstance(Resource.FromString(origin[0]), Resource) for origin in origins)
+    again = make_engine()
+    assert again.supply(origins, rows, NOW)[4] == len(rows) and len(again) == 1
