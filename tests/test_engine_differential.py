@@ -23,20 +23,9 @@ from bench.workload import generate
 from otel_llm.component import Kind, Signal
 from otel_llm.config import config_from_dict
 from tests.support import engine_fixtures as F
-from tests.support.engine_run import Run, engine_run, reference_run
+from tests.support.engine_run import EVERYTHING, Run, engine_run, reference_run
 
 ROOT = Path(__file__).resolve().parents[1]
-EVERYTHING: dict[str, Any] = {"processors": {
-    "llm_metrics": {
-        "tenant": {"attributes": ["tenant.id"], "values": ["team-a", "team-b"]},
-        "cost": {"currency": "USD", "prices": {"Qwen/Qwen3-0.6B": {"input": 0.1, "output": 0.4}}},
-        "slo": {"default": {"ttft": "500ms", "e2e": "10s", "target": 0.95}},
-        "dimensions": [{"name": "route", "attribute": "http.route", "values": ["/v1/chat/completions"]}],
-        "lora_adapters": {"sql-lora": "meta-llama/Llama-3.1-8B-Instruct"},
-        "max_model_len_by_model": {"Qwen/Qwen3-0.6B": 2048},
-    },
-    "tail_sampling": {"rate_limit": {"traces_per_second": 5}},
-}}
 
 
 def _processors(config: dict[str, Any]) -> dict[str, object]:

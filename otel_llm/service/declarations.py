@@ -62,21 +62,6 @@ def record_settings_json(settings: RecordSettings, first_token_events: list[str]
 
 # --- metrics --------------------------------------------------------------------------------------
 
-class IfSet:
-    """``adapter_naming``'s values (``lambda r: <then> if r.<field> else None``) as data."""
-
-    def __init__(self, field: str, then: Any) -> None:
-        self.field = field
-        self.then = then
-
-
-ADAPTER_VALUES: dict[str, IfSet] = {
-    "otel_llm_adapter_requests": IfSet("lora_adapter", d.Constant(1)),
-    "otel_llm_adapter_prompt_tokens": IfSet("lora_adapter", d.Field("prompt_tokens")),
-    "otel_llm_adapter_generation_tokens": IfSet("lora_adapter", d.Field("completion_tokens")),
-}
-
-
 def _number_value(value: int | float | None) -> Any:
     if value is None:
         return None
@@ -97,10 +82,8 @@ def value_json(value: Any, counter_name: str = "") -> Any:
                           None if value.offset is None else repr(float(value.offset))]}
     if isinstance(value, d.UnlessAtMost):
         return {"unless_at_most": [value.name, value.guard, value.limit]}
-    if isinstance(value, IfSet):
+    if isinstance(value, d.IfSet):
         return {"if_set": [value.field, value_json(value.then)]}
-    if counter_name in ADAPTER_VALUES:
-        return value_json(ADAPTER_VALUES[counter_name])
     raise TypeError(f"{counter_name}: a value not declared as data: {value!r}")
 
 

@@ -58,13 +58,11 @@ fn value_to_py(py: Python<'_>, value: &Value) -> PyResult<PyObject> {
     })
 }
 
-/// A field's value from Python, of the kind the schema declares for `name` (a value of another
-/// type is a TypeError naming the field).
+/// A field's value from Python, of the kind the schema declares for `name` (an unknown field, or a
+/// value of another type, is a ValueError naming the field).
 fn value_from_py(schema: &Schema, name: &str, value: &Bound<'_, PyAny>) -> PyResult<Value> {
     let Some(id) = schema.id(name) else {
-        // Unknown fields are the engine's to refuse (`SupplyError::Field`, naming the adapter): a text
-        // stands in, so the refusal names the field whatever its value.
-        return Ok(Value::Text(String::new()));
+        return Err(PyValueError::new_err(format!("observation field {name}: not in the engine's schema")));
     };
     let wrong = |e: PyErr| PyValueError::new_err(format!("observation field {name}: {e}"));
     Ok(match schema.kind(id) {

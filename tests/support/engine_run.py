@@ -30,6 +30,21 @@ from otel_llm.service.telemetry import SelfTelemetry
 from tests.support.cores import implementation
 
 
+# A configuration with everything the engine runs beside the defaults: tenants, cost and SLO
+# accounting, a rate limit, dimensions, LoRA adapters, model lengths per model.
+EVERYTHING: dict[str, Any] = {"processors": {
+    "llm_metrics": {
+        "tenant": {"attributes": ["tenant.id"], "values": ["team-a", "team-b"]},
+        "cost": {"currency": "USD", "prices": {"Qwen/Qwen3-0.6B": {"input": 0.1, "output": 0.4}}},
+        "slo": {"default": {"ttft": "500ms", "e2e": "10s", "target": 0.95}},
+        "dimensions": [{"name": "route", "attribute": "http.route", "values": ["/v1/chat/completions"]}],
+        "lora_adapters": {"sql-lora": "meta-llama/Llama-3.1-8B-Instruct"},
+        "max_model_len_by_model": {"Qwen/Qwen3-0.6B": 2048},
+    },
+    "tail_sampling": {"rate_limit": {"traces_per_second": 5}},
+}}
+
+
 @dataclass
 class Run:
     samples: list[str]  # the exposition's sample lines (no HELP/TYPE), sorted

@@ -7,33 +7,17 @@
 //! and its decisions the reference's.
 
 use std::collections::BTreeMap;
-use std::fs;
-use std::io::Read as _;
-use std::path::Path;
 
-use flate2::read::GzDecoder;
 use otel_llm_engine::declaration::engine_config;
 use otel_llm_engine::engine::{Engine, IngestSummary};
 use serde_json::Value as Json;
 
+mod replay;
+
+use replay::{hex, load, samples};
+
 fn corpus() -> Json {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/engine/corpus.json.gz");
-    let mut text = String::new();
-    GzDecoder::new(fs::File::open(path).unwrap()).read_to_string(&mut text).unwrap();
-    serde_json::from_str(&text).unwrap()
-}
-
-fn hex(text: &str) -> Vec<u8> {
-    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap()).collect()
-}
-
-/// The exposition's sample lines (HELP and TYPE lines apart), as a multiset.
-fn samples(text: &str) -> BTreeMap<String, usize> {
-    let mut out = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.is_empty() && !l.starts_with('#')) {
-        *out.entry(line.to_owned()).or_insert(0) += 1;
-    }
-    out
+    load("tests/data/engine/corpus.json.gz")
 }
 
 #[test]

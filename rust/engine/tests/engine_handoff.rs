@@ -8,12 +8,8 @@
 //! And `tests/data/handoff/corpus.json.gz` (its `generate.py`): requests the engine leaves to Python,
 //! supplied as the reference digest read them, give the reference pipeline's exposition.
 
-use std::collections::{BTreeMap, HashMap};
-use std::fs;
-use std::io::Read as _;
-use std::path::Path;
+use std::collections::HashMap;
 
-use flate2::read::GzDecoder;
 use otel_llm_engine::declaration::engine_config;
 use otel_llm_engine::engine::{Engine, IngestCounts, IngestSummary, TickOutput};
 use otel_llm_engine::handoff::{ObservationData, OriginData, SpanData, SpansData};
@@ -21,27 +17,12 @@ use otel_llm_engine::model::Value;
 use otel_llm_engine::wire::scan;
 use serde_json::Value as Json;
 
+mod replay;
+
+use replay::{hex, load, samples};
+
 fn corpus() -> Json {
     load("tests/data/engine/corpus.json.gz")
-}
-
-fn load(relative: &str) -> Json {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(relative);
-    let mut text = String::new();
-    GzDecoder::new(fs::File::open(path).unwrap()).read_to_string(&mut text).unwrap();
-    serde_json::from_str(&text).unwrap()
-}
-
-fn hex(text: &str) -> Vec<u8> {
-    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap()).collect()
-}
-
-fn samples(text: &str) -> BTreeMap<String, usize> {
-    let mut out = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.is_empty() && !l.starts_with('#')) {
-        *out.entry(line.to_owned()).or_insert(0) += 1;
-    }
-    out
 }
 
 fn native(engine: &Engine, data: &[u8]) -> IngestCounts {

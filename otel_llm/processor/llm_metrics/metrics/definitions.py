@@ -152,6 +152,25 @@ class Difference:
         return f"Difference({self.minuend!r}, {self.subtrahend!r})"
 
 
+class IfSet:
+    """``then(record)`` where ``record.<field>`` is set, else None: a value counted only for the
+    records that name something (a LoRA adapter), declared as data (the engine reads it as
+    ``ValueSpec::IfSet``)."""
+
+    __slots__ = ("field", "then")
+
+    def __init__(self, field: str, then: Callable[[RequestRecord], Any]) -> None:
+        Field(field)  # the same check
+        self.field = field
+        self.then = then
+
+    def __call__(self, record: RequestRecord) -> Any:
+        return self.then(record) if getattr(record, self.field) else None
+
+    def __repr__(self) -> str:
+        return f"IfSet({self.field!r}, {self.then!r})"
+
+
 class Ratio:
     """``record.numerator / record.denominator`` (plus ``offset`` if one is given), None where the
     numerator is None or the denominator is None or zero; declared as data as ``Difference`` is."""
@@ -608,11 +627,11 @@ def adapter_naming() -> Naming:
         histograms=(),
         counters=(
             CounterSpec("otel_llm_adapter_requests", "{request}", "Requests that named a LoRA adapter, by finished reason.",
-                        lambda r: 1 if r.lora_adapter else None, by_outcome=True),
+                        IfSet("lora_adapter", Constant(1)), by_outcome=True),
             CounterSpec("otel_llm_adapter_prompt_tokens", "{token}", "Prompt tokens of requests that named a LoRA adapter.",
-                        lambda r: r.prompt_tokens if r.lora_adapter else None),
+                        IfSet("lora_adapter", Field("prompt_tokens"))),
             CounterSpec("otel_llm_adapter_generation_tokens", "{token}",
                         "Generated tokens of requests that named a LoRA adapter.",
-                        lambda r: r.completion_tokens if r.lora_adapter else None),
+                        IfSet("lora_adapter", Field("completion_tokens"))),
         ),
     )

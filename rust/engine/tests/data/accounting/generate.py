@@ -42,25 +42,14 @@ from otel_llm.processor.llm_metrics.config import (
     TenantConfig,
 )
 from otel_llm.processor.llm_metrics.metrics.accounting import Accounting, Objectives
-from otel_llm.processor.llm_metrics.metrics.definitions import ACCOUNTING_METRICS
 from otel_llm.processor.llm_metrics.metrics.exposition import OVERFLOW_LABELS
 from otel_llm.processor.llm_metrics.metrics.families import SeriesBudget
 from otel_llm.processor.llm_metrics.stage import accounting_settings
+from otel_llm.service.declarations import accounting_settings_json, accounting_specs_json, number
 
 EOF_LINE = "# EOF\n"
 # Label values as spans may carry them: empty, non-ASCII, the characters the exposition escapes.
 HOSTILE = ["", "团队-α", 'q"uote', "back\\slash", "new\nline"]
-
-
-def number(value: float | None) -> str | None:
-    return None if value is None else repr(float(value))
-
-
-def objectives_json(objectives: Objectives | None) -> dict[str, Any] | None:
-    if objectives is None:
-        return None
-    return {"ttft_s": number(objectives.ttft_s), "tpot_s": number(objectives.tpot_s),
-            "e2e_s": number(objectives.e2e_s), "target": number(objectives.target)}
 
 
 class Collected:
@@ -152,13 +141,7 @@ class Case:
               f"overflowed {last['overflowed']}")
         return {
             "name": self.name,
-            "settings": {
-                "tokens": settings.tokens, "currency": settings.currency,
-                "prices": {model: {"input": number(p.input), "output": number(p.output),
-                                   "cached_input": number(p.cached_input)} for model, p in settings.prices.items()},
-                "default_objectives": objectives_json(settings.default_objectives),
-                "objectives_by_model": {m: objectives_json(o) for m, o in settings.objectives_by_model.items()},
-            },
+            "settings": accounting_settings_json(settings),
             "series_limit": self.series_limit,
             "budget_bytes": self.budget_bytes,
             "max_label_value_bytes": self.max_label_value_bytes,
@@ -197,10 +180,7 @@ def cases() -> list[Case]:
 
 
 def main() -> None:
-    specs = {spec.name: {"description": spec.description, "label_names": list(spec.label_names)}
-             for spec in ACCOUNTING_METRICS}
-    corpus = {"generator": "rust/engine/tests/data/accounting/generate.py",
-              "families": [spec.name for spec in ACCOUNTING_METRICS], "specs": specs,
+    corpus = {"generator": "rust/engine/tests/data/accounting/generate.py", **accounting_specs_json(),
               "overflow_labels": OVERFLOW_LABELS, "cases": [case.run() for case in cases()]}
     path = pathlib.Path(__file__).with_name("corpus.json")
     path.write_text(json.dumps(corpus, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")

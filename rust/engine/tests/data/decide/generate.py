@@ -46,6 +46,7 @@ from otel_llm.processor.tail_sampling.config import (
     TailSamplingProcessor,
 )
 from otel_llm.processor.tail_sampling.sampler import TailSampler
+from otel_llm.service.declarations import number, policy_json
 
 ORIGIN = Origin(Resource(), InstrumentationScope(name="corpus"), "svc", {})
 METRICS = ("ttft", "tpot", "e2e", "queue", "gateway_overhead")
@@ -59,25 +60,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def number(value: float | None) -> str | None:
-    return None if value is None else repr(float(value))
-
-
-def policy_json(policy: PolicyConfig) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": policy.name, "type": policy.type}
-    if policy.type == "slo":
-        assert policy.slo is not None
-        out["thresholds"] = {m: number(v) for m, v in policy.slo.thresholds.items()}
-        out["per_model"] = {model: {m: number(v) for m, v in limits.items()}
-                            for model, limits in policy.slo.per_model.items()}
-    elif policy.type == "slowest":
-        slowest = policy.slowest or SlowestPolicyConfig()
-        out.update(metrics=list(slowest.metrics), quantile=number(slowest.quantile), window=number(slowest.window))
-    elif policy.type == "probabilistic":
-        out["sampling_percentage"] = number((policy.probabilistic or ProbabilisticPolicyConfig()).sampling_percentage)
-    return out
 
 
 def outcome(decision: Decision) -> str:

@@ -41,22 +41,12 @@ from otel_llm.service.declarations import engine_declaration  # noqa: E402
 from otel_llm.service.graph import Pipeline  # noqa: E402
 from otel_llm.service.telemetry import SelfTelemetry  # noqa: E402
 from tests.support import engine_fixtures as F  # noqa: E402
+from tests.support.engine_run import EVERYTHING  # noqa: E402
 
 assert core.active()[0] is None, "the reference runs without the compiled core"
 OUT = Path(__file__).resolve().parent
 
-# Everything the engine runs on, beside the defaults.
-EVERYTHING: dict[str, Any] = {"processors": {
-    "llm_metrics": {
-        "tenant": {"attributes": ["tenant.id"], "values": ["team-a", "team-b"]},
-        "cost": {"currency": "USD", "prices": {"Qwen/Qwen3-0.6B": {"input": 0.1, "output": 0.4}}},
-        "slo": {"default": {"ttft": "500ms", "e2e": "10s", "target": 0.95}},
-        "dimensions": [{"name": "route", "attribute": "http.route", "values": ["/v1/chat/completions"]}],
-        "lora_adapters": {"sql-lora": "meta-llama/Llama-3.1-8B-Instruct"},
-        "max_model_len_by_model": {"Qwen/Qwen3-0.6B": 2048},
-    },
-    "tail_sampling": {"rate_limit": {"traces_per_second": 5}},
-}}
+# The embedded defaults, and everything the engine runs (tests/support/engine_run.py).
 SCENARIOS = {"defaults": {}, "everything": EVERYTHING}
 
 

@@ -38,19 +38,20 @@ from otel_llm.component import Kind, Signal  # noqa: E402
 from otel_llm.config import config_from_dict  # noqa: E402
 from otel_llm.internal import core  # noqa: E402
 from otel_llm.pdata.spans import FIRST_TOKEN_EVENT, BufferedSpan  # noqa: E402
-from otel_llm.processor.llm_metrics.adapters.shapes import FIELDS, FLOAT, FLOATS, INT, TEXTS  # noqa: E402
+from otel_llm.processor.llm_metrics.adapters.shapes import FIELDS  # noqa: E402
 from otel_llm.processor.llm_metrics.digest import digest_in_process  # noqa: E402
 from otel_llm.processor.llm_metrics.metrics.exposition import RecorderCollector  # noqa: E402
 from otel_llm.receiver.otlp.process import IntakeState, ReceiverCounters, spawn_context  # noqa: E402
 from otel_llm.service.declarations import engine_declaration  # noqa: E402
 from otel_llm.service.graph import Pipeline  # noqa: E402
+from otel_llm.service.handoff import observation_fields  # noqa: E402
 from otel_llm.service.telemetry import SelfTelemetry  # noqa: E402
 from tests.support import engine_fixtures as F  # noqa: E402
 
 assert core.active()[0] is None, "the reference runs without the compiled core"
 OUT = Path(__file__).resolve().parent
 # EngineObservation's spec_decode tuple, as the schema's three fields.
-SPEC_FIELDS = ("spec_accepted_tokens", "spec_draft_tokens", "spec_steps")
+KINDS = {field.name: field.kind for field in FIELDS}
 
 
 def vllm(seed: str, t0_ns: int, **kw: Any) -> ExportTraceServiceRequest:
@@ -78,27 +79,13 @@ def requests() -> list[tuple[str, bytes]]:
 
 
 def observation_data(observation: Any) -> list[Any] | None:
-    """``EngineObservation`` by names (``handoff::ObservationData``): [adapter, [[field, kind, value]]]
-    of the present fields; a float field's value as a float (the binding extracts by the schema's kind)."""
-    if observation is None:
+    """``EngineObservation`` by names (``handoff::ObservationData``), as ``service/handoff.py`` hands
+    it to the binding: [adapter, [[field, kind, value]]] of the present fields."""
+    fields = observation_fields(observation)
+    if fields is None:
         return None
-    fields = []
-    spec = getattr(observation, "spec_decode", None)
-    for field in FIELDS:
-        if field.name in SPEC_FIELDS:
-            value = None if spec is None else spec[SPEC_FIELDS.index(field.name)]
-        else:
-            value = getattr(observation, field.name, None)
-        if value is None or (field.kind in (FLOATS, TEXTS) and not value):
-            continue
-        if field.kind == FLOAT:
-            value = float(value)
-        elif field.kind == INT:
-            value = int(value)
-        elif field.kind in (FLOATS, TEXTS):
-            value = list(value)
-        fields.append([field.name, field.kind, value])
-    return [observation.adapter, fields]
+    adapter, values = fields
+    return [adapter, [[name, KINDS[name], value] for name, value in values]]
 
 
 def spans_data(spans: list[BufferedSpan]) -> dict[str, Any]:

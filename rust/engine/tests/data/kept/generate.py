@@ -73,6 +73,7 @@ from otel_llm.processor.redaction.config import STATUS_MESSAGE_KEY, RedactionPro
 from otel_llm.processor.redaction.stage import redaction_of  # noqa: E402
 from otel_llm.processor.redaction.synthesis import (  # noqa: E402
     ERROR_TYPE_KEY, NO_REDACTION, Redaction, RedactionCounts, kept_trace, reduced_url)
+from otel_llm.service.declarations import redaction_json  # noqa: E402
 
 I64 = 2**63
 
@@ -97,15 +98,6 @@ REDACTIONS: dict[str, Redaction] = {
 }
 THRESHOLDS = ("", "0", "c", "8")
 POLICIES = ("", "errors", "slowest", "é policy")
-
-
-def redaction_json(redaction: Redaction) -> dict[str, Any]:
-    return {"key_prefixes": list(redaction.key_prefixes), "key_patterns": list(redaction.key_patterns),
-            "event_names": sorted(redaction.event_names), "max_free_text_bytes": redaction.max_free_text_bytes,
-            "allowed_keys": sorted(redaction.allowed_keys), "allowed_patterns": list(redaction.allowed_patterns),
-            "metadata_keys": None if redaction.metadata_keys is None else sorted(redaction.metadata_keys),
-            "url_keys": sorted(redaction.url_keys), "status_message_key": STATUS_MESSAGE_KEY,
-            "error_type_key": ERROR_TYPE_KEY}
 
 
 # --- the request's bytes as the engine keeps them --------------------------------------------------------

@@ -68,6 +68,7 @@ from otel_llm.processor.llm_metrics.digest import (  # noqa: E402
 from otel_llm.processor.llm_metrics.requests import (  # noqa: E402
     Dimension, RecordSettings, ResourceModelRule, TenantRule, records_of_trace)
 from otel_llm.processor.llm_metrics.stage import _is_client_call  # noqa: E402
+from otel_llm.service.declarations import record_settings_json  # noqa: E402
 from tests.support import engine_fixtures as F  # noqa: E402
 
 assert core.active()[0] is None, "the reference must run without the compiled core"
@@ -123,23 +124,6 @@ def digest_settings(settings: RecordSettings) -> DigestSettings:
 
 
 DIGEST = {name: digest_settings(settings) for name, settings in SETTINGS.items()}
-
-
-def settings_json(settings: RecordSettings) -> dict[str, Any]:
-    return {
-        "resource_model_rules": [[rule.attribute, rule.values] for rule in settings.resource_model_rules],
-        "default_model": settings.default_model,
-        "default_operation": settings.default_operation,
-        "model_from_service_name": settings.model_from_service_name,
-        "edge_ttft_attributes": list(settings.edge_ttft_attributes),
-        "first_token_events": list(FIRST_TOKEN_EVENTS),
-        "dimensions": [[d.name, d.attribute, sorted(d.allowed), d.other] for d in settings.dimensions],
-        "tenant": ([list(settings.tenant.attributes), sorted(settings.tenant.allowed), settings.tenant.other]
-                   if settings.tenant else None),
-        "max_latency_s": repr(settings.max_latency_s),
-        "lora_adapters": settings.lora_adapters,
-        "compensated_sum": sys.version_info >= (3, 12),  # CPython 3.12's sum() of floats compensates
-    }
 
 
 # --- the observation as the engine holds it ------------------------------------------------------
@@ -481,7 +465,7 @@ class Corpus:
         declined = sum("declined" in c["expected"] for c in self.cases)
         records = sum(len(c["expected"].get("records", ())) for c in self.cases)
         body = {"generated_by": "rust/engine/tests/data/records/generate.py", "schema": SCHEMA,
-                "settings": {name: settings_json(s) for name, s in SETTINGS.items()},
+                "settings": {name: record_settings_json(s, list(FIRST_TOKEN_EVENTS)) for name, s in SETTINGS.items()},
                 "record_fields": RECORD_FIELDS, "origins": [[b64(r), b64(s), n] for r, s, n in self.origins],
                 "cases": self.cases}
         text = json.dumps(body, separators=(",", ":"), ensure_ascii=False) + "\n"

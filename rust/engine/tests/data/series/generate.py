@@ -6,7 +6,8 @@ through ``RecorderCollector`` (text 0.0.4 and OpenMetrics as ``exporter/promethe
 asks for them). ``rust/engine/tests/series_differential.rs`` records the same records natively and
 must render the same bytes and hold the same state.
 
-Per scenario directory: ``spec.json`` (the declarations as data: what the binding hands the engine),
+Per scenario directory: ``spec.json`` (the declarations as data, by ``service/declarations.py``
+``metrics_spec_json``: what the binding hands the engine),
 ``records.json`` (every field by name, with the exemplar flag and time of each), ``metrics.txt``,
 ``metrics.om`` (the expositions) and ``snapshot.json`` (every series' counts, sums, exemplars and
 exponential buckets). ``floats.json``: floats with Python's ``repr`` and prometheus_client's
@@ -40,105 +41,9 @@ from otel_llm.processor.llm_metrics.metrics.exponential import ExponentialState
 from otel_llm.processor.llm_metrics.metrics.exposition import RecorderCollector
 from otel_llm.processor.llm_metrics.metrics.families import HistogramFamily
 from otel_llm.processor.llm_metrics.metrics.recorder import MetricsRecorder
+from otel_llm.service.declarations import floats, metrics_spec_json
 
 OUT = Path(__file__).resolve().parent
-
-
-class IfSet:
-    """The data form proposed for ``adapter_naming``'s lambdas (``lambda r: <then> if r.<field>
-    else None``), which the engine reads as ``ValueSpec::IfSet``. The recorder here runs the lambdas
-    as declared; every record checks that this gives the same value."""
-
-    def __init__(self, field: str, then: Any) -> None:
-        d.Field(field)
-        self.field = field
-        self.then = then
-
-    def __call__(self, record: RequestRecord) -> Any:
-        return self.then(record) if getattr(record, self.field) else None
-
-
-ADAPTER_VALUES = {
-    "otel_llm_adapter_requests": IfSet("lora_adapter", d.Constant(1)),
-    "otel_llm_adapter_prompt_tokens": IfSet("lora_adapter", d.Field("prompt_tokens")),
-    "otel_llm_adapter_generation_tokens": IfSet("lora_adapter", d.Field("completion_tokens")),
-}
-
-
-def number(value: int | float | None) -> Any:
-    if value is None:
-        return None
-    if isinstance(value, bool) or isinstance(value, int):
-        return {"int": int(value)}
-    return {"float": repr(float(value))}
-
-
-def value_json(value: Any, counter_name: str = "") -> Any:
-    if isinstance(value, d.Field):
-        return {"field": value.name}
-    if isinstance(value, d.Constant):
-        return {"constant": number(value.value)}
-    if isinstance(value, d.Difference):
-        return {"difference": [value.minuend, value.subtrahend]}
-    if isinstance(value, d.Ratio):
-        return {"ratio": [value.numerator, value.denominator, None if value.offset is None else repr(float(value.offset))]}
-    if isinstance(value, d.UnlessAtMost):
-        return {"unless_at_most": [value.name, value.guard, value.limit]}
-    if isinstance(value, IfSet):
-        return {"if_set": [value.field, value_json(value.then)]}
-    if counter_name in ADAPTER_VALUES:
-        return value_json(ADAPTER_VALUES[counter_name])
-    raise TypeError(f"{counter_name}: a value not declared as data: {value!r}")
-
-
-def floats(values: tuple[float, ...]) -> list[str]:
-    return [repr(float(v)) for v in values]
-
-
-def per_step_json(per_step: Any) -> str | None:
-    if per_step is None:
-        return None
-    if not isinstance(per_step, d.Field):
-        raise TypeError(f"a per-step value not declared as a field: {per_step!r}")
-    return per_step.name
-
-
-def naming_json(naming: d.Naming) -> dict[str, Any]:
-    labels = naming.labels
-    assert isinstance(labels, d.Fields), naming.key
-    return {
-        "key": naming.key,
-        "side": naming.side,
-        "label_names": list(naming.label_names),
-        "labels": [[n.first, n.fallback] if isinstance(n, d.Either) else n for n in labels.names],
-        "schema_url": naming.schema_url,
-        "histograms": [{
-            "name": h.name, "unit": h.unit, "description": h.description, "buckets": floats(h.buckets),
-            "value": value_json(h.value), "success_only": h.success_only,
-            "fixed_label": list(h.fixed_label) if h.fixed_label else None,
-            "per_step": per_step_json(h.per_step),
-            "buckets_by_model": [[model, floats(bounds)] for model, bounds in h.buckets_by_model],
-        } for h in naming.histograms],
-        "counters": [{
-            "name": c.name, "unit": c.unit, "description": c.description, "value": value_json(c.value, c.name),
-            "by_outcome": c.by_outcome, "fixed_label": list(c.fixed_label) if c.fixed_label else None,
-        } for c in naming.counters],
-    }
-
-
-def spec_json(namings: list[d.Naming], dimensions: tuple[str, ...], series_limit: int, series_limit_bytes: int,
-              max_label_value_bytes: int, exponential: tuple[int, int] | None) -> dict[str, Any]:
-    segment = d.SEGMENT_METRIC
-    return {
-        "namings": [naming_json(n) for n in namings],
-        "segments": {"name": segment.name, "unit": segment.unit, "description": segment.description,
-                     "buckets": floats(segment.buckets)},
-        "dimension_names": list(dimensions),
-        "series_limit": series_limit,
-        "series_limit_bytes": series_limit_bytes,
-        "max_label_value_bytes": max_label_value_bytes,
-        "exponential": list(exponential) if exponential else None,
-    }
 
 
 # --- records -------------------------------------------------------------------------------------
@@ -343,13 +248,8 @@ def scenario(name: str, seed: int, records: int, namings: list[d.Naming], dimens
     clock = Clock()
     setattr(recorder_module, "time", clock)  # the exemplars' time
     written = []
-    adapter = next((n for n in namings if any(c.name in ADAPTER_VALUES for c in n.counters)), None)
     for _ in range(records):
         record = make_record(pools, len(dimensions))
-        if adapter is not None:
-            for counter in adapter.counters:
-                declared, data = counter.value(record), ADAPTER_VALUES[counter.name](record)
-                assert declared == data and type(declared) is type(data), (counter.name, declared, data)
         with_exemplars = rng.random() < 0.4
         clock.now = 1_700_000_000 + rng.uniform(0, 10 ** 6)
         recorder.record(record, with_exemplars)
@@ -358,7 +258,9 @@ def scenario(name: str, seed: int, records: int, namings: list[d.Naming], dimens
     registry.register(RecorderCollector(recorder))
     directory = OUT / name
     directory.mkdir(exist_ok=True)
-    spec = spec_json(namings, dimensions, series_limit, series_limit_bytes, max_label_value_bytes, exponential)
+    # What the binding hands the engine (service/declarations.py), written by the same function.
+    spec = metrics_spec_json(namings, dimensions, series_limit, series_limit_bytes, max_label_value_bytes,
+                             exponential)
     (directory / "spec.json").write_text(json.dumps(spec, indent=1) + "\n")
     (directory / "records.json").write_text(json.dumps(written) + "\n")
     (directory / "metrics.txt").write_bytes(generate_latest(registry))
